@@ -1,0 +1,42 @@
+# Two entry points that work on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export OMP_NUM_THREADS ?= 1
+
+.PHONY: demo test lint typecheck docs docs-serve clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
+
+$(VENV)/.examples-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e ".[examples]"
+	touch $@
+
+$(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $@ $(VENV)/.examples-installed
+
+demo: $(VENV)/.examples-installed
+	$(BIN)/accelerate launch --num_processes 1 --num_machines 1 --mixed_precision no \
+		--dynamo_backend no examples/train_digits.py
+
+lint: $(VENV)/.dev-installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(VENV)/.dev-installed
+	$(BIN)/mypy
+
+docs: $(VENV)/.dev-installed
+	$(BIN)/mkdocs build --strict --quiet
+
+docs-serve: $(VENV)/.dev-installed
+	$(BIN)/mkdocs serve
+
+test: lint typecheck docs
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,153 @@
+"""Argument checks that give a clear error at the entry point.
+
+Every error names the call and argument, the value received and the fix.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable, Mapping, Sized
+from typing import NoReturn
+
+__all__ = [
+    "check_callable",
+    "check_mapping",
+    "check_positive_int",
+    "check_positive_number",
+    "check_sized_dataset",
+    "fail",
+]
+
+
+def fail(
+    error: type[Exception], where: str, name: str, value: object, expected: str, fix: str
+) -> NoReturn:
+    """Raise ``error`` with the standard message: where, what was received, and the fix.
+
+    Args:
+        error: The exception type to raise (``TypeError`` or ``ValueError``).
+        where: The entry point, e.g. ``"Trainer.train"``.
+        name: The argument name.
+        value: The value received.
+        expected: What the argument must be.
+        fix: How to fix the call.
+
+    Raises:
+        Exception: Always, of type ``error``.
+    """
+    shown = repr(value)
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    raise error(f"{where}: {name} must be {expected}, got {shown} ({type(value).__name__}). {fix}")
+
+
+def check_positive_int(where: str, name: str, value: object, *, allow_none: bool = False) -> None:
+    """Check that ``value`` is an int >= 1 (and not a bool), or None when allowed.
+
+    Args:
+        where: The entry point, for the message.
+        name: The argument name.
+        value: The value to check.
+        allow_none: Whether ``None`` is accepted.
+
+    Raises:
+        TypeError: If the value is not an int.
+        ValueError: If the value is < 1.
+    """
+    if value is None and allow_none:
+        return
+    expected = "a positive int" + (" or None" if allow_none else "")
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        fail(TypeError, where, name, value, expected, f"Pass an int, e.g. {name}=1.")
+    if value < 1:
+        fail(ValueError, where, name, value, expected, f"Pass {name} >= 1.")
+
+
+def check_positive_number(
+    where: str, name: str, value: object, *, allow_none: bool = False
+) -> None:
+    """Check that ``value`` is a real number > 0, or None when allowed.
+
+    Args:
+        where: The entry point, for the message.
+        name: The argument name.
+        value: The value to check.
+        allow_none: Whether ``None`` is accepted.
+
+    Raises:
+        TypeError: If the value is not a real number.
+        ValueError: If the value is <= 0.
+    """
+    if value is None and allow_none:
+        return
+    expected = "a positive number" + (" or None" if allow_none else "")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        fail(TypeError, where, name, value, expected, f"Pass a float, e.g. {name}=1.0.")
+    if not float(value) > 0:
+        fail(ValueError, where, name, value, expected, f"Pass {name} > 0, or None to disable.")
+
+
+def check_callable(where: str, name: str, value: object, fix: str) -> None:
+    """Check that ``value`` is callable or None.
+
+    Args:
+        where: The entry point, for the message.
+        name: The argument name.
+        value: The value to check.
+        fix: How to fix the call.
+
+    Raises:
+        TypeError: If the value is neither None nor callable.
+    """
+    if value is not None and not callable(value):
+        fail(TypeError, where, name, value, "a callable or None", fix)
+
+
+def check_mapping(where: str, name: str, value: object) -> None:
+    """Check that ``value`` is a mapping (e.g. a dict of keyword arguments) or None.
+
+    Args:
+        where: The entry point, for the message.
+        name: The argument name.
+        value: The value to check.
+
+    Raises:
+        TypeError: If the value is neither None nor a mapping.
+    """
+    if value is not None and not isinstance(value, Mapping):
+        fail(TypeError, where, name, value, "a dict or None", f"Pass e.g. {name}={{}}.")
+
+
+def check_sized_dataset(where: str, name: str, dataset: object) -> int:
+    """Check that ``dataset`` has a length of at least one sample, and return it.
+
+    Args:
+        where: The entry point, for the message.
+        name: The argument name.
+        dataset: The dataset to check.
+
+    Returns:
+        The number of samples.
+
+    Raises:
+        TypeError: If the dataset has no ``__len__``.
+        ValueError: If the dataset is empty.
+    """
+    if not isinstance(dataset, Sized):
+        fail(
+            TypeError,
+            where,
+            name,
+            dataset,
+            "a map-style dataset with __len__",
+            "Wrap the data in a torch.utils.data.Dataset that defines __len__.",
+        )
+    size = len(dataset)
+    if size == 0:
+        fail(ValueError, where, name, dataset, "non-empty", "Pass a dataset with samples.")
+    return size
+
+
+def callable_name(fn: Callable[..., object]) -> str:
+    """Return a readable name for a callable, for messages."""
+    return getattr(fn, "__qualname__", None) or type(fn).__name__

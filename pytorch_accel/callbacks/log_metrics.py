@@ -1,0 +1,86 @@
+"""Log the run history's metrics at the end of the phase that produced them."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pytorch_accel.callbacks.base import TrainerCallback
+
+if TYPE_CHECKING:
+    from pytorch_accel.trainer import Trainer
+
+__all__ = ["LogMetricsCallback"]
+
+
+class LogMetricsCallback(TrainerCallback):
+    """Log each newly recorded metric once, at the end of the phase that recorded it.
+
+    At the end of each training epoch, evaluation epoch, training-run epoch and evaluation
+    run, it logs the metrics that gained a value since it last logged. It runs last
+    (``order = 100``) so that metrics recorded by other callbacks at the same event are included.
+    Override :meth:`log_metrics` to send them elsewhere; by default they are printed once per
+    node.
+
+    Example:
+        ```python
+        class JsonLogger(LogMetricsCallback):
+            def log_metrics(self, trainer, metrics):
+                trainer.print(json.dumps(metrics))
+        ```
+    """
+
+    order = 100
+
+    def __init__(self) -> None:
+        self._seen: dict[str, int] = {}
+
+    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Mark everything already recorded as logged."""
+        self._mark_all_seen(trainer)
+
+    def on_evaluation_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Mark everything already recorded as logged."""
+        self._mark_all_seen(trainer)
+
+    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Log the metrics of the training epoch."""
+        self._log_new(trainer)
+
+    def on_eval_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Log the metrics of the evaluation epoch."""
+        self._log_new(trainer)
+
+    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Log metrics recorded at the end of the epoch by other callbacks."""
+        self._log_new(trainer)
+
+    def on_evaluation_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Log metrics recorded at the end of the evaluation run."""
+        self._log_new(trainer)
+
+    def log_metrics(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        """Log a dict of metric values; override to send them elsewhere.
+
+        Args:
+            trainer: The trainer.
+            metrics: The latest value of each newly recorded metric.
+        """
+        for name, value in metrics.items():
+            trainer.print(f"\n{name}: {value}")
+
+    def _log_new(self, trainer: Trainer) -> None:
+        history = trainer.run_history
+        new = {}
+        for name in sorted(history.get_metric_names()):
+            count = len(history.get_metric_values(name))
+            if count > self._seen.get(name, 0):
+                self._seen[name] = count
+                new[name] = history.get_latest_metric(name)
+        if new:
+            self.log_metrics(trainer, new)
+
+    def _mark_all_seen(self, trainer: Trainer) -> None:
+        history = trainer.run_history
+        self._seen = {
+            name: len(history.get_metric_values(name)) for name in history.get_metric_names()
+        }

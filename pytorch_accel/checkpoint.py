@@ -1,0 +1,82 @@
+"""Crash-safe checkpoint files: written atomically, read without unpickling code."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["atomic_save", "load_checkpoint_file"]
+
+
+def atomic_save(obj: Any, path: str | os.PathLike[str]) -> Path:
+    """Save ``obj`` with ``torch.save`` so that ``path`` is either the old file or the new one.
+
+    The object is written to a temporary file in the same directory, flushed to disk, then
+    renamed over ``path``. A failure at any point leaves the previous file intact and removes
+    the temporary one.
+
+    Args:
+        obj: What to save (tensors, dicts, numbers, strings).
+        path: The destination file.
+
+    Returns:
+        The destination path.
+    """
+    destination = Path(path)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    temporary = destination.with_name(f".{destination.name}.tmp-{os.getpid()}")
+    try:
+        with open(temporary, "wb") as handle:
+            torch.save(obj, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, destination)
+    finally:
+        temporary.unlink(missing_ok=True)
+    _fsync_directory(destination.parent)
+    return destination
+
+
+def _fsync_directory(directory: Path) -> None:
+    try:
+        descriptor = os.open(directory, os.O_RDONLY)
+    except OSError:  # not supported on this platform (e.g. Windows)
+        return
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def load_checkpoint_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load a checkpoint dict safely (``weights_only=True``: no arbitrary code is unpickled).
+
+    Args:
+        path: The checkpoint file.
+
+    Returns:
+        The checkpoint dict, with tensors on the CPU.
+
+    Raises:
+        FileNotFoundError: If there is no such file.
+        ValueError: If the file is truncated, corrupt or not a checkpoint dict.
+    """
+    source = Path(path)
+    if not source.is_file():
+        raise FileNotFoundError(f"load_checkpoint: no checkpoint file at {str(source)!r}.")
+    try:
+        checkpoint = torch.load(source, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise ValueError(
+            f"load_checkpoint: could not read {str(source)!r}: it is truncated, corrupt, or "
+            f"holds objects other than tensors and plain containers ({error})."
+        ) from error
+    if not isinstance(checkpoint, dict) or "model_state_dict" not in checkpoint:
+        raise ValueError(
+            f"load_checkpoint: {str(source)!r} is not a checkpoint written by save_checkpoint "
+            "(no 'model_state_dict' key)."
+        )
+    return checkpoint

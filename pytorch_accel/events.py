@@ -1,0 +1,100 @@
+"""The events a :class:`~pytorch_accel.trainer.Trainer` fires, and the order it fires them in.
+
+Each event calls the method of the same name on every callback that defines it. Where the
+trainer has a hook of the same name without the ``on_`` prefix (``train_epoch_start`` for
+``on_train_epoch_start``), the hook runs first, then the callbacks.
+
+A training run, ``train()``, fires::
+
+    on_training_run_start
+    for each epoch:
+        on_train_epoch_start
+        for each batch:
+            on_train_step_start
+            on_backward_start
+            on_backward_end
+            if this batch completes an accumulation window:
+                on_optimizer_step_start
+                on_optimizer_step_end
+            on_train_step_end
+        on_train_epoch_end
+        if there is an eval set:
+            on_eval_epoch_start
+            for each batch:
+                on_eval_step_start
+                on_eval_step_end
+            on_eval_epoch_end
+        on_training_run_epoch_end
+    on_training_run_end
+
+An evaluation run, ``evaluate()``, fires::
+
+    on_evaluation_run_start
+    on_eval_epoch_start
+    for each batch:
+        on_eval_step_start
+        on_eval_step_end
+    on_eval_epoch_end
+    on_evaluation_run_end
+
+What happens at each point:
+
+- ``on_optimizer_step_start`` fires after gradients were unscaled (mixed precision) and clipped,
+  just before the optimizer update; ``on_optimizer_step_end`` right after it, before the
+  scheduler step and ``zero_grad``: the place for an EMA update.
+- ``on_train_step_end`` fires after the backward pass and after the update of that step, with
+  ``batch``, ``batch_output`` (the dict from ``calculate_train_batch_loss``, loss un-scaled) and
+  ``step`` (0-based index in the epoch).
+- ``on_eval_step_end`` fires with ``batch`` and ``batch_output``; ``on_eval_epoch_start`` and
+  ``on_eval_epoch_end`` receive ``is_intermediate`` (``True`` for an evaluation started in the
+  middle of a training epoch).
+- The epoch's mean loss is recorded in the run history (``train_loss_epoch``,
+  ``eval_loss_epoch`` or ``evaluation_loss``) just before the epoch's end hook and event.
+
+Stopping early: raising :class:`~pytorch_accel.callbacks.StopTrainingError` in any hook or
+callback ends the run. The levels that were open are closed, innermost first, so every
+``..._epoch_start`` and ``..._run_start`` that fired gets its ``..._end``; then
+``on_stop_training_error`` fires, then the run's end hook and event. A step does not complete
+after a stop, so ``on_train_step_end`` only fires for steps that produced an output; an update
+not yet taken is dropped. ``on_training_run_epoch_end`` fires only for completed epochs.
+
+A stop raised in ``on_train_step_end`` of the second batch (no accumulation) ends the run
+with::
+
+    on_train_step_start
+    on_backward_start
+    on_backward_end
+    on_optimizer_step_start
+    on_optimizer_step_end
+    on_train_step_end
+    on_train_epoch_end
+    on_stop_training_error
+    on_training_run_end
+"""
+
+from __future__ import annotations
+
+__all__ = ["BUILTIN_EVENTS"]
+
+BUILTIN_EVENTS: tuple[str, ...] = (
+    "on_init_end",
+    "on_training_run_start",
+    "on_train_epoch_start",
+    "on_train_step_start",
+    "on_backward_start",
+    "on_backward_end",
+    "on_optimizer_step_start",
+    "on_optimizer_step_end",
+    "on_train_step_end",
+    "on_train_epoch_end",
+    "on_eval_epoch_start",
+    "on_eval_step_start",
+    "on_eval_step_end",
+    "on_eval_epoch_end",
+    "on_training_run_epoch_end",
+    "on_training_run_end",
+    "on_evaluation_run_start",
+    "on_evaluation_run_end",
+    "on_stop_training_error",
+)
+"""Every event the trainer fires, roughly in the order of a training run."""

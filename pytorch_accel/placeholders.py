@@ -1,0 +1,268 @@
+"""Placeholders for values that are only known once ``train()`` has prepared its dataloaders.
+
+A learning-rate scheduler often needs the number of epochs or optimizer updates. Those depend on
+the dataset size, the number of processes and the accumulation steps, so they are unknown when
+the user writes ``functools.partial(OneCycleLR, ...)``. Put a placeholder there instead; the
+trainer resolves it at train time, after ``accelerator.prepare``::
+
+    from functools import partial
+    from torch.optim.lr_scheduler import OneCycleLR
+    from pytorch_accel import TrainerPlaceholderValues as P
+
+    create_scheduler_fn = partial(
+        OneCycleLR,
+        max_lr=0.1,
+        epochs=P.NUM_EPOCHS,
+        steps_per_epoch=P.NUM_UPDATE_STEPS_PER_EPOCH,
+    )
+
+Placeholders support ``+ - * / //`` with numbers and other placeholders, in either order and
+chained (``2 * P.NUM_EPOCHS``, ``(P.NUM_UPDATE_STEPS_PER_EPOCH - 1) // 2``). Expressions are
+trees of ``operator`` functions: nothing is ever passed to ``eval``.
+
+Placeholders are resolved in the positional and keyword arguments of a ``functools.partial``,
+in nested partials, and inside lists, tuples and dicts among those arguments.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Union
+
+if TYPE_CHECKING:
+    from pytorch_accel.trainer import Trainer
+
+__all__ = [
+    "PlaceholderExpression",
+    "TrainerPlaceholderValues",
+    "contains_placeholder",
+    "replace_trainer_placeholder_values",
+    "resolve_placeholders",
+]
+
+Operand = Union["TrainerPlaceholderValues", "PlaceholderExpression", int, float]
+
+_SYMBOLS: dict[Callable[[Any, Any], Any], str] = {
+    operator.add: "+",
+    operator.sub: "-",
+    operator.mul: "*",
+    operator.truediv: "/",
+    operator.floordiv: "//",
+}
+
+
+class _Arithmetic:
+    """Operators that build a :class:`PlaceholderExpression` instead of computing a value."""
+
+    def _combine(self, op: Callable[[Any, Any], Any], other: object, *, reflected: bool) -> Any:
+        if not isinstance(other, (int, float, TrainerPlaceholderValues, PlaceholderExpression)):
+            return NotImplemented
+        if isinstance(other, bool):
+            return NotImplemented
+        left, right = (other, self) if reflected else (self, other)
+        return PlaceholderExpression(op, left, right)  # type: ignore[arg-type]
+
+    def __add__(self, other: object) -> PlaceholderExpression:
+        return self._combine(operator.add, other, reflected=False)  # type: ignore[no-any-return]
+
+    def __radd__(self, other: object) -> PlaceholderExpression:
+        return self._combine(operator.add, other, reflected=True)  # type: ignore[no-any-return]
+
+    def __sub__(self, other: object) -> PlaceholderExpression:
+        return self._combine(operator.sub, other, reflected=False)  # type: ignore[no-any-return]
+
+    def __rsub__(self, other: object) -> PlaceholderExpression:
+        return self._combine(operator.sub, other, reflected=True)  # type: ignore[no-any-return]
+
+    def __mul__(self, other: object) -> PlaceholderExpression:
+        return self._combine(operator.mul, other, reflected=False)  # type: ignore[no-any-return]
+
+    def __rmul__(self, other: object) -> PlaceholderExpression:
+        return self._combine(operator.mul, other, reflected=True)  # type: ignore[no-any-return]
+
+    def __truediv__(self, other: object) -> PlaceholderExpression:
+        return self._combine(operator.truediv, other, reflected=False)  # type: ignore[no-any-return]
+
+    def __rtruediv__(self, other: object) -> PlaceholderExpression:
+        return self._combine(operator.truediv, other, reflected=True)  # type: ignore[no-any-return]
+
+    def __floordiv__(self, other: object) -> PlaceholderExpression:
+        return self._combine(operator.floordiv, other, reflected=False)  # type: ignore[no-any-return]
+
+    def __rfloordiv__(self, other: object) -> PlaceholderExpression:
+        return self._combine(operator.floordiv, other, reflected=True)  # type: ignore[no-any-return]
+
+
+class TrainerPlaceholderValues(_Arithmetic, Enum):
+    """Values the trainer fills in at train time, after preparing the dataloaders.
+
+    Attributes:
+        NUM_EPOCHS: Epochs this ``train()`` call runs (fewer than asked when
+            ``max_num_train_steps`` ends the run first).
+        NUM_UPDATE_STEPS_PER_EPOCH: Optimizer updates per epoch on each process: the unit a
+            scheduler is stepped in. ``ceil(len(train_dataloader) / gradient_accumulation_steps)``.
+        PER_PROCESS_NUM_UPDATE_STEPS_PER_EPOCH: Alias of ``NUM_UPDATE_STEPS_PER_EPOCH``, kept so
+            code written for pytorch-accelerated keeps working.
+        TOTAL_NUM_UPDATE_STEPS: Optimizer updates in this ``train()`` call on each process, with
+            ``max_num_train_steps`` taken into account.
+        TRAIN_DATALOADER_LEN: Batches per epoch in this process's train dataloader.
+        EVAL_DATALOADER_LEN: Batches in this process's eval dataloader (only with an eval set).
+    """
+
+    NUM_EPOCHS = "num_epochs"
+    NUM_UPDATE_STEPS_PER_EPOCH = "num_update_steps_per_epoch"
+    PER_PROCESS_NUM_UPDATE_STEPS_PER_EPOCH = "num_update_steps_per_epoch"
+    TOTAL_NUM_UPDATE_STEPS = "total_num_update_steps"
+    TRAIN_DATALOADER_LEN = "train_dataloader_len"
+    EVAL_DATALOADER_LEN = "eval_dataloader_len"
+
+    @classmethod
+    def placeholder_set(cls) -> set[str]:
+        """Return the names of all placeholders (pytorch-accelerated compatible)."""
+        return set(cls.__members__)
+
+
+@dataclass(frozen=True, eq=False)
+class PlaceholderExpression(_Arithmetic):
+    """An arithmetic expression over placeholders and numbers, evaluated at train time.
+
+    Args:
+        op: A binary function from :mod:`operator` (add, sub, mul, truediv, floordiv).
+        left: The left operand.
+        right: The right operand.
+    """
+
+    op: Callable[[Any, Any], Any]
+    left: Operand
+    right: Operand
+
+    def resolve(self, values: Mapping[TrainerPlaceholderValues, int | None]) -> int | float:
+        """Evaluate the expression with the given placeholder values.
+
+        Args:
+            values: The value of each placeholder.
+
+        Returns:
+            The number the expression stands for.
+        """
+        left = _resolve_operand(self.left, values)
+        right = _resolve_operand(self.right, values)
+        return self.op(left, right)  # type: ignore[no-any-return]
+
+    def __repr__(self) -> str:
+        return f"({_show(self.left)} {_SYMBOLS[self.op]} {_show(self.right)})"
+
+
+def _show(operand: Operand) -> str:
+    if isinstance(operand, TrainerPlaceholderValues):
+        return f"TrainerPlaceholderValues.{operand.name}"
+    return repr(operand)
+
+
+def _resolve_operand(
+    operand: Operand, values: Mapping[TrainerPlaceholderValues, int | None]
+) -> int | float:
+    if isinstance(operand, PlaceholderExpression):
+        return operand.resolve(values)
+    if isinstance(operand, TrainerPlaceholderValues):
+        value = values.get(operand)
+        if value is None:
+            raise ValueError(
+                f"TrainerPlaceholderValues.{operand.name} cannot be resolved in this run: "
+                f"{_UNAVAILABLE_REASON.get(operand, 'no value is known')}. "
+                "Remove it from create_scheduler_fn or provide what it depends on."
+            )
+        return value
+    return operand
+
+
+_UNAVAILABLE_REASON = {
+    TrainerPlaceholderValues.EVAL_DATALOADER_LEN: "train() was called without an eval_dataset",
+}
+
+
+def resolve_placeholders(value: Any, values: Mapping[TrainerPlaceholderValues, int | None]) -> Any:
+    """Return ``value`` with every placeholder replaced, recursing into partials and containers.
+
+    Args:
+        value: A placeholder, expression, ``functools.partial``, list, tuple, dict or any object.
+        values: The value of each placeholder.
+
+    Returns:
+        A copy with placeholders resolved; objects without placeholders are returned as they are.
+
+    Raises:
+        ValueError: If a placeholder has no value in this run.
+    """
+    if isinstance(value, (TrainerPlaceholderValues, PlaceholderExpression)):
+        return _resolve_operand(value, values)
+    if isinstance(value, functools.partial):
+        return functools.partial(
+            resolve_placeholders(value.func, values),
+            *(resolve_placeholders(arg, values) for arg in value.args),
+            **{key: resolve_placeholders(arg, values) for key, arg in value.keywords.items()},
+        )
+    if isinstance(value, dict):
+        return {key: resolve_placeholders(item, values) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [resolve_placeholders(item, values) for item in value]
+        if isinstance(value, list):
+            return items
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    return value
+
+
+def contains_placeholder(value: Any, _depth: int = 0) -> bool:
+    """Return whether ``value`` holds a placeholder, looking into partials and containers.
+
+    Args:
+        value: The object to inspect.
+        _depth: Recursion guard for self-referencing containers.
+
+    Returns:
+        ``True`` if a placeholder or placeholder expression is found.
+    """
+    if _depth > 8:
+        return False
+    if isinstance(value, (TrainerPlaceholderValues, PlaceholderExpression)):
+        return True
+    if isinstance(value, functools.partial):
+        parts: list[Any] = [value.func, *value.args, *value.keywords.values()]
+    elif isinstance(value, dict):
+        parts = list(value.values())
+    elif isinstance(value, (list, tuple)):
+        parts = list(value)
+    else:
+        return False
+    return any(contains_placeholder(part, _depth + 1) for part in parts)
+
+
+def replace_trainer_placeholder_values(trainer: Trainer, instance: Any) -> Any:
+    """Resolve the placeholders in ``instance`` with the values of ``trainer``'s current run.
+
+    Args:
+        trainer: A trainer inside ``train()``, after its dataloaders were prepared.
+        instance: Usually the ``create_scheduler_fn`` partial.
+
+    Returns:
+        ``instance`` with every placeholder replaced by its value.
+    """
+    config = trainer.run_config
+    if config is None:
+        raise RuntimeError(
+            "replace_trainer_placeholder_values needs a trainer inside train(): "
+            "placeholders are resolved after the dataloaders are prepared."
+        )
+    eval_dl = trainer.eval_dataloader
+    values: dict[TrainerPlaceholderValues, int | None] = {
+        TrainerPlaceholderValues.NUM_EPOCHS: config.num_epochs,
+        TrainerPlaceholderValues.NUM_UPDATE_STEPS_PER_EPOCH: config.num_update_steps_per_epoch,
+        TrainerPlaceholderValues.TOTAL_NUM_UPDATE_STEPS: config.total_num_update_steps,
+        TrainerPlaceholderValues.TRAIN_DATALOADER_LEN: config.train_dataloader_len,
+        TrainerPlaceholderValues.EVAL_DATALOADER_LEN: None if eval_dl is None else len(eval_dl),
+    }
+    return resolve_placeholders(instance, values)

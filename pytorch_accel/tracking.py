@@ -1,0 +1,234 @@
+"""Run history (metrics per epoch) and the on-device loss tracker."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
+__all__ = ["InMemoryRunHistory", "LossTracker", "MetricNotFoundError", "RunHistory"]
+
+
+class MetricNotFoundError(KeyError, ValueError):
+    """A metric was read that has never been recorded.
+
+    It is both a ``KeyError`` (the natural type for a missing name) and a ``ValueError`` (what
+    pytorch-accelerated raised), so existing ``except`` clauses keep working.
+    """
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class RunHistory(ABC):
+    """The interface of a trainer's run history: metric values recorded per epoch."""
+
+    @abstractmethod
+    def get_metric_names(self) -> set[str]:
+        """Return the names of all recorded metrics."""
+
+    @abstractmethod
+    def get_metric_values(self, metric_name: str) -> Sequence[Any]:
+        """Return every value recorded for ``metric_name``, oldest first.
+
+        Raises:
+            MetricNotFoundError: If nothing was recorded under that name.
+        """
+
+    @abstractmethod
+    def get_latest_metric(self, metric_name: str) -> Any:
+        """Return the most recent value of ``metric_name``.
+
+        Raises:
+            MetricNotFoundError: If nothing was recorded under that name.
+        """
+
+    @abstractmethod
+    def update_metric(self, metric_name: str, metric_value: Any) -> None:
+        """Record a value of ``metric_name`` (the current prefix is prepended)."""
+
+    @abstractmethod
+    def set_metric_name_prefix(self, prefix: str = "") -> None:
+        """Set the prefix prepended to names passed to :meth:`update_metric`."""
+
+    @property
+    @abstractmethod
+    def metric_name_prefix(self) -> str:
+        """The prefix prepended to names passed to :meth:`update_metric`."""
+
+    @abstractmethod
+    def delete_metric(self, metric_name: str) -> None:
+        """Delete every value of ``metric_name``."""
+
+    @property
+    @abstractmethod
+    def current_epoch(self) -> int:
+        """The 1-based number of the epoch in progress (or about to start)."""
+
+    @abstractmethod
+    def _increment_epoch(self) -> None:
+        """Advance :attr:`current_epoch` by one (called by the trainer after each epoch)."""
+
+    @abstractmethod
+    def _set_epoch(self, epoch: int) -> None:
+        """Set :attr:`current_epoch` (used when resuming)."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Forget every metric and set the epoch back to 1."""
+
+
+class InMemoryRunHistory(RunHistory):
+    """A :class:`RunHistory` that keeps every value in memory.
+
+    Reading a metric that was never recorded raises :class:`MetricNotFoundError`, naming the
+    metrics that exist, and creates nothing.
+    """
+
+    def __init__(self) -> None:
+        self._current_epoch = 1
+        self._metrics: dict[str, list[Any]] = {}
+        self._prefix = ""
+
+    def get_metric_names(self) -> set[str]:
+        """Return the names of all recorded metrics."""
+        return set(self._metrics)
+
+    def get_metric_values(self, metric_name: str) -> list[Any]:
+        """Return every value recorded for ``metric_name``, oldest first.
+
+        Raises:
+            MetricNotFoundError: If nothing was recorded under that name.
+        """
+        return list(self._values(metric_name))
+
+    def get_latest_metric(self, metric_name: str) -> Any:
+        """Return the most recent value of ``metric_name``.
+
+        Raises:
+            MetricNotFoundError: If nothing was recorded under that name.
+        """
+        return self._values(metric_name)[-1]
+
+    def update_metric(self, metric_name: str, metric_value: Any) -> None:
+        """Record a value of ``metric_name`` (the current prefix is prepended)."""
+        self._metrics.setdefault(f"{self._prefix}{metric_name}", []).append(metric_value)
+
+    def set_metric_name_prefix(self, prefix: str = "") -> None:
+        """Set the prefix prepended to names passed to :meth:`update_metric`."""
+        self._prefix = prefix
+
+    @property
+    def metric_name_prefix(self) -> str:
+        """The prefix prepended to names passed to :meth:`update_metric`."""
+        return self._prefix
+
+    def delete_metric(self, metric_name: str) -> None:
+        """Delete every value of ``metric_name``.
+
+        Raises:
+            MetricNotFoundError: If nothing was recorded under that name.
+        """
+        self._values(metric_name)
+        del self._metrics[metric_name]
+
+    @property
+    def current_epoch(self) -> int:
+        """The 1-based number of the epoch in progress (or about to start)."""
+        return self._current_epoch
+
+    def _increment_epoch(self) -> None:
+        self._current_epoch += 1
+
+    def _set_epoch(self, epoch: int) -> None:
+        self._current_epoch = epoch
+
+    def reset(self) -> None:
+        """Forget every metric and set the epoch back to 1."""
+        self._current_epoch = 1
+        self._metrics = {}
+
+    def _values(self, metric_name: str) -> list[Any]:
+        values = self._metrics.get(metric_name)
+        if not values:
+            known = ", ".join(sorted(self._metrics)) or "none yet"
+            raise MetricNotFoundError(
+                f"No values have been recorded for the metric {metric_name!r}. "
+                f"Recorded metrics: {known}."
+            )
+        return values
+
+
+class LossTracker:
+    """Accumulates a sample-weighted loss on the loss's device, without host synchronisation.
+
+    :meth:`update` only queues device work. The mean is read once, by :meth:`reduce` (across
+    processes) or :attr:`average` (this process), typically at the end of an epoch.
+
+    Attributes:
+        loss_value: The last loss passed to :meth:`update` (a detached tensor), or ``None``.
+        total_loss: The running sum of ``loss * batch_size`` (a tensor), or ``None``.
+        running_count: The running number of samples.
+    """
+
+    def __init__(self) -> None:
+        self.loss_value: torch.Tensor | None = None
+        self.total_loss: torch.Tensor | None = None
+        self.running_count: int | torch.Tensor = 0
+
+    def reset(self) -> None:
+        """Forget everything recorded so far."""
+        self.loss_value = None
+        self.total_loss = None
+        self.running_count = 0
+
+    def update(self, loss_batch_value: torch.Tensor, batch_size: int | torch.Tensor = 1) -> None:
+        """Add one batch: its mean loss and the number of samples it holds.
+
+        Args:
+            loss_batch_value: The batch's mean loss (a scalar tensor; a tensor of per-sample
+                losses is averaged).
+            batch_size: The number of samples the loss was averaged over.
+        """
+        value = loss_batch_value.detach()
+        if value.ndim:
+            value = value.mean()
+        self.loss_value = value
+        if self.total_loss is None:
+            self.total_loss = value.to(torch.promote_types(value.dtype, torch.float32)) * batch_size
+        else:
+            self.total_loss.add_(value * batch_size)
+        self.running_count += batch_size
+
+    @property
+    def average(self) -> float:
+        """The sample-weighted mean over this process's batches (synchronises with the device)."""
+        if self.total_loss is None:
+            return float("nan")
+        return float(self.total_loss / self.running_count)
+
+    def reduce(self, accelerator: Accelerator) -> float:
+        """Return the sample-weighted mean over every process's batches.
+
+        One collective and one host read for the whole epoch.
+
+        Args:
+            accelerator: The accelerator whose processes take part.
+
+        Returns:
+            The mean loss over all samples seen by all processes (``nan`` if none).
+        """
+        device = accelerator.device
+        dtype = torch.float32 if device.type == "mps" else torch.float64
+        total = torch.zeros((), device=device) if self.total_loss is None else self.total_loss
+        count = torch.as_tensor(self.running_count, device=device)
+        totals = torch.stack([total.to(device, dtype), count.to(dtype)])
+        if accelerator.num_processes > 1:
+            totals = accelerator.reduce(totals, reduction="sum")
+        loss_sum, count_sum = totals.tolist()
+        return loss_sum / count_sum if count_sum else float("nan")

@@ -1,0 +1,101 @@
+"""Tiny models, data and reference loops shared by the tests."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from pytorch_accel import Trainer
+from pytorch_accel.callbacks import TrainerCallback
+from pytorch_accel.events import BUILTIN_EVENTS
+
+
+def make_regression_dataset(num_samples: int, seed: int = 0) -> TensorDataset:
+    generator = torch.Generator().manual_seed(seed)
+    inputs = torch.randn(num_samples, 4, generator=generator)
+    weights = torch.tensor([[1.5], [-2.0], [0.5], [3.0]])
+    targets = inputs @ weights + 0.1 * torch.randn(num_samples, 1, generator=generator)
+    return TensorDataset(inputs, targets)
+
+
+def make_model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+
+
+def make_trainer(
+    model: nn.Module | None = None,
+    callbacks: tuple[Any, ...] = (),
+    lr: float = 0.05,
+    trainer_class: type[Trainer] = Trainer,
+    optimizer_class: Callable[..., torch.optim.Optimizer] = torch.optim.SGD,
+) -> Trainer:
+    model = make_model() if model is None else model
+    optimizer = optimizer_class(model.parameters(), lr=lr)
+    return trainer_class(model, nn.MSELoss(), optimizer, callbacks=callbacks)
+
+
+def clone_params(model: nn.Module) -> list[torch.Tensor]:
+    return [parameter.detach().clone() for parameter in model.parameters()]
+
+
+def hand_written_loop(
+    model: nn.Module,
+    dataset: TensorDataset,
+    *,
+    batch_size: int,
+    num_epochs: int,
+    lr: float = 0.05,
+    accumulation_steps: int = 1,
+    max_grad_norm: float | None = None,
+    clip_value: float | None = None,
+    shuffle: bool = False,
+) -> nn.Module:
+    """The reference: plain PyTorch, with accumulation windows scaled by their own size."""
+    model = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    loss_func = nn.MSELoss()
+    for _ in range(num_epochs):
+        batches = list(DataLoader(dataset, batch_size=batch_size, shuffle=shuffle))
+        for start in range(0, len(batches), accumulation_steps):
+            window = batches[start : start + accumulation_steps]
+            for inputs, targets in window:
+                (loss_func(model(inputs), targets) / len(window)).backward()
+            if clip_value is not None:
+                nn.utils.clip_grad_value_(model.parameters(), clip_value)
+            if max_grad_norm is not None:
+                nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad()
+    return model
+
+
+class RecordingCallback(TrainerCallback):
+    """Records every built-in event it receives, in order."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.kwargs: list[dict[str, Any]] = []
+        self.initialised_with: Trainer | None = None
+
+    def on_init_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        self.initialised_with = trainer
+
+
+def _recorder(event: str) -> Callable[..., None]:
+    def record(self: RecordingCallback, trainer: Trainer, **kwargs: Any) -> None:
+        self.events.append(event)
+        self.kwargs.append(kwargs)
+
+    record.__name__ = event
+    return record
+
+
+for _event in BUILTIN_EVENTS:
+    if _event != "on_init_end":
+        setattr(RecordingCallback, _event, _recorder(_event))

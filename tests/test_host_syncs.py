@@ -1,0 +1,113 @@
+"""The hot loop reads no tensor on the host: counted by instrumenting the tensor methods."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from helpers import make_model, make_regression_dataset
+from pytorch_accel import Trainer
+from pytorch_accel.callbacks import DEFAULT_CALLBACKS, TrainerCallback
+
+HOST_READS = ("item", "__bool__", "__float__", "__int__", "tolist", "numpy")
+
+
+class SyncCounter:
+    """Counts host reads of tensors while ``active``."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.calls: list[str] = []
+
+
+@pytest.fixture
+def counter(monkeypatch: pytest.MonkeyPatch) -> Iterator[SyncCounter]:
+    counter = SyncCounter()
+    for name in HOST_READS:
+        original = getattr(torch.Tensor, name)
+
+        def counted(
+            self: torch.Tensor,
+            *args: Any,
+            _name: str = name,
+            _original: Callable[..., Any] = original,
+            **kwargs: Any,
+        ) -> Any:
+            if counter.active:
+                counter.calls.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, functools.wraps(original)(counted))
+    yield counter
+
+
+def probes(counter: SyncCounter) -> tuple[TrainerCallback, TrainerCallback]:
+    """Switch counting on before everything else in a step and off after everything else."""
+
+    class On(TrainerCallback):
+        order = -10_000
+
+        def __init__(self) -> None:
+            self.steps = 0
+
+        def on_train_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
+            self.steps += 1
+            counter.active = self.steps > 1  # steady state: from the second step on
+
+        def on_eval_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
+            counter.active = True
+
+    class Off(TrainerCallback):
+        order = 10_000
+
+        def on_train_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
+            counter.active = False
+
+        def on_eval_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
+            counter.active = False
+
+    return On(), Off()
+
+
+@pytest.mark.parametrize("accumulation", [1, 3])
+def test_default_loop_reads_no_tensor_per_step(counter: SyncCounter, accumulation: int) -> None:
+    model = make_model()
+    trainer = Trainer(
+        model,
+        nn.MSELoss(),
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        callbacks=(*DEFAULT_CALLBACKS, *probes(counter)),
+    )
+    trainer.train(
+        make_regression_dataset(64),
+        num_epochs=2,
+        eval_dataset=make_regression_dataset(32),
+        per_device_batch_size=4,
+        gradient_accumulation_steps=accumulation,
+        max_grad_norm=1.0,
+    )
+    trainer.evaluate(make_regression_dataset(32), per_device_batch_size=4)
+    assert counter.calls == []
+
+
+def test_the_counter_sees_a_host_read(counter: SyncCounter) -> None:
+    class ReadsLoss(TrainerCallback):
+        def on_train_step_end(
+            self, trainer: Trainer, batch_output: dict[str, Any], **kwargs: Any
+        ) -> None:
+            batch_output["loss"].item()
+
+    model = make_model()
+    trainer = Trainer(
+        model,
+        nn.MSELoss(),
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        callbacks=(ReadsLoss(), *probes(counter)),
+    )
+    trainer.train(make_regression_dataset(16), num_epochs=1, per_device_batch_size=4)
+    assert counter.calls == ["item"] * 3
