@@ -14,10 +14,14 @@ Run it (the project's ``make demo``) with::
     accelerate launch --num_processes 1 --num_machines 1 --mixed_precision no \
         --dynamo_backend no examples/train_digits.py
 
-or simply ``python examples/train_digits.py``. The same script runs on several processes
-(``accelerate launch --num_processes 2 ...``). With the defaults it reaches at least 95%
-eval accuracy in a few seconds on a CPU. ``--subset N`` trains on the first N samples only,
-for quick checks; ``--help`` lists every option.
+or simply ``python examples/train_digits.py``. With the defaults it reaches about 98% eval
+accuracy (at least 95% for every seed tried) after a few seconds of training on one CPU core.
+``--subset N`` trains on the first N samples only, for quick checks; ``--help`` lists every
+option.
+
+The same script runs on several processes: on GPUs with ``accelerate launch --num_processes 2
+...``, on a CPU-only machine (where ``accelerate launch`` starts a single process) with
+``ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 examples/train_digits.py``.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -107,7 +111,8 @@ class DigitsCNN(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Return class logits of shape ``(N, num_classes)`` for images ``(N, 1, 8, 8)``."""
-        return self.classifier(torch.flatten(self.features(images), start_dim=1))
+        logits: torch.Tensor = self.classifier(torch.flatten(self.features(images), start_dim=1))
+        return logits
 
 
 class AccuracyCallback(TrainerCallback):
@@ -199,7 +204,7 @@ def train(args: argparse.Namespace) -> Trainer:
     return trainer
 
 
-def _positive(kind: type[int] | type[float]) -> Any:
+def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
     """Return an argparse ``type`` that parses a strictly positive ``kind`` (int or float)."""
 
     def parse(text: str) -> int | float:

@@ -94,7 +94,7 @@ def merge_dataloader_kwargs(
     ``batch_size``; ``num_workers=0`` removes the worker-only defaults.
 
     Args:
-        defaults: The defaults, from :func:`default_dataloader_kwargs`.
+        defaults: The defaults, from ``default_dataloader_kwargs``.
         overrides: The user's kwargs, or ``None``.
 
     Returns:

@@ -1,10 +1,10 @@
-"""The events a :class:`~pytorch_accel.trainer.Trainer` fires, and the order it fires them in.
+"""The events a ``Trainer`` fires, and the order it fires them in.
 
 Each event calls the method of the same name on every callback that defines it. Where the
 trainer has a hook of the same name without the ``on_`` prefix (``train_epoch_start`` for
 ``on_train_epoch_start``), the hook runs first, then the callbacks.
 
-A training run, ``train()``, fires::
+A training run, ``train()``, fires:
 
     on_training_run_start
     for each epoch:
@@ -27,7 +27,7 @@ A training run, ``train()``, fires::
         on_training_run_epoch_end
     on_training_run_end
 
-An evaluation run, ``evaluate()``, fires::
+An evaluation run, ``evaluate()``, fires:
 
     on_evaluation_run_start
     on_eval_epoch_start
@@ -51,7 +51,7 @@ What happens at each point:
 - The epoch's mean loss is recorded in the run history (``train_loss_epoch``,
   ``eval_loss_epoch`` or ``evaluation_loss``) just before the epoch's end hook and event.
 
-Stopping early: raising :class:`~pytorch_accel.callbacks.StopTrainingError` in any hook or
+Stopping early: raising ``StopTrainingError`` in any hook or
 callback ends the run. The levels that were open are closed, innermost first, so every
 ``..._epoch_start`` and ``..._run_start`` that fired gets its ``..._end``; then
 ``on_stop_training_error`` fires, then the run's end hook and event. A step does not complete
@@ -59,7 +59,7 @@ after a stop, so ``on_train_step_end`` only fires for steps that produced an out
 not yet taken is dropped. ``on_training_run_epoch_end`` fires only for completed epochs.
 
 A stop raised in ``on_train_step_end`` of the second batch (no accumulation) ends the run
-with::
+with:
 
     on_train_step_start
     on_backward_start

@@ -3,7 +3,7 @@
 A learning-rate scheduler often needs the number of epochs or optimizer updates. Those depend on
 the dataset size, the number of processes and the accumulation steps, so they are unknown when
 the user writes ``functools.partial(OneCycleLR, ...)``. Put a placeholder there instead; the
-trainer resolves it at train time, after ``accelerator.prepare``::
+trainer resolves it at train time, after ``accelerator.prepare``:
 
     from functools import partial
     from torch.optim.lr_scheduler import OneCycleLR
@@ -56,7 +56,7 @@ _SYMBOLS: dict[Callable[[Any, Any], Any], str] = {
 
 
 class _Arithmetic:
-    """Operators that build a :class:`PlaceholderExpression` instead of computing a value."""
+    """Operators that build a ``PlaceholderExpression`` instead of computing a value."""
 
     def _combine(self, op: Callable[[Any, Any], Any], other: object, *, reflected: bool) -> Any:
         if not isinstance(other, (int, float, TrainerPlaceholderValues, PlaceholderExpression)):
@@ -131,7 +131,7 @@ class PlaceholderExpression(_Arithmetic):
     """An arithmetic expression over placeholders and numbers, evaluated at train time.
 
     Args:
-        op: A binary function from :mod:`operator` (add, sub, mul, truediv, floordiv).
+        op: A binary function from ``operator`` (add, sub, mul, truediv, floordiv).
         left: The left operand.
         right: The right operand.
     """

@@ -54,12 +54,12 @@ class RunHistory(ABC):
 
     @abstractmethod
     def set_metric_name_prefix(self, prefix: str = "") -> None:
-        """Set the prefix prepended to names passed to :meth:`update_metric`."""
+        """Set the prefix prepended to names passed to ``update_metric``."""
 
     @property
     @abstractmethod
     def metric_name_prefix(self) -> str:
-        """The prefix prepended to names passed to :meth:`update_metric`."""
+        """The prefix prepended to names passed to ``update_metric``."""
 
     @abstractmethod
     def delete_metric(self, metric_name: str) -> None:
@@ -72,11 +72,11 @@ class RunHistory(ABC):
 
     @abstractmethod
     def _increment_epoch(self) -> None:
-        """Advance :attr:`current_epoch` by one (called by the trainer after each epoch)."""
+        """Advance ``current_epoch`` by one (called by the trainer after each epoch)."""
 
     @abstractmethod
     def _set_epoch(self, epoch: int) -> None:
-        """Set :attr:`current_epoch` (used when resuming)."""
+        """Set ``current_epoch`` (used when resuming)."""
 
     @abstractmethod
     def reset(self) -> None:
@@ -84,9 +84,9 @@ class RunHistory(ABC):
 
 
 class InMemoryRunHistory(RunHistory):
-    """A :class:`RunHistory` that keeps every value in memory.
+    """A ``RunHistory`` that keeps every value in memory.
 
-    Reading a metric that was never recorded raises :class:`MetricNotFoundError`, naming the
+    Reading a metric that was never recorded raises ``MetricNotFoundError``, naming the
     metrics that exist, and creates nothing.
     """
 
@@ -120,12 +120,12 @@ class InMemoryRunHistory(RunHistory):
         self._metrics.setdefault(f"{self._prefix}{metric_name}", []).append(metric_value)
 
     def set_metric_name_prefix(self, prefix: str = "") -> None:
-        """Set the prefix prepended to names passed to :meth:`update_metric`."""
+        """Set the prefix prepended to names passed to ``update_metric``."""
         self._prefix = prefix
 
     @property
     def metric_name_prefix(self) -> str:
-        """The prefix prepended to names passed to :meth:`update_metric`."""
+        """The prefix prepended to names passed to ``update_metric``."""
         return self._prefix
 
     def delete_metric(self, metric_name: str) -> None:
@@ -167,11 +167,11 @@ class InMemoryRunHistory(RunHistory):
 class LossTracker:
     """Accumulates a sample-weighted loss on the loss's device, without host synchronisation.
 
-    :meth:`update` only queues device work. The mean is read once, by :meth:`reduce` (across
-    processes) or :attr:`average` (this process), typically at the end of an epoch.
+    ``update`` only queues device work. The mean is read once, by ``reduce`` (across
+    processes) or ``average`` (this process), typically at the end of an epoch.
 
     Attributes:
-        loss_value: The last loss passed to :meth:`update` (a detached tensor), or ``None``.
+        loss_value: The last loss passed to ``update`` (a detached tensor), or ``None``.
         total_loss: The running sum of ``loss * batch_size`` (a tensor), or ``None``.
         running_count: The running number of samples.
     """

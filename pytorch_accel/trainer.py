@@ -1,6 +1,6 @@
-"""The :class:`Trainer`: a training loop on accelerate, customised by step methods and callbacks.
+"""The ``Trainer``: a training loop on accelerate, customised by step methods and callbacks.
 
-The loop, top to bottom (see :mod:`pytorch_accel.events` for the events it fires)::
+The loop, top to bottom (see ``pytorch_accel.events`` for the events it fires):
 
     train()
       _run_training            training run level: start, epochs, stop handling, end
@@ -11,8 +11,8 @@ The loop, top to bottom (see :mod:`pytorch_accel.events` for the events it fires
           _run_eval_epoch      eval epoch level
             _eval_batches      for each batch: one eval step level
 
-Every level fires its start and end events through :meth:`Trainer._run_level`, so the two
-cannot drift apart, including when a :class:`~pytorch_accel.callbacks.StopTrainingError`
+Every level fires its start and end events through ``Trainer._run_level``, so the two
+cannot drift apart, including when a ``StopTrainingError``
 ends the run early.
 """
 
@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Literal, NamedTuple
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType
+from accelerate.utils import DistributedType, slice_tensors
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -45,6 +45,7 @@ from pytorch_accel.callbacks.defaults import DEFAULT_CALLBACKS
 from pytorch_accel.callbacks.handler import CallbackHandler, CallbackLike
 from pytorch_accel.checkpoint import atomic_save, load_checkpoint_file
 from pytorch_accel.dataloaders import default_dataloader_kwargs, merge_dataloader_kwargs
+from pytorch_accel.distributed import StopAgreement, check_world_size, needs_cpu_distributed
 from pytorch_accel.placeholders import (
     TrainerPlaceholderValues,
     contains_placeholder,
@@ -105,7 +106,7 @@ class Trainer:
     """Trains a model with a loss function and an optimizer, on whatever accelerate provides.
 
     Run the same script with ``python train.py`` or ``accelerate launch train.py``: the
-    :class:`accelerate.Accelerator` (created once per trainer by :meth:`_create_accelerator`)
+    ``accelerate.Accelerator`` (created once per trainer by ``_create_accelerator``)
     handles devices, distributed wrappers and mixed precision. Customise by overriding the
     step methods, or with callbacks.
 
@@ -113,8 +114,8 @@ class Trainer:
         model: The model to train.
         loss_func: Called as ``loss_func(model_outputs, targets)`` by the default step methods.
         optimizer: An optimizer over the model's parameters.
-        callbacks: Callback instances or classes; defaults to :data:`DEFAULT_CALLBACKS`.
-        run_history: Where metrics are recorded; a new :class:`InMemoryRunHistory` by default.
+        callbacks: Callback instances or classes; defaults to ``DEFAULT_CALLBACKS``.
+        run_history: Where metrics are recorded; a new ``InMemoryRunHistory`` by default.
 
     Example:
         ```python
@@ -142,7 +143,9 @@ class Trainer:
         self.run_history: RunHistory = run_history or InMemoryRunHistory()
         self._accelerator = self._create_accelerator()
         _check_accelerator(self._accelerator)
+        self._stop_agreement = StopAgreement() if self._accelerator.num_processes > 1 else None
         self._prepared: tuple[object, object] = (None, None)
+        self._trainable_when_wrapped: tuple[bool, ...] = ()
         self.scheduler: Any = None
         self.create_scheduler_fn: SchedulerFactory | None = None
         self.collate_fn: Callable[..., Any] | None = None
@@ -161,22 +164,24 @@ class Trainer:
     # ----------------------------------------------------------------- construction hooks
 
     def _create_callback_handler(self, callbacks: Iterable[CallbackLike]) -> CallbackHandler:
-        """Create the :class:`CallbackHandler`, with this trainer's :attr:`custom_events`."""
+        """Create the ``CallbackHandler``, with this trainer's ``custom_events``."""
         return CallbackHandler(callbacks, events=self.custom_events)
 
     def _create_accelerator(self) -> Accelerator:
         """Create the accelerator, once per trainer; override to pass options.
 
         The default ``Accelerator()`` reads the configuration of ``accelerate config`` and
-        ``accelerate launch`` (processes, mixed precision, FSDP/DeepSpeed plugins).
+        ``accelerate launch`` (processes, mixed precision, FSDP/DeepSpeed plugins). When a
+        launcher started several processes on a machine without GPUs, it is
+        ``Accelerator(cpu=True)``: one gloo process group instead of independent copies.
         """
-        return Accelerator()
+        return Accelerator(cpu=needs_cpu_distributed())
 
     # --------------------------------------------------------------------- public surface
 
     @property
     def accelerator(self) -> Accelerator:
-        """The trainer's :class:`accelerate.Accelerator`."""
+        """The trainer's ``accelerate.Accelerator``."""
         return self._accelerator
 
     @property
@@ -239,7 +244,7 @@ class Trainer:
             gradient_accumulation_steps: Micro-batches per optimizer update.
             gradient_clip_value: Clip each gradient element to ``[-value, value]``.
             create_scheduler_fn: ``optimizer -> scheduler``, usually a ``functools.partial``
-                whose arguments may hold :class:`TrainerPlaceholderValues`.
+                whose arguments may hold ``TrainerPlaceholderValues``.
             train_dataloader_kwargs: Override the train ``DataLoader`` arguments.
             eval_dataloader_kwargs: Override the eval ``DataLoader`` arguments.
             reset_run_history: Start a fresh run history; ``False`` continues the metrics and
@@ -258,6 +263,7 @@ class Trainer:
         if eval_dataset is not None:
             eval_dl = self.create_eval_dataloader(per_device_batch_size, eval_dataloader_kwargs)
         self._prepare(train_dl, eval_dl)
+        self._check_has_batches()
         self.run_config = self._create_run_config(
             num_epochs=num_epochs,
             gradient_accumulation_steps=gradient_accumulation_steps,
@@ -267,6 +273,7 @@ class Trainer:
         )
         self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
         self._num_updates = 0
+        self.optimizer.zero_grad()  # a stop inside an accumulation window leaves gradients behind
         self._run_training()
 
     def evaluate(
@@ -301,6 +308,7 @@ class Trainer:
         check_positive_int("Trainer.evaluate", "per_device_batch_size", per_device_batch_size)
         check_mapping("Trainer.evaluate", "dataloader_kwargs", dataloader_kwargs)
         self.eval_dataset, self.collate_fn = dataset, collate_fn
+        self._train_dl_kwargs = {}
         self._prepare(None, self.create_eval_dataloader(per_device_batch_size, dataloader_kwargs))
         self.run_config = self._create_run_config(num_epochs=1)
         self._run_level(_EVALUATION_RUN, functools.partial(self._run_eval_epoch, "evaluation_loss"))
@@ -310,7 +318,7 @@ class Trainer:
     def create_train_dataloader(
         self, batch_size: int, train_dl_kwargs: Mapping[str, Any] | None = None
     ) -> DataLoader[Any]:
-        """Create the train dataloader from :meth:`get_default_train_dl_kwargs` and overrides."""
+        """Create the train dataloader from ``get_default_train_dl_kwargs`` and overrides."""
         self._train_dl_kwargs = merge_dataloader_kwargs(
             self.get_default_train_dl_kwargs(batch_size), train_dl_kwargs
         )
@@ -319,7 +327,7 @@ class Trainer:
     def create_eval_dataloader(
         self, batch_size: int, eval_dl_kwargs: Mapping[str, Any] | None = None
     ) -> DataLoader[Any]:
-        """Create the eval dataloader from :meth:`get_default_eval_dl_kwargs` and overrides."""
+        """Create the eval dataloader from ``get_default_eval_dl_kwargs`` and overrides."""
         self._eval_dl_kwargs = merge_dataloader_kwargs(
             self.get_default_eval_dl_kwargs(batch_size), eval_dl_kwargs
         )
@@ -336,7 +344,7 @@ class Trainer:
     def create_scheduler(self) -> Any:
         """Create the scheduler from ``create_scheduler_fn``, resolving its placeholders.
 
-        It receives the prepared optimizer and is stepped by :meth:`scheduler_step` once per
+        It receives the prepared optimizer and is stepped by ``scheduler_step`` once per
         optimizer update on each process. It is not passed through ``accelerator.prepare``,
         which would step it once per process per update.
         """
@@ -481,9 +489,7 @@ class Trainer:
             save_optimizer: Include the optimizer state.
             save_scheduler: Include the scheduler state, if there is a scheduler.
         """
-        checkpoint: dict[str, Any] = {
-            "model_state_dict": self._accelerator.get_state_dict(self.model)
-        }
+        checkpoint: dict[str, Any] = {"model_state_dict": self._model_state_dict()}
         if save_optimizer:
             checkpoint["optimizer_state_dict"] = self.optimizer.state_dict()
         if save_scheduler and self.scheduler is not None:
@@ -493,13 +499,23 @@ class Trainer:
             atomic_save(checkpoint, save_path)
         self._accelerator.wait_for_everyone()
 
+    def _model_state_dict(self) -> dict[str, Any]:
+        """The unwrapped model's state dict, without ``torch.compile``'s ``_orig_mod.`` prefix.
+
+        Sharded engines (FSDP, DeepSpeed) gather it through the accelerator, on every process.
+        """
+        sharded = (DistributedType.FSDP, DistributedType.DEEPSPEED)
+        if self._accelerator.distributed_type in sharded:
+            return self._accelerator.get_state_dict(self.model)  # type: ignore[no-any-return]
+        return self.get_model(keep_torch_compile=False).state_dict()
+
     def load_checkpoint(
         self,
         checkpoint_path: str | os.PathLike[str],
         load_optimizer: bool = True,
         load_scheduler: bool = True,
     ) -> dict[str, Any]:
-        """Load a checkpoint written by :meth:`save_checkpoint` (safely: ``weights_only``).
+        """Load a checkpoint written by ``save_checkpoint`` (safely: ``weights_only``).
 
         Args:
             checkpoint_path: The checkpoint file.
@@ -608,8 +624,34 @@ class Trainer:
 
     def _eval_step(self, batch: Any) -> dict[str, Any]:
         batch_output = _checked(self.calculate_eval_batch_loss(batch), "calculate_eval_batch_loss")
-        self._eval_loss_tracker.update(batch_output["loss"], batch_output["batch_size"])
+        real_samples = self._real_samples_in_padded_batch(batch_output["batch_size"])
+        if real_samples is None:
+            self._eval_loss_tracker.update(batch_output["loss"], batch_output["batch_size"])
+        elif real_samples > 0:
+            real_batch = slice_tensors(batch, slice(0, real_samples))
+            real_output = _checked(
+                self.calculate_eval_batch_loss(real_batch), "calculate_eval_batch_loss"
+            )
+            self._eval_loss_tracker.update(real_output["loss"], real_samples)
         return {"batch": batch, "batch_output": batch_output}
+
+    def _real_samples_in_padded_batch(self, batch_size: Any) -> int | None:
+        """Return how many samples of this batch are real, if accelerate padded it; else None.
+
+        With several processes, accelerate completes the last round of eval batches with
+        samples from the start of the dataset, so every process has as many batches (no
+        collective can deadlock). Those repeats are the ones ``gather_for_metrics`` drops:
+        the first ``remainder`` samples of the gathered last batch are real, in process order.
+        """
+        dataloader = self._eval_dataloader
+        at_end = getattr(dataloader, "end_of_dataloader", False)
+        if self._accelerator.num_processes == 1 or not at_end:
+            return None
+        remainder = int(getattr(dataloader, "remainder", -1))
+        if remainder <= 0:
+            return None
+        size, rank = int(batch_size), int(self._accelerator.process_index)
+        return max(0, min(size, remainder - rank * size))
 
     def _record_loss(self, tracker: LossTracker, metric_name: str) -> None:
         self.run_history.update_metric(metric_name, tracker.reduce(self._accelerator))
@@ -626,7 +668,7 @@ class Trainer:
         """Fire ``level``'s start, run ``body``, then ``finish`` and the level's end.
 
         ``body`` may return extra keyword arguments for the end event. On a
-        :class:`StopTrainingError` the level acts as its ``on_stop`` says.
+        ``StopTrainingError`` the level acts as its ``on_stop`` says.
         """
         try:
             self._fire(level.start_hook, level.start_event, kwargs)
@@ -636,26 +678,52 @@ class Trainer:
                 raise
             if finish is not None:
                 finish()
+            if level.on_stop == "handle":
+                self._announce_stop(error)
+            self._fire_while_stopping(level.end_hook, level.end_event, kwargs)
             if level.on_stop == "close":
-                self._fire(level.end_hook, level.end_event, kwargs)
                 raise
-            self._announce_stop(error)
-        else:
-            if finish is not None:
-                finish()
-            kwargs.update(end_kwargs)
+            return
+        if finish is not None:
+            finish()
+        kwargs.update(end_kwargs)
         self._fire(level.end_hook, level.end_event, kwargs)
 
     def _fire(self, hook: str | None, event: str, kwargs: dict[str, Any]) -> None:
-        """Run the trainer hook ``hook`` (if any), then the callbacks of ``event``."""
+        """Run the trainer hook ``hook`` (if any), then the callbacks of ``event``.
+
+        With several processes, a stop raised here is agreed on by all of them before anyone
+        moves on, so they all stop at the same point and no collective is left waiting.
+        """
+        agreement = self._stop_agreement
+        if agreement is None:
+            if hook is not None:
+                getattr(self, hook)()
+            self.callback_handler.call_event(event, self, **kwargs)
+            return
+        try:
+            if hook is not None:
+                getattr(self, hook)()
+            self.callback_handler.call_event(event, self, **kwargs)
+        except StopTrainingError as error:
+            agreement.request(error)
+        if hook is not None or self.callback_handler.may_stop(event):
+            agreement.agree()
+
+    def _fire_while_stopping(self, hook: str | None, event: str, kwargs: dict[str, Any]) -> None:
+        """Close a level during a stop: every callback gets the event, further stops are moot.
+
+        All processes unwind the same levels in step, so no agreement is needed here.
+        """
         if hook is not None:
-            getattr(self, hook)()
-        self.callback_handler.call_event(event, self, **kwargs)
+            with contextlib.suppress(StopTrainingError):
+                getattr(self, hook)()
+        self.callback_handler.call_event_while_stopping(event, self, **kwargs)
 
     def _announce_stop(self, error: StopTrainingError) -> None:
         if str(error):
             self.print(str(error))
-        self.callback_handler.call_event("on_stop_training_error", self, error=error)
+        self.callback_handler.call_event_while_stopping("on_stop_training_error", self, error=error)
 
     # ---------------------------------------------------------------------- preparation
 
@@ -684,21 +752,45 @@ class Trainer:
                 f"Lower per_device_batch_size to at most {max(1, num_samples // num_processes)}.",
             )
 
+    def _check_has_batches(self) -> None:
+        if self._train_dataloader is not None and len(self._train_dataloader) == 0:
+            fail(
+                ValueError,
+                "Trainer.train",
+                "train_dataloader_kwargs",
+                self._train_dl_kwargs,
+                "settings that give at least one batch per process",
+                "Check batch_sampler, drop_last and the batch size against the dataset size.",
+            )
+
     def _prepare(self, train_dl: DataLoader[Any] | None, eval_dl: DataLoader[Any] | None) -> None:
         """Prepare the model and optimizer (once each) and this run's dataloaders."""
         accelerator = self._accelerator
-        model_ready = self.model is self._prepared[0]
+        model_ready = self.model is self._prepared[0] and not self._trainable_set_changed()
         optimizer_ready = self.optimizer is self._prepared[1]
         if not model_ready and not optimizer_ready:
-            self.model, self.optimizer = accelerator.prepare(self.model, self.optimizer)
+            model = _forget_model(accelerator, self.model)
+            self.model, self.optimizer = accelerator.prepare(model, self.optimizer)
         elif not model_ready:
-            self.model = accelerator.prepare(self.model)
+            self.model = accelerator.prepare(_forget_model(accelerator, self.model))
         elif not optimizer_ready:
             self.optimizer = accelerator.prepare(self.optimizer)
         self._prepared = (self.model, self.optimizer)
+        self._trainable_when_wrapped = _trainable_flags(self.model)
         _forget_dataloaders(accelerator, self._train_dataloader, self._eval_dataloader)
         self._train_dataloader = None if train_dl is None else accelerator.prepare(train_dl)
         self._eval_dataloader = None if eval_dl is None else accelerator.prepare(eval_dl)
+
+    def _trainable_set_changed(self) -> bool:
+        """Whether parameters were (un)frozen since the model was wrapped for distribution.
+
+        DistributedDataParallel only synchronises the parameters that required gradients when
+        it was built, so a model unfrozen between ``train()`` calls must be wrapped again.
+        """
+        wrapped = self._prepared[0]
+        if not isinstance(wrapped, nn.parallel.DistributedDataParallel):
+            return False
+        return _trainable_flags(wrapped) != self._trainable_when_wrapped
 
     def _create_run_config(
         self,
@@ -770,6 +862,18 @@ def _forget_dataloaders(accelerator: Accelerator, *dataloaders: object) -> None:
         registered[:] = [dl for dl in registered if all(dl is not old for old in dataloaders)]
 
 
+def _trainable_flags(model: nn.Module) -> tuple[bool, ...]:
+    return tuple(parameter.requires_grad for parameter in model.parameters())
+
+
+def _forget_model(accelerator: Accelerator, model: nn.Module) -> nn.Module:
+    """Unregister a wrapped model from the accelerator and return the bare module to re-wrap."""
+    registered = getattr(accelerator, "_models", None)
+    if isinstance(registered, list):
+        registered[:] = [known for known in registered if known is not model]
+    return accelerator.unwrap_model(model)  # type: ignore[no-any-return]
+
+
 def _checked(batch_output: Any, method: str) -> dict[str, Any]:
     """Return ``batch_output`` if it is a dict with ``loss`` and ``batch_size``; else raise."""
     if not isinstance(batch_output, Mapping):
@@ -815,6 +919,7 @@ def _check_constructor_arguments(
 
 
 def _check_accelerator(accelerator: Accelerator) -> None:
+    check_world_size(accelerator.num_processes)
     if accelerator.gradient_accumulation_steps != 1:
         fail(
             ValueError,

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from helpers import make_regression_dataset, make_trainer
 from torch.utils.data import Dataset, SequentialSampler
 
-from helpers import make_regression_dataset, make_trainer
 from pytorch_accel.dataloaders import default_num_workers, merge_dataloader_kwargs, seed_worker
 
 
@@ -29,7 +29,8 @@ def test_defaults_shuffle_train_not_eval_and_use_no_workers_for_tensors() -> Non
     )
     config = trainer.run_config
     assert config is not None
-    assert config.train_dl_kwargs["shuffle"] is True and config.eval_dl_kwargs["shuffle"] is False
+    assert config.train_dl_kwargs["shuffle"] is True
+    assert config.eval_dl_kwargs["shuffle"] is False
     assert config.train_dl_kwargs["num_workers"] == 0
     assert config.train_dl_kwargs["pin_memory"] is torch.cuda.is_available()
 
@@ -54,7 +55,8 @@ def test_training_with_persistent_workers_end_to_end() -> None:
         eval_dataloader_kwargs={"num_workers": 1},
     )
     config = trainer.run_config
-    assert config is not None and config.train_dl_kwargs["persistent_workers"] is True
+    assert config is not None
+    assert config.train_dl_kwargs["persistent_workers"] is True
     assert len(trainer.run_history.get_metric_values("eval_loss_epoch")) == 2
 
 
@@ -68,9 +70,13 @@ def test_user_kwargs_override_and_a_sampler_removes_shuffle() -> None:
     }
     sampler = SequentialSampler(range(4))
     merged = merge_dataloader_kwargs(defaults, {"sampler": sampler, "batch_size": 2})
-    assert "shuffle" not in merged and merged["sampler"] is sampler and merged["batch_size"] == 2
+    assert "shuffle" not in merged
+    assert merged["sampler"] is sampler
+    assert merged["batch_size"] == 2
     batch_sampler = merge_dataloader_kwargs(defaults, {"batch_sampler": [[0, 1]]})
-    assert "batch_size" not in batch_sampler and "shuffle" not in batch_sampler
+    assert "batch_size" not in batch_sampler
+    assert "shuffle" not in batch_sampler
     no_workers = merge_dataloader_kwargs(defaults, {"num_workers": 0})
-    assert "persistent_workers" not in no_workers and "worker_init_fn" not in no_workers
+    assert "persistent_workers" not in no_workers
+    assert "worker_init_fn" not in no_workers
     assert merge_dataloader_kwargs(defaults, None) == defaults

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import make_model, make_regression_dataset, make_trainer
 from torch import nn
 from torch.utils.data import IterableDataset, TensorDataset
 
-from helpers import make_model, make_regression_dataset, make_trainer
 from pytorch_accel import Trainer
 
 DATA = make_regression_dataset(16)
@@ -53,7 +53,8 @@ DATA = make_regression_dataset(16)
         (
             {"gradient_clip_value": 1.0, "max_grad_norm": 1.0},
             ValueError,
-            r"max_grad_norm must be None when gradient_clip_value is set, got 1.0 \(float\)\. Clip either",
+            r"max_grad_norm must be None when gradient_clip_value is set, got 1.0 \(float\)\. "
+            r"Clip either",
         ),
         (
             {"create_scheduler_fn": "cosine"},
@@ -165,3 +166,12 @@ def test_accelerator_with_its_own_accumulation_is_rejected() -> None:
         ValueError, match=r"gradient_accumulation_steps must be 1 on the Accelerator, got 4"
     ):
         make_trainer(trainer_class=AccumulatingTrainer)
+
+
+def test_dataloader_settings_that_give_no_batch() -> None:
+    with pytest.raises(
+        ValueError, match=r"train_dataloader_kwargs must be settings that give at least one batch"
+    ):
+        make_trainer().train(
+            DATA, num_epochs=1, max_num_train_steps=3, train_dataloader_kwargs={"batch_sampler": []}
+        )

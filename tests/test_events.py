@@ -34,7 +34,7 @@ def run_events(num_samples: int, eval_samples: int | None = None, **train_kwargs
 def documented_listing(title: str) -> list[str]:
     """The event names of one listing in the events module docstring, in order."""
     doc = pytorch_accel.events.__doc__ or ""
-    block = doc.split(title, 1)[1].split("::", 1)[1]
+    block = doc.split(title, 1)[1].split(":\n", 1)[1]
     body = re.split(r"\n\S", block, maxsplit=1)[0]
     return re.findall(r"\bon_\w+", body)
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import make_model, make_regression_dataset
 from torch import nn
 
-from helpers import make_model, make_regression_dataset
 from pytorch_accel import Trainer
 from pytorch_accel.callbacks import DEFAULT_CALLBACKS, TrainerCallback
 
@@ -43,7 +43,7 @@ def counter(monkeypatch: pytest.MonkeyPatch) -> Iterator[SyncCounter]:
             return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(torch.Tensor, name, functools.wraps(original)(counted))
-    yield counter
+    return counter
 
 
 def probes(counter: SyncCounter) -> tuple[TrainerCallback, TrainerCallback]:

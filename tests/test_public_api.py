@@ -33,18 +33,27 @@ def test_public_import_paths() -> None:
     from pytorch_accel.trainer import Trainer as TrainerAgain
     from pytorch_accel.trainer import TrainerPlaceholderValues as PlaceholdersAgain
 
-    assert Trainer is TrainerAgain and TrainerPlaceholderValues is PlaceholdersAgain
+    assert Trainer is TrainerAgain
+    assert TrainerPlaceholderValues is PlaceholdersAgain
     assert __version__ == pytorch_accel.__version__
-    assert (
-        callable(notebook_launcher)
-        and callable(set_seed)
-        and callable(replace_trainer_placeholder_values)
-    )
+    assert callable(notebook_launcher)
+    assert callable(set_seed)
+    assert callable(replace_trainer_placeholder_values)
     assert issubclass(InMemoryRunHistory, RunHistory)
     assert all(isinstance(c, type) for c in DEFAULT_CALLBACKS)
-    for obj in (CallbackHandler, LogMetricsCallback, MoveModulesToDeviceCallback, PrintProgressCallback,
-                ProgressBarCallback, StopTrainingError, TerminateOnNaNCallback, TrainerCallback,
-                get_default_callbacks, TrainerRunConfig, LossTracker):  # fmt: skip
+    for obj in (
+        CallbackHandler,
+        LogMetricsCallback,
+        MoveModulesToDeviceCallback,
+        PrintProgressCallback,
+        ProgressBarCallback,
+        StopTrainingError,
+        TerminateOnNaNCallback,
+        TrainerCallback,
+        get_default_callbacks,
+        TrainerRunConfig,
+        LossTracker,
+    ):
         assert obj.__module__.startswith("pytorch_accel")
 
 

@@ -6,9 +6,8 @@ import dataclasses
 
 import pytest
 import torch
-from torch.utils.data import RandomSampler
-
 from helpers import make_regression_dataset, make_trainer
+from torch.utils.data import RandomSampler
 
 
 def test_run_config_values_and_to_dict_with_eval() -> None:
@@ -26,11 +25,14 @@ def test_run_config_values_and_to_dict_with_eval() -> None:
     assert (config.num_epochs, config.train_dataloader_len) == (3, 13)
     assert config.num_update_steps_per_epoch == config.num_local_update_steps_per_epoch == 5
     assert config.total_num_update_steps == 15
-    assert config.train_total_batch_size == 12 and config.eval_total_batch_size == 4
+    assert config.train_total_batch_size == 12
+    assert config.eval_total_batch_size == 4
     assert (config.num_processes, config.is_distributed, config.mixed_precision) == (1, False, "no")
-    assert config.is_world_process_zero and config.is_local_process_zero
+    assert config.is_world_process_zero
+    assert config.is_local_process_zero
     as_dict = config.to_dict()
-    assert as_dict["max_grad_norm"] == 1.0 and as_dict["eval_dl_kwargs"]["shuffle"] is False
+    assert as_dict["max_grad_norm"] == 1.0
+    assert as_dict["eval_dl_kwargs"]["shuffle"] is False
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.num_epochs = 1  # type: ignore[misc]
 
@@ -56,3 +58,12 @@ def test_evaluate_run_config() -> None:
         0,
         5,
     )
+
+
+def test_evaluate_after_train_does_not_report_the_old_train_batch_size() -> None:
+    trainer = make_trainer()
+    trainer.train(make_regression_dataset(16), num_epochs=1, per_device_batch_size=4)
+    trainer.evaluate(make_regression_dataset(10), per_device_batch_size=5)
+    config = trainer.run_config
+    assert config is not None
+    assert (config.train_per_device_batch_size, config.train_dl_kwargs) == (0, {})

@@ -55,13 +55,16 @@ def test_loss_tracker_is_sample_weighted_and_stays_on_device() -> None:
     expected = (1.0 * 3 + 3.0 * 1 + 0.5 * 4) / 8
     assert tracker.average == pytest.approx(expected)
     assert tracker.reduce(Accelerator(cpu=True)) == pytest.approx(expected)
-    assert tracker.loss_value is not None and tracker.loss_value.item() == 0.5
+    assert tracker.loss_value is not None
+    assert tracker.loss_value.item() == 0.5
     tracker.reset()
-    assert tracker.total_loss is None and tracker.running_count == 0
+    assert tracker.total_loss is None
+    assert tracker.running_count == 0
 
 
 def test_loss_tracker_detaches() -> None:
     weight = torch.ones(1, requires_grad=True)
     tracker = LossTracker()
     tracker.update((weight * 2).sum(), 2)
-    assert tracker.total_loss is not None and not tracker.total_loss.requires_grad
+    assert tracker.total_loss is not None
+    assert not tracker.total_loss.requires_grad

@@ -303,3 +303,30 @@ def test_scheduler_steps_once_per_update_and_is_recreated_each_call(
     )
     assert trainer.scheduler is not first
     assert trainer.scheduler.last_epoch == 8
+
+
+def test_a_stop_inside_an_accumulation_window_does_not_leak_into_the_next_run() -> None:
+    from pytorch_accel.callbacks import StopTrainingError, TrainerCallback
+
+    class StopAfterFirstMicroBatch(TrainerCallback):
+        def on_train_step_end(self, trainer: Trainer, **kwargs: object) -> None:
+            raise StopTrainingError
+
+    dataset = make_regression_dataset(16)
+    model = make_model()
+    reference = hand_written_loop(model, dataset, batch_size=8, num_epochs=1)
+    trainer = make_trainer(model)
+    stopper = trainer.callback_handler.add_callback(StopAfterFirstMicroBatch())
+    trainer.train(
+        dataset,
+        num_epochs=1,
+        per_device_batch_size=4,
+        gradient_accumulation_steps=2,
+        train_dataloader_kwargs=UNSHUFFLED,
+    )
+    assert trainer.num_updates == 0  # the window's update was never taken
+    trainer.callback_handler.remove_callback(stopper)
+    trainer.train(
+        dataset, num_epochs=1, per_device_batch_size=8, train_dataloader_kwargs=UNSHUFFLED
+    )
+    assert_same_params(trainer.get_model(), reference)

@@ -7,10 +7,12 @@ from pytorch_accel.callbacks.handler import CallbackHandler
 from pytorch_accel.callbacks.log_metrics import LogMetricsCallback
 from pytorch_accel.callbacks.nan import TerminateOnNaNCallback
 from pytorch_accel.callbacks.progress import PrintProgressCallback, ProgressBarCallback
+from pytorch_accel.callbacks.sync_batchnorm import ConvertSyncBatchNormCallback
 
 __all__ = [
     "DEFAULT_CALLBACKS",
     "CallbackHandler",
+    "ConvertSyncBatchNormCallback",
     "LogMetricsCallback",
     "MoveModulesToDeviceCallback",
     "PrintProgressCallback",

@@ -30,6 +30,10 @@ class TrainerCallback:
             callbacks use -100 (device placement) to 100 (metric logging).
         custom_events: Names of extra events this callback handles or fires, registered with
             the handler when the callback is added.
+        may_stop_training: Whether this callback may raise ``StopTrainingError``. In a
+            multi-process run the processes agree on stopping after each event that has a
+            listener which may stop; callbacks that never stop set this to ``False`` to save
+            that exchange.
 
     Example:
         ```python
@@ -41,6 +45,7 @@ class TrainerCallback:
 
     order: ClassVar[int] = 0
     custom_events: ClassVar[tuple[str, ...]] = ()
+    may_stop_training: ClassVar[bool] = True
 
     def on_init_end(self, trainer: Trainer, **kwargs: Any) -> None:
         """Called at the end of ``Trainer.__init__``."""
@@ -115,4 +120,4 @@ class TrainerCallback:
         """Called at the end of ``evaluate()``."""
 
     def on_stop_training_error(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Called when a :class:`StopTrainingError` stopped the run (kwarg ``error``)."""
+        """Called when a ``StopTrainingError`` stopped the run (kwarg ``error``)."""

@@ -15,7 +15,7 @@ def get_default_callbacks(progress_bar: bool = True) -> tuple[type[TrainerCallba
     """Return the default callback classes.
 
     Args:
-        progress_bar: Whether to include :class:`ProgressBarCallback`.
+        progress_bar: Whether to include ``ProgressBarCallback``.
 
     Returns:
         Device placement, NaN termination, progress messages, (progress bars) and metric
@@ -32,4 +32,4 @@ def get_default_callbacks(progress_bar: bool = True) -> tuple[type[TrainerCallba
 
 
 DEFAULT_CALLBACKS: tuple[type[TrainerCallback], ...] = get_default_callbacks()
-"""The callbacks used by :class:`~pytorch_accel.trainer.Trainer` when none are given."""
+"""The callbacks used by ``Trainer`` when none are given."""

@@ -28,6 +28,7 @@ class MoveModulesToDeviceCallback(TrainerCallback):
     """
 
     order = -100
+    may_stop_training = False
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Move the modules before training starts."""

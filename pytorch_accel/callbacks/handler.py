@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from pytorch_accel.callbacks.base import TrainerCallback
+from pytorch_accel.callbacks.base import StopTrainingError, TrainerCallback
 from pytorch_accel.events import BUILTIN_EVENTS
 
 __all__ = ["CallbackHandler", "CallbackLike"]
@@ -24,7 +25,7 @@ class CallbackHandler:
 
     A callback method ``on_<name>`` must name a known event: a typo such as
     ``on_train_epoch_ned`` is rejected when the callback is added. Custom events are known once
-    registered, with :meth:`register_event` or a callback's ``custom_events``.
+    registered, with ``register_event`` or a callback's ``custom_events``.
 
     Args:
         callbacks: Callback instances, or classes to instantiate without arguments.
@@ -35,6 +36,7 @@ class CallbackHandler:
         self._events: set[str] = set(BUILTIN_EVENTS)
         self._callbacks: list[TrainerCallback] = []
         self._listeners: dict[str, tuple[Callable[..., Any], ...]] = {}
+        self._stoppable: frozenset[str] = frozenset()
         for event in events:
             self._add_event(event)
         self.add_callbacks(callbacks)
@@ -73,7 +75,7 @@ class CallbackHandler:
         self._index()
 
     def add_callbacks(self, callbacks: Iterable[CallbackLike]) -> None:
-        """Add several callbacks; see :meth:`add_callback`."""
+        """Add several callbacks; see ``add_callback``."""
         for callback in callbacks:
             self._register(callback)
         self._index()
@@ -108,6 +110,14 @@ class CallbackHandler:
         self._callbacks = []
         self._index()
 
+    def may_stop(self, event: str) -> bool:
+        """Return whether a listener of ``event`` may raise ``StopTrainingError``.
+
+        Listeners are callbacks that define the event; a callback declares that it never stops
+        training with ``may_stop_training = False``.
+        """
+        return event in self._stoppable
+
     def call_event(self, event: str, *args: Any, **kwargs: Any) -> None:
         """Call ``event`` on every callback that defines it, in order.
 
@@ -119,6 +129,26 @@ class CallbackHandler:
         Raises:
             ValueError: If the event was never registered.
         """
+        for listener in self._listeners_of(event):
+            listener(*args, **kwargs)
+
+    def call_event_while_stopping(self, event: str, *args: Any, **kwargs: Any) -> None:
+        """Call ``event`` on every listener while the run is already stopping.
+
+        A further ``StopTrainingError`` is redundant then, so it does not keep the
+        remaining callbacks from their end event (to close files and progress bars); any other
+        exception propagates.
+
+        Args:
+            event: The event name.
+            *args: Positional arguments (the trainer first).
+            **kwargs: Keyword arguments for the event.
+        """
+        for listener in self._listeners_of(event):
+            with contextlib.suppress(StopTrainingError):
+                listener(*args, **kwargs)
+
+    def _listeners_of(self, event: str) -> tuple[Callable[..., Any], ...]:
         listeners = self._listeners.get(event)
         if listeners is None:
             suggestion = _suggest(event, self._events)
@@ -126,8 +156,7 @@ class CallbackHandler:
                 f"CallbackHandler.call_event: unknown event {event!r}{suggestion} "
                 f"Register custom events first with register_event({event!r})."
             )
-        for listener in listeners:
-            listener(*args, **kwargs)
+        return listeners
 
     def _add_event(self, name: str) -> None:
         if not (isinstance(name, str) and name.startswith("on_") and name.isidentifier()):
@@ -172,6 +201,14 @@ class CallbackHandler:
             )
             for event in self._events
         }
+        self._stoppable = frozenset(
+            event
+            for event in self._events
+            if any(
+                getattr(callback, "may_stop_training", True) and _overrides(callback, event)
+                for callback in self._callbacks
+            )
+        )
 
 
 def _overrides(callback: object, event: str) -> bool:

@@ -18,7 +18,7 @@ class LogMetricsCallback(TrainerCallback):
     At the end of each training epoch, evaluation epoch, training-run epoch and evaluation
     run, it logs the metrics that gained a value since it last logged. It runs last
     (``order = 100``) so that metrics recorded by other callbacks at the same event are included.
-    Override :meth:`log_metrics` to send them elsewhere; by default they are printed once per
+    Override ``log_metrics`` to send them elsewhere; by default they are printed once per
     node.
 
     Example:
@@ -30,6 +30,7 @@ class LogMetricsCallback(TrainerCallback):
     """
 
     order = 100
+    may_stop_training = False
 
     def __init__(self) -> None:
         self._seen: dict[str, int] = {}

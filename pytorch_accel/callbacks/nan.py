@@ -17,7 +17,7 @@ __all__ = ["TerminateOnNaNCallback"]
 
 
 class TerminateOnNaNCallback(TrainerCallback):
-    """Raise :class:`StopTrainingError` once the loss is NaN or infinite.
+    """Raise ``StopTrainingError`` once the loss is NaN or infinite.
 
     It never reads a loss per step. A NaN or infinite batch loss makes the epoch's
     sample-weighted sum non-finite, so by default the check reads the epoch loss the trainer
@@ -44,6 +44,10 @@ class TerminateOnNaNCallback(TrainerCallback):
             "TerminateOnNaNCallback", "check_every_n_steps", check_every_n_steps, allow_none=True
         )
         self.check_every_n_steps = check_every_n_steps
+        if check_every_n_steps is None:
+            # Not listening to steps at all keeps them free of any stop agreement between
+            # processes (the handler skips events an instance sets to None).
+            self.on_train_step_end = None  # type: ignore[assignment]
 
     def on_train_step_end(
         self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any

@@ -25,6 +25,8 @@ class PrintProgressCallback(TrainerCallback):
         ```
     """
 
+    may_stop_training = False
+
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Announce the training run."""
         trainer.print("\nStarting training run")
@@ -61,6 +63,8 @@ class ProgressBarCallback(TrainerCallback):
         trainer = Trainer(model, loss_func, optimizer, callbacks=(ProgressBarCallback,))
         ```
     """
+
+    may_stop_training = False
 
     def __init__(self) -> None:
         self.pbar: Any = None

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import RecordingCallback, make_model, make_regression_dataset, make_trainer
 from torch import nn
 
-from helpers import RecordingCallback, make_model, make_regression_dataset, make_trainer
 from pytorch_accel import Trainer
 from pytorch_accel.callbacks import (
     DEFAULT_CALLBACKS,
@@ -24,13 +24,13 @@ from pytorch_accel.callbacks import (
 
 
 def test_default_callbacks_are_the_documented_classes() -> None:
-    assert DEFAULT_CALLBACKS == (
+    assert (
         MoveModulesToDeviceCallback,
         TerminateOnNaNCallback,
         PrintProgressCallback,
         ProgressBarCallback,
         LogMetricsCallback,
-    )
+    ) == DEFAULT_CALLBACKS
     assert ProgressBarCallback not in get_default_callbacks(progress_bar=False)
     first, second = (
         make_trainer(callbacks=DEFAULT_CALLBACKS),
@@ -145,8 +145,10 @@ def test_progress_bar_counts_steps_on_the_main_process(capsys: pytest.CaptureFix
         make_regression_dataset(24), num_epochs=1, eval_dataset=make_regression_dataset(8)
     )
     err = capsys.readouterr().err
-    assert "train: 100%" in err and "3/3" in err
-    assert "eval: 100%" in err and "1/1" in err
+    assert "train: 100%" in err
+    assert "3/3" in err
+    assert "eval: 100%" in err
+    assert "1/1" in err
 
 
 def test_log_metrics_logs_each_metric_once_at_the_end_of_its_phase() -> None:

@@ -146,3 +146,40 @@ def test_remove_and_clear() -> None:
     handler.clear_callbacks()
     handler.call_event("on_train_epoch_start", None)
     assert list(handler) == []
+
+
+def test_end_events_during_a_stop_reach_every_callback() -> None:
+    from pytorch_accel.callbacks import StopTrainingError
+
+    closed: list[str] = []
+
+    class StopsAgainAtEpochEnd(TrainerCallback):
+        def on_train_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
+            raise StopTrainingError("first")
+
+        def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+            raise StopTrainingError("redundant")
+
+    class Closer(TrainerCallback):
+        order = 1
+
+        def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+            closed.append("epoch")
+
+        def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+            closed.append("run")
+
+    trainer = make_trainer(callbacks=(StopsAgainAtEpochEnd(), Closer()))
+    trainer.train(make_regression_dataset(8), num_epochs=2, per_device_batch_size=4)
+    assert closed == ["epoch", "run"]
+
+
+def test_nan_callback_without_interval_does_not_listen_to_steps() -> None:
+    from pytorch_accel.callbacks import TerminateOnNaNCallback
+
+    handler = CallbackHandler([TerminateOnNaNCallback()])
+    assert not handler.may_stop("on_train_step_end")
+    assert handler.may_stop("on_train_epoch_end")
+    assert CallbackHandler([TerminateOnNaNCallback(check_every_n_steps=5)]).may_stop(
+        "on_train_step_end"
+    )
