@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 export OMP_NUM_THREADS ?= 1
+# mkdocs-material prints an end-of-life banner on every build unless this is set.
+export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: demo test lint typecheck docs docs-serve clean
 
