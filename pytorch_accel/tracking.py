@@ -201,6 +201,8 @@ class LossTracker:
         self.loss_value = value
         if self.total_loss is None:
             self.total_loss = value.to(torch.promote_types(value.dtype, torch.float32)) * batch_size
+        elif isinstance(batch_size, int):
+            self.total_loss.add_(value, alpha=batch_size)  # one kernel, no temporary
         else:
             self.total_loss.add_(value * batch_size)
         self.running_count += batch_size

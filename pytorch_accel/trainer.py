@@ -212,7 +212,11 @@ class Trainer:
 
     @property
     def num_updates(self) -> int:
-        """Optimizer updates (attempted, on this process) so far in the current ``train()``."""
+        """Optimizer updates (attempted, on this process) so far in the current ``train()``.
+
+        It counts the update in progress from ``on_optimizer_step_end`` on, so the scheduler
+        step of the k-th update sees ``k`` (1-based).
+        """
         return self._num_updates
 
     # ------------------------------------------------------------------------ entry points
@@ -587,10 +591,10 @@ class Trainer:
                 return
 
     def _train_step(self, plan: AccumulationPlan, batch: Any, step: int) -> dict[str, Any]:
-        is_update = plan.is_update(step)
-        scale = plan.loss_scale(step)
-        sync = contextlib.nullcontext() if is_update else self._accelerator.no_sync(self.model)
-        with sync:
+        is_update, scale = (
+            (True, 1.0) if plan.steps == 1 else (plan.is_update(step), plan.loss_scale(step))
+        )
+        with _SYNC if is_update else self._accelerator.no_sync(self.model):
             batch_output = _checked(
                 self.calculate_train_batch_loss(batch), "calculate_train_batch_loss"
             )
@@ -607,11 +611,11 @@ class Trainer:
         self._clip_gradients()
         self._fire(None, "on_optimizer_step_start", {})
         self.optimizer_step()
+        self._num_updates += 1
         self._fire(None, "on_optimizer_step_end", {})
         if self.scheduler is not None and not self._step_was_skipped():
             self.scheduler_step()
         self.optimizer_zero_grad()
-        self._num_updates += 1
 
     def _step_was_skipped(self) -> bool:
         """Whether the gradient scaler skipped the update (only possible through the wrapper)."""
@@ -797,8 +801,16 @@ class Trainer:
         self._direct_optimizer = _direct_optimizer(accelerator, self.optimizer)
         self._trainable_when_wrapped = _trainable_flags(self.model)
         _forget_dataloaders(accelerator, self._train_dataloader, self._eval_dataloader)
-        self._train_dataloader = None if train_dl is None else accelerator.prepare(train_dl)
-        self._eval_dataloader = None if eval_dl is None else accelerator.prepare(eval_dl)
+        self._train_dataloader = None if train_dl is None else self._prepare_dataloader(train_dl)
+        self._eval_dataloader = None if eval_dl is None else self._prepare_dataloader(eval_dl)
+
+    def _prepare_dataloader(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
+        """Shard the dataloader across processes; move batches only if the device is not the CPU.
+
+        Placing CPU batches on the CPU is a no-op that costs accelerate about 10 µs per batch.
+        """
+        placement = self._accelerator.device.type != "cpu"
+        return self._accelerator.prepare_data_loader(dataloader, device_placement=placement)  # type: ignore[no-any-return]
 
     def _trainable_set_changed(self) -> bool:
         """Whether parameters were (un)frozen since the model was wrapped for distribution.
@@ -932,8 +944,14 @@ def _forget_model(accelerator: Accelerator, model: nn.Module) -> nn.Module:
     return accelerator.unwrap_model(model)  # type: ignore[no-any-return]
 
 
+_SYNC = contextlib.nullcontext()
+"""The context of a micro-batch whose gradients are synchronised: nothing to do."""
+
+
 def _checked(batch_output: Any, method: str) -> dict[str, Any]:
     """Return ``batch_output`` if it is a dict with ``loss`` and ``batch_size``; else raise."""
+    if type(batch_output) is dict and "loss" in batch_output and "batch_size" in batch_output:
+        return batch_output
     if not isinstance(batch_output, Mapping):
         raise TypeError(
             f"Trainer.{method} must return a dict with keys 'loss', 'model_outputs' and "

@@ -129,8 +129,12 @@ class CallbackHandler:
         Raises:
             ValueError: If the event was never registered.
         """
-        for listener in self._listeners_of(event):
-            listener(*args, **kwargs)
+        listeners = self._listeners.get(event)
+        if listeners is None:
+            self._listeners_of(event)  # raises, naming the close match
+        else:
+            for listener in listeners:
+                listener(*args, **kwargs)
 
     def call_event_while_stopping(self, event: str, *args: Any, **kwargs: Any) -> None:
         """Call ``event`` on every listener while the run is already stopping.

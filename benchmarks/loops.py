@@ -1,0 +1,160 @@
+"""The training loops the benchmark compares, each training the same model on the same data.
+
+Every loop is a function ``(dataset, batch_size, probe) -> None`` that trains one epoch and
+calls ``probe()`` at the start of every step (after its batch was loaded), so all loops are
+timed at the same point. They are built by factories so that per-process objects (an
+``Accelerator``, a ``Trainer``) are created once, outside the timed region, as a user would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+Probe = Callable[[], None]
+Loop = Callable[[TensorDataset, int, Probe], None]
+
+
+def make_mlp() -> nn.Module:
+    """The tiny model: per-step time is dominated by framework overhead."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+
+
+def make_cnn() -> nn.Module:
+    """The medium model: about 20 ms per step of real compute on one CPU thread."""
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(), nn.Linear(64, 1),
+    )  # fmt: skip
+
+
+def mlp_data(num_samples: int) -> TensorDataset:
+    generator = torch.Generator().manual_seed(1)
+    inputs = torch.randn(num_samples, 32, generator=generator)
+    return TensorDataset(inputs, inputs.sum(dim=1, keepdim=True))
+
+
+def cnn_data(num_samples: int) -> TensorDataset:
+    generator = torch.Generator().manual_seed(1)
+    inputs = torch.randn(num_samples, 3, 16, 16, generator=generator)
+    return TensorDataset(inputs, inputs.mean(dim=(1, 2, 3)).unsqueeze(1))
+
+
+def hand_written(model: nn.Module) -> Loop:
+    """Plain PyTorch: DataLoader, forward, loss, backward, step, zero_grad."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    loss_func = nn.MSELoss()
+
+    def run(dataset: TensorDataset, batch_size: int, probe: Probe) -> None:
+        model.train()
+        for inputs, targets in DataLoader(dataset, batch_size=batch_size, shuffle=True):
+            probe()
+            loss = loss_func(model(inputs), targets)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+    return run
+
+
+def accelerate_loop(model: nn.Module) -> Loop:
+    """The loop accelerate's documentation teaches, with its prepared objects."""
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    prepared_model, optimizer = accelerator.prepare(
+        model, torch.optim.SGD(model.parameters(), lr=1e-3)
+    )
+    loss_func = nn.MSELoss()
+
+    def run(dataset: TensorDataset, batch_size: int, probe: Probe) -> None:
+        prepared_model.train()
+        loader = accelerator.prepare(DataLoader(dataset, batch_size=batch_size, shuffle=True))
+        for inputs, targets in loader:
+            probe()
+            loss = loss_func(prepared_model(inputs), targets)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+        accelerator._dataloaders.clear()  # do not let repeated rounds accumulate loaders
+
+    return run
+
+
+def pytorch_accel_trainer(model: nn.Module, default_callbacks: bool) -> Loop:
+    """``pytorch_accel.Trainer``, with the default callbacks or none."""
+    from pytorch_accel import Trainer
+    from pytorch_accel.callbacks import TrainerCallback
+    from pytorch_accel.trainer import DEFAULT_CALLBACKS
+
+    class ProbeCallback(TrainerCallback):
+        order = -10_000
+        may_stop_training = False
+        probe: Probe = staticmethod(lambda: None)
+
+        def on_train_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
+            self.probe()
+
+    prober = ProbeCallback()
+    callbacks = (*DEFAULT_CALLBACKS, prober) if default_callbacks else (prober,)
+    trainer = Trainer(
+        model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=1e-3), callbacks=callbacks
+    )
+
+    def run(dataset: TensorDataset, batch_size: int, probe: Probe) -> None:
+        prober.probe = probe
+        with _quiet():
+            trainer.train(dataset, num_epochs=1, per_device_batch_size=batch_size)
+
+    return run
+
+
+def pytorch_accelerated_trainer(model: nn.Module) -> Loop | None:
+    """pytorch-accelerated's ``Trainer`` with its default callbacks, when it is installed."""
+    try:
+        from pytorch_accelerated import Trainer
+        from pytorch_accelerated.callbacks import TrainerCallback
+        from pytorch_accelerated.trainer import DEFAULT_CALLBACKS
+    except ImportError:
+        return None
+
+    class ProbeCallback(TrainerCallback):  # type: ignore[misc]
+        probe: Probe = staticmethod(lambda: None)
+
+        def on_train_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
+            self.probe()
+
+    prober = ProbeCallback()
+    trainer = Trainer(
+        model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=1e-3),
+        callbacks=(prober, *DEFAULT_CALLBACKS),
+    )  # fmt: skip
+    kwargs: dict[str, Any] = {"num_workers": 0, "pin_memory": False}
+
+    def run(dataset: TensorDataset, batch_size: int, probe: Probe) -> None:
+        prober.probe = probe
+        with _quiet():
+            trainer.train(
+                dataset, num_epochs=1, per_device_batch_size=batch_size,
+                train_dataloader_kwargs=kwargs,
+            )  # fmt: skip
+
+    return run
+
+
+@contextlib.contextmanager
+def _quiet() -> Any:
+    """Swallow progress bars and prints, which a benchmark should not time."""
+    sink = io.StringIO()
+    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        yield

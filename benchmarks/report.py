@@ -1,0 +1,77 @@
+"""Turn benchmark results into a Markdown table and a PNG chart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """Render the per-step tables and the fresh-process figures."""
+    machine = results["machine"]
+    lines = [
+        f"Python {machine['python']}, torch {machine['torch']}, {machine['processor']}, "
+        f"{machine['threads']} thread. Medians over interleaved rounds; ranges are min-max of "
+        "the per-round paired values.",
+        "",
+    ]
+    for key in ("tiny", "medium"):
+        if key in results:
+            lines += _workload_table(results[key])
+    lines += ["### Fresh processes (CPU seconds)", "", "| program | median | min-max |",
+              "| --- | ---: | ---: |"]  # fmt: skip
+    for name, values in results["fresh"].items():
+        lines.append(
+            f"| {name} | {values['median_s']:.2f} | {values['min_s']:.2f}-{values['max_s']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _workload_table(workload: dict[str, Any]) -> list[str]:
+    lines = [
+        f"### {workload['name']}",
+        "",
+        "| loop | per step (µs) | extra per step (µs) | ratio | fixed per run (ms) | "
+        "Python calls per step |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in workload["rows"]:
+        low, high = row["extra_us_range"]
+        ratio_low, ratio_high = row["ratio_range"]
+        calls = row["calls_per_step"]
+        lines.append(
+            f"| {row['loop']} | {row['per_step_us']:.0f} | {row['extra_us']:+.1f} "
+            f"({low:+.0f} to {high:+.0f}) | {row['ratio']:.3f} ({ratio_low:.3f}-{ratio_high:.3f}) "
+            f"| {row['fixed_ms']:.1f} | {'' if calls is None else f'{calls:.0f}'} |"
+        )
+    return [*lines, ""]
+
+
+def chart(results: dict[str, Any], path: Path) -> bool:
+    """Draw the extra time per step of each loop; return False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    keys = [key for key in ("tiny", "medium") if key in results]
+    figure, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 3.5), squeeze=False)
+    for axis, key in zip(axes[0], keys, strict=True):
+        rows = results[key]["rows"]
+        names = [row["loop"] for row in rows]
+        extra = [row["extra_us"] for row in rows]
+        errors = [
+            [row["extra_us"] - row["extra_us_range"][0] for row in rows],
+            [row["extra_us_range"][1] - row["extra_us"] for row in rows],
+        ]
+        axis.barh(names, extra, xerr=errors, color="#4c72b0")
+        axis.axvline(0, color="black", linewidth=0.8)
+        axis.invert_yaxis()
+        axis.set_xlabel("extra CPU time per step over the hand-written loop (µs)")
+        axis.set_title(results[key]["name"])
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return True

@@ -1,0 +1,196 @@
+"""Measure the trainer's cost over a hand-written loop: ``python -m benchmarks.run``.
+
+Method (see docs/performance.md):
+
+- All loops train the same model on the same data, one thread, in one process, in interleaved
+  rounds (a new random order each round), so drift in machine speed hits every loop alike.
+- Per-step cost is CPU time between the starts of consecutive steps (every loop calls the same
+  probe there, after its batch was loaded), so it covers loading, forward, backward, update and
+  all per-step bookkeeping. Each round reports the median over its steps, which is robust to
+  the scheduler's and the hypervisor's hiccups. The fixed cost of a run (building dataloaders,
+  run events) is the epoch's CPU time minus its steps.
+- Ratios and differences are paired within a round against the hand-written loop; a second
+  copy of the hand-written loop is the raw-vs-raw control that shows the noise floor.
+- Python calls per step are counted (deterministically) with ``sys.setprofile``.
+- Import time and a whole run are measured in fresh processes.
+
+Results go to ``benchmarks/results/``: ``overhead.md`` (table), ``overhead.json`` and, when
+matplotlib is installed, ``overhead.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from benchmarks import fresh, loops, report
+
+RESULTS = Path(__file__).parent / "results"
+WARM_UP_STEPS = 3
+# glibc adapts its mmap and trim thresholds while a program runs, which makes timings drift;
+# fixed thresholds keep every round on the same allocator behaviour.
+MALLOC_TUNABLES = "glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=1073741824"
+
+
+@dataclass
+class Workload:
+    """One model size: how to build the model and data, and how many steps to time."""
+
+    name: str
+    make_model: Callable[[], nn.Module]
+    make_data: Callable[[int], TensorDataset]
+    batch_size: int
+    steps: int
+    rounds: int
+
+
+@dataclass
+class Samples:
+    """Per-round measurements of one loop."""
+
+    per_step: list[float] = field(default_factory=list)
+    fixed: list[float] = field(default_factory=list)
+
+
+def build_loops(make_model: Callable[[], nn.Module]) -> dict[str, loops.Loop]:
+    """Create every loop once, each with its own copy of the model."""
+    built: dict[str, loops.Loop | None] = {
+        "hand-written": loops.hand_written(make_model()),
+        "hand-written (control)": loops.hand_written(make_model()),
+        "accelerate loop": loops.accelerate_loop(make_model()),
+        "pytorch-accel, default callbacks": loops.pytorch_accel_trainer(make_model(), True),
+        "pytorch-accel, no callbacks": loops.pytorch_accel_trainer(make_model(), False),
+        "pytorch-accelerated": loops.pytorch_accelerated_trainer(make_model()),
+    }
+    return {name: loop for name, loop in built.items() if loop is not None}
+
+
+def time_epoch(loop: loops.Loop, dataset: TensorDataset, batch_size: int) -> tuple[float, float]:
+    """Return (median CPU seconds per step, fixed CPU seconds of the run) for one epoch."""
+    stamps: list[float] = []
+    start = time.process_time()
+    loop(dataset, batch_size, lambda: stamps.append(time.process_time()))
+    total = time.process_time() - start
+    steps = [later - earlier for earlier, later in zip(stamps, stamps[1:])]
+    per_step = statistics.median(steps[WARM_UP_STEPS:] or steps)
+    return per_step, total - len(stamps) * per_step
+
+
+def measure(workload: Workload) -> dict[str, Samples]:
+    """Interleaved rounds of every loop, in a new order each round; round 0 is a warm-up."""
+    built = build_loops(workload.make_model)
+    dataset = workload.make_data(workload.steps * workload.batch_size)
+    samples = {name: Samples() for name in built}
+    order = list(built)
+    shuffler = random.Random(0)
+    for round_index in range(workload.rounds + 1):
+        shuffler.shuffle(order)
+        for name in order:
+            per_step, fixed = time_epoch(built[name], dataset, workload.batch_size)
+            if round_index > 0:
+                samples[name].per_step.append(per_step)
+                samples[name].fixed.append(fixed)
+    return samples
+
+
+def count_calls(workload: Workload) -> dict[str, float]:
+    """Python function calls per step of each loop, by differencing K and 2K steps."""
+    built = build_loops(workload.make_model)
+    short = workload.make_data(workload.steps * workload.batch_size)
+    long = workload.make_data(2 * workload.steps * workload.batch_size)
+    counts: dict[str, float] = {}
+    for name, loop in built.items():
+        loop(short, workload.batch_size, _no_probe)  # warm caches and lazy imports
+        calls = [_calls_in(loop, data, workload.batch_size) for data in (short, long)]
+        counts[name] = (calls[1] - calls[0]) / workload.steps
+    return counts
+
+
+def _no_probe() -> None:
+    """A probe that records nothing."""
+
+
+def _calls_in(loop: loops.Loop, dataset: TensorDataset, batch_size: int) -> int:
+    counter = [0]
+
+    def profile(frame: object, event: str, arg: object) -> None:
+        if event == "call":
+            counter[0] += 1
+
+    sys.setprofile(profile)
+    try:
+        loop(dataset, batch_size, _no_probe)
+    finally:
+        sys.setprofile(None)
+    return counter[0]
+
+
+def summarise(samples: dict[str, Samples], calls: dict[str, float]) -> list[dict[str, object]]:
+    """Median and min-max of each loop's cost, paired against the hand-written loop."""
+    base = samples["hand-written"].per_step
+    rows = []
+    for name, sample in samples.items():
+        extra = [(own - ref) * 1e6 for own, ref in zip(sample.per_step, base, strict=True)]
+        ratio = [own / ref for own, ref in zip(sample.per_step, base, strict=True)]
+        rows.append({
+            "loop": name,
+            "per_step_us": statistics.median(sample.per_step) * 1e6,
+            "extra_us": statistics.median(extra),
+            "extra_us_range": (min(extra), max(extra)),
+            "ratio": statistics.median(ratio),
+            "ratio_range": (min(ratio), max(ratio)),
+            "fixed_ms": statistics.median(sample.fixed) * 1e3,
+            "calls_per_step": calls.get(name),
+        })  # fmt: skip
+    return rows
+
+
+WORKLOADS = {
+    "tiny": Workload("tiny MLP, batch 32", loops.make_mlp, loops.mlp_data, 32, 40, 120),
+    "medium": Workload("medium CNN, batch 32", loops.make_cnn, loops.cnn_data, 32, 8, 25),
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--quick", action="store_true", help="fewer rounds, for a smoke test")
+    args = parser.parse_args(argv)
+    if os.environ.get("GLIBC_TUNABLES") != MALLOC_TUNABLES:
+        environment = {**os.environ, "GLIBC_TUNABLES": MALLOC_TUNABLES, "OMP_NUM_THREADS": "1"}
+        os.execve(sys.executable, [sys.executable, "-m", "benchmarks.run", *sys.argv[1:]], environment)
+    torch.set_num_threads(1)
+    results: dict[str, object] = {"machine": fresh.machine_description()}
+    for key in args.workloads:
+        workload = WORKLOADS[key]
+        if args.quick:
+            workload.rounds = 3
+        print(f"measuring {workload.name}: {workload.rounds} rounds x {workload.steps} steps", flush=True)
+        results[key] = {
+            "name": workload.name,
+            "rows": summarise(measure(workload), count_calls(workload)),
+        }
+    results["fresh"] = fresh.measure(rounds=2 if args.quick else 5)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "overhead.json").write_text(json.dumps(results, indent=2))
+    markdown = report.markdown(results)
+    (RESULTS / "overhead.md").write_text(markdown)
+    print(markdown)
+    chart = report.chart(results, RESULTS / "overhead.png")
+    print(f"results in {RESULTS}" + ("" if chart else " (install matplotlib for the chart)"))
+
+
+if __name__ == "__main__":
+    main()
