@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from typing import Any, ClassVar, Literal, NamedTuple
 
 import torch
@@ -117,6 +118,13 @@ class Trainer:
         callbacks: Callback instances or classes; defaults to ``DEFAULT_CALLBACKS``.
         run_history: Where metrics are recorded; a new ``InMemoryRunHistory`` by default.
 
+    Attributes:
+        limit_train_batches: Use at most this many batches of each training epoch (``None``:
+            all). Read when ``train()`` starts, so the run config, placeholders and the last
+            accumulation window follow it. For quick debug runs; see ``LimitBatchesCallback``.
+        limit_eval_batches: Use at most this many batches of each evaluation epoch, read when
+            the epoch starts.
+
     Example:
         ```python
         trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1))
@@ -160,6 +168,8 @@ class Trainer:
         self._train_loss_tracker = LossTracker()
         self._eval_loss_tracker = LossTracker()
         self._num_updates = 0
+        self.limit_train_batches: int | None = None
+        self.limit_eval_batches: int | None = None
         self.callback_handler.call_event("on_init_end", self)
 
     # ----------------------------------------------------------------- construction hooks
@@ -582,13 +592,15 @@ class Trainer:
         assert self._train_dataloader is not None
         assert self.run_config is not None
         plan = AccumulationPlan(
-            len(self._train_dataloader), self.run_config.gradient_accumulation_steps
+            self.run_config.train_dataloader_len, self.run_config.gradient_accumulation_steps
         )
         total_updates = self.run_config.total_num_update_steps
-        for step, batch in enumerate(self._train_dataloader):
-            self._run_level(_TRAIN_STEP, functools.partial(self._train_step, plan, batch, step))
-            if self._num_updates >= total_updates:
-                return
+        batches = _iterate(self._train_dataloader, self.limit_train_batches)
+        with contextlib.closing(batches):
+            for step, batch in enumerate(batches):
+                self._run_level(_TRAIN_STEP, functools.partial(self._train_step, plan, batch, step))
+                if self._num_updates >= total_updates:
+                    return
 
     def _train_step(self, plan: AccumulationPlan, batch: Any, step: int) -> dict[str, Any]:
         is_update, scale = (
@@ -629,6 +641,37 @@ class Trainer:
         elif max_norm is not None:
             self._accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
 
+    def run_eval_epoch(
+        self, metric_name: str = "intermediate_eval_loss", is_intermediate: bool = True
+    ) -> None:
+        """Run one evaluation epoch of the current run's eval set, from inside ``train()``.
+
+        For callbacks that evaluate between epochs (every N updates, or the EMA weights). The
+        eval events fire with ``is_intermediate``; the loss is recorded as ``metric_name`` (with
+        the run history's prefix); the training loss of the epoch in progress is not touched,
+        and the model is put back in train mode if it was in it. Every process must call it.
+
+        Args:
+            metric_name: The run-history name of the epoch's mean loss.
+            is_intermediate: Passed to the eval epoch events.
+
+        Raises:
+            ValueError: If the current run has no eval set.
+        """
+        if self._eval_dataloader is None:
+            fail(
+                ValueError,
+                "Trainer.run_eval_epoch",
+                "eval_dataset",
+                None,
+                "a dataset",
+                "Pass train(..., eval_dataset=...) to evaluate during training.",
+            )
+        was_training = self.model.training
+        self._run_eval_epoch(metric_name, is_intermediate)
+        if was_training:
+            self.model.train()
+
     def _run_eval_epoch(self, metric_name: str, is_intermediate: bool = False) -> None:
         self._eval_loss_tracker.reset()
         with torch.no_grad():
@@ -641,8 +684,10 @@ class Trainer:
 
     def _eval_batches(self) -> None:
         assert self._eval_dataloader is not None
-        for batch in self._eval_dataloader:
-            self._run_level(_EVAL_STEP, functools.partial(self._eval_step, batch))
+        batches = _iterate(self._eval_dataloader, self.limit_eval_batches)
+        with contextlib.closing(batches):
+            for batch in batches:
+                self._run_level(_EVAL_STEP, functools.partial(self._eval_step, batch))
 
     def _eval_step(self, batch: Any) -> dict[str, Any]:
         batch_output = _checked(self.calculate_eval_batch_loss(batch), "calculate_eval_batch_loss")
@@ -833,6 +878,8 @@ class Trainer:
     ) -> TrainerRunConfig:
         accelerator = self._accelerator
         train_len = 0 if self._train_dataloader is None else len(self._train_dataloader)
+        if self.limit_train_batches is not None:
+            train_len = min(train_len, self.limit_train_batches)
         updates_per_epoch = math.ceil(train_len / gradient_accumulation_steps)
         total_updates = updates_per_epoch * num_epochs
         if max_num_train_steps is not None:
@@ -930,6 +977,20 @@ def _direct_optimizer(accelerator: Accelerator, optimizer: object) -> torch.opti
         and accelerator.gradient_state.sync_gradients
     )
     return inner if forwarding else None
+
+
+def _iterate(dataloader: Iterable[Any], limit: int | None) -> Generator[Any, None, None]:
+    """Yield at most ``limit`` batches, and always release accelerate's record of the loader.
+
+    accelerate only forgets a dataloader it saw to the end; a loop cut short (a batch limit,
+    ``max_num_train_steps``, a stop) would otherwise leave it as the active one.
+    """
+    try:
+        yield from dataloader if limit is None else itertools.islice(dataloader, limit)
+    finally:
+        end = getattr(dataloader, "end", None)
+        if callable(end):
+            end()
 
 
 def _trainable_flags(model: nn.Module) -> tuple[bool, ...]:

@@ -330,3 +330,85 @@ def test_a_stop_inside_an_accumulation_window_does_not_leak_into_the_next_run() 
         dataset, num_epochs=1, per_device_batch_size=8, train_dataloader_kwargs=UNSHUFFLED
     )
     assert_same_params(trainer.get_model(), reference)
+
+
+def test_batch_limits_shape_the_run() -> None:
+    dataset = make_regression_dataset(32)  # 8 batches of 4
+    model = make_model()
+    first_three = TensorDataset(*(tensor[:12] for tensor in dataset.tensors))
+    reference = hand_written_loop(
+        model, first_three, batch_size=4, num_epochs=1, accumulation_steps=2
+    )  # the same first 3 batches, in windows of 2 and 1
+    recorder = RecordingCallback()
+    trainer = make_trainer(model, callbacks=(recorder,))
+    trainer.limit_train_batches, trainer.limit_eval_batches = 3, 1
+    trainer.train(
+        dataset,
+        num_epochs=1,
+        eval_dataset=dataset,
+        per_device_batch_size=4,
+        gradient_accumulation_steps=2,
+        train_dataloader_kwargs=UNSHUFFLED,
+    )
+    assert trainer.run_config is not None
+    assert trainer.run_config.train_dataloader_len == 3
+    assert trainer.run_config.num_update_steps_per_epoch == 2  # windows of 2 and 1
+    assert recorder.events.count("on_train_step_start") == 3
+    assert recorder.events.count("on_optimizer_step_end") == 2
+    assert recorder.events.count("on_eval_step_start") == 1
+    inputs, targets = dataset.tensors
+    first_batch_loss = nn.functional.mse_loss(trainer.get_model()(inputs[:4]), targets[:4]).item()
+    assert abs(trainer.run_history.get_latest_metric("eval_loss_epoch") - first_batch_loss) < 1e-6
+    assert_same_params(trainer.get_model(), reference)
+
+
+def test_run_eval_epoch_from_a_callback_leaves_training_untouched(
+    regression_dataset: TensorDataset, small_eval_dataset: TensorDataset
+) -> None:
+    from pytorch_accel.callbacks import TrainerCallback
+
+    modes: list[bool] = []
+
+    class EvaluateEveryThreeUpdates(TrainerCallback):
+        def on_optimizer_step_end(self, trainer: Trainer, **kwargs: object) -> None:
+            if trainer.num_updates % 3 == 0:
+                trainer.run_eval_epoch()
+                modes.append(trainer.model.training)
+
+    plain = make_trainer(make_model())
+    plain.train(regression_dataset, num_epochs=1, train_dataloader_kwargs=UNSHUFFLED)
+    recorder = RecordingCallback()
+    trainer = make_trainer(make_model(), callbacks=(EvaluateEveryThreeUpdates(), recorder))
+    trainer.train(
+        regression_dataset,
+        num_epochs=1,
+        eval_dataset=small_eval_dataset,
+        train_dataloader_kwargs=UNSHUFFLED,
+    )
+    history = trainer.run_history
+    assert len(history.get_metric_values("intermediate_eval_loss")) == 2  # after updates 3 and 6
+    assert modes == [True, True]
+    assert history.get_latest_metric("train_loss_epoch") == plain.run_history.get_latest_metric(
+        "train_loss_epoch"
+    )
+    starts = [
+        kw
+        for e, kw in zip(recorder.events, recorder.kwargs, strict=True)
+        if e == "on_eval_epoch_start"
+    ]
+    assert [kw["is_intermediate"] for kw in starts] == [True, True, False]
+
+
+def test_run_eval_epoch_without_an_eval_set_is_an_error(regression_dataset: TensorDataset) -> None:
+    import pytest
+
+    from pytorch_accel.callbacks import TrainerCallback
+
+    class Evaluate(TrainerCallback):
+        def on_train_step_end(self, trainer: Trainer, **kwargs: object) -> None:
+            trainer.run_eval_epoch()
+
+    with pytest.raises(
+        ValueError, match=r"Trainer\.run_eval_epoch: eval_dataset must be a dataset"
+    ):
+        make_trainer(callbacks=(Evaluate(),)).train(regression_dataset, num_epochs=1)
