@@ -6,7 +6,7 @@ export OMP_NUM_THREADS ?= 1
 # mkdocs-material prints an end-of-life banner on every build unless this is set.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: demo test lint typecheck docs docs-serve clean
+.PHONY: demo test bench lint typecheck docs docs-serve clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,13 @@ docs-serve: $(VENV)/.dev-installed
 
 test: lint typecheck docs
 	$(BIN)/python -m pytest
+
+$(VENV)/.bench-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e ".[bench]"
+	touch $@
+
+bench: $(VENV)/.bench-installed
+	$(BIN)/python -m benchmarks.run
 
 clean:
 	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache

@@ -31,11 +31,17 @@ def make_cnn() -> nn.Module:
     """The medium model: about 20 ms per step of real compute on one CPU thread."""
     torch.manual_seed(0)
     return nn.Sequential(
-        nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(),
-        nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-        nn.Flatten(), nn.Linear(64, 1),
-    )  # fmt: skip
+        nn.Conv2d(3, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(32, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(64, 1),
+    )
 
 
 def mlp_data(num_samples: int) -> TensorDataset:
@@ -136,18 +142,22 @@ def pytorch_accelerated_trainer(model: nn.Module) -> Loop | None:
 
     prober = ProbeCallback()
     trainer = Trainer(
-        model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=1e-3),
+        model,
+        nn.MSELoss(),
+        torch.optim.SGD(model.parameters(), lr=1e-3),
         callbacks=(prober, *DEFAULT_CALLBACKS),
-    )  # fmt: skip
+    )
     kwargs: dict[str, Any] = {"num_workers": 0, "pin_memory": False}
 
     def run(dataset: TensorDataset, batch_size: int, probe: Probe) -> None:
         prober.probe = probe
         with _quiet():
             trainer.train(
-                dataset, num_epochs=1, per_device_batch_size=batch_size,
+                dataset,
+                num_epochs=1,
+                per_device_batch_size=batch_size,
                 train_dataloader_kwargs=kwargs,
-            )  # fmt: skip
+            )
 
     return run
 

@@ -18,8 +18,12 @@ def markdown(results: dict[str, Any]) -> str:
     for key in ("tiny", "medium"):
         if key in results:
             lines += _workload_table(results[key])
-    lines += ["### Fresh processes (CPU seconds)", "", "| program | median | min-max |",
-              "| --- | ---: | ---: |"]  # fmt: skip
+    lines += [
+        "### Fresh processes (CPU seconds)",
+        "",
+        "| program | median | min-max |",
+        "| --- | ---: | ---: |",
+    ]
     for name, values in results["fresh"].items():
         lines.append(
             f"| {name} | {values['median_s']:.2f} | {values['min_s']:.2f}-{values['max_s']:.2f} |"

@@ -144,16 +144,18 @@ def summarise(samples: dict[str, Samples], calls: dict[str, float]) -> list[dict
     for name, sample in samples.items():
         extra = [(own - ref) * 1e6 for own, ref in zip(sample.per_step, base, strict=True)]
         ratio = [own / ref for own, ref in zip(sample.per_step, base, strict=True)]
-        rows.append({
-            "loop": name,
-            "per_step_us": statistics.median(sample.per_step) * 1e6,
-            "extra_us": statistics.median(extra),
-            "extra_us_range": (min(extra), max(extra)),
-            "ratio": statistics.median(ratio),
-            "ratio_range": (min(ratio), max(ratio)),
-            "fixed_ms": statistics.median(sample.fixed) * 1e3,
-            "calls_per_step": calls.get(name),
-        })  # fmt: skip
+        rows.append(
+            {
+                "loop": name,
+                "per_step_us": statistics.median(sample.per_step) * 1e6,
+                "extra_us": statistics.median(extra),
+                "extra_us_range": (min(extra), max(extra)),
+                "ratio": statistics.median(ratio),
+                "ratio_range": (min(ratio), max(ratio)),
+                "fixed_ms": statistics.median(sample.fixed) * 1e3,
+                "calls_per_step": calls.get(name),
+            }
+        )
     return rows
 
 
@@ -170,14 +172,19 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if os.environ.get("GLIBC_TUNABLES") != MALLOC_TUNABLES:
         environment = {**os.environ, "GLIBC_TUNABLES": MALLOC_TUNABLES, "OMP_NUM_THREADS": "1"}
-        os.execve(sys.executable, [sys.executable, "-m", "benchmarks.run", *sys.argv[1:]], environment)
+        os.execve(
+            sys.executable, [sys.executable, "-m", "benchmarks.run", *sys.argv[1:]], environment
+        )
     torch.set_num_threads(1)
     results: dict[str, object] = {"machine": fresh.machine_description()}
     for key in args.workloads:
         workload = WORKLOADS[key]
         if args.quick:
             workload.rounds = 3
-        print(f"measuring {workload.name}: {workload.rounds} rounds x {workload.steps} steps", flush=True)
+        print(
+            f"measuring {workload.name}: {workload.rounds} rounds x {workload.steps} steps",
+            flush=True,
+        )
         results[key] = {
             "name": workload.name,
             "rows": summarise(measure(workload), count_calls(workload)),

@@ -167,25 +167,34 @@ class InMemoryRunHistory(RunHistory):
 class LossTracker:
     """Accumulates a sample-weighted loss on the loss's device, without host synchronisation.
 
-    ``update`` only queues device work. The mean is read once, by ``reduce`` (across
-    processes) or ``average`` (this process), typically at the end of an epoch.
+    ``update`` only keeps a detached reference to each batch loss; every ``fold_every``
+    batches (and whenever ``total_loss`` is read) the pending values are folded into the sum
+    with one ``stack`` and one ``dot`` on the device, instead of one kernel per step. The mean
+    is read once, by ``reduce`` (across processes) or ``average`` (this process), typically at
+    the end of an epoch.
 
     Attributes:
         loss_value: The last loss passed to ``update`` (a detached tensor), or ``None``.
-        total_loss: The running sum of ``loss * batch_size`` (a tensor), or ``None``.
-        running_count: The running number of samples.
+        running_count: The running number of samples (an int, or a tensor if batch sizes were
+            tensors).
+        fold_every: How many batch losses are kept before they are folded into the sum.
     """
+
+    fold_every = 256
 
     def __init__(self) -> None:
         self.loss_value: torch.Tensor | None = None
-        self.total_loss: torch.Tensor | None = None
         self.running_count: int | torch.Tensor = 0
+        self._total: torch.Tensor | None = None
+        self._pending: list[torch.Tensor] = []
+        self._pending_sizes: list[int | torch.Tensor] = []
 
     def reset(self) -> None:
         """Forget everything recorded so far."""
         self.loss_value = None
-        self.total_loss = None
         self.running_count = 0
+        self._total = None
+        self._pending, self._pending_sizes = [], []
 
     def update(self, loss_batch_value: torch.Tensor, batch_size: int | torch.Tensor = 1) -> None:
         """Add one batch: its mean loss and the number of samples it holds.
@@ -199,13 +208,27 @@ class LossTracker:
         if value.ndim:
             value = value.mean()
         self.loss_value = value
-        if self.total_loss is None:
-            self.total_loss = value.to(torch.promote_types(value.dtype, torch.float32)) * batch_size
-        elif isinstance(batch_size, int):
-            self.total_loss.add_(value, alpha=batch_size)  # one kernel, no temporary
-        else:
-            self.total_loss.add_(value * batch_size)
+        self._pending.append(value)
+        self._pending_sizes.append(batch_size)
         self.running_count += batch_size
+        if len(self._pending) >= self.fold_every:
+            self._fold()
+
+    @property
+    def total_loss(self) -> torch.Tensor | None:
+        """The running sum of ``loss * batch_size`` on the device, or ``None`` before any batch."""
+        if self._pending:
+            self._fold()
+        return self._total
+
+    def _fold(self) -> None:
+        """Add the pending losses, weighted by their batch sizes, to the running sum."""
+        values = torch.stack(self._pending)
+        values = values.to(torch.promote_types(values.dtype, torch.float32))
+        weights = _as_device_tensor(self._pending_sizes, values)
+        folded = torch.dot(values, weights)
+        self._total = folded if self._total is None else self._total.add_(folded)
+        self._pending, self._pending_sizes = [], []
 
     @property
     def average(self) -> float:
@@ -234,3 +257,13 @@ class LossTracker:
             totals = accelerator.reduce(totals, reduction="sum")
         loss_sum, count_sum = totals.tolist()
         return loss_sum / count_sum if count_sum else float("nan")
+
+
+def _as_device_tensor(sizes: list[int | torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """Batch sizes as a tensor on ``like``'s device, without making the host wait for it."""
+    if all(isinstance(size, int) for size in sizes):
+        host = torch.tensor(sizes, dtype=like.dtype)
+        if like.device.type == "cuda":
+            return host.pin_memory().to(like.device, non_blocking=True)
+        return host.to(like.device)
+    return torch.stack([torch.as_tensor(size, device=like.device) for size in sizes]).to(like.dtype)

@@ -68,3 +68,24 @@ def test_loss_tracker_detaches() -> None:
     tracker.update((weight * 2).sum(), 2)
     assert tracker.total_loss is not None
     assert not tracker.total_loss.requires_grad
+
+
+@pytest.mark.parametrize("fold_every", [1, 3, 256])
+def test_folding_pending_losses_is_exact(fold_every: int) -> None:
+    tracker = LossTracker()
+    tracker.fold_every = fold_every
+    losses = [0.5, 1.5, 2.0, 4.0, 3.25, 1.0, 0.75]
+    sizes = [4, 4, 4, 4, 4, 4, 2]
+    for loss, size in zip(losses, sizes, strict=True):
+        tracker.update(torch.tensor(loss), size)
+    expected = sum(loss * size for loss, size in zip(losses, sizes, strict=True))
+    assert tracker.total_loss is not None
+    assert tracker.total_loss.item() == pytest.approx(expected)
+    assert tracker.reduce(Accelerator(cpu=True)) == pytest.approx(expected / sum(sizes))
+
+
+def test_tensor_batch_sizes_are_supported() -> None:
+    tracker = LossTracker()
+    tracker.update(torch.tensor(2.0), torch.tensor(3))
+    tracker.update(torch.tensor(1.0), torch.tensor(1))
+    assert tracker.average == pytest.approx(7 / 4)
