@@ -1,0 +1,1 @@
+"""Benchmarks of the trainer against hand-written loops: ``python -m benchmarks.run``."""

@@ -45,12 +45,14 @@ def make_cnn() -> nn.Module:
 
 
 def mlp_data(num_samples: int) -> TensorDataset:
+    """Random 32-feature inputs whose target is their sum."""
     generator = torch.Generator().manual_seed(1)
     inputs = torch.randn(num_samples, 32, generator=generator)
     return TensorDataset(inputs, inputs.sum(dim=1, keepdim=True))
 
 
 def cnn_data(num_samples: int) -> TensorDataset:
+    """Random 3x16x16 images whose target is their mean."""
     generator = torch.Generator().manual_seed(1)
     inputs = torch.randn(num_samples, 3, 16, 16, generator=generator)
     return TensorDataset(inputs, inputs.mean(dim=(1, 2, 3)).unsqueeze(1))

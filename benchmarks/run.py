@@ -21,6 +21,7 @@ matplotlib is installed, ``overhead.png``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -83,7 +84,7 @@ def time_epoch(loop: loops.Loop, dataset: TensorDataset, batch_size: int) -> tup
     start = time.process_time()
     loop(dataset, batch_size, lambda: stamps.append(time.process_time()))
     total = time.process_time() - start
-    steps = [later - earlier for earlier, later in zip(stamps, stamps[1:])]
+    steps = [later - earlier for earlier, later in itertools.pairwise(stamps)]
     per_step = statistics.median(steps[WARM_UP_STEPS:] or steps)
     return per_step, total - len(stamps) * per_step
 
@@ -166,6 +167,7 @@ WORKLOADS = {
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run the chosen workloads and the fresh-process figures; write the results."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--quick", action="store_true", help="fewer rounds, for a smoke test")
