@@ -225,8 +225,11 @@ class LossTracker:
         """Add the pending losses, weighted by their batch sizes, to the running sum."""
         values = torch.stack(self._pending)
         values = values.to(torch.promote_types(values.dtype, torch.float32))
-        weights = _as_device_tensor(self._pending_sizes, values)
-        folded = torch.dot(values, weights)
+        sizes = self._pending_sizes
+        if all(isinstance(size, int) and size == sizes[0] for size in sizes):
+            folded = values.sum() * sizes[0]  # the usual case: nothing to copy to the device
+        else:
+            folded = torch.dot(values, _as_device_tensor(sizes, values))
         self._total = folded if self._total is None else self._total.add_(folded)
         self._pending, self._pending_sizes = [], []
 

@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Literal, NamedTuple
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, slice_tensors
+from accelerate.utils import DataLoaderConfiguration, DistributedType, slice_tensors
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -185,8 +185,13 @@ class Trainer:
         ``accelerate launch`` (processes, mixed precision, FSDP/DeepSpeed plugins). When a
         launcher started several processes on a machine without GPUs, it is
         ``Accelerator(cpu=True)``: one gloo process group instead of independent copies.
+        Batches are copied to GPUs without blocking (from the pinned memory the default
+        dataloaders use there), so loading never synchronises the host with the device.
         """
-        return Accelerator(cpu=needs_cpu_distributed())
+        return Accelerator(
+            cpu=needs_cpu_distributed(),
+            dataloader_config=DataLoaderConfiguration(non_blocking=True),
+        )
 
     # --------------------------------------------------------------------- public surface
 
