@@ -75,6 +75,7 @@ class StopAgreement:
 
     def __init__(self) -> None:
         self._pending: StopTrainingError | None = None
+        self._agreed: StopTrainingError | None = None
         self._group: Any = None
         if dist.get_backend() != "gloo":
             self._group = dist.new_group(backend="gloo")
@@ -96,4 +97,9 @@ class StopAgreement:
             return
         error = self._pending or StopTrainingError("Stopping: another process requested it.")
         self._pending = None
+        self._agreed = error
         raise error
+
+    def agreed(self, error: StopTrainingError) -> bool:
+        """Whether ``error`` is the stop every process already agreed on (and is raising)."""
+        return error is self._agreed

@@ -51,12 +51,14 @@ What happens at each point:
 - The epoch's mean loss is recorded in the run history (``train_loss_epoch``,
   ``eval_loss_epoch`` or ``evaluation_loss``) just before the epoch's end hook and event.
 
-Stopping early: raising ``StopTrainingError`` in any hook or
-callback ends the run. The levels that were open are closed, innermost first, so every
+Stopping early: raising ``StopTrainingError`` in any hook or callback ends the run once the
+event it was raised in has reached every callback, so the order of callbacks never decides who
+sees the last event. The levels that were open are then closed, innermost first, so every
 ``..._epoch_start`` and ``..._run_start`` that fired gets its ``..._end``; then
 ``on_stop_training_error`` fires, then the run's end hook and event. A step does not complete
-after a stop, so ``on_train_step_end`` only fires for steps that produced an output; an update
-not yet taken is dropped. ``on_training_run_epoch_end`` fires only for completed epochs.
+after a stop raised before its end, so ``on_train_step_end`` only fires for steps that produced
+an output; an update not yet taken is dropped. ``on_training_run_epoch_end`` fires only for
+completed epochs.
 
 A stop raised in ``on_train_step_end`` of the second batch (no accumulation) ends the run
 with:

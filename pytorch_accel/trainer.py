@@ -44,6 +44,10 @@ from pytorch_accel.accumulation import AccumulationPlan
 from pytorch_accel.callbacks.base import StopTrainingError
 from pytorch_accel.callbacks.defaults import DEFAULT_CALLBACKS
 from pytorch_accel.callbacks.handler import CallbackHandler, CallbackLike
+from pytorch_accel.callbacks.limit_batches import (
+    LimitBatchesCallback,
+    limit_batches_from_environment,
+)
 from pytorch_accel.checkpoint import atomic_save, load_checkpoint_file
 from pytorch_accel.dataloaders import default_dataloader_kwargs, merge_dataloader_kwargs
 from pytorch_accel.distributed import StopAgreement, check_world_size, needs_cpu_distributed
@@ -168,6 +172,7 @@ class Trainer:
         self._train_loss_tracker = LossTracker()
         self._eval_loss_tracker = LossTracker()
         self._num_updates = 0
+        self._grad_norm: torch.Tensor | None = None
         self.limit_train_batches: int | None = None
         self.limit_eval_batches: int | None = None
         self.callback_handler.call_event("on_init_end", self)
@@ -175,7 +180,15 @@ class Trainer:
     # ----------------------------------------------------------------- construction hooks
 
     def _create_callback_handler(self, callbacks: Iterable[CallbackLike]) -> CallbackHandler:
-        """Create the ``CallbackHandler``, with this trainer's ``custom_events``."""
+        """Create the ``CallbackHandler``, with this trainer's ``custom_events``.
+
+        When the ``PYTORCH_ACCEL_LIMIT_BATCHES`` environment variable is set (see
+        ``LimitBatches``), a ``LimitBatchesCallback`` is added unless one was given.
+        """
+        callbacks = list(callbacks)
+        limit = limit_batches_from_environment()
+        if limit is not None and not any(_is_limit_callback(callback) for callback in callbacks):
+            callbacks.append(LimitBatchesCallback(limit))
         return CallbackHandler(callbacks, events=self.custom_events)
 
     def _create_accelerator(self) -> Accelerator:
@@ -234,6 +247,15 @@ class Trainer:
         """
         return self._num_updates
 
+    @property
+    def grad_norm(self) -> torch.Tensor | None:
+        """The total gradient norm of the last update, before clipping, as a device tensor.
+
+        Set when ``train(max_grad_norm=...)`` clips by norm (``None`` otherwise). Reading its
+        value (``.item()``) synchronises with the device, so log it at an interval.
+        """
+        return self._grad_norm
+
     # ------------------------------------------------------------------------ entry points
 
     def train(
@@ -279,7 +301,7 @@ class Trainer:
             self.run_history.reset()
         train_dl = self.create_train_dataloader(per_device_batch_size, train_dataloader_kwargs)
         self._check_enough_samples(train_dl)
-        eval_dl = None
+        eval_dl, self._eval_dl_kwargs = None, {}
         if eval_dataset is not None:
             eval_dl = self.create_eval_dataloader(per_device_batch_size, eval_dataloader_kwargs)
         self._prepare(train_dl, eval_dl)
@@ -590,8 +612,10 @@ class Trainer:
             )
             if self._eval_dataloader is not None:
                 self._run_eval_epoch("eval_loss_epoch")
-            self._fire("training_run_epoch_end", "on_training_run_epoch_end", {})
-            self.run_history._increment_epoch()
+            try:
+                self._fire("training_run_epoch_end", "on_training_run_epoch_end", {})
+            finally:  # the epoch is complete even if its last event asks to stop
+                self.run_history._increment_epoch()
 
     def _train_batches(self) -> None:
         assert self._train_dataloader is not None
@@ -644,7 +668,7 @@ class Trainer:
         if clip_value is not None:
             self._accelerator.clip_grad_value_(self.model.parameters(), clip_value)
         elif max_norm is not None:
-            self._accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
+            self._grad_norm = self._accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
 
     def run_eval_epoch(
         self, metric_name: str = "intermediate_eval_loss", is_intermediate: bool = True
@@ -673,9 +697,10 @@ class Trainer:
                 "Pass train(..., eval_dataset=...) to evaluate during training.",
             )
         was_training = self.model.training
-        self._run_eval_epoch(metric_name, is_intermediate)
-        if was_training:
-            self.model.train()
+        try:
+            self._run_eval_epoch(metric_name, is_intermediate)
+        finally:
+            self.model.train(was_training)
 
     def _run_eval_epoch(self, metric_name: str, is_intermediate: bool = False) -> None:
         self._eval_loss_tracker.reset()
@@ -762,35 +787,46 @@ class Trainer:
         self._fire(level.end_hook, level.end_event, kwargs)
 
     def _fire(self, hook: str | None, event: str, kwargs: dict[str, Any]) -> None:
-        """Run the trainer hook ``hook`` (if any), then the callbacks of ``event``.
+        """Run the hook ``hook`` (if any), then the callbacks of ``event``; stop if one asked.
 
-        With several processes, a stop raised here is agreed on by all of them before anyone
-        moves on, so they all stop at the same point and no collective is left waiting.
+        The hook and every callback get the event even when one of them asks to stop. With
+        several processes, a stop is agreed on by all of them before anyone moves on, so they
+        all stop at the same point and no collective is left waiting; a stop that was already
+        agreed on in a nested event (an evaluation run by a callback) goes on unwinding at once.
         """
+        stop = self._dispatch(hook, event, kwargs)
         agreement = self._stop_agreement
-        if agreement is None:
-            if hook is not None:
-                getattr(self, hook)()
-            self.callback_handler.call_event(event, self, **kwargs)
+        if agreement is None or (stop is not None and agreement.agreed(stop)):
+            if stop is not None:
+                raise stop
             return
-        try:
-            if hook is not None:
-                getattr(self, hook)()
-            self.callback_handler.call_event(event, self, **kwargs)
-        except StopTrainingError as error:
-            agreement.request(error)
+        if stop is not None:
+            agreement.request(stop)
         if hook is not None or self.callback_handler.may_stop(event):
             agreement.agree()
+
+    def _dispatch(
+        self, hook: str | None, event: str, kwargs: dict[str, Any]
+    ) -> StopTrainingError | None:
+        """Run the hook and the callbacks of ``event``; return the first stop they raised."""
+        stop = None
+        if hook is not None:
+            try:
+                getattr(self, hook)()
+            except StopTrainingError as error:
+                stop = error
+        try:
+            self.callback_handler.call_event(event, self, **kwargs)
+        except StopTrainingError as error:
+            stop = stop or error
+        return stop
 
     def _fire_while_stopping(self, hook: str | None, event: str, kwargs: dict[str, Any]) -> None:
         """Close a level during a stop: every callback gets the event, further stops are moot.
 
         All processes unwind the same levels in step, so no agreement is needed here.
         """
-        if hook is not None:
-            with contextlib.suppress(StopTrainingError):
-                getattr(self, hook)()
-        self.callback_handler.call_event_while_stopping(event, self, **kwargs)
+        self._dispatch(hook, event, kwargs)
 
     def _announce_stop(self, error: StopTrainingError) -> None:
         if str(error):
@@ -996,6 +1032,11 @@ def _iterate(dataloader: Iterable[Any], limit: int | None) -> Generator[Any, Non
         end = getattr(dataloader, "end", None)
         if callable(end):
             end()
+
+
+def _is_limit_callback(callback: CallbackLike) -> bool:
+    kind = callback if isinstance(callback, type) else type(callback)
+    return issubclass(kind, LimitBatchesCallback)
 
 
 def _trainable_flags(model: nn.Module) -> tuple[bool, ...]:

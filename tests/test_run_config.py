@@ -67,3 +67,15 @@ def test_evaluate_after_train_does_not_report_the_old_train_batch_size() -> None
     config = trainer.run_config
     assert config is not None
     assert (config.train_per_device_batch_size, config.train_dl_kwargs) == (0, {})
+
+
+def test_a_run_without_eval_does_not_report_the_previous_eval_loader() -> None:
+    trainer = make_trainer()
+    trainer.train(
+        make_regression_dataset(16), num_epochs=1, eval_dataset=make_regression_dataset(8)
+    )
+    trainer.train(make_regression_dataset(16), num_epochs=1)
+    config = trainer.run_config
+    assert config is not None
+    assert config.eval_dl_kwargs == {}
+    assert trainer.eval_dataloader is None

@@ -412,3 +412,22 @@ def test_run_eval_epoch_without_an_eval_set_is_an_error(regression_dataset: Tens
         ValueError, match=r"Trainer\.run_eval_epoch: eval_dataset must be a dataset"
     ):
         make_trainer(callbacks=(Evaluate(),)).train(regression_dataset, num_epochs=1)
+
+
+def test_grad_norm_is_the_norm_before_clipping(regression_dataset: TensorDataset) -> None:
+    from pytorch_accel.callbacks import TrainerCallback
+
+    norms: list[tuple[float, float]] = []
+
+    class Probe(TrainerCallback):
+        def on_optimizer_step_start(self, trainer: Trainer, **kwargs: object) -> None:
+            clipped = torch.linalg.vector_norm(
+                torch.stack([p.grad.norm() for p in trainer.model.parameters()])
+            )
+            assert trainer.grad_norm is not None
+            norms.append((trainer.grad_norm.item(), clipped.item()))
+
+    trainer = make_trainer(callbacks=(Probe(),))
+    assert trainer.grad_norm is None
+    trainer.train(regression_dataset, num_epochs=1, max_grad_norm=0.01)
+    assert all(before > 0.01 and abs(after - 0.01) < 1e-4 for before, after in norms)

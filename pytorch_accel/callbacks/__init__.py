@@ -3,22 +3,52 @@
 from pytorch_accel.callbacks.base import StopTrainingError, TrainerCallback
 from pytorch_accel.callbacks.defaults import DEFAULT_CALLBACKS, get_default_callbacks
 from pytorch_accel.callbacks.device import MoveModulesToDeviceCallback
+from pytorch_accel.callbacks.early_stopping import EarlyStoppingCallback
+from pytorch_accel.callbacks.ema import EMA_METRIC_PREFIX, ModelEmaCallback
 from pytorch_accel.callbacks.handler import CallbackHandler
+from pytorch_accel.callbacks.limit_batches import (
+    LIMIT_BATCHES_ENV_VAR,
+    LimitBatches,
+    LimitBatchesCallback,
+    limit_batches_from_environment,
+)
+from pytorch_accel.callbacks.limit_eval_steps import LimitEvalStepsCallback
 from pytorch_accel.callbacks.log_metrics import LogMetricsCallback
+from pytorch_accel.callbacks.metrics import MetricsCallback
 from pytorch_accel.callbacks.nan import TerminateOnNaNCallback
+from pytorch_accel.callbacks.plotting import PlotMetricsCallback, plot_metrics
 from pytorch_accel.callbacks.progress import PrintProgressCallback, ProgressBarCallback
+from pytorch_accel.callbacks.save_best import SaveBestModelCallback
+from pytorch_accel.callbacks.step_eval import StepBasedEvaluationCallback
 from pytorch_accel.callbacks.sync_batchnorm import ConvertSyncBatchNormCallback
+from pytorch_accel.callbacks.throughput import ThroughputCallback
+from pytorch_accel.callbacks.trackers import TrackingCallback
 
 __all__ = [
     "DEFAULT_CALLBACKS",
+    "EMA_METRIC_PREFIX",
+    "LIMIT_BATCHES_ENV_VAR",
     "CallbackHandler",
     "ConvertSyncBatchNormCallback",
+    "EarlyStoppingCallback",
+    "LimitBatches",
+    "LimitBatchesCallback",
+    "LimitEvalStepsCallback",
     "LogMetricsCallback",
+    "MetricsCallback",
+    "ModelEmaCallback",
     "MoveModulesToDeviceCallback",
+    "PlotMetricsCallback",
     "PrintProgressCallback",
     "ProgressBarCallback",
+    "SaveBestModelCallback",
+    "StepBasedEvaluationCallback",
     "StopTrainingError",
     "TerminateOnNaNCallback",
+    "ThroughputCallback",
+    "TrackingCallback",
     "TrainerCallback",
     "get_default_callbacks",
+    "limit_batches_from_environment",
+    "plot_metrics",
 ]

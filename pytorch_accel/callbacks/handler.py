@@ -121,6 +121,11 @@ class CallbackHandler:
     def call_event(self, event: str, *args: Any, **kwargs: Any) -> None:
         """Call ``event`` on every callback that defines it, in order.
 
+        A ``StopTrainingError`` raised by one callback does not keep the others from the event:
+        it is raised once every callback has had it, so the order of callbacks never decides
+        who sees the last event of a run (and, with several processes, every process runs the
+        same callbacks). Any other exception propagates at once.
+
         Args:
             event: The event name, e.g. ``"on_train_epoch_end"``.
             *args: Positional arguments (the trainer first).
@@ -128,13 +133,16 @@ class CallbackHandler:
 
         Raises:
             ValueError: If the event was never registered.
+            StopTrainingError: The first one a callback raised, after all were called.
         """
-        listeners = self._listeners.get(event)
-        if listeners is None:
-            self._listeners_of(event)  # raises, naming the close match
-        else:
-            for listener in listeners:
+        stop: StopTrainingError | None = None
+        for listener in self._listeners_of(event):
+            try:
                 listener(*args, **kwargs)
+            except StopTrainingError as error:
+                stop = stop or error
+        if stop is not None:
+            raise stop
 
     def call_event_while_stopping(self, event: str, *args: Any, **kwargs: Any) -> None:
         """Call ``event`` on every listener while the run is already stopping.
@@ -148,9 +156,8 @@ class CallbackHandler:
             *args: Positional arguments (the trainer first).
             **kwargs: Keyword arguments for the event.
         """
-        for listener in self._listeners_of(event):
-            with contextlib.suppress(StopTrainingError):
-                listener(*args, **kwargs)
+        with contextlib.suppress(StopTrainingError):
+            self.call_event(event, *args, **kwargs)
 
     def _listeners_of(self, event: str) -> tuple[Callable[..., Any], ...]:
         listeners = self._listeners.get(event)

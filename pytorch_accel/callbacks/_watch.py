@@ -1,0 +1,163 @@
+"""Shared pieces of the callbacks that watch a metric: argument checks, reading, comparing.
+
+Private: used by ``EarlyStoppingCallback`` and ``SaveBestModelCallback``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from typing import TYPE_CHECKING, Any
+
+import torch
+from accelerate.utils import broadcast
+
+from pytorch_accel._validation import fail
+from pytorch_accel.tracking import MetricNotFoundError
+
+if TYPE_CHECKING:
+    from pytorch_accel.trainer import Trainer
+
+__all__ = [
+    "MetricWatch",
+    "check_bool",
+    "check_metric_name",
+    "check_non_negative_number",
+    "check_path",
+    "value_of_main_process",
+]
+
+
+def check_bool(where: str, name: str, value: object) -> None:
+    """Raise ``TypeError`` unless ``value`` is a bool."""
+    if not isinstance(value, bool):
+        fail(TypeError, where, name, value, "a bool", f"Pass {name}=True or {name}=False.")
+
+
+def check_metric_name(where: str, name: str, value: object) -> None:
+    """Raise unless ``value`` is a non-empty string (a run-history metric name)."""
+    if not isinstance(value, str) or not value:
+        fail(
+            TypeError if not isinstance(value, str) else ValueError,
+            where,
+            name,
+            value,
+            "a non-empty metric name",
+            f"Pass the name of a run-history metric, e.g. {name}='eval_loss_epoch'.",
+        )
+
+
+def check_non_negative_number(where: str, name: str, value: object) -> None:
+    """Raise unless ``value`` is a finite real number >= 0 (not a bool)."""
+    expected = "a finite number >= 0"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        fail(TypeError, where, name, value, expected, f"Pass a float, e.g. {name}=0.01.")
+    if not (math.isfinite(float(value)) and float(value) >= 0):
+        fail(ValueError, where, name, value, expected, f"Pass {name} >= 0 (0: any improvement).")
+
+
+def check_path(where: str, name: str, value: object, *, allow_none: bool = False) -> None:
+    """Raise unless ``value`` is a non-empty ``str`` or ``os.PathLike`` (or None when allowed)."""
+    if value is None and allow_none:
+        return
+    expected = "a file path" + (" or None" if allow_none else "")
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        fail(TypeError, where, name, value, expected, f"Pass e.g. {name}='checkpoints/model.pt'.")
+
+
+def value_of_main_process(trainer: Trainer, value: float) -> float:
+    """Return the main process's ``value`` on every process (one broadcast; none alone).
+
+    Callbacks that call collectives (``save_checkpoint``) depending on a metric must decide
+    the same way on every process, even for a metric recorded per process.
+    """
+    if trainer.accelerator.num_processes == 1:
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64, device=trainer.device)
+    return float(broadcast(tensor, from_process=0).item())
+
+
+class MetricWatch:
+    """Reads one run-history metric at each epoch end and compares its values.
+
+    A value is new when the metric gained a value since the last read. A metric never
+    recorded is an error naming the recorded ones; a metric not recorded again this epoch is
+    skipped with a message (for metrics recorded less often than every epoch).
+
+    Args:
+        where: The callback's name, for messages.
+        metric_name: The run-history name to watch.
+        greater_is_better: Whether larger values are better.
+    """
+
+    def __init__(self, where: str, metric_name: str, greater_is_better: bool) -> None:
+        self.where = where
+        self.metric_name = metric_name
+        self.greater_is_better = greater_is_better
+        self._seen = 0
+
+    def start_run(self, trainer: Trainer) -> None:
+        """Note the values already recorded; fail now if an eval loss is watched without evals."""
+        history = trainer.run_history
+        recorded = self.metric_name in history.get_metric_names()
+        self._seen = len(history.get_metric_values(self.metric_name)) if recorded else 0
+        if self.metric_name.endswith("eval_loss_epoch") and trainer.eval_dataloader is None:
+            fail(
+                ValueError,
+                self.where,
+                "watch_metric",
+                self.metric_name,
+                "a metric this run records",
+                "It is recorded only with an eval set: pass train(..., eval_dataset=...), "
+                "or watch another metric such as 'train_loss_epoch'.",
+            )
+
+    def read(self, trainer: Trainer) -> float | None:
+        """Return the value recorded this epoch, or ``None`` (with a message) if there is none.
+
+        Raises:
+            MetricNotFoundError: If the metric was never recorded, naming those that were.
+        """
+        history = trainer.run_history
+        names = history.get_metric_names()
+        if self.metric_name not in names:
+            raise MetricNotFoundError(
+                f"{self.where}: watch_metric {self.metric_name!r} has not been recorded by the "
+                f"end of epoch {history.current_epoch}. Recorded metrics: "
+                f"{', '.join(sorted(names)) or 'none'}. Pass one of them as watch_metric, or "
+                "record it in a callback that runs earlier (a lower order)."
+            )
+        values = history.get_metric_values(self.metric_name)
+        if len(values) <= self._seen:
+            trainer.print(
+                f"{self.where}: {self.metric_name} has no new value in epoch "
+                f"{history.current_epoch}; this epoch is not compared."
+            )
+            return None
+        self._seen = len(values)
+        return self._as_float(values[-1])
+
+    def is_better(self, value: float, reference: float | None, threshold: float = 0.0) -> bool:
+        """Return whether ``value`` beats ``reference`` by more than ``threshold``.
+
+        NaN never beats anything; anything else beats ``None`` (no reference yet).
+        """
+        if math.isnan(value):
+            return False
+        if reference is None:
+            return True
+        if self.greater_is_better:
+            return value > reference + threshold
+        return value < reference - threshold
+
+    def _as_float(self, value: Any) -> float:
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            return float(value.item())
+        if isinstance(value, numbers.Real):
+            return float(value)
+        raise TypeError(
+            f"{self.where}: the latest value of {self.metric_name!r} is {value!r} "
+            f"({type(value).__name__}); a watched metric must hold numbers. Record a float, "
+            "e.g. run_history.update_metric(name, tensor.item())."
+        )

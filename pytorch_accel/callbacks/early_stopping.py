@@ -1,0 +1,130 @@
+"""Stop training when a watched metric stops improving."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pytorch_accel._validation import check_positive_int
+from pytorch_accel.callbacks._watch import (
+    MetricWatch,
+    check_bool,
+    check_metric_name,
+    check_non_negative_number,
+)
+from pytorch_accel.callbacks.base import StopTrainingError, TrainerCallback
+
+if TYPE_CHECKING:
+    from pytorch_accel.trainer import Trainer
+
+__all__ = ["EarlyStoppingCallback"]
+
+
+class EarlyStoppingCallback(TrainerCallback):
+    """Raise ``StopTrainingError`` after ``early_stopping_patience`` epochs without improvement.
+
+    At the end of each epoch (``on_training_run_epoch_end``) it reads the latest value of
+    ``watch_metric`` from the run history. The threshold is absolute: with
+    ``greater_is_better=False`` a value is an improvement when
+    ``value < best - early_stopping_threshold``, with ``greater_is_better=True`` when
+    ``value > best + early_stopping_threshold`` (strict, so ``0`` accepts any improvement).
+    ``best`` is the last value that was an improvement, so several small steps count
+    once they add up to more than the threshold. The first value of a run is an improvement;
+    NaN never is. After an improvement the count of epochs without one starts again at 0.
+
+    A metric that was never recorded by the end of an epoch is an error naming the recorded
+    metrics; one that gained no new value this epoch (recorded every other epoch, say) is not
+    compared. Watching an ``...eval_loss_epoch`` without an eval set fails when the run
+    starts. In multi-process runs each process decides on its own values, and a stop on any
+    process stops them all at the same point.
+
+    Order ``150``: after every callback that records metrics at ``on_training_run_epoch_end``
+    (default order 0, ``ModelEmaCallback`` 40, ``SaveBestModelCallback`` 50) and after
+    ``LogMetricsCallback`` (100). Raising ends that event's dispatch, so callbacks after it
+    would miss the last epoch.
+
+    Args:
+        early_stopping_patience: Epochs without improvement after which training stops.
+        early_stopping_threshold: The absolute change that counts as an improvement (>= 0).
+        watch_metric: The run-history metric to watch.
+        greater_is_better: Whether larger values of the metric are better.
+        reset_on_train: Forget the best value and the count at the start of each ``train()``;
+            ``False`` carries them over from earlier runs.
+
+    Attributes:
+        best_metric: The best value so far (``None`` before the first).
+        best_metric_epoch: The epoch of ``best_metric``.
+        early_stopping_patience_counter: Epochs since the last improvement.
+
+    Example:
+        ```python
+        trainer = Trainer(
+            model, loss_func, optimizer,
+            callbacks=(*DEFAULT_CALLBACKS,
+                       EarlyStoppingCallback(early_stopping_patience=3,
+                                             early_stopping_threshold=0.001)),
+        )
+        trainer.train(train_dataset, num_epochs=100, eval_dataset=eval_dataset)
+        ```
+    """
+
+    order = 150
+
+    def __init__(
+        self,
+        early_stopping_patience: int = 1,
+        early_stopping_threshold: float = 0.01,
+        watch_metric: str = "eval_loss_epoch",
+        greater_is_better: bool = False,
+        reset_on_train: bool = True,
+    ) -> None:
+        where = "EarlyStoppingCallback"
+        check_positive_int(where, "early_stopping_patience", early_stopping_patience)
+        check_non_negative_number(where, "early_stopping_threshold", early_stopping_threshold)
+        check_metric_name(where, "watch_metric", watch_metric)
+        check_bool(where, "greater_is_better", greater_is_better)
+        check_bool(where, "reset_on_train", reset_on_train)
+        self.early_stopping_patience = early_stopping_patience
+        self.early_stopping_threshold = float(early_stopping_threshold)
+        self.watch_metric = watch_metric
+        self.greater_is_better = greater_is_better
+        self.reset_on_train = reset_on_train
+        self.best_metric: float | None = None
+        self.best_metric_epoch: int | None = None
+        self.early_stopping_patience_counter = 0
+        self._watch = MetricWatch(where, watch_metric, greater_is_better)
+
+    def reset(self) -> None:
+        """Forget the best value and the count of epochs without improvement."""
+        self.best_metric = None
+        self.best_metric_epoch = None
+        self.early_stopping_patience_counter = 0
+
+    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Reset (if ``reset_on_train``) and check that the metric can be recorded."""
+        if self.reset_on_train:
+            self.reset()
+        self._watch.start_run(trainer)
+
+    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Compare the epoch's value with the best; stop once patience is exhausted."""
+        value = self._watch.read(trainer)
+        if value is None:
+            return
+        if self._watch.is_better(value, self.best_metric, self.early_stopping_threshold):
+            self.best_metric = value
+            self.best_metric_epoch = trainer.run_history.current_epoch
+            self.early_stopping_patience_counter = 0
+            return
+        self.early_stopping_patience_counter += 1
+        trainer.print(
+            f"\nEarlyStoppingCallback: {self.watch_metric} = {value} is no improvement on "
+            f"{self.best_metric} (epoch {self.best_metric_epoch}) by more than "
+            f"{self.early_stopping_threshold}: {self.early_stopping_patience_counter}/"
+            f"{self.early_stopping_patience} epochs without improvement."
+        )
+        if self.early_stopping_patience_counter >= self.early_stopping_patience:
+            raise StopTrainingError(
+                f"Stopping training early: {self.watch_metric} has not improved by more than "
+                f"{self.early_stopping_threshold} for {self.early_stopping_patience} epoch(s) "
+                f"(best {self.best_metric} in epoch {self.best_metric_epoch})."
+            )

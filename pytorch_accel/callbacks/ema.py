@@ -1,0 +1,301 @@
+"""Keep an exponential moving average (EMA) of the model's weights, evaluate it and save it."""
+
+from __future__ import annotations
+
+import contextlib
+import numbers
+import os
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+from accelerate.utils import DistributedType
+
+from pytorch_accel._validation import fail
+from pytorch_accel.callbacks._rng import training_rng_preserved
+from pytorch_accel.callbacks._watch import check_bool, check_path
+from pytorch_accel.callbacks.base import TrainerCallback
+
+if TYPE_CHECKING:
+    from pytorch_accel.trainer import Trainer
+
+__all__ = ["EMA_METRIC_PREFIX", "ModelEmaCallback"]
+
+EMA_METRIC_PREFIX = "ema_model_"
+"""The run-history prefix of metrics recorded while the EMA weights are evaluated."""
+
+_Pair = tuple[torch.Tensor, torch.Tensor]  # (EMA tensor, model tensor)
+
+
+class _Binding(NamedTuple):
+    """The EMA tensors paired with the model's, and the lists the update works on."""
+
+    pairs: list[_Pair]
+    float_ema: list[torch.Tensor]
+    float_live: list[torch.Tensor]
+    others: list[_Pair]
+
+
+class ModelEmaCallback(TrainerCallback):
+    """Maintain ``ema = decay * ema + (1 - decay) * weights`` after every optimizer update.
+
+    The EMA covers the unwrapped model's whole state dict: floating-point parameters and
+    buffers (BatchNorm running statistics) are averaged; other tensors (such as BatchNorm's
+    integer ``num_batches_tracked``) are copied. It is kept on the model's device and updated
+    at ``on_optimizer_step_end``, right after each update that the gradient scaler did not skip.
+    It starts from the model's weights at the first ``train()``; later runs continue it unless
+    ``reset_on_train=True``.
+
+    With ``evaluate_during_training``, each epoch with an eval set ends
+    (``on_training_run_epoch_end``) with one more evaluation epoch of the EMA weights: they are
+    swapped into ``trainer.get_model()`` and every metric recorded meanwhile gets the prefix
+    ``ema_model_`` (the loss as ``ema_model_eval_loss_epoch``, metric callbacks' values
+    likewise); the eval events fire with ``is_intermediate=False``. Afterwards the prefix and
+    the model's own weights are restored exactly, also if the evaluation raises, and so is the
+    random state, so training follows the same path as without the callback. At the end of
+    each run (also after an early stop) the EMA weights are saved to ``save_path`` with
+    ``trainer.save_checkpoint`` (no optimizer state), loadable with ``trainer.load_checkpoint``.
+
+    Order ``40``: its evaluation runs before ``SaveBestModelCallback`` (50),
+    ``LogMetricsCallback`` (100) and ``EarlyStoppingCallback`` (150), so they can use
+    ``ema_model_eval_loss_epoch`` in the same epoch. Sharded models (FSDP, DeepSpeed) are not
+    supported: each process holds only part of the weights.
+
+    Args:
+        decay: The weight of the old average, in ``(0, 1)``; ``0.999`` averages over roughly
+            the last 1000 updates.
+        evaluate_during_training: Evaluate the EMA weights after each epoch with an eval set.
+        save_path: Where to save the EMA weights at the end of each run; ``None``: not saved.
+        reset_on_train: Restart the EMA from the model's weights at each ``train()``.
+
+    Example:
+        ```python
+        ema = ModelEmaCallback(decay=0.999, save_path="ema_model.pt")
+        trainer = Trainer(model, loss_func, optimizer, callbacks=(*DEFAULT_CALLBACKS, ema))
+        trainer.train(train_dataset, num_epochs=10, eval_dataset=eval_dataset)
+        trainer.run_history.get_metric_values("ema_model_eval_loss_epoch")
+        with ema.swapped_into(trainer):  # the EMA weights, for as long as the block runs
+            trainer.evaluate(test_dataset)
+        ```
+    """
+
+    order = 40
+    may_stop_training = False
+
+    def __init__(
+        self,
+        decay: float = 0.99,
+        evaluate_during_training: bool = True,
+        save_path: str | os.PathLike[str] | None = "ema_model.pt",
+        reset_on_train: bool = False,
+    ) -> None:
+        where = "ModelEmaCallback"
+        _check_decay(decay)
+        check_bool(where, "evaluate_during_training", evaluate_during_training)
+        check_path(where, "save_path", save_path, allow_none=True)
+        check_bool(where, "reset_on_train", reset_on_train)
+        self.decay = float(decay)
+        self.evaluate_during_training = evaluate_during_training
+        self.save_path = save_path
+        self.reset_on_train = reset_on_train
+        self.num_ema_updates = 0
+        self._ema: dict[str, torch.Tensor] | None = None
+        self._binding: _Binding | None = None  # bound to the model of the current run
+
+    # ------------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the EMA state: ``ema_state_dict`` (name -> tensor), ``decay``, updates.
+
+        The tensors are the live EMA tensors (as in ``nn.Module.state_dict``); save or clone
+        them before training continues.
+        """
+        return {
+            "ema_state_dict": dict(self._ema or {}),
+            "decay": self.decay,
+            "num_ema_updates": self.num_ema_updates,
+        }
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore a state from ``state_dict()``; it is moved to the model's device when bound.
+
+        Args:
+            state_dict: The dict returned by ``state_dict()`` (``decay`` is informational:
+                the constructor's is kept).
+        """
+        weights = state_dict.get("ema_state_dict")
+        if not isinstance(weights, Mapping) or not weights:
+            fail(
+                ValueError,
+                "ModelEmaCallback.load_state_dict",
+                "state_dict['ema_state_dict']",
+                weights,
+                "a non-empty dict of tensors",
+                "Pass the dict returned by ModelEmaCallback.state_dict() after training.",
+            )
+        self._ema = {name: tensor.detach().clone() for name, tensor in weights.items()}
+        self.num_ema_updates = int(state_dict.get("num_ema_updates", 0))
+        self._binding = None
+
+    # ------------------------------------------------------------------------ events
+
+    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Start the EMA from the model's weights (first run, or ``reset_on_train``); bind it."""
+        _check_not_sharded(trainer)
+        if self._ema is None or self.reset_on_train:
+            model_state = _model_state(trainer)
+            self._ema = {name: tensor.detach().clone() for name, tensor in model_state.items()}
+            self.num_ema_updates = 0
+        self._bind(trainer)
+
+    def on_optimizer_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Move the average towards the updated weights (skipped updates are ignored)."""
+        if trainer.accelerator.optimizer_step_was_skipped:
+            return
+        binding = self._binding or self._bind(trainer)
+        with torch.no_grad():
+            if binding.float_ema:
+                torch._foreach_lerp_(binding.float_ema, binding.float_live, 1.0 - self.decay)
+            for ema_tensor, live_tensor in binding.others:
+                ema_tensor.copy_(live_tensor)
+        self.num_ema_updates += 1
+
+    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Evaluate the EMA weights, if asked for and the run has an eval set."""
+        if self.evaluate_during_training and trainer.eval_dataloader is not None:
+            self.evaluate(trainer)
+
+    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Save the EMA weights to ``save_path`` (every process takes part)."""
+        if self.save_path is None or self._ema is None:
+            return
+        with self.swapped_into(trainer):
+            trainer.save_checkpoint(
+                self.save_path,
+                {"ema_decay": self.decay, "num_ema_updates": self.num_ema_updates},
+                save_optimizer=False,
+                save_scheduler=False,
+            )
+
+    # ------------------------------------------------------------------------ use
+
+    def evaluate(self, trainer: Trainer) -> None:
+        """Evaluate the EMA weights inside ``train()``, with metrics prefixed ``ema_model_``.
+
+        Every process must call it. The model's weights and the run history's prefix are
+        restored afterwards, also when the evaluation raises.
+        """
+        history = trainer.run_history
+        prefix = history.metric_name_prefix
+        with self.swapped_into(trainer):
+            history.set_metric_name_prefix(EMA_METRIC_PREFIX)
+            try:
+                with training_rng_preserved(trainer):
+                    trainer.run_eval_epoch(metric_name="eval_loss_epoch", is_intermediate=False)
+            finally:
+                history.set_metric_name_prefix(prefix)
+
+    @contextlib.contextmanager
+    def swapped_into(self, trainer: Trainer) -> Iterator[None]:
+        """Put the EMA weights into ``trainer.get_model()`` for the duration of the block.
+
+        The tensors are exchanged in place (the parameters stay the same objects, so the
+        optimizer and distributed wrappers are unaffected) and exchanged back on exit, even
+        after an exception: the model's weights come back bit for bit. Inside the block the
+        EMA's own tensors (and ``state_dict()``) hold the model's weights.
+
+        Raises:
+            ValueError: If there is no EMA yet (no training run started, nothing loaded).
+        """
+        pairs = self._bind(trainer).pairs  # afresh: the model may have moved since the run
+        _swap(pairs)
+        try:
+            yield
+        finally:
+            _swap(pairs)
+
+    def _bind(self, trainer: Trainer) -> _Binding:
+        """Pair each EMA tensor with the model's tensor of the same name, on its device."""
+        if self._ema is None:
+            fail(
+                ValueError,
+                "ModelEmaCallback",
+                "state",
+                None,
+                "an EMA of the model's weights",
+                "Start a training run (or call load_state_dict) before using the EMA weights.",
+            )
+        model_state = _model_state(trainer)
+        _check_same_layout(self._ema, model_state)
+        self._ema = {
+            name: self._ema[name].to(tensor.device, tensor.dtype)
+            for name, tensor in model_state.items()
+        }
+        pairs = [(self._ema[name], tensor) for name, tensor in model_state.items()]
+        floats = [pair for pair in pairs if pair[0].is_floating_point()]
+        self._binding = _Binding(
+            pairs=pairs,
+            float_ema=[ema for ema, _ in floats],
+            float_live=[live for _, live in floats],
+            others=[pair for pair in pairs if not pair[0].is_floating_point()],
+        )
+        return self._binding
+
+
+def _model_state(trainer: Trainer) -> dict[str, torch.Tensor]:
+    """The unwrapped model's state dict: detached tensors sharing the model's storage."""
+    return trainer.get_model(keep_torch_compile=False).state_dict()
+
+
+def _swap(pairs: list[_Pair]) -> None:
+    """Exchange the contents of each pair in place; undo the ones done if one fails."""
+    done = 0
+    try:
+        with torch.no_grad():
+            for first, second in pairs:
+                scratch = first.clone()
+                first.copy_(second)
+                second.copy_(scratch)
+                done += 1
+    except BaseException:
+        _swap(pairs[:done])
+        raise
+
+
+def _check_decay(decay: object) -> None:
+    if isinstance(decay, bool) or not isinstance(decay, numbers.Real):
+        fail(TypeError, "ModelEmaCallback", "decay", decay, "a float", "Pass e.g. decay=0.999.")
+    if not 0.0 < float(decay) < 1.0:
+        fail(
+            ValueError,
+            "ModelEmaCallback",
+            "decay",
+            decay,
+            "between 0 and 1 (exclusive)",
+            "Pass e.g. decay=0.999 (the weight of the old average).",
+        )
+
+
+def _check_not_sharded(trainer: Trainer) -> None:
+    kind = trainer.accelerator.distributed_type
+    if kind in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        fail(
+            ValueError,
+            "ModelEmaCallback",
+            "distributed_type",
+            str(kind),
+            "a setup where each process holds the whole model",
+            "Use DDP or a single process, or keep the EMA outside the trainer.",
+        )
+
+
+def _check_same_layout(ema: Mapping[str, torch.Tensor], model: Mapping[str, torch.Tensor]) -> None:
+    mismatched = sorted(set(ema) ^ set(model)) or [
+        name for name, tensor in model.items() if ema[name].shape != tensor.shape
+    ]
+    if mismatched:
+        raise ValueError(
+            f"ModelEmaCallback: the EMA does not fit the model (differing entries: "
+            f"{mismatched[:5]}). The model changed since the EMA was made or loaded: pass "
+            "reset_on_train=True to restart it from the model's weights."
+        )

@@ -1,0 +1,155 @@
+"""Limit the batches of every epoch, for quick debug runs: a callback and an environment switch."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import weakref
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from pytorch_accel._validation import check_positive_int, fail
+from pytorch_accel.callbacks.base import TrainerCallback
+
+if TYPE_CHECKING:
+    from pytorch_accel.trainer import Trainer
+
+__all__ = [
+    "LIMIT_BATCHES_ENV_VAR",
+    "LimitBatches",
+    "LimitBatchesCallback",
+    "limit_batches_from_environment",
+]
+
+LIMIT_BATCHES_ENV_VAR = "PYTORCH_ACCEL_LIMIT_BATCHES"
+"""The environment variable that makes new trainers use at most that many batches per epoch."""
+
+
+def limit_batches_from_environment() -> int | None:
+    """Return the batch limit set in ``PYTORCH_ACCEL_LIMIT_BATCHES``, or ``None`` if there is none.
+
+    Unset, empty and ``none`` (any case) mean no limit; surrounding spaces are ignored.
+
+    Returns:
+        The positive number of batches, or ``None``.
+
+    Raises:
+        ValueError: If the variable holds anything else, naming the value and the fix.
+
+    Example:
+        ```python
+        limit = limit_batches_from_environment()  # PYTORCH_ACCEL_LIMIT_BATCHES=2 -> 2
+        ```
+    """
+    raw = os.environ.get(LIMIT_BATCHES_ENV_VAR, "").strip()
+    if not raw or raw.lower() == "none":
+        return None
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
+        fail(
+            ValueError,
+            "limit_batches_from_environment",
+            f"the environment variable {LIMIT_BATCHES_ENV_VAR}",
+            raw,
+            "a positive integer or 'none'",
+            f"Set e.g. {LIMIT_BATCHES_ENV_VAR}=2, or unset it.",
+        )
+    return int(raw)
+
+
+class LimitBatchesCallback(TrainerCallback):
+    """Use at most ``num_batches`` batches in every training and evaluation epoch.
+
+    It sets ``trainer.limit_train_batches`` and ``trainer.limit_eval_batches`` at
+    ``on_init_end``, so pass it to the ``Trainer`` constructor: the training limit is read
+    when ``train()`` starts (the run config, placeholders and accumulation follow it). Added
+    later, it raises at the start of the next run; to limit an existing trainer, set those two
+    attributes directly. Each process uses at most ``num_batches`` of its own batches.
+    Trainers created inside ``LimitBatches`` (or with ``PYTORCH_ACCEL_LIMIT_BATCHES`` set) get
+    this callback automatically.
+
+    Order ``-100``: it only sets attributes when the trainer is created.
+
+    Args:
+        num_batches: The most batches per epoch, for training and evaluation alike.
+
+    Example:
+        ```python
+        trainer = Trainer(model, loss_func, optimizer,
+                          callbacks=(*DEFAULT_CALLBACKS, LimitBatchesCallback(2)))
+        trainer.train(train_dataset, num_epochs=2, eval_dataset=eval_dataset)  # a smoke test
+        ```
+    """
+
+    order = -100
+    may_stop_training = False
+
+    def __init__(self, num_batches: int) -> None:
+        check_positive_int("LimitBatchesCallback", "num_batches", num_batches)
+        self.num_batches = num_batches
+        self._trainers: weakref.WeakSet[Trainer] = weakref.WeakSet()
+
+    def on_init_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Set both limits on the new trainer."""
+        trainer.limit_train_batches = self.num_batches
+        trainer.limit_eval_batches = self.num_batches
+        self._trainers.add(trainer)
+
+    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Fail if the callback was added after the trainer was created."""
+        self._check_initialised(trainer)
+
+    def on_evaluation_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Fail if the callback was added after the trainer was created."""
+        self._check_initialised(trainer)
+
+    def _check_initialised(self, trainer: Trainer) -> None:
+        if trainer not in self._trainers:
+            raise ValueError(
+                "LimitBatchesCallback: it was added after the Trainer was created, so its limit "
+                "is not applied. Pass it to Trainer(..., callbacks=...), or set "
+                f"trainer.limit_train_batches = trainer.limit_eval_batches = {self.num_batches}."
+            )
+
+
+class LimitBatches(contextlib.ContextDecorator):
+    """Make trainers created inside the block use at most ``num_batches`` batches per epoch.
+
+    It sets ``PYTORCH_ACCEL_LIMIT_BATCHES`` for the block and restores its previous value (or
+    removes it) on exit, also after an exception; blocks can be nested. Trainers created while
+    it is set get a ``LimitBatchesCallback(num_batches)``, which stays with them after the
+    block. The variable is process-wide (not per thread) and inherited by child processes,
+    such as those of ``accelerate launch`` or ``notebook_launcher`` started in the block. Also
+    usable as a decorator.
+
+    Args:
+        num_batches: The most batches per epoch, for training and evaluation alike.
+
+    Example:
+        ```python
+        with LimitBatches(2):
+            trainer = Trainer(model, loss_func, optimizer)
+            trainer.train(train_dataset, num_epochs=1, eval_dataset=eval_dataset)
+        ```
+    """
+
+    def __init__(self, num_batches: int) -> None:
+        check_positive_int("LimitBatches", "num_batches", num_batches)
+        self.num_batches = num_batches
+        self._previous: list[str | None] = []
+
+    def __enter__(self) -> LimitBatches:
+        self._previous.append(os.environ.get(LIMIT_BATCHES_ENV_VAR))
+        os.environ[LIMIT_BATCHES_ENV_VAR] = str(self.num_batches)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        previous = self._previous.pop()
+        if previous is None:
+            os.environ.pop(LIMIT_BATCHES_ENV_VAR, None)
+        else:
+            os.environ[LIMIT_BATCHES_ENV_VAR] = previous

@@ -1,0 +1,78 @@
+"""Limit the steps of evaluation epochs, by default only the intermediate ones."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from pytorch_accel._validation import check_positive_int
+from pytorch_accel.callbacks._watch import check_bool
+from pytorch_accel.callbacks.base import TrainerCallback
+
+if TYPE_CHECKING:
+    from pytorch_accel.trainer import Trainer
+
+__all__ = ["LimitEvalStepsCallback"]
+
+
+class LimitEvalStepsCallback(TrainerCallback):
+    """Run at most ``num_eval_steps`` evaluation steps, in total over all processes, per epoch.
+
+    At ``on_eval_epoch_start`` it lowers ``trainer.limit_eval_batches`` (which the trainer reads
+    once that event has fired) and restores the previous limit at ``on_eval_epoch_end``, also
+    when the run stops. A stricter limit already set (``LimitBatchesCallback``) is kept. With
+    several processes each runs ``ceil(num_eval_steps / num_processes)`` steps, so every
+    process runs at least one and all run the same number. With ``limit_intermediate_only``
+    (the default) only the evaluations started inside a training epoch are limited
+    (``is_intermediate=True``: those of ``StepBasedEvaluationCallback``); the evaluation after
+    each epoch, ``evaluate()`` and the EMA evaluation keep the whole eval set.
+
+    Order ``-100``: its limit is in place before the other callbacks see the epoch start.
+
+    Args:
+        num_eval_steps: The most evaluation steps per limited epoch, over all processes.
+        limit_intermediate_only: Limit only intermediate evaluations; ``False`` limits all.
+
+    Example:
+        ```python
+        trainer = Trainer(
+            model, loss_func, optimizer,
+            callbacks=(*DEFAULT_CALLBACKS, StepBasedEvaluationCallback(200),
+                       LimitEvalStepsCallback(20)),
+        )
+        ```
+    """
+
+    order = -100
+    may_stop_training = False
+
+    def __init__(self, num_eval_steps: int, limit_intermediate_only: bool = True) -> None:
+        check_positive_int("LimitEvalStepsCallback", "num_eval_steps", num_eval_steps)
+        check_bool("LimitEvalStepsCallback", "limit_intermediate_only", limit_intermediate_only)
+        self.num_eval_steps = num_eval_steps
+        self.limit_intermediate_only = limit_intermediate_only
+        self._saved_limits: list[int | None] = []
+        self._limited: list[bool] = []
+
+    def steps_per_process(self, trainer: Trainer) -> int:
+        """Return how many steps each process runs in a limited epoch."""
+        num_processes = int(trainer.accelerator.num_processes)
+        return math.ceil(self.num_eval_steps / num_processes)
+
+    def on_eval_epoch_start(
+        self, trainer: Trainer, is_intermediate: bool = False, **kwargs: Any
+    ) -> None:
+        """Lower the eval limit for this epoch, if it is one to limit."""
+        applies = is_intermediate or not self.limit_intermediate_only
+        self._limited.append(applies)
+        if not applies:
+            return
+        previous = trainer.limit_eval_batches
+        self._saved_limits.append(previous)
+        steps = self.steps_per_process(trainer)
+        trainer.limit_eval_batches = steps if previous is None else min(previous, steps)
+
+    def on_eval_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Restore the limit that was in place before the epoch."""
+        if self._limited and self._limited.pop():
+            trainer.limit_eval_batches = self._saved_limits.pop()

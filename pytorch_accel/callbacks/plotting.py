@@ -1,0 +1,172 @@
+"""Plot the metric curves of a run to a PNG file (needs matplotlib: the ``plot`` extra)."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from pytorch_accel.callbacks._metrics_csv import read_metrics_csv
+from pytorch_accel.callbacks.base import TrainerCallback
+from pytorch_accel.tracking import RunHistory
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from pytorch_accel.trainer import Trainer
+
+__all__ = ["PlotMetricsCallback", "plot_metrics"]
+
+_INSTALL_HINT = 'Plotting metrics needs matplotlib: pip install "pytorch-accel[plot]".'
+
+Series = dict[str, list[tuple[int, float]]]
+
+
+def plot_metrics(
+    source: RunHistory | str | os.PathLike[str],
+    path: str | os.PathLike[str] = "metrics.png",
+    metric_names: Iterable[str] | None = None,
+) -> Path:
+    """Draw one small plot per metric, value against epoch, and save them as one image.
+
+    From a run history, the i-th value of each metric is drawn at epoch i (right for the
+    metrics recorded once per epoch, as the trainer's losses and the catalogue's callbacks
+    do); from a CSV file written by ``TrackingCallback``, at its ``epoch`` column. Only
+    numeric values are drawn. The image is written atomically, in the format of ``path``'s
+    suffix (PNG for ``.png``). matplotlib is imported here, not with the package, and drawn
+    without pyplot, so no window opens and the global backend is untouched.
+
+    Args:
+        source: A run history (e.g. ``trainer.run_history``) or the path of a metrics CSV.
+        path: The image file to write.
+        metric_names: The metrics to draw; all numeric ones by default.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ImportError: If matplotlib is not installed.
+        ValueError: If there is no numeric metric to draw.
+
+    Example:
+        ```python
+        trainer.train(train_dataset, num_epochs=10, eval_dataset=eval_dataset)
+        plot_metrics(trainer.run_history, "curves.png")
+        plot_metrics("metrics.csv", "curves.png", metric_names=["eval_loss_epoch"])
+        ```
+    """
+    figure_class = _figure_class()
+    series = _series(source)
+    if metric_names is not None:
+        wanted = list(metric_names)
+        series = {name: series.get(name, []) for name in wanted}
+    series = {name: points for name, points in series.items() if points}
+    if not series:
+        raise ValueError(
+            "plot_metrics: there is no numeric metric to draw. Record metrics in the run "
+            "history, or check metric_names against the recorded names."
+        )
+    figure = _draw(figure_class, series)
+    return _save(figure, Path(path))
+
+
+class PlotMetricsCallback(TrainerCallback):
+    """Write a PNG of the run history's metric curves at the end of each training run.
+
+    Written by the main process, at ``on_training_run_end`` (also after an early stop), with
+    ``plot_metrics``. Needs matplotlib (``pip install "pytorch-accel[plot]"``), checked when
+    the callback is created. Order ``100``: it runs after the callbacks that record metrics.
+
+    Args:
+        path: The image file to write.
+        metric_names: The metrics to draw; all numeric ones by default.
+
+    Raises:
+        ImportError: If matplotlib is not installed.
+
+    Example:
+        ```python
+        trainer = Trainer(model, loss_func, optimizer,
+                          callbacks=(*DEFAULT_CALLBACKS, PlotMetricsCallback("curves.png")))
+        ```
+    """
+
+    order = 100
+    may_stop_training = False
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] = "metrics.png",
+        metric_names: Iterable[str] | None = None,
+    ) -> None:
+        _figure_class()  # fail now, not after hours of training
+        self.path = Path(path)
+        self.metric_names = None if metric_names is None else list(metric_names)
+
+    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Draw the curves, if any metric was recorded."""
+        if trainer.accelerator.is_main_process and trainer.run_history.get_metric_names():
+            plot_metrics(trainer.run_history, self.path, self.metric_names)
+
+
+def _figure_class() -> type[Figure]:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as error:
+        raise ImportError(_INSTALL_HINT) from error
+    return Figure
+
+
+def _series(source: RunHistory | str | os.PathLike[str]) -> Series:
+    if not isinstance(source, RunHistory):
+        return read_metrics_csv(source)
+    series: Series = {}
+    for name in sorted(source.get_metric_names()):
+        values = [_number(value) for value in source.get_metric_values(name)]
+        series[name] = [
+            (epoch, value) for epoch, value in enumerate(values, start=1) if value is not None
+        ]
+    return series
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return float(value.item())
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return None
+
+
+def _draw(figure_class: type[Figure], series: Series) -> Figure:
+    columns = min(3, len(series))
+    rows = math.ceil(len(series) / columns)
+    figure = figure_class(figsize=(4.0 * columns, 3.0 * rows), layout="constrained")
+    axes = figure.subplots(rows, columns, squeeze=False).flatten()
+    for ax, (name, points) in zip(axes, series.items(), strict=False):
+        epochs, values = zip(*points, strict=True)
+        ax.plot(epochs, values, marker="o")
+        ax.set_title(name)
+        ax.set_xlabel("epoch")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(alpha=0.3)
+    for ax in axes[len(series) :]:
+        ax.set_visible(False)
+    return figure
+
+
+def _save(figure: Figure, destination: Path) -> Path:
+    """Save through a temporary file renamed over ``destination``."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    temporary = destination.with_name(f".{destination.name}.tmp-{os.getpid()}")
+    file_format = destination.suffix.lstrip(".") or "png"
+    try:
+        figure.savefig(temporary, format=file_format)
+        os.replace(temporary, destination)
+    finally:
+        temporary.unlink(missing_ok=True)
+    return destination

@@ -1,0 +1,215 @@
+"""Save the best model of a run (or its k best epochs), and load the best at the end."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytorch_accel._validation import check_positive_int, fail
+from pytorch_accel.callbacks._watch import (
+    MetricWatch,
+    check_bool,
+    check_metric_name,
+    check_path,
+    value_of_main_process,
+)
+from pytorch_accel.callbacks.base import TrainerCallback
+
+if TYPE_CHECKING:
+    from pytorch_accel.trainer import Trainer
+
+__all__ = ["SaveBestModelCallback"]
+
+_RESERVED_KEYS = frozenset(
+    {"epoch", "model_state_dict", "optimizer_state_dict", "scheduler_state_dict"}
+)
+
+
+class SaveBestModelCallback(TrainerCallback):
+    """Checkpoint the model whenever ``watch_metric`` reaches a new best; load the best at the end.
+
+    At the end of each epoch (``on_training_run_epoch_end``) it reads the latest value of
+    ``watch_metric``. A value strictly better than every earlier one of the run is saved to
+    ``save_path`` with ``trainer.save_checkpoint`` (atomic, written by the main process, so
+    every process takes part). A tie keeps the earlier epoch; NaN is never saved. Every
+    checkpoint holds the metric under its own name and the epoch, e.g.
+    ``{"model_state_dict": ..., "eval_loss_epoch": 0.12, "epoch": 3}``. At the end of the run
+    (also after an early stop) the best checkpoint is loaded, if one was saved.
+
+    With ``save_top_k=k > 1`` the ``k`` best epochs are also kept as ``<stem>-epoch<N><suffix>``
+    next to ``save_path`` (``best_model-epoch3.pt`` for ``best_model.pt``); ``save_path`` always
+    holds a copy of the best one. A file that drops out of the top ``k`` is deleted by the main
+    process. With ``save_top_k=1`` only ``save_path`` is written.
+
+    With ``reset_on_train=True`` each ``train()`` starts a new ranking: the epoch files of the
+    previous one are deleted when it starts, and ``save_path`` is overwritten at its first
+    epoch end. In multi-process runs the main process's value decides (the trainer's own
+    metrics are the same on every process), so all processes save and load together.
+
+    Order ``50``: after callbacks that record metrics at ``on_training_run_epoch_end`` (default
+    0, ``ModelEmaCallback`` 40), before ``LogMetricsCallback`` (100) and
+    ``EarlyStoppingCallback`` (150), whose stop would otherwise skip the last epoch's save.
+
+    Args:
+        save_path: The file of the best checkpoint.
+        watch_metric: The run-history metric that ranks the epochs.
+        greater_is_better: Whether larger values of the metric are better.
+        reset_on_train: Start a new ranking at each ``train()``; ``False`` keeps the best of
+            earlier runs (a later run then saves only what beats them).
+        save_optimizer: Include the optimizer state in the checkpoints.
+        save_scheduler: Include the scheduler state, if there is a scheduler.
+        load_saved_checkpoint: Load the best checkpoint at the end of each run.
+        save_top_k: How many of the best epochs to keep as files.
+
+    Attributes:
+        best_metric: The best value so far (``None`` before the first save).
+        best_metric_epoch: The epoch of ``best_metric``.
+
+    Example:
+        ```python
+        trainer = Trainer(
+            model, loss_func, optimizer,
+            callbacks=(*DEFAULT_CALLBACKS,
+                       SaveBestModelCallback("checkpoints/best.pt",
+                                             watch_metric="accuracy",
+                                             greater_is_better=True, save_top_k=3)),
+        )
+        trainer.train(train_dataset, num_epochs=10, eval_dataset=eval_dataset)
+        # checkpoints/best.pt and checkpoints/best-epoch<N>.pt for the 3 best epochs
+        ```
+    """
+
+    order = 50
+    may_stop_training = False
+
+    def __init__(
+        self,
+        save_path: str | os.PathLike[str] = "best_model.pt",
+        watch_metric: str = "eval_loss_epoch",
+        greater_is_better: bool = False,
+        reset_on_train: bool = True,
+        save_optimizer: bool = True,
+        save_scheduler: bool = True,
+        load_saved_checkpoint: bool = True,
+        save_top_k: int = 1,
+    ) -> None:
+        where = "SaveBestModelCallback"
+        check_path(where, "save_path", save_path)
+        _check_watch_metric(where, watch_metric)
+        for name, flag in (
+            ("greater_is_better", greater_is_better),
+            ("reset_on_train", reset_on_train),
+            ("save_optimizer", save_optimizer),
+            ("save_scheduler", save_scheduler),
+            ("load_saved_checkpoint", load_saved_checkpoint),
+        ):
+            check_bool(where, name, flag)
+        check_positive_int(where, "save_top_k", save_top_k)
+        self.save_path = Path(save_path)
+        self.watch_metric = watch_metric
+        self.greater_is_better = greater_is_better
+        self.reset_on_train = reset_on_train
+        self.save_optimizer = save_optimizer
+        self.save_scheduler = save_scheduler
+        self.load_saved_checkpoint = load_saved_checkpoint
+        self.save_top_k = save_top_k
+        self.best_metric: float | None = None
+        self.best_metric_epoch: int | None = None
+        self._ranking: list[tuple[float, int]] = []  # (value, epoch), best first
+        self._watch = MetricWatch(where, watch_metric, greater_is_better)
+
+    @property
+    def top_checkpoints(self) -> list[tuple[int, float]]:
+        """The kept epochs as ``(epoch, value)``, best first (at most ``save_top_k``)."""
+        return [(epoch, value) for value, epoch in self._ranking]
+
+    def checkpoint_path(self, epoch: int) -> Path:
+        """Return the file that keeps ``epoch`` when ``save_top_k > 1``.
+
+        Args:
+            epoch: The 1-based epoch number.
+
+        Returns:
+            ``<stem>-epoch<epoch><suffix>`` in the directory of ``save_path``.
+        """
+        path = self.save_path
+        return path.with_name(f"{path.stem}-epoch{epoch}{path.suffix}")
+
+    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Start a new ranking (if ``reset_on_train``); check that the metric can be recorded."""
+        if self.reset_on_train:
+            self._forget(trainer)
+        self._watch.start_run(trainer)
+
+    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Save the epoch if it is a new best or, with ``save_top_k > 1``, in the top ``k``."""
+        local = self._watch.read(trainer)
+        value = value_of_main_process(trainer, float("nan") if local is None else local)
+        if self._qualifies(value):
+            self._save(trainer, value, trainer.run_history.current_epoch)
+
+    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Load the best checkpoint, if asked for and one was saved."""
+        if not self.load_saved_checkpoint:
+            return
+        if self.best_metric is None:
+            trainer.print(
+                f"\nSaveBestModelCallback: no checkpoint was saved (no completed epoch with a "
+                f"value of {self.watch_metric}); the model keeps its last weights."
+            )
+            return
+        trainer.print(
+            f"\nLoading the best checkpoint {str(self.save_path)!r}: {self.watch_metric} = "
+            f"{self.best_metric} in epoch {self.best_metric_epoch}."
+        )
+        trainer.load_checkpoint(
+            self.save_path, load_optimizer=self.save_optimizer, load_scheduler=self.save_scheduler
+        )
+
+    def _qualifies(self, value: float) -> bool:
+        if len(self._ranking) < self.save_top_k:
+            return self._watch.is_better(value, None)
+        return self._watch.is_better(value, self._ranking[-1][0])
+
+    def _save(self, trainer: Trainer, value: float, epoch: int) -> None:
+        """Write the epoch's file(s), then delete the file that left the top ``k``."""
+        contents = {self.watch_metric: value, "epoch": epoch}
+        options = {"save_optimizer": self.save_optimizer, "save_scheduler": self.save_scheduler}
+        if self.save_top_k > 1:
+            trainer.save_checkpoint(self.checkpoint_path(epoch), contents, **options)
+        if self._watch.is_better(value, self.best_metric):
+            trainer.save_checkpoint(self.save_path, contents, **options)
+            self.best_metric, self.best_metric_epoch = value, epoch
+        # An epoch number seen before (a new run with reset_run_history) replaces that file.
+        self._ranking = [entry for entry in self._ranking if entry[1] != epoch]
+        self._ranking.append((value, epoch))
+        sign = -1.0 if self.greater_is_better else 1.0
+        self._ranking.sort(key=lambda entry: (sign * entry[0], entry[1]))
+        evicted, self._ranking = self._ranking[self.save_top_k :], self._ranking[: self.save_top_k]
+        self._delete(trainer, [epoch for _, epoch in evicted])
+
+    def _forget(self, trainer: Trainer) -> None:
+        self._delete(trainer, [epoch for _, epoch in self._ranking])
+        self._ranking = []
+        self.best_metric = None
+        self.best_metric_epoch = None
+
+    def _delete(self, trainer: Trainer, epochs: list[int]) -> None:
+        if self.save_top_k == 1 or not trainer.accelerator.is_main_process:
+            return
+        for epoch in epochs:
+            self.checkpoint_path(epoch).unlink(missing_ok=True)
+
+
+def _check_watch_metric(where: str, watch_metric: object) -> None:
+    check_metric_name(where, "watch_metric", watch_metric)
+    if watch_metric in _RESERVED_KEYS:
+        fail(
+            ValueError,
+            where,
+            "watch_metric",
+            watch_metric,
+            f"a name other than the checkpoint keys {sorted(_RESERVED_KEYS)}",
+            "Record the metric under another name.",
+        )

@@ -1,0 +1,86 @@
+"""Evaluate every N optimizer updates, in the middle of training epochs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pytorch_accel._validation import check_positive_int, fail
+from pytorch_accel.callbacks._rng import training_rng_preserved
+from pytorch_accel.callbacks.base import TrainerCallback
+
+if TYPE_CHECKING:
+    from pytorch_accel.trainer import Trainer
+
+__all__ = ["StepBasedEvaluationCallback"]
+
+
+class StepBasedEvaluationCallback(TrainerCallback):
+    """Run an evaluation epoch after every ``eval_every_n_steps`` optimizer updates.
+
+    It counts updates (``trainer.num_updates``), not batches, so gradient accumulation does
+    not change its rhythm, and the count runs across epochs (updates 100, 200, ... of the
+    run). At the end of the training step whose update completes a multiple of the interval,
+    it calls ``trainer.run_eval_epoch()``: the eval events fire with ``is_intermediate=True``,
+    the loss is recorded as ``intermediate_eval_loss``, and the model is back in train mode
+    afterwards. The training loss of the epoch in progress is left untouched, and so is the
+    random state (the evaluation's dataloader draws a seed that would otherwise change the
+    shuffling of later epochs), so training follows the same path as without it. Evaluations are
+    independent of the regular one after each epoch, even when both fall on the same update.
+    Combine with ``LimitEvalStepsCallback`` to evaluate on a few batches only.
+
+    The run must have an eval set (checked when it starts). Every process evaluates at the
+    same update. A stop raised by a callback during the evaluation ends the run at once in a
+    single process; with several processes the trainer agrees on it at the end of the training
+    epoch (this callback never stops training itself: ``may_stop_training = False``, so steps
+    need no agreement).
+
+    Order ``0`` (the default): it has no order dependency.
+
+    Args:
+        eval_every_n_steps: Optimizer updates between two evaluations.
+
+    Example:
+        ```python
+        trainer = Trainer(model, loss_func, optimizer,
+                          callbacks=(*DEFAULT_CALLBACKS, StepBasedEvaluationCallback(500)))
+        trainer.train(train_dataset, num_epochs=3, eval_dataset=eval_dataset)
+        trainer.run_history.get_metric_values("intermediate_eval_loss")
+        ```
+    """
+
+    may_stop_training = False
+
+    def __init__(self, eval_every_n_steps: int) -> None:
+        check_positive_int("StepBasedEvaluationCallback", "eval_every_n_steps", eval_every_n_steps)
+        self.eval_every_n_steps = eval_every_n_steps
+        self._last_evaluated = 0
+
+    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Check that the run has an eval set; restart the count."""
+        if trainer.eval_dataloader is None:
+            fail(
+                ValueError,
+                "StepBasedEvaluationCallback",
+                "eval_dataset",
+                None,
+                "a dataset",
+                "Pass train(..., eval_dataset=...), or remove the callback.",
+            )
+        self._last_evaluated = 0
+
+    def on_train_step_end(
+        self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
+    ) -> None:
+        """Evaluate if this step's update completed a multiple of ``eval_every_n_steps``."""
+        updates = trainer.num_updates
+        if updates == self._last_evaluated or updates % self.eval_every_n_steps:
+            return
+        self._last_evaluated = updates
+        trainer.print(f"\nEvaluating after {updates} optimizer updates")
+        was_training = trainer.model.training
+        try:
+            with training_rng_preserved(trainer):
+                trainer.run_eval_epoch()
+        finally:
+            if was_training:
+                trainer.model.train()

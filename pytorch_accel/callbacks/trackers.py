@@ -1,0 +1,275 @@
+"""Send the run history's metrics and the run config to experiment trackers and a CSV file."""
+
+from __future__ import annotations
+
+import numbers
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from pytorch_accel._validation import callable_name, check_mapping, fail
+from pytorch_accel.callbacks._metrics_csv import write_metrics_csv
+from pytorch_accel.callbacks.base import TrainerCallback
+
+if TYPE_CHECKING:
+    from accelerate.tracking import GeneralTracker
+
+    from pytorch_accel.trainer import Trainer
+
+__all__ = ["TrackingCallback", "hparams_of"]
+
+_INSTALL_HINTS = {"tensorboard": 'pip install "pytorch-accel[tracking]"'}
+
+
+class TrackingCallback(TrainerCallback):
+    """Log metrics to accelerate's experiment trackers (TensorBoard, W&B, ...) and a CSV file.
+
+    The trainer's ``Accelerator`` is created without ``log_with``, so this callback creates
+    the trackers itself, on the main process only, from the names accelerate knows
+    (``"tensorboard"``, ``"wandb"``, ``"mlflow"``, ``"comet_ml"``, ``"aim"``, ``"clearml"``,
+    ``"dvclive"``, ``"swanlab"``, ``"trackio"``) or as ``accelerate.tracking.GeneralTracker``
+    instances you built. They are started when each ``train()`` or ``evaluate()`` starts,
+    receive the run config (``trainer.run_config.to_dict()`` flattened by ``hparams_of``, plus
+    ``config``), and are finished when the run ends, also after an early stop.
+
+    Metrics are sent as in ``LogMetricsCallback``: each newly recorded one, with its latest
+    value, at the end of each training-run epoch (step = the epoch number) and of each
+    evaluation run (step = the number of epochs trained so far). A run stopped inside an epoch
+    sends that epoch's metrics at its end. Trackers get the numeric values; the CSV file gets
+    every value.
+
+    The CSV file (``csv_path``, on the main process) has one row per epoch: an ``epoch``
+    column, then one column per metric in alphabetical order, empty where a metric has no
+    value that epoch. It is rewritten atomically after each logging point, so it is always
+    complete and readable; a new ``train()`` that resets the run history starts it afresh. Give
+    each run its own ``csv_path`` and ``project_name`` to keep several. Order ``100``: it
+    sends what every other callback recorded at the same event.
+
+    Args:
+        log_with: Tracker names or ``GeneralTracker`` instances; ``()`` for the CSV file only.
+        project_name: The run name passed to each tracker (TensorBoard writes to
+            ``<logging_dir>/<project_name>``).
+        logging_dir: Where trackers that write local files put them.
+        csv_path: The per-epoch CSV file, or ``None`` for none.
+        init_kwargs: Keyword arguments per tracker name, e.g.
+            ``{"tensorboard": {"flush_secs": 30}}``.
+        config: Extra hyperparameters stored with the run config (flattened likewise).
+
+    Raises:
+        ValueError: If a tracker name is unknown.
+        ImportError: If the package of a named tracker is not installed.
+
+    Example:
+        ```python
+        tracking = TrackingCallback(log_with=("tensorboard",), logging_dir="runs",
+                                    config={"lr": 1e-3})
+        trainer = Trainer(model, loss_func, optimizer,
+                          callbacks=(*DEFAULT_CALLBACKS, tracking))
+        trainer.train(train_dataset, num_epochs=3, eval_dataset=eval_dataset)
+        # tensorboard --logdir runs; metrics.csv has one row per epoch
+        ```
+    """
+
+    order = 100
+    may_stop_training = False
+
+    def __init__(
+        self,
+        log_with: str | GeneralTracker | Iterable[str | GeneralTracker] = ("tensorboard",),
+        *,
+        project_name: str = "pytorch-accel",
+        logging_dir: str | os.PathLike[str] = "runs",
+        csv_path: str | os.PathLike[str] | None = "metrics.csv",
+        init_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+        config: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.log_with = _check_trackers(log_with)
+        _check_strings(project_name, logging_dir, csv_path)
+        check_mapping("TrackingCallback", "init_kwargs", init_kwargs)
+        check_mapping("TrackingCallback", "config", config)
+        self.project_name = project_name
+        self.logging_dir = os.fspath(logging_dir)
+        self.csv_path = None if csv_path is None else Path(csv_path)
+        self.init_kwargs = {name: dict(kwargs) for name, kwargs in (init_kwargs or {}).items()}
+        self.config = dict(config or {})
+        self.trackers: list[GeneralTracker] = []
+        self._rows: dict[int, dict[str, Any]] = {}
+        self._seen: dict[str, int] = {}
+
+    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Start the trackers and store the run config."""
+        self._start(trainer)
+
+    def on_evaluation_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Start the trackers and store the run config."""
+        self._start(trainer)
+
+    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Send the epoch's new metrics, at step = the epoch number."""
+        self._log_new(trainer, trainer.run_history.current_epoch)
+
+    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Send what a stopped epoch recorded, then finish the trackers."""
+        self._log_new(trainer, trainer.run_history.current_epoch)
+        self._finish()
+
+    def on_evaluation_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Send the evaluation's metrics, at step = the epochs trained so far; finish."""
+        self._log_new(trainer, trainer.run_history.current_epoch - 1)
+        self._finish()
+
+    def create_trackers(self) -> list[GeneralTracker]:
+        """Create the trackers of ``log_with`` (on the main process, at each run's start).
+
+        Returns:
+            The trackers, not yet started.
+        """
+        from accelerate.tracking import LOGGER_TYPE_TO_CLASS
+
+        trackers = []
+        for entry in self.log_with:
+            if not isinstance(entry, str):
+                trackers.append(entry)
+                continue
+            tracker_class = LOGGER_TYPE_TO_CLASS[entry]
+            kwargs = self.init_kwargs.get(entry, {})
+            if tracker_class.requires_logging_directory:
+                trackers.append(tracker_class(self.project_name, self.logging_dir, **kwargs))
+            else:
+                trackers.append(tracker_class(self.project_name, **kwargs))
+        return trackers
+
+    def _start(self, trainer: Trainer) -> None:
+        if not trainer.accelerator.is_main_process:
+            return
+        history = trainer.run_history
+        names = history.get_metric_names()
+        if not names:  # a fresh run history: a fresh table
+            self._rows = {}
+        self._seen = {name: len(history.get_metric_values(name)) for name in names}
+        self._finish()  # a run that ended with an error left them open
+        self.trackers = self.create_trackers()
+        run_config = {} if trainer.run_config is None else trainer.run_config.to_dict()
+        hparams = hparams_of({**run_config, **self.config})
+        for tracker in self.trackers:
+            tracker.start()
+            tracker.store_init_configuration(hparams)
+
+    def _log_new(self, trainer: Trainer, step: int) -> None:
+        if not trainer.accelerator.is_main_process:
+            return
+        new = self._new_metrics(trainer)
+        if not new:
+            return
+        self._rows.setdefault(step, {}).update(new)
+        numbers_only = {name: _number(value) for name, value in new.items()}
+        scalars = {name: value for name, value in numbers_only.items() if value is not None}
+        if scalars:
+            for tracker in self.trackers:
+                tracker.log(scalars, step=step)
+        if self.csv_path is not None:
+            write_metrics_csv(self._rows, self.csv_path)
+
+    def _new_metrics(self, trainer: Trainer) -> dict[str, Any]:
+        history = trainer.run_history
+        new = {}
+        for name in sorted(history.get_metric_names()):
+            count = len(history.get_metric_values(name))
+            if count > self._seen.get(name, 0):
+                self._seen[name] = count
+                new[name] = history.get_latest_metric(name)
+        return new
+
+    def _finish(self) -> None:
+        trackers, self.trackers = self.trackers, []
+        for tracker in trackers:
+            tracker.finish()
+
+
+def hparams_of(config: Mapping[str, Any], prefix: str = "") -> dict[str, bool | int | float | str]:
+    """Flatten a config into values every tracker accepts as hyperparameters.
+
+    Nested mappings become ``parent.child`` keys; ``bool``, ``int``, ``float`` and ``str``
+    are kept; ``None`` becomes ``"None"``; callables become their qualified name, other
+    objects their ``str`` (or type name, where ``str`` would show a memory address).
+
+    Args:
+        config: E.g. ``trainer.run_config.to_dict()``.
+        prefix: Prepended to every key.
+
+    Returns:
+        A flat dict, JSON- and TensorBoard-hparams friendly.
+    """
+    flat: dict[str, bool | int | float | str] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(hparams_of(value, prefix=f"{name}."))
+        else:
+            flat[name] = _hparam(value)
+    return flat
+
+
+def _hparam(value: Any) -> bool | int | float | str:
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    if value is None:
+        return "None"
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
+    if callable(value) and hasattr(value, "__qualname__"):
+        return callable_name(value)
+    text = str(value)
+    return type(value).__qualname__ if " at 0x" in text else text
+
+
+def _number(value: Any) -> float | None:
+    """The value as a float if it is a real number (or a one-element tensor), else ``None``."""
+    if isinstance(value, torch.Tensor):
+        return float(value.item()) if value.numel() == 1 and not value.is_complex() else None
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return None
+
+
+def _check_trackers(
+    log_with: str | GeneralTracker | Iterable[str | GeneralTracker],
+) -> tuple[str | GeneralTracker, ...]:
+    """Normalise ``log_with`` to a tuple; check the names are known and installed."""
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker, get_available_trackers
+
+    entries = (log_with,) if isinstance(log_with, (str, GeneralTracker)) else tuple(log_with)
+    available = {str(getattr(kind, "value", kind)) for kind in get_available_trackers()}
+    for entry in entries:
+        if isinstance(entry, GeneralTracker):
+            continue
+        if not isinstance(entry, str) or entry not in LOGGER_TYPE_TO_CLASS:
+            fail(
+                ValueError if isinstance(entry, str) else TypeError,
+                "TrackingCallback",
+                "log_with",
+                entry,
+                f"one of {sorted(LOGGER_TYPE_TO_CLASS)} or a GeneralTracker",
+                "Pass e.g. log_with=('tensorboard',), or () for the CSV file only.",
+            )
+        if entry not in available:
+            hint = _INSTALL_HINTS.get(entry, f"pip install {entry}")
+            raise ImportError(
+                f"TrackingCallback: log_with names {entry!r}, whose package is not installed. "
+                f"Install it ({hint}), or leave it out of log_with."
+            )
+    return entries
+
+
+def _check_strings(project_name: object, logging_dir: object, csv_path: object) -> None:
+    where = "TrackingCallback"
+    if not isinstance(project_name, str) or not project_name:
+        fail(TypeError, where, "project_name", project_name, "a non-empty str", "Pass e.g. 'demo'.")
+    for name, value in (("logging_dir", logging_dir), ("csv_path", csv_path)):
+        if name == "csv_path" and value is None:
+            continue
+        if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+            fail(TypeError, where, name, value, "a path", f"Pass e.g. {name}='runs'.")

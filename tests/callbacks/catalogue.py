@@ -1,0 +1,61 @@
+"""Every built-in callback, built with defaults (or the minimum it needs), for catalogue tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from helpers import make_model, make_regression_dataset
+
+
+def factories() -> dict[str, Callable[[], Any]]:
+    """Name -> zero-argument factory of each built-in callback."""
+    from torchmetrics.regression import MeanAbsoluteError
+
+    from pytorch_accel import callbacks as cb
+
+    return {
+        "MoveModulesToDeviceCallback": cb.MoveModulesToDeviceCallback,
+        "TerminateOnNaNCallback": cb.TerminateOnNaNCallback,
+        "PrintProgressCallback": cb.PrintProgressCallback,
+        "ProgressBarCallback": cb.ProgressBarCallback,
+        "LogMetricsCallback": cb.LogMetricsCallback,
+        "ConvertSyncBatchNormCallback": cb.ConvertSyncBatchNormCallback,
+        "EarlyStoppingCallback": cb.EarlyStoppingCallback,
+        "SaveBestModelCallback": cb.SaveBestModelCallback,
+        "ModelEmaCallback": cb.ModelEmaCallback,
+        "StepBasedEvaluationCallback": lambda: cb.StepBasedEvaluationCallback(eval_every_n_steps=2),
+        "LimitBatchesCallback": lambda: cb.LimitBatchesCallback(num_batches=2),
+        "LimitEvalStepsCallback": lambda: cb.LimitEvalStepsCallback(num_eval_steps=1),
+        "MetricsCallback": lambda: cb.MetricsCallback(MeanAbsoluteError(), name="mae"),
+        "TrackingCallback": cb.TrackingCallback,
+        "PlotMetricsCallback": cb.PlotMetricsCallback,
+        "ThroughputCallback": cb.ThroughputCallback,
+    }
+
+
+def exercise(name: str) -> dict[str, Any]:
+    """Two `train()` calls and an `evaluate()` with the callback next to the defaults."""
+    from pytorch_accel import Trainer
+    from pytorch_accel.callbacks import DEFAULT_CALLBACKS
+
+    callback = factories()[name]()
+    model = make_model()
+    extra = () if type(callback) in DEFAULT_CALLBACKS else (callback,)
+    trainer = Trainer(
+        model,
+        torch.nn.MSELoss(),
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        callbacks=(*DEFAULT_CALLBACKS, *extra),
+    )
+    train, evaluate = make_regression_dataset(32), make_regression_dataset(12, seed=1)
+    trainer.train(train, num_epochs=2, eval_dataset=evaluate, per_device_batch_size=4)
+    trainer.train(train, num_epochs=1, eval_dataset=evaluate, reset_run_history=False)
+    trainer.evaluate(evaluate)
+    history = trainer.run_history
+    return {
+        "epochs": len(history.get_metric_values("train_loss_epoch")),
+        "evaluation_loss": history.get_latest_metric("evaluation_loss"),
+        "metrics": sorted(history.get_metric_names()),
+    }

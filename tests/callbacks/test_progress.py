@@ -1,0 +1,89 @@
+"""ProgressBarCallback's running loss: at epoch ends by default, every N steps when asked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from helpers import make_model, make_regression_dataset, make_trainer
+from host_reads import HostReads
+from torch import nn
+
+from pytorch_accel import Trainer
+from pytorch_accel.callbacks import ProgressBarCallback, TrainerCallback
+
+
+@pytest.fixture
+def host_reads(monkeypatch: pytest.MonkeyPatch) -> HostReads:
+    return HostReads(monkeypatch)
+
+
+class PostfixLog(TrainerCallback):
+    """Records the training bar's postfix after every step (runs after the bar)."""
+
+    order = 1_000
+
+    def __init__(self, bar: ProgressBarCallback) -> None:
+        self.bar = bar
+        self.postfixes: list[str | None] = []
+
+    def on_train_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        self.postfixes.append(self.bar.pbar.postfix)
+
+
+def test_by_default_the_loss_is_shown_at_epoch_ends_only(
+    host_reads: HostReads, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bar = ProgressBarCallback()
+    log = PostfixLog(bar)
+    trainer = make_trainer(callbacks=(bar, log, *host_reads.callbacks))
+    trainer.train(make_regression_dataset(32), num_epochs=2, per_device_batch_size=4)
+    assert host_reads.calls == []
+    assert log.postfixes[:8] == [None] * 8  # nothing during the first epoch
+    err = capsys.readouterr().err
+    for loss in trainer.run_history.get_metric_values("train_loss_epoch"):
+        assert f"loss={loss:.4g}" in err
+
+
+def test_an_interval_reads_the_running_loss_once_per_interval_only(
+    host_reads: HostReads,
+) -> None:
+    bar = ProgressBarCallback(loss_update_interval=3)
+    log = PostfixLog(bar)
+    model = make_model()
+    trainer = Trainer(
+        model,
+        nn.MSELoss(),
+        torch.optim.SGD(model.parameters(), lr=0.0),  # a constant model: a known running loss
+        callbacks=(bar, log, *host_reads.callbacks),
+    )
+    dataset = make_regression_dataset(40)
+    trainer.train(  # 10 steps
+        dataset, num_epochs=1, per_device_batch_size=4, train_dataloader_kwargs={"shuffle": False}
+    )
+    assert host_reads.calls == ["item"] * 3  # after steps 3, 6 and 9
+    shown = log.postfixes
+    assert shown[:2] == [None, None]
+    assert shown[2] == shown[3] == shown[4] != shown[5]
+    inputs, targets = dataset.tensors
+    with torch.no_grad():
+        losses = ((model(inputs) - targets) ** 2).mean(dim=1)
+    assert shown[8] == f"loss={losses[:36].mean().item():.4g}"  # the mean over 9 steps
+
+
+def test_bad_interval_names_the_fix() -> None:
+    with pytest.raises(ValueError, match=r"loss_update_interval must be a positive int or None"):
+        ProgressBarCallback(loss_update_interval=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_loss_is_copied_without_waiting() -> None:
+    bar = ProgressBarCallback(loss_update_interval=2)
+    log = PostfixLog(bar)
+    trainer = make_trainer(callbacks=(bar, log))
+    assert trainer.device.type == "cuda"
+    trainer.train(make_regression_dataset(64), num_epochs=1, per_device_batch_size=4)
+    # shown one interval late, once the copy into pinned memory has finished
+    assert log.postfixes[:3] == [None, None, None]
+    assert any(postfix and postfix.startswith("loss=") for postfix in log.postfixes[3:])

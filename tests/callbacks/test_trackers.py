@@ -1,0 +1,211 @@
+"""TrackingCallback in real training runs: TensorBoard event files, the CSV file, trackers."""
+
+from __future__ import annotations
+
+import csv
+import functools
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from accelerate.tracking import GeneralTracker
+from helpers import make_regression_dataset, make_trainer
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from pytorch_accel import Trainer
+from pytorch_accel.callbacks import StopTrainingError, TrainerCallback
+from pytorch_accel.callbacks.trackers import TrackingCallback, hparams_of
+
+
+def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    return {
+        tag: [(event.step, event.value) for event in events.Scalars(tag)]
+        for tag in events.Tags()["scalars"]
+    }
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_tensorboard_scalars_and_hparams_match_the_run_history(tmp_path: Path) -> None:
+    tracking = TrackingCallback(
+        logging_dir=tmp_path / "runs",
+        csv_path=tmp_path / "metrics.csv",
+        project_name="demo",
+        config={"lr": 0.05, "note": {"kind": "test"}},
+    )
+    trainer = make_trainer(callbacks=(tracking,))
+    trainer.train(
+        make_regression_dataset(32),
+        num_epochs=3,
+        eval_dataset=make_regression_dataset(12, seed=1),
+        per_device_batch_size=8,
+    )
+    trainer.evaluate(make_regression_dataset(12, seed=1))
+    history = trainer.run_history
+
+    scalars = read_scalars(tmp_path / "runs" / "demo")
+    for name in ("train_loss_epoch", "eval_loss_epoch"):
+        assert [step for step, _ in scalars[name]] == [1, 2, 3]
+        assert [value for _, value in scalars[name]] == pytest.approx(
+            history.get_metric_values(name), rel=1e-6
+        )  # TensorBoard stores float32
+    assert scalars["evaluation_loss"] == [
+        (3, pytest.approx(history.get_latest_metric("evaluation_loss"), rel=1e-6))
+    ]
+    files = sorted(tmp_path.rglob("hparams.yml"), key=lambda path: float(path.parent.name))
+    stored = [yaml.safe_load(path.read_text()) for path in files]
+    assert len(stored) == 2  # one per run
+    assert stored[0]["num_epochs"] == 3
+    assert stored[0]["train_dl_kwargs.batch_size"] == 8
+    assert stored[0]["gradient_clip_value"] == "None"
+    assert (stored[0]["lr"], stored[0]["note.kind"]) == (0.05, "test")
+    assert tracking.trackers == []  # finished at the end of each run
+
+
+def test_csv_has_one_row_per_epoch_with_exact_values(tmp_path: Path) -> None:
+    path = tmp_path / "out" / "metrics.csv"
+    trainer = make_trainer(callbacks=(TrackingCallback(log_with=(), csv_path=path),))
+    trainer.train(
+        make_regression_dataset(32),
+        num_epochs=2,
+        eval_dataset=make_regression_dataset(12, seed=1),
+        per_device_batch_size=8,
+    )
+    trainer.evaluate(make_regression_dataset(12, seed=1))
+    history = trainer.run_history
+    with open(path, newline="") as handle:
+        header = next(csv.reader(handle))
+    assert header == ["epoch", "eval_loss_epoch", "evaluation_loss", "train_loss_epoch"]
+    rows = read_csv(path)
+    assert [row["epoch"] for row in rows] == ["1", "2"]
+    for name in ("train_loss_epoch", "eval_loss_epoch"):
+        assert [float(row[name]) for row in rows] == history.get_metric_values(name)  # exact
+    assert rows[0]["evaluation_loss"] == ""  # evaluated after epoch 2 only
+    assert float(rows[1]["evaluation_loss"]) == history.get_latest_metric("evaluation_loss")
+    assert not list(path.parent.glob(".*tmp*"))  # no temporary file left behind
+
+
+def test_csv_continues_or_restarts_with_the_run_history(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.csv"
+    trainer = make_trainer(callbacks=(TrackingCallback(log_with=(), csv_path=path),))
+    dataset = make_regression_dataset(16)
+    trainer.train(dataset, num_epochs=2)
+    trainer.train(dataset, num_epochs=1, reset_run_history=False)
+    assert [row["epoch"] for row in read_csv(path)] == ["1", "2", "3"]
+    trainer.train(dataset, num_epochs=1)  # a fresh run history: a fresh file
+    assert [row["epoch"] for row in read_csv(path)] == ["1"]
+
+
+class StopAtStep(TrainerCallback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        if trainer.run_history.current_epoch == 2 and kwargs["step"] == self.step:
+            raise StopTrainingError("stop")
+
+
+class RecordingTracker(GeneralTracker):
+    """A custom tracker, as users write them for accelerate: it records what it receives."""
+
+    name = "recording"
+    requires_logging_directory = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, Any]] = []
+
+    @property
+    def tracker(self) -> list[tuple[str, Any]]:
+        return self.calls
+
+    def start(self) -> None:
+        self.calls.append(("start", None))
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        self.calls.append(("config", values))
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        self.calls.append(("log", (step, values)))
+
+    def finish(self) -> None:
+        self.calls.append(("finish", None))
+
+
+def test_a_custom_tracker_gets_config_metrics_per_epoch_and_a_stopped_epoch(
+    tmp_path: Path,
+) -> None:
+    tracker = RecordingTracker()
+    tracking = TrackingCallback(log_with=(tracker,), csv_path=tmp_path / "m.csv")
+    trainer = make_trainer(callbacks=(tracking, StopAtStep(step=1)))
+    trainer.train(make_regression_dataset(32), num_epochs=3, per_device_batch_size=8)
+    kinds = [kind for kind, _ in tracker.calls]
+    assert kinds == ["start", "config", "log", "log", "finish"]
+    config = tracker.calls[1][1]
+    assert config["num_epochs"] == 3
+    assert all(isinstance(value, bool | int | float | str) for value in config.values())
+    losses = trainer.run_history.get_metric_values("train_loss_epoch")
+    assert tracker.calls[2][1] == (1, {"train_loss_epoch": losses[0]})
+    assert tracker.calls[3][1] == (2, {"train_loss_epoch": losses[1]})  # the stopped epoch
+    assert [row["epoch"] for row in read_csv(tmp_path / "m.csv")] == ["1", "2"]
+
+
+def test_non_numeric_metrics_go_to_the_csv_only(tmp_path: Path) -> None:
+    class RecordsAList(TrainerCallback):
+        def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+            trainer.run_history.update_metric("per_class", [0.5, 0.25])
+            trainer.run_history.update_metric("as_tensor", torch.tensor(2.0))
+
+    tracker = RecordingTracker()
+    tracking = TrackingCallback(log_with=tracker, csv_path=tmp_path / "m.csv")
+    trainer = make_trainer(callbacks=(RecordsAList(), tracking))
+    trainer.train(make_regression_dataset(16), num_epochs=1)
+    _, logged = tracker.calls[2][1]
+    assert set(logged) == {"train_loss_epoch", "as_tensor"}
+    assert logged["as_tensor"] == 2.0
+    assert read_csv(tmp_path / "m.csv")[0]["per_class"] == "[0.5, 0.25]"
+
+
+def test_hparams_of_flattens_and_stringifies() -> None:
+    flat = hparams_of(
+        {
+            "a": 1,
+            "b": None,
+            "c": {"d": True, "e": functools.partial(make_trainer, lr=0.1)},
+            "f": torch.float32,
+            "g": make_trainer,
+            "h": object(),
+        }
+    )
+    assert flat == {
+        "a": 1,
+        "b": "None",
+        "c.d": True,
+        "c.e": "partial",
+        "f": "torch.float32",
+        "g": "make_trainer",
+        "h": "object",
+    }
+
+
+def test_bad_tracker_names_and_missing_packages_name_the_fix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with pytest.raises(
+        ValueError, match=r"log_with must be one of .*'tensorboard'.*got 'tensorbord'"
+    ):
+        TrackingCallback(log_with=("tensorbord",))
+    with pytest.raises(TypeError, match=r"log_with must be one of"):
+        TrackingCallback(log_with=(42,))  # type: ignore[arg-type]
+    monkeypatch.setattr("accelerate.tracking.get_available_trackers", lambda: [])
+    with pytest.raises(ImportError, match=r'pip install "pytorch-accel\[tracking\]"'):
+        TrackingCallback(log_with="tensorboard")
+    with pytest.raises(TypeError, match=r"csv_path must be a path"):
+        TrackingCallback(log_with=(), csv_path=3)  # type: ignore[arg-type]
