@@ -6,7 +6,7 @@ export OMP_NUM_THREADS ?= 1
 # mkdocs-material prints an end-of-life banner on every build unless this is set.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: demo test bench lint typecheck docs docs-serve clean
+.PHONY: demo test bench lint typecheck docs docs-build clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,13 +31,13 @@ lint: $(VENV)/.dev-installed
 typecheck: $(VENV)/.dev-installed
 	$(BIN)/mypy
 
-docs: $(VENV)/.dev-installed
+docs-build: $(VENV)/.dev-installed
 	$(BIN)/mkdocs build --strict --quiet
 
-docs-serve: $(VENV)/.dev-installed
+docs: $(VENV)/.dev-installed
 	$(BIN)/mkdocs serve
 
-test: lint typecheck docs
+test: lint typecheck docs-build
 	$(BIN)/python -m pytest
 
 $(VENV)/.bench-installed: pyproject.toml | $(BIN)/python
