@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -99,3 +100,38 @@ def _recorder(event: str) -> Callable[..., None]:
 for _event in BUILTIN_EVENTS:
     if _event != "on_init_end":
         setattr(RecordingCallback, _event, _recorder(_event))
+
+
+class LearningRateRecorder(TrainerCallback):
+    """Records the learning rate of every parameter group used by each optimizer update."""
+
+    may_stop_training = False
+
+    def __init__(self) -> None:
+        self.lrs: list[list[float]] = []
+
+    def on_optimizer_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        self.lrs.append([group["lr"] for group in trainer.optimizer.param_groups])
+
+    @property
+    def first_group(self) -> list[float]:
+        return [lrs[0] for lrs in self.lrs]
+
+
+IMAGE_COLOURS = {"blue": (30, 30, 200), "green": (30, 200, 30), "red": (200, 30, 30)}
+
+
+def make_image_folder(root: Path, train: int = 12, val: int = 6, size: int = 16) -> Path:
+    """A 3-class `ImageFolder` tree of noisy single-colour PNGs under `root/{train,val}`."""
+    from PIL import Image
+
+    generator = torch.Generator().manual_seed(0)
+    for split, count in (("train", train), ("val", val)):
+        for name, colour in IMAGE_COLOURS.items():
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for index in range(count):
+                noise = torch.randn(size, size, 3, generator=generator) * 25
+                pixels = (torch.tensor(colour) + noise).clamp(0, 255).to(torch.uint8)
+                Image.fromarray(pixels.numpy()).save(folder / f"{index}.png")
+    return root

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import torch
 from accelerate.state import AcceleratorState, GradientState
+from helpers import make_image_folder
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO_ROOT / "examples"
@@ -235,25 +236,10 @@ def transfer_example() -> ModuleType:
     return _load("transfer_learning")
 
 
-COLOURS = {"blue": (30, 30, 200), "green": (30, 200, 30), "red": (200, 30, 30)}
-
-
 @pytest.fixture(scope="module")
 def image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 3-class image folder of noisy 16x16 PNGs: 12 train and 6 val images per class."""
-    from PIL import Image
-
-    root = tmp_path_factory.mktemp("images")
-    generator = torch.Generator().manual_seed(0)
-    for split, count in (("train", 12), ("val", 6)):
-        for name, colour in COLOURS.items():
-            folder = root / split / name
-            folder.mkdir(parents=True)
-            for index in range(count):
-                noise = torch.randn(16, 16, 3, generator=generator) * 25
-                pixels = (torch.tensor(colour) + noise).clamp(0, 255).to(torch.uint8)
-                Image.fromarray(pixels.numpy()).save(folder / f"{index}.png")
-    return root
+    return make_image_folder(tmp_path_factory.mktemp("images"))
 
 
 def test_transfer_learning_on_an_image_folder_beats_chance(
