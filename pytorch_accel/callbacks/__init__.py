@@ -23,6 +23,7 @@ from pytorch_accel.callbacks.step_eval import StepBasedEvaluationCallback
 from pytorch_accel.callbacks.sync_batchnorm import ConvertSyncBatchNormCallback
 from pytorch_accel.callbacks.throughput import ThroughputCallback
 from pytorch_accel.callbacks.trackers import TrackingCallback
+from pytorch_accel.callbacks.wsd_checkpoint import WSDCheckpointCallback
 
 __all__ = [
     "DEFAULT_CALLBACKS",
@@ -48,6 +49,7 @@ __all__ = [
     "ThroughputCallback",
     "TrackingCallback",
     "TrainerCallback",
+    "WSDCheckpointCallback",
     "get_default_callbacks",
     "limit_batches_from_environment",
     "plot_metrics",

@@ -1,0 +1,144 @@
+"""Save the model before and after every decay of a `WSDLrScheduler`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytorch_accel._validation import fail
+from pytorch_accel.callbacks.base import TrainerCallback
+
+if TYPE_CHECKING:
+    from pytorch_accel.trainer import Trainer
+
+__all__ = ["WSDCheckpointCallback"]
+
+PRE_DECAY = "wsd_pre_decay"
+POST_DECAY = "wsd_post_decay"
+
+
+class WSDCheckpointCallback(TrainerCallback):
+    """Save a checkpoint before and after every decay phase of a `WSDLrScheduler`.
+
+    After the last stable update of each period it writes
+    `<save_dir>/checkpoint_<update>_wsd_pre_decay.pt` (with the optimizer and scheduler, to
+    continue from), and after the period's last decay update
+    `<save_dir>/checkpoint_<update>_wsd_post_decay.pt`. Both are written with
+    `Trainer.save_checkpoint`: by the main process only, atomically, and loadable with
+    `Trainer.load_checkpoint` or `load_pretrained_weights`. Each file also holds `step`,
+    `checkpoint_type`, `total_steps` and `decay_phase_ratio`.
+
+    Updates are counted by the scheduler, so a checkpoint is saved after the update whose
+    learning rate was the end of a stable phase or of a decay.
+
+    Args:
+        save_dir: The directory of the checkpoint files (created when the first is written).
+        save_optimizer: Include the optimizer state in post-decay checkpoints.
+        save_scheduler: Include the scheduler state in post-decay checkpoints.
+        initial_checkpoint: A checkpoint file to load (model, optimizer, scheduler) when
+            training starts, e.g. a pre-decay checkpoint to continue from.
+
+    Attributes:
+        saved_checkpoints: The checkpoint files saved so far, in order (on every process;
+            only the main process writes them).
+
+    Example:
+        ```python
+        trainer = Trainer(model, loss_func, optimizer, callbacks=(
+            *DEFAULT_CALLBACKS, WSDCheckpointCallback(save_dir="checkpoints")
+        ))
+        trainer.train(
+            train_dataset,
+            num_epochs=100,
+            create_scheduler_fn=WSDLrScheduler.create_scheduler_fn(num_checkpoints=3),
+        )
+        ```
+    """
+
+    may_stop_training = False
+
+    def __init__(
+        self,
+        save_dir: str | os.PathLike[str] = "checkpoints",
+        save_optimizer: bool = True,
+        save_scheduler: bool = True,
+        initial_checkpoint: str | os.PathLike[str] | None = None,
+    ) -> None:
+        _check_path("save_dir", save_dir)
+        if initial_checkpoint is not None:
+            _check_path("initial_checkpoint", initial_checkpoint)
+        self.save_dir = Path(save_dir)
+        self.save_optimizer = save_optimizer
+        self.save_scheduler = save_scheduler
+        self.initial_checkpoint = None if initial_checkpoint is None else Path(initial_checkpoint)
+        self.saved_checkpoints: list[Path] = []
+        self._pending: dict[int, list[str]] = {}
+
+    def checkpoint_path(self, step: int, checkpoint_type: str) -> Path:
+        """Return the file of the `checkpoint_type` checkpoint saved after update `step`."""
+        return self.save_dir / f"checkpoint_{step}_{checkpoint_type}.pt"
+
+    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Plan the checkpoints of this run, and load `initial_checkpoint` if given."""
+        scheduler = _wsd_scheduler(trainer)
+        self._pending = {}
+        for info in scheduler.get_decay_info():
+            if info["pre_decay_step"] > 0:
+                self._pending.setdefault(info["pre_decay_step"], []).append(PRE_DECAY)
+            self._pending.setdefault(info["period_end"], []).append(POST_DECAY)
+        if self.initial_checkpoint is not None:
+            trainer.load_checkpoint(self.initial_checkpoint)
+            trainer.print(f"Loaded WSD checkpoint {str(self.initial_checkpoint)!r}")
+
+    def on_train_step_end(
+        self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
+    ) -> None:
+        """Save the checkpoints due after the update the scheduler has just counted."""
+        step = trainer.scheduler.get_current_step()
+        for checkpoint_type in self._pending.pop(step, ()):
+            self._save(trainer, step, checkpoint_type)
+
+    def _save(self, trainer: Trainer, step: int, checkpoint_type: str) -> None:
+        scheduler = trainer.scheduler
+        pre_decay = checkpoint_type == PRE_DECAY
+        path = self.checkpoint_path(step, checkpoint_type)
+        trainer.save_checkpoint(
+            path,
+            checkpoint_kwargs={
+                "step": step,
+                "checkpoint_type": checkpoint_type,
+                "total_steps": scheduler.total_steps,
+                "decay_phase_ratio": scheduler.decay_phase_ratio,
+            },
+            save_optimizer=pre_decay or self.save_optimizer,
+            save_scheduler=pre_decay or self.save_scheduler,
+        )
+        self.saved_checkpoints.append(path)
+        trainer.print(f"Saved {checkpoint_type} checkpoint after update {step}: {path}")
+
+
+def _check_path(name: str, path: object) -> None:
+    if not isinstance(path, (str, os.PathLike)):
+        fail(
+            TypeError,
+            "WSDCheckpointCallback",
+            name,
+            path,
+            "a str or os.PathLike path",
+            f"Pass e.g. {name}='checkpoints'.",
+        )
+
+
+def _wsd_scheduler(trainer: Trainer) -> Any:
+    scheduler = trainer.scheduler
+    if not all(hasattr(scheduler, name) for name in ("get_decay_info", "get_current_step")):
+        fail(
+            ValueError,
+            "WSDCheckpointCallback",
+            "trainer.scheduler",
+            scheduler,
+            "a WSDLrScheduler",
+            "Pass create_scheduler_fn=WSDLrScheduler.create_scheduler_fn(...) to train().",
+        )
+    return scheduler

@@ -1,0 +1,465 @@
+"""Fine-tuning helpers: freeze and unfreeze layer groups, load pretrained weights.
+
+`ModelFreezer` follows pytorch-accelerated's API. `load_pretrained_weights` loads a state dict
+or checkpoint file into a model whose head (or other parts) differ, and reports what it did.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from pytorch_accel._validation import fail
+
+__all__ = [
+    "BN_MODULES",
+    "Layer",
+    "LayerGroup",
+    "LoadResult",
+    "ModelFreezer",
+    "ShapeMismatch",
+    "load_pretrained_weights",
+]
+
+BN_MODULES: tuple[type[nn.Module], ...] = (_BatchNorm,)
+"""Batch-norm types (BatchNorm1d/2d/3d, SyncBatchNorm and their lazy and timm subclasses)."""
+
+ParamGroups = dict[int, dict[str, list[nn.Parameter]]]
+
+
+class Layer(NamedTuple):
+    """A module with parameters of its own, or without children, inside a layer group.
+
+    Attributes:
+        layer_group_idx: `(index, index - num_groups)`: its group's index, from both ends.
+        module: The module.
+        is_frozen: Whether one of its own parameters is frozen (for a module without
+            parameters: whether it is in eval mode).
+    """
+
+    layer_group_idx: tuple[int, int]
+    module: nn.Module
+    is_frozen: bool
+
+
+class LayerGroup(NamedTuple):
+    """A direct child of the model.
+
+    Attributes:
+        layer_group_idx: `(index, index - num_groups)`.
+        module: The child module.
+        is_frozen: Whether one of its parameters is frozen.
+    """
+
+    layer_group_idx: tuple[int, int]
+    module: nn.Module
+    is_frozen: bool
+
+
+class ModelFreezer:
+    """Freeze and unfreeze groups of layers for transfer learning.
+
+    The layer groups are the model's direct children, in registration order: index 0 is the
+    first (often the stem), -1 the last (often the head). Indexes are inclusive and may be
+    negative; `from_index > to_index` is accepted (the range is the same). Every parameter of
+    the model is made trainable when the freezer is created.
+
+    With `freeze_batch_norms=False` (the default), batch-norm layers are left alone by both
+    `freeze` and `unfreeze`: they stay trainable and keep their mode. Parameters registered
+    directly on the model (not in a child) belong to no group and are never changed.
+
+    The `Trainer` calls `model.train()` at the start of every epoch, which undoes
+    `set_modules_as_eval`; call `restore_eval_modes()` from `on_train_epoch_start` to keep
+    frozen modules in eval mode (see the fine-tuning docs).
+
+    Args:
+        model: The model.
+        freeze_batch_norms: Whether `freeze` also freezes (and `unfreeze` unfreezes) batch norms.
+
+    Example:
+        ```python
+        freezer = ModelFreezer(model)
+        freezer.freeze()  # everything but the last group
+        optimizer = torch.optim.AdamW(freezer.get_trainable_parameters(), lr=1e-3)
+        ...  # train the head
+        for param_group in freezer.unfreeze().values():
+            optimizer.add_param_group({**param_group, "lr": 1e-4})
+        ```
+    """
+
+    def __init__(self, model: nn.Module, freeze_batch_norms: bool = False) -> None:
+        if not isinstance(model, nn.Module):
+            fail(TypeError, "ModelFreezer", "model", model, "a torch.nn.Module", "Pass the model.")
+        _check_flag("ModelFreezer", "freeze_batch_norms", freeze_batch_norms)
+        self.model = model
+        self.freeze_bn = freeze_batch_norms
+        self._layer_groups = list(model.children())
+        if not self._layer_groups:
+            fail(
+                ValueError,
+                "ModelFreezer",
+                "model",
+                model,
+                "a module with child modules (the layer groups)",
+                "Wrap the layers in submodules, e.g. nn.Sequential(backbone, head).",
+            )
+        self._eval_modules: list[nn.Module] = []
+        for parameter in model.parameters():
+            parameter.requires_grad_(True)
+
+    @property
+    def num_groups(self) -> int:
+        """The number of layer groups."""
+        return len(self._layer_groups)
+
+    def get_layer_groups(self) -> list[LayerGroup]:
+        """Return the layer groups, with whether each has a frozen parameter."""
+        return [
+            LayerGroup(self._both_ends(index), group, _any_frozen(group.parameters()))
+            for index, group in enumerate(self._layer_groups)
+        ]
+
+    def get_layers(self) -> list[Layer]:
+        """Return the layers: modules with parameters of their own, or without children."""
+        layers = []
+        for index, module in self._modules_in(0, self.num_groups - 1):
+            own = list(module.parameters(recurse=False))
+            if own:
+                layers.append(Layer(self._both_ends(index), module, _any_frozen(own)))
+            elif not list(module.children()):
+                layers.append(Layer(self._both_ends(index), module, not module.training))
+        return layers
+
+    def get_trainable_parameters(self) -> list[nn.Parameter]:
+        """Return the parameters that require gradients (pass them to the optimizer)."""
+        return [parameter for parameter in self.model.parameters() if parameter.requires_grad]
+
+    def freeze(
+        self, from_index: int = 0, to_index: int = -2, set_modules_as_eval: bool = False
+    ) -> None:
+        """Freeze the groups `from_index` to `to_index` (inclusive): all but the last by default.
+
+        Args:
+            from_index: The first group to freeze.
+            to_index: The last group to freeze.
+            set_modules_as_eval: Also put the frozen modules in eval mode (dropout off,
+                batch-norm statistics fixed when `freeze_batch_norms`).
+        """
+        _check_flag("ModelFreezer.freeze", "set_modules_as_eval", set_modules_as_eval)
+        for _, module in self._modules_in(*self._range("freeze", from_index, to_index)):
+            if _is_batch_norm(module) and not self.freeze_bn:
+                continue
+            for parameter in module.parameters(recurse=False):
+                parameter.requires_grad_(False)
+            if set_modules_as_eval:
+                module.training = False
+                self._eval_modules.append(module)
+
+    def unfreeze(
+        self, from_index: int = -1, to_index: int = 0, set_modules_as_training: bool = True
+    ) -> ParamGroups:
+        """Unfreeze the groups from `from_index` to `to_index` (inclusive): all by default.
+
+        Args:
+            from_index: One end of the range of groups.
+            to_index: The other end.
+            set_modules_as_training: Also put the modules of those groups in train mode.
+
+        Returns:
+            `{group_index: {"params": [...]}}` with the parameters this call unfroze, for each
+            group that had any: ready for `optimizer.add_param_group`.
+        """
+        _check_flag("ModelFreezer.unfreeze", "set_modules_as_training", set_modules_as_training)
+        unfrozen: ParamGroups = {}
+        for index, module in self._modules_in(*self._range("unfreeze", from_index, to_index)):
+            if _is_batch_norm(module) and not self.freeze_bn:
+                continue
+            for parameter in module.parameters(recurse=False):
+                if not parameter.requires_grad:
+                    parameter.requires_grad_(True)
+                    unfrozen.setdefault(index, {"params": []})["params"].append(parameter)
+            if set_modules_as_training:
+                module.training = True
+                self._eval_modules = [m for m in self._eval_modules if m is not module]
+        return unfrozen
+
+    def restore_eval_modes(self) -> None:
+        """Put the modules frozen with `set_modules_as_eval=True` back in eval mode.
+
+        `Trainer` puts the whole model in train mode at the start of every epoch; call this
+        afterwards, e.g. from a callback's `on_train_epoch_start`.
+        """
+        for module in self._eval_modules:
+            module.training = False
+
+    def _range(self, method: str, from_index: object, to_index: object) -> tuple[int, int]:
+        start = self._convert(f"ModelFreezer.{method}", "from_index", from_index)
+        end = self._convert(f"ModelFreezer.{method}", "to_index", to_index)
+        return min(start, end), max(start, end)
+
+    def _convert(self, where: str, name: str, index: object) -> int:
+        count = self.num_groups
+        if isinstance(index, bool) or not isinstance(index, int):
+            fail(TypeError, where, name, index, "an int", "Pass a layer-group index, e.g. -1.")
+        if not -count <= index < count:
+            fail(
+                ValueError,
+                where,
+                name,
+                index,
+                f"a layer-group index in [{-count}, {count - 1}] ({count} groups)",
+                "See ModelFreezer.get_layer_groups() for the groups.",
+            )
+        return index % count
+
+    def _modules_in(self, start: int, end: int) -> Iterator[tuple[int, nn.Module]]:
+        for index in range(start, end + 1):
+            for module in self._layer_groups[index].modules():
+                yield index, module
+
+    def _both_ends(self, index: int) -> tuple[int, int]:
+        return index, index - self.num_groups
+
+
+def _is_batch_norm(module: nn.Module) -> bool:
+    return isinstance(module, BN_MODULES)
+
+
+def _any_frozen(parameters: Iterable[nn.Parameter]) -> bool:
+    return any(not parameter.requires_grad for parameter in parameters)
+
+
+def _check_flag(where: str, name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        fail(TypeError, where, name, value, "a bool", f"Pass {name}=True or False.")
+
+
+# ----------------------------------------------------------------- pretrained weights
+
+
+class ShapeMismatch(NamedTuple):
+    """A tensor that was not loaded because its shape differs from the model's.
+
+    Attributes:
+        key: The model's key (after `key_prefix_map`).
+        source_shape: The shape in the source.
+        model_shape: The shape in the model.
+    """
+
+    key: str
+    source_shape: tuple[int, ...]
+    model_shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """What `load_pretrained_weights` did. Keys are the model's (after `key_prefix_map`).
+
+    Attributes:
+        loaded_keys: Keys whose values were loaded into the model.
+        missing_keys: Model keys the source has no value for (and not in `skip`).
+        unexpected_keys: Source keys the model does not have.
+        skipped_keys: Source keys left out because they match `skip`.
+        mismatched: Source tensors left out because their shape differs from the model's.
+    """
+
+    loaded_keys: tuple[str, ...]
+    missing_keys: tuple[str, ...]
+    unexpected_keys: tuple[str, ...]
+    skipped_keys: tuple[str, ...]
+    mismatched: tuple[ShapeMismatch, ...]
+
+    @property
+    def mismatched_keys(self) -> tuple[str, ...]:
+        """The keys of `mismatched`."""
+        return tuple(item.key for item in self.mismatched)
+
+    def summary(self) -> str:
+        """Return a readable report: counts, then every key that was not loaded."""
+        lines = [f"loaded {len(self.loaded_keys)} tensors"]
+        for name in ("missing_keys", "unexpected_keys", "skipped_keys"):
+            keys = getattr(self, name)
+            if keys:
+                lines.append(f"{name.replace('_', ' ')} ({len(keys)}): {', '.join(keys)}")
+        for item in self.mismatched:
+            lines.append(
+                f"shape mismatch, not loaded: {item.key} "
+                f"(source {list(item.source_shape)}, model {list(item.model_shape)})"
+            )
+        return "\n".join(lines)
+
+
+StateDict = Mapping[str, torch.Tensor]
+
+
+def load_pretrained_weights(
+    model: nn.Module,
+    source: StateDict | str | os.PathLike[str],
+    *,
+    strict: bool = False,
+    key_prefix_map: Mapping[str, str] | None = None,
+    skip: Iterable[str] | None = None,
+) -> LoadResult:
+    """Load pretrained weights into `model`, leaving out what does not fit, and report it.
+
+    1. The source keys are renamed with `key_prefix_map` (the longest matching prefix wins).
+    2. Keys starting with a prefix in `skip` are left out (`skipped_keys`).
+    3. Keys the model lacks are left out (`unexpected_keys`), and so are tensors whose shape
+       differs from the model's (`mismatched`), e.g. a classifier with another class count.
+    4. The rest is loaded in place (the model's parameters stay the same objects).
+
+    Args:
+        model: The model to load into (unwrapped: `trainer.get_model()`, not the DDP wrapper).
+        source: A state dict, or a file written by `Trainer.save_checkpoint` (its
+            `model_state_dict` is used) or by `torch.save(model.state_dict(), path)`. Files
+            are read with `torch.load(..., weights_only=True)`.
+        strict: Raise instead of loading if any key is missing, unexpected or mismatched
+            (keys in `skip` are allowed).
+        key_prefix_map: `{old_prefix: new_prefix}`, e.g. `{"module.": ""}` to drop a DDP
+            prefix or `{"": "backbone."}` to add one.
+        skip: Key prefixes (model names, after renaming) not to load, e.g. `["head."]`.
+
+    Returns:
+        A `LoadResult`; `result.summary()` describes it.
+
+    Raises:
+        TypeError: If an argument has the wrong type.
+        FileNotFoundError: If `source` is a path to no file.
+        ValueError: If the file cannot be read or holds no state dict, if two keys are
+            renamed to the same key, or (`strict`) if the weights do not fit the model.
+
+    Example:
+        ```python
+        model = timm.create_model("resnet18", pretrained=False, num_classes=3)
+        result = load_pretrained_weights(model, "pretrained.pt", skip=["fc."])
+        print(result.summary())
+        ```
+    """
+    prefixes = _check_load_arguments(model, strict, key_prefix_map, skip)
+    state = _rename(_read_state_dict(source), key_prefix_map or {})
+    result, to_load = _match(model.state_dict(), state, prefixes)
+    if strict and (result.missing_keys or result.unexpected_keys or result.mismatched):
+        raise ValueError(
+            "load_pretrained_weights: the weights do not fit the model (strict=True); nothing "
+            f"was loaded. Pass strict=False to load what fits, or skip=[...].\n{result.summary()}"
+        )
+    model.load_state_dict(to_load, strict=False)
+    return result
+
+
+def _check_load_arguments(
+    model: object, strict: object, key_prefix_map: object, skip: object
+) -> tuple[str, ...]:
+    """Check the arguments of `load_pretrained_weights`; return the skip prefixes."""
+    where = "load_pretrained_weights"
+    if not isinstance(model, nn.Module):
+        fail(TypeError, where, "model", model, "a torch.nn.Module", "Pass the model to load into.")
+    _check_flag(where, "strict", strict)
+    if key_prefix_map is not None and not (
+        isinstance(key_prefix_map, Mapping)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in key_prefix_map.items())
+    ):
+        fail(TypeError, where, "key_prefix_map", key_prefix_map, "a dict of str to str", _FIX_MAP)
+    if skip is None:
+        return ()
+    if isinstance(skip, str) or not isinstance(skip, Iterable):
+        fail(TypeError, where, "skip", skip, "a list of key prefixes", _FIX_SKIP)
+    prefixes = tuple(skip)
+    if not all(isinstance(prefix, str) for prefix in prefixes):
+        fail(TypeError, where, "skip", skip, "a list of str key prefixes", _FIX_SKIP)
+    return prefixes
+
+
+_FIX_MAP = 'Pass e.g. key_prefix_map={"module.": ""}.'
+_FIX_SKIP = 'Pass e.g. skip=["head."] (a list, even for one prefix).'
+
+
+def _read_state_dict(source: object) -> dict[str, torch.Tensor]:
+    """Return the state dict held by `source` (a mapping or a file)."""
+    if isinstance(source, Mapping):
+        return _as_state_dict(source, "source")
+    if not isinstance(source, (str, os.PathLike)):
+        fail(
+            TypeError,
+            "load_pretrained_weights",
+            "source",
+            source,
+            "a state dict or a path",
+            "Pass model.state_dict(), or the path of a checkpoint file.",
+        )
+    path = Path(source)
+    if not path.is_file():
+        raise FileNotFoundError(f"load_pretrained_weights: no weights file at {str(path)!r}.")
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise ValueError(
+            f"load_pretrained_weights: could not read {str(path)!r}: it is truncated, corrupt, "
+            f"or holds objects other than tensors and plain containers ({error})."
+        ) from error
+    if isinstance(loaded, Mapping) and "model_state_dict" in loaded:
+        loaded = loaded["model_state_dict"]
+    return _as_state_dict(loaded, repr(str(path)))
+
+
+def _as_state_dict(candidate: Any, origin: str) -> dict[str, torch.Tensor]:
+    is_state_dict = isinstance(candidate, Mapping) and all(
+        isinstance(key, str) and isinstance(value, torch.Tensor) for key, value in candidate.items()
+    )
+    if not is_state_dict:
+        raise ValueError(
+            f"load_pretrained_weights: {origin} is not a state dict (a mapping of str to "
+            "tensors) nor a checkpoint with a 'model_state_dict'. Pass model.state_dict() or a "
+            "file written by Trainer.save_checkpoint or torch.save(model.state_dict(), path)."
+        )
+    return dict(candidate)
+
+
+def _rename(state: dict[str, torch.Tensor], prefix_map: Mapping[str, str]) -> dict[str, Any]:
+    """Rename every key by its longest matching prefix in `prefix_map`."""
+    if not prefix_map:
+        return state
+    renamed: dict[str, torch.Tensor] = {}
+    by_length = sorted(prefix_map, key=len, reverse=True)
+    for key, value in state.items():
+        old = next((prefix for prefix in by_length if key.startswith(prefix)), None)
+        new_key = key if old is None else prefix_map[old] + key[len(old) :]
+        if new_key in renamed:
+            raise ValueError(
+                f"load_pretrained_weights: key_prefix_map renames two source keys to "
+                f"{new_key!r} (one of them is {key!r}). Use prefixes that keep keys distinct."
+            )
+        renamed[new_key] = value
+    return renamed
+
+
+def _match(
+    model_state: Mapping[str, torch.Tensor],
+    state: Mapping[str, torch.Tensor],
+    skip: tuple[str, ...],
+) -> tuple[LoadResult, dict[str, torch.Tensor]]:
+    """Sort the source tensors into loadable, skipped, unexpected and mismatched."""
+    to_load: dict[str, torch.Tensor] = {}
+    skipped, unexpected, mismatched = [], [], []
+    for key, value in state.items():
+        if key.startswith(skip):
+            skipped.append(key)
+        elif key not in model_state:
+            unexpected.append(key)
+        elif value.shape != model_state[key].shape:
+            mismatched.append(ShapeMismatch(key, tuple(value.shape), tuple(model_state[key].shape)))
+        else:
+            to_load[key] = value
+    not_missing = {*to_load, *(item.key for item in mismatched)}
+    missing = [k for k in model_state if k not in not_missing and not k.startswith(skip)]
+    result = LoadResult(
+        tuple(to_load), tuple(missing), tuple(unexpected), tuple(skipped), tuple(mismatched)
+    )
+    return result, to_load
