@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["atomic_save", "load_checkpoint_file"]
+__all__ = ["atomic_save", "load_checkpoint_file", "read_tensors_file"]
 
 
 def atomic_save(obj: Any, path: str | os.PathLike[str]) -> Path:
@@ -65,18 +65,37 @@ def load_checkpoint_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         ValueError: If the file is truncated, corrupt or not a checkpoint dict.
     """
     source = Path(path)
-    if not source.is_file():
-        raise FileNotFoundError(f"load_checkpoint: no checkpoint file at {str(source)!r}.")
-    try:
-        checkpoint = torch.load(source, map_location="cpu", weights_only=True)
-    except Exception as error:
-        raise ValueError(
-            f"load_checkpoint: could not read {str(source)!r}: it is truncated, corrupt, or "
-            f"holds objects other than tensors and plain containers ({error})."
-        ) from error
+    checkpoint = read_tensors_file(source, "load_checkpoint", "checkpoint")
     if not isinstance(checkpoint, dict) or "model_state_dict" not in checkpoint:
         raise ValueError(
             f"load_checkpoint: {str(source)!r} is not a checkpoint written by save_checkpoint "
             "(no 'model_state_dict' key)."
         )
     return checkpoint
+
+
+def read_tensors_file(path: str | os.PathLike[str], where: str, kind: str = "weights") -> Any:
+    """Load a file of tensors and plain containers, with ``weights_only=True`` (no code runs).
+
+    Args:
+        path: The file.
+        where: The entry point, for messages (e.g. ``"load_checkpoint"``).
+        kind: What the file is, for messages (``"checkpoint"``, ``"weights"``).
+
+    Returns:
+        The loaded object, with tensors on the CPU.
+
+    Raises:
+        FileNotFoundError: If there is no such file.
+        ValueError: If the file is truncated, corrupt or holds other objects.
+    """
+    source = Path(path)
+    if not source.is_file():
+        raise FileNotFoundError(f"{where}: no {kind} file at {str(source)!r}.")
+    try:
+        return torch.load(source, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise ValueError(
+            f"{where}: could not read {str(source)!r}: it is truncated, corrupt, or holds "
+            f"objects other than tensors and plain containers ({error})."
+        ) from error

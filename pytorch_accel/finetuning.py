@@ -17,6 +17,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from pytorch_accel._validation import fail
+from pytorch_accel.checkpoint import read_tensors_file
 
 __all__ = [
     "BN_MODULES",
@@ -395,15 +396,7 @@ def _read_state_dict(source: object) -> dict[str, torch.Tensor]:
             "Pass model.state_dict(), or the path of a checkpoint file.",
         )
     path = Path(source)
-    if not path.is_file():
-        raise FileNotFoundError(f"load_pretrained_weights: no weights file at {str(path)!r}.")
-    try:
-        loaded = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:
-        raise ValueError(
-            f"load_pretrained_weights: could not read {str(path)!r}: it is truncated, corrupt, "
-            f"or holds objects other than tensors and plain containers ({error})."
-        ) from error
+    loaded = read_tensors_file(path, "load_pretrained_weights")
     if isinstance(loaded, Mapping) and "model_state_dict" in loaded:
         loaded = loaded["model_state_dict"]
     return _as_state_dict(loaded, repr(str(path)))

@@ -11,7 +11,7 @@ import torch
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
-__all__ = ["InMemoryRunHistory", "LossTracker", "MetricNotFoundError", "RunHistory"]
+__all__ = ["InMemoryRunHistory", "LossTracker", "MetricCursor", "MetricNotFoundError", "RunHistory"]
 
 
 class MetricNotFoundError(KeyError, ValueError):
@@ -162,6 +162,33 @@ class InMemoryRunHistory(RunHistory):
                 f"Recorded metrics: {known}."
             )
         return values
+
+
+class MetricCursor:
+    """Reads the run-history metrics recorded since it last read, once each.
+
+    Used by callbacks that log or send metrics at the end of a phase, so that every value is
+    reported exactly once, whatever recorded it.
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[str, int] = {}
+
+    def skip_to_end(self, history: RunHistory) -> None:
+        """Treat every value recorded so far as already read."""
+        self._seen = {
+            name: len(history.get_metric_values(name)) for name in history.get_metric_names()
+        }
+
+    def read_new(self, history: RunHistory) -> dict[str, Any]:
+        """Return the latest value of each metric that gained values, by name; mark them read."""
+        new = {}
+        for name in sorted(history.get_metric_names()):
+            count = len(history.get_metric_values(name))
+            if count > self._seen.get(name, 0):
+                self._seen[name] = count
+                new[name] = history.get_latest_metric(name)
+        return new
 
 
 class LossTracker:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pytorch_accel.callbacks.base import TrainerCallback
+from pytorch_accel.tracking import MetricCursor
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer
@@ -33,7 +34,7 @@ class LogMetricsCallback(TrainerCallback):
     may_stop_training = False
 
     def __init__(self) -> None:
-        self._seen: dict[str, int] = {}
+        self._cursor = MetricCursor()
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Mark everything already recorded as logged."""
@@ -70,18 +71,9 @@ class LogMetricsCallback(TrainerCallback):
             trainer.print(f"\n{name}: {value}")
 
     def _log_new(self, trainer: Trainer) -> None:
-        history = trainer.run_history
-        new = {}
-        for name in sorted(history.get_metric_names()):
-            count = len(history.get_metric_values(name))
-            if count > self._seen.get(name, 0):
-                self._seen[name] = count
-                new[name] = history.get_latest_metric(name)
+        new = self._cursor.read_new(trainer.run_history)
         if new:
             self.log_metrics(trainer, new)
 
     def _mark_all_seen(self, trainer: Trainer) -> None:
-        history = trainer.run_history
-        self._seen = {
-            name: len(history.get_metric_values(name)) for name in history.get_metric_names()
-        }
+        self._cursor.skip_to_end(trainer.run_history)

@@ -13,6 +13,7 @@ import torch
 from pytorch_accel._validation import callable_name, check_mapping, fail
 from pytorch_accel.callbacks._metrics_csv import write_metrics_csv
 from pytorch_accel.callbacks.base import TrainerCallback
+from pytorch_accel.tracking import MetricCursor
 
 if TYPE_CHECKING:
     from accelerate.tracking import GeneralTracker
@@ -97,7 +98,7 @@ class TrackingCallback(TrainerCallback):
         self.config = dict(config or {})
         self.trackers: list[GeneralTracker] = []
         self._rows: dict[int, dict[str, Any]] = {}
-        self._seen: dict[str, int] = {}
+        self._cursor = MetricCursor()
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Start the trackers and store the run config."""
@@ -149,7 +150,7 @@ class TrackingCallback(TrainerCallback):
         names = history.get_metric_names()
         if not names:  # a fresh run history: a fresh table
             self._rows = {}
-        self._seen = {name: len(history.get_metric_values(name)) for name in names}
+        self._cursor.skip_to_end(history)
         self._finish()  # a run that ended with an error left them open
         self.trackers = self.create_trackers()
         run_config = {} if trainer.run_config is None else trainer.run_config.to_dict()
@@ -161,7 +162,7 @@ class TrackingCallback(TrainerCallback):
     def _log_new(self, trainer: Trainer, step: int) -> None:
         if not trainer.accelerator.is_main_process:
             return
-        new = self._new_metrics(trainer)
+        new = self._cursor.read_new(trainer.run_history)
         if not new:
             return
         self._rows.setdefault(step, {}).update(new)
@@ -172,16 +173,6 @@ class TrackingCallback(TrainerCallback):
                 tracker.log(scalars, step=step)
         if self.csv_path is not None:
             write_metrics_csv(self._rows, self.csv_path)
-
-    def _new_metrics(self, trainer: Trainer) -> dict[str, Any]:
-        history = trainer.run_history
-        new = {}
-        for name in sorted(history.get_metric_names()):
-            count = len(history.get_metric_values(name))
-            if count > self._seen.get(name, 0):
-                self._seen[name] = count
-                new[name] = history.get_latest_metric(name)
-        return new
 
     def _finish(self) -> None:
         trackers, self.trackers = self.trackers, []
