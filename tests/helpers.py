@@ -135,3 +135,33 @@ def make_image_folder(root: Path, train: int = 12, val: int = 6, size: int = 16)
                 pixels = (torch.tensor(colour) + noise).clamp(0, 255).to(torch.uint8)
                 Image.fromarray(pixels.numpy()).save(folder / f"{index}.png")
     return root
+
+
+def run_process_group(
+    command: list[str], *, env: dict[str, str], cwd: Path, timeout: float
+) -> tuple[int, str]:
+    """Run `command` in its own session; kill its whole process group if it outlives `timeout`.
+
+    Returns:
+        The exit code and the interleaved stdout and stderr.
+    """
+    import os
+    import signal
+    import subprocess
+
+    process = subprocess.Popen(
+        command,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        raise AssertionError(f"timed out after {timeout}s:\n{output[-4000:]}") from None
+    return process.returncode, output

@@ -10,9 +10,7 @@ import dataclasses
 import importlib.util
 import math
 import os
-import signal
 import socket
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 from accelerate.state import AcceleratorState, GradientState
-from helpers import make_image_folder
+from helpers import make_image_folder, run_process_group
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO_ROOT / "examples"
@@ -349,31 +347,11 @@ def test_distributed_example_in_two_processes(tmp_path: Path) -> None:
         "--checkpoint",
         str(checkpoint_path),
     ]
-    output = _run_process_group(command, env, timeout=180)
+    returncode, output = run_process_group(command, env=env, cwd=REPO_ROOT, timeout=180)
+    assert returncode == 0, output[-4000:]
 
     assert output.count("number of processes: 2") == 1, output[-4000:]
     assert output.count("final eval loss: ") == 1
     checkpoint = torch.load(checkpoint_path, weights_only=True)
     assert checkpoint["num_processes"] == 2
     assert not list(tmp_path.glob(".*.tmp-*"))  # written atomically, no leftovers
-
-
-def _run_process_group(command: list[str], env: dict[str, str], timeout: float) -> str:
-    """Run `command` in its own session; kill the whole group if it outlives `timeout`."""
-    process = subprocess.Popen(
-        command,
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        output, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        raise AssertionError(f"timed out after {timeout}s:\n{output[-4000:]}") from None
-    assert process.returncode == 0, output[-4000:]
-    return output

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from helpers import run_process_group
 
 SCRIPTS = Path(__file__).parent / "scripts"
 REPO = Path(__file__).parents[2]
@@ -85,20 +85,6 @@ def launch(
             f"--main_process_port={free_port()}",
             *target,
         ]
-    process = subprocess.Popen(
-        command,
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        output, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        raise AssertionError(f"{script} timed out after {timeout}s:\n{output[-4000:]}") from None
+    returncode, output = run_process_group(command, env=env, cwd=REPO, timeout=timeout)
     reports = sorted(out_dir.glob("rank*.json"), key=lambda path: int(path.stem[4:]))
-    return Launch(process.returncode, output, [json.loads(path.read_text()) for path in reports])
+    return Launch(returncode, output, [json.loads(path.read_text()) for path in reports])
