@@ -13,7 +13,8 @@ so this example:
   `calculate_eval_batch_loss` to call `self.model(**batch)`; it reads `loss` and `logits` by
   attribute or by key, so models returning dicts work too;
 - creates the trainer with `loss_func=None`: the model computes its loss;
-- adds `DictBatchAccuracyCallback`, which reads the labels from `batch["labels"]`.
+- records the eval accuracy with `MetricsCallback`, whose `prepare` reads the labels from
+  `batch["labels"]`.
 
 The data are generated: token sequences of random length whose label says whether most of
 their tokens come from the first or the second half of the vocabulary.
@@ -38,9 +39,10 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset
+from torchmetrics.classification import MulticlassAccuracy
 
 from pytorch_accel import Trainer, set_seed
-from pytorch_accel.callbacks import DEFAULT_CALLBACKS, TrainerCallback
+from pytorch_accel.callbacks import DEFAULT_CALLBACKS, MetricsCallback
 
 VOCAB_SIZE = 64
 PAD_TOKEN_ID = 0
@@ -178,34 +180,6 @@ class ModelLossTrainer(Trainer):
             return self.calculate_train_batch_loss(batch)
 
 
-class DictBatchAccuracyCallback(TrainerCallback):
-    """Record the eval accuracy as `accuracy`, reading the targets from `batch["labels"]`."""
-
-    may_stop_training = False
-
-    def __init__(self) -> None:
-        self.correct = torch.zeros((), dtype=torch.long)
-        self.total = 0
-
-    def on_eval_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Start counting, on the trainer's device."""
-        self.correct = torch.zeros((), dtype=torch.long, device=trainer.device)
-        self.total = 0
-
-    def on_eval_step_end(
-        self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
-    ) -> None:
-        """Count the correct predictions of every process (repeated samples dropped)."""
-        predictions = batch_output["model_outputs"].argmax(dim=-1)
-        predictions, labels = trainer.gather_for_metrics((predictions, batch["labels"]))
-        self.correct += (predictions == labels).sum()
-        self.total += labels.numel()
-
-    def on_eval_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Record the epoch's accuracy (one host read per epoch)."""
-        trainer.run_history.update_metric("accuracy", self.correct.item() / max(self.total, 1))
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line.
 
@@ -233,6 +207,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def accuracy_callback(num_classes: int = 2) -> MetricsCallback:
+    """Eval accuracy as `accuracy`, from the logits and `batch["labels"]` of dict batches."""
+    return MetricsCallback(
+        MulticlassAccuracy(num_classes=num_classes, average="micro"),
+        name="accuracy",
+        prepare=lambda batch, output: (output["model_outputs"].argmax(dim=-1), batch["labels"]),
+    )
+
+
 def train(args: argparse.Namespace) -> Trainer:
     """Build the data, the model and the trainer (with `loss_func=None`), and train.
 
@@ -251,7 +234,7 @@ def train(args: argparse.Namespace) -> Trainer:
         model,
         loss_func=None,  # the model computes its own loss
         optimizer=torch.optim.AdamW(model.parameters(), lr=args.lr),
-        callbacks=(*DEFAULT_CALLBACKS, DictBatchAccuracyCallback()),
+        callbacks=(*DEFAULT_CALLBACKS, accuracy_callback()),
     )
     trainer.train(
         train_dataset=train_dataset,

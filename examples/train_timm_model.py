@@ -32,11 +32,12 @@ from timm.optim import create_optimizer_v2
 from timm.scheduler import CosineLRScheduler
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset, random_split
+from torchmetrics.classification import MulticlassAccuracy
 from torchvision import datasets, transforms
 
 from pytorch_accel import TrainerPlaceholderValues as P
 from pytorch_accel import set_seed
-from pytorch_accel.callbacks import TrainerCallback
+from pytorch_accel.callbacks import MetricsCallback
 from pytorch_accel.timm_trainer import TrainerWithTimmScheduler
 from pytorch_accel.trainer import DEFAULT_CALLBACKS, Trainer
 
@@ -107,30 +108,6 @@ def count_classes(dataset: Dataset[Any]) -> int:
     return len(inner.classes)
 
 
-class AccuracyCallback(TrainerCallback):
-    """Record the eval accuracy of each evaluation epoch as `accuracy` (every sample once)."""
-
-    may_stop_training = False
-
-    def __init__(self) -> None:
-        self.correct = 0
-        self.total = 0
-
-    def on_eval_step_end(
-        self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
-    ) -> None:
-        """Count the correct predictions of the batch, gathered from every process."""
-        predictions = trainer.gather_for_metrics(batch_output["model_outputs"].argmax(dim=-1))
-        targets = trainer.gather_for_metrics(batch[1])
-        self.correct += int((predictions == targets).sum())
-        self.total += int(targets.numel())
-
-    def on_eval_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Record the accuracy and reset the counts."""
-        trainer.run_history.update_metric("accuracy", self.correct / max(1, self.total))
-        self.correct = self.total = 0
-
-
 def create_scheduler_fn(warmup_epochs: int) -> functools.partial[CosineLRScheduler]:
     """Return timm's cosine schedule over the run's updates, after `warmup_epochs` of warmup."""
     return functools.partial(
@@ -161,13 +138,14 @@ def train(args: argparse.Namespace) -> Trainer:
     else:
         train_set, eval_set = image_folder_datasets(Path(args.data_dir), args.image_size)
         num_classes = count_classes(train_set)
+    accuracy = MulticlassAccuracy(num_classes=num_classes, average="micro")
     model = timm.create_model(args.model, pretrained=False, num_classes=num_classes)
     optimizer = create_optimizer_v2(model, "adamw", lr=args.lr, weight_decay=0.05)
     trainer = TrainerWithTimmScheduler(
         model,
         nn.CrossEntropyLoss(),
         optimizer,
-        callbacks=(*DEFAULT_CALLBACKS, AccuracyCallback()),
+        callbacks=(*DEFAULT_CALLBACKS, MetricsCallback(accuracy, name="accuracy")),
     )
     loader_options: dict[str, Any] = {"drop_last": True}  # no batch of 1 for batch norm
     if args.num_workers is not None:

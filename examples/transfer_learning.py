@@ -19,7 +19,7 @@ head is trained (the tutorial's "ConvNet as fixed feature extractor").
 
 The learning rate decays tenfold every 7 epochs: `StepLR` is stepped once per optimizer
 update, so its step size is `TrainerPlaceholderValues.NUM_UPDATE_STEPS_PER_EPOCH * 7`, filled in
-by the trainer. `EvalAccuracyCallback` records the eval accuracy of each epoch.
+by the trainer. `MetricsCallback` records the eval accuracy of each epoch.
 
 Run it with:
 
@@ -36,15 +36,15 @@ from __future__ import annotations
 import argparse
 import functools
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 from torch.optim.lr_scheduler import StepLR
+from torchmetrics.classification import MulticlassAccuracy
 from torchvision import datasets, models, transforms
 
 from pytorch_accel import Trainer, TrainerPlaceholderValues, set_seed
-from pytorch_accel.callbacks import DEFAULT_CALLBACKS, TrainerCallback
+from pytorch_accel.callbacks import DEFAULT_CALLBACKS, MetricsCallback
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -173,38 +173,6 @@ def create_model(
     return model
 
 
-class EvalAccuracyCallback(TrainerCallback):
-    """Record the accuracy of each evaluation epoch as `accuracy`.
-
-    Predictions and targets are gathered from every process with `trainer.gather_for_metrics`,
-    which drops the samples repeated to even out the last batch.
-    """
-
-    may_stop_training = False
-
-    def __init__(self) -> None:
-        self.correct = torch.zeros((), dtype=torch.long)
-        self.total = 0
-
-    def on_eval_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Start counting, on the trainer's device."""
-        self.correct = torch.zeros((), dtype=torch.long, device=trainer.device)
-        self.total = 0
-
-    def on_eval_step_end(
-        self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
-    ) -> None:
-        """Count the batch's correct predictions, over every process."""
-        predictions = batch_output["model_outputs"].argmax(dim=-1)
-        predictions, targets = trainer.gather_for_metrics((predictions, batch[1]))
-        self.correct += (predictions == targets).sum()
-        self.total += targets.numel()
-
-    def on_eval_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Record the epoch's accuracy."""
-        trainer.run_history.update_metric("accuracy", self.correct.item() / max(self.total, 1))
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line.
 
@@ -231,22 +199,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def create_trainer(model: nn.Module, lr: float) -> Trainer:
+def create_trainer(model: nn.Module, lr: float, num_classes: int) -> Trainer:
     """Create the trainer: cross-entropy, SGD with momentum on the trainable parameters.
 
     Args:
         model: The model to fine-tune.
         lr: The initial learning rate.
+        num_classes: Number of classes, for the accuracy metric.
 
     Returns:
-        The trainer, with the default callbacks and `EvalAccuracyCallback`.
+        The trainer, with the default callbacks and the eval accuracy (`MetricsCallback`).
     """
     trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
+    accuracy = MulticlassAccuracy(num_classes=num_classes, average="micro")
     return Trainer(
         model,
         nn.CrossEntropyLoss(),
         torch.optim.SGD(trainable, lr=lr, momentum=0.9),
-        callbacks=(*DEFAULT_CALLBACKS, EvalAccuracyCallback()),
+        callbacks=(*DEFAULT_CALLBACKS, MetricsCallback(accuracy, name="accuracy")),
     )
 
 
@@ -264,7 +234,7 @@ def train(args: argparse.Namespace) -> Trainer:
     folders = load_image_folders(args.data_dir, args.image_size)
     num_classes = len(folders["train"].classes)
     model = create_model(args.arch, num_classes, args.weights, args.freeze_backbone)
-    trainer = create_trainer(model, args.lr)
+    trainer = create_trainer(model, args.lr, num_classes)
     loader_kwargs = {} if args.num_workers is None else {"num_workers": args.num_workers}
     trainer.train(
         train_dataset=folders["train"],
