@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 from pytorch_accel.callbacks.base import StopTrainingError, TrainerCallback
 from pytorch_accel.events import BUILTIN_EVENTS
@@ -135,8 +135,11 @@ class CallbackHandler:
             ValueError: If the event was never registered.
             StopTrainingError: The first one a callback raised, after all were called.
         """
+        listeners = self._listeners.get(event)
+        if listeners is None:
+            self._reject_unknown_event(event)
         stop: StopTrainingError | None = None
-        for listener in self._listeners_of(event):
+        for listener in listeners:
             try:
                 listener(*args, **kwargs)
             except StopTrainingError as error:
@@ -159,15 +162,12 @@ class CallbackHandler:
         with contextlib.suppress(StopTrainingError):
             self.call_event(event, *args, **kwargs)
 
-    def _listeners_of(self, event: str) -> tuple[Callable[..., Any], ...]:
-        listeners = self._listeners.get(event)
-        if listeners is None:
-            suggestion = _suggest(event, self._events)
-            raise ValueError(
-                f"CallbackHandler.call_event: unknown event {event!r}{suggestion} "
-                f"Register custom events first with register_event({event!r})."
-            )
-        return listeners
+    def _reject_unknown_event(self, event: str) -> NoReturn:
+        suggestion = _suggest(event, self._events)
+        raise ValueError(
+            f"CallbackHandler.call_event: unknown event {event!r}{suggestion} "
+            f"Register custom events first with register_event({event!r})."
+        )
 
     def _add_event(self, name: str) -> None:
         if not (isinstance(name, str) and name.startswith("on_") and name.isidentifier()):
