@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["atomic_save", "load_checkpoint_file", "read_tensors_file"]
+__all__ = ["atomic_save", "fsync_directory", "load_checkpoint_file", "read_tensors_file"]
 
 
 def atomic_save(obj: Any, path: str | os.PathLike[str]) -> Path:
@@ -36,11 +36,12 @@ def atomic_save(obj: Any, path: str | os.PathLike[str]) -> Path:
         os.replace(temporary, destination)
     finally:
         temporary.unlink(missing_ok=True)
-    _fsync_directory(destination.parent)
+    fsync_directory(destination.parent)
     return destination
 
 
-def _fsync_directory(directory: Path) -> None:
+def fsync_directory(directory: Path) -> None:
+    """Flush a directory's entries (renames, new files) to disk, where the platform allows."""
     try:
         descriptor = os.open(directory, os.O_RDONLY)
     except OSError:  # not supported on this platform (e.g. Windows)

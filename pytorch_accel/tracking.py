@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -81,6 +81,28 @@ class RunHistory(ABC):
     @abstractmethod
     def reset(self) -> None:
         """Forget every metric and set the epoch back to 1."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return every metric's values and the current epoch (saved in training states)."""
+        metrics = {name: list(self.get_metric_values(name)) for name in self.get_metric_names()}
+        return {"metrics": metrics, "current_epoch": self.current_epoch}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Replace the history with one returned by ``state_dict`` (the prefix is kept).
+
+        Args:
+            state_dict: The dict returned by ``state_dict()``.
+        """
+        prefix = self.metric_name_prefix
+        self.reset()
+        self.set_metric_name_prefix("")
+        try:
+            for name, values in state_dict["metrics"].items():
+                for value in values:
+                    self.update_metric(name, value)
+        finally:
+            self.set_metric_name_prefix(prefix)
+        self._set_epoch(int(state_dict["current_epoch"]))
 
 
 class InMemoryRunHistory(RunHistory):
@@ -241,6 +263,29 @@ class LossTracker:
         if len(self._pending) >= self.fold_every:
             self._fold()
 
+    def state_dict(self) -> dict[str, Any]:
+        """Return the running sums, on the CPU (saved in training states)."""
+        return {
+            "loss_value": _to_cpu(self.loss_value),
+            "running_count": _to_cpu(self.running_count),
+            "total": _to_cpu(self._total),
+            "pending": [_to_cpu(value) for value in self._pending],
+            "pending_sizes": [_to_cpu(size) for size in self._pending_sizes],
+        }
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], device: torch.device) -> None:
+        """Restore the sums saved by ``state_dict``, on ``device``.
+
+        Args:
+            state_dict: The dict returned by ``state_dict()``.
+            device: The device the losses live on.
+        """
+        self.loss_value = _to_device(state_dict["loss_value"], device)
+        self.running_count = _to_device(state_dict["running_count"], device)
+        self._total = _to_device(state_dict["total"], device)
+        self._pending = [_to_device(value, device) for value in state_dict["pending"]]
+        self._pending_sizes = [_to_device(size, device) for size in state_dict["pending_sizes"]]
+
     @property
     def total_loss(self) -> torch.Tensor | None:
         """The running sum of ``loss * batch_size`` on the device, or ``None`` before any batch."""
@@ -297,3 +342,11 @@ def _as_device_tensor(sizes: list[int | torch.Tensor], like: torch.Tensor) -> to
             return host.pin_memory().to(like.device, non_blocking=True)
         return host.to(like.device)
     return torch.stack([torch.as_tensor(size, device=like.device) for size in sizes]).to(like.dtype)
+
+
+def _to_cpu(value: Any) -> Any:
+    return value.detach().cpu() if isinstance(value, torch.Tensor) else value
+
+
+def _to_device(value: Any, device: torch.device) -> Any:
+    return value.to(device) if isinstance(value, torch.Tensor) else value

@@ -23,7 +23,10 @@ import functools
 import itertools
 import math
 import os
-from collections.abc import Callable, Generator, Iterable, Mapping
+import shutil
+import time
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any, ClassVar, Literal, NamedTuple
 
 import torch
@@ -41,6 +44,7 @@ from pytorch_accel._validation import (
     fail,
 )
 from pytorch_accel.accumulation import AccumulationPlan
+from pytorch_accel.callbacks._rng import training_rng_preserved
 from pytorch_accel.callbacks.base import StopTrainingError
 from pytorch_accel.callbacks.defaults import DEFAULT_CALLBACKS
 from pytorch_accel.callbacks.handler import CallbackHandler, CallbackLike
@@ -56,8 +60,28 @@ from pytorch_accel.placeholders import (
     contains_placeholder,
     replace_trainer_placeholder_values,
 )
+from pytorch_accel.resumable_loader import RandomStates, ResumableLoader, make_resumable
+from pytorch_accel.resume import (
+    CheckpointedTrainerState,
+    Position,
+    ResumePoint,
+    callback_states,
+    gradients,
+    restore_callback_states,
+    restore_gradients,
+)
 from pytorch_accel.run_config import TrainerRunConfig
 from pytorch_accel.tracking import InMemoryRunHistory, LossTracker, RunHistory
+from pytorch_accel.training_state import (
+    TrainingStateError,
+    latest_training_state,
+    load_pickled,
+    publish,
+    rank_state_name,
+    temporary_directory,
+    verify_training_state,
+    write_manifest,
+)
 
 __all__ = [
     "DEFAULT_CALLBACKS",
@@ -175,6 +199,17 @@ class Trainer:
         self._grad_norm: torch.Tensor | None = None
         self.limit_train_batches: int | None = None
         self.limit_eval_batches: int | None = None
+        self._resumable: ResumableLoader | None = None
+        self._checkpointed_state = CheckpointedTrainerState(self._shared_training_state)
+        self._state_registered = False
+        self._resume: ResumePoint | None = None
+        self._resumed_from: Path | None = None
+        self._running = False
+        self._savable: Literal["step", "epoch", "end"] | None = None
+        self._saving: Position | None = None
+        self._epoch_index = 0
+        self._batches_done = 0
+        self._finished_epochs = 0
         self.callback_handler.call_event("on_init_end", self)
 
     # ----------------------------------------------------------------- construction hooks
@@ -248,6 +283,11 @@ class Trainer:
         return self._num_updates
 
     @property
+    def resumed_from(self) -> Path | None:
+        """The training state the current (or last) ``train()`` resumed from, if any."""
+        return self._resumed_from
+
+    @property
     def grad_norm(self) -> torch.Tensor | None:
         """The total gradient norm of the last update, before clipping, as a device tensor.
 
@@ -274,6 +314,7 @@ class Trainer:
         collate_fn: Callable[..., Any] | None = None,
         *,
         max_grad_norm: float | None = None,
+        resume_from: str | os.PathLike[str] | None = None,
     ) -> None:
         """Train for ``num_epochs`` (or ``max_num_train_steps`` updates, whichever ends first).
 
@@ -293,6 +334,11 @@ class Trainer:
                 the epoch count of earlier calls.
             collate_fn: The collate function of both dataloaders.
             max_grad_norm: Clip the global gradient norm to this value.
+            resume_from: A directory written by ``save_training_state`` (or
+                ``SaveTrainingStateCallback``) to continue exactly where it was saved, with the
+                same arguments as the saved run; or ``"latest"``: the newest complete state in
+                the ``save_dir`` of the trainer's ``SaveTrainingStateCallback``, starting
+                afresh if there is none yet.
         """
         _check_train_arguments(locals())
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
@@ -316,7 +362,13 @@ class Trainer:
         self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
         self._num_updates = 0
         self.optimizer.zero_grad()  # a stop inside an accumulation window leaves gradients behind
-        self._run_training()
+        self._resume = self._resume_point(resume_from)
+        self._resumed_from = None if self._resume is None else self._resume.directory
+        self._running = True
+        try:
+            self._run_training()
+        finally:
+            self._running, self._resume, self._savable = False, None, None
 
     def evaluate(
         self,
@@ -594,6 +646,272 @@ class Trainer:
             self.scheduler.load_state_dict(checkpoint["scheduler_state_dict"])
         return checkpoint
 
+    def save_training_state(self, output_dir: str | os.PathLike[str]) -> Path:
+        """Save everything needed to continue this run exactly, atomically, to a directory.
+
+        Model, optimizer, gradient scaler and every process's random states (through
+        ``accelerator.save_state``), the scheduler, run history, update counter, position in
+        the loop, every callback with ``state_dict``/``load_state_dict``, and per process the
+        epoch's running loss, gradients of an unfinished accumulation window and the random
+        states of the epoch's order. Written to a hidden temporary directory and renamed into
+        place once complete (with its manifest), so a failed or interrupted save leaves an
+        existing ``output_dir`` intact. Every process must call this.
+
+        Call it outside ``train()``, or inside from ``on_train_step_end`` or
+        ``on_training_run_epoch_end`` (``SaveTrainingStateCallback`` does this for you).
+
+        Args:
+            output_dir: The directory to write; an existing one is replaced.
+
+        Returns:
+            The directory written.
+
+        Raises:
+            RuntimeError: If called at another point inside ``train()``.
+        """
+        final = Path(output_dir)
+        self._saving = self._position("Trainer.save_training_state")
+        try:
+            self._write_training_state(final, temporary_directory(final))
+        finally:
+            self._saving = None
+        return final
+
+    def load_training_state(self, input_dir: str | os.PathLike[str]) -> dict[str, Any]:
+        """Restore the model, optimizer, scaler, random states and run history of a saved state.
+
+        To continue training where the state was saved (scheduler, callbacks, position in the
+        epoch included), use ``train(..., resume_from=input_dir)`` instead. The directory is
+        verified first: its manifest, every file's size and SHA-256 digest, every pickled file
+        read with ``weights_only=True``, the world size and the model's parameter names and
+        shapes. Every process must call this.
+
+        Args:
+            input_dir: A directory written by ``save_training_state``.
+
+        Returns:
+            The trainer state saved with it (position, counters, callback states).
+
+        Raises:
+            FileNotFoundError: If there is no such directory.
+            TrainingStateError: If it is incomplete, corrupt or does not fit this trainer.
+        """
+        shared, _ = self._load_training_state(Path(input_dir), "Trainer.load_training_state")
+        self.run_history.load_state_dict(shared["history"])
+        return shared
+
+    # ------------------------------------------------------------------- training states
+
+    def _position(self, where: str) -> Position:
+        if not self._running or self._savable == "end":
+            return Position(self._finished_epochs, 0, in_run=False)
+        if self._savable == "step":
+            return Position(self._epoch_index, self._batches_done, in_run=True)
+        if self._savable == "epoch":
+            return Position(self._epoch_index + 1, 0, in_run=True)
+        raise RuntimeError(
+            f"{where}: a training state can only be saved between steps: call it from "
+            "on_train_step_end or on_training_run_epoch_end, or outside train()."
+        )
+
+    def _register_training_state(self) -> None:
+        """Register the trainer's state with accelerate's checkpointing, once per trainer."""
+        if not self._state_registered:
+            self._accelerator.register_for_checkpointing(self._checkpointed_state)
+            self._state_registered = True
+
+    def _shared_training_state(self) -> dict[str, Any]:
+        """The trainer state that is the same on every process (saved by the main process)."""
+        position = self._saving or self._position("Trainer.save_training_state")
+        history = self.run_history.state_dict()
+        if self._savable == "epoch":  # the trainer counts the epoch right after this event
+            history["current_epoch"] += 1
+        config = self.run_config
+        return {
+            "position": position.to_dict(),
+            "num_updates": self._num_updates,
+            "run": {} if config is None else _resume_relevant(config),
+            "history": history,
+            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+            "callbacks": callback_states(self.callback_handler.callbacks),
+        }
+
+    def _rank_training_state(self, position: Position) -> dict[str, Any]:
+        """The trainer state that differs between processes."""
+        resumable = self._resumable
+        mid_epoch = position.in_run and position.batches_done > 0
+        loader: dict[str, Any] = {"epoch_states": None, "generators": [], "iteration": 0}
+        if resumable is not None:
+            epoch_states = resumable.randomness.epoch_states if mid_epoch else None
+            loader = {
+                "epoch_states": None if epoch_states is None else epoch_states.to_dict(),
+                "generators": list(resumable.randomness.current_states().generators),
+                "iteration": int(resumable.dataloader.iteration),
+            }
+        elif mid_epoch:
+            raise RuntimeError(
+                "Trainer.save_training_state: this train dataloader cannot resume mid-epoch "
+                f"({type(self._train_dataloader).__name__}); save at epoch ends instead."
+            )
+        return {
+            "loss_tracker": self._train_loss_tracker.state_dict() if mid_epoch else None,
+            "gradients": gradients(self.model),
+            "loader": loader,
+        }
+
+    def _write_training_state(self, final: Path, temporary: Path) -> None:
+        accelerator = self._accelerator
+        assert self._saving is not None
+        if self._prepared == (None, None):
+            self._prepare_model_and_optimizer()
+        if accelerator.is_main_process:
+            shutil.rmtree(temporary, ignore_errors=True)
+            temporary.mkdir(parents=True)
+        accelerator.wait_for_everyone()
+        self._register_training_state()
+        try:
+            accelerator.save_state(str(temporary))
+            rank_state = self._rank_training_state(self._saving)
+            torch.save(rank_state, temporary / rank_state_name(accelerator.process_index))
+            accelerator.wait_for_everyone()
+            if accelerator.is_main_process:
+                _check_saved_states_load_safely(temporary)
+                write_manifest(temporary, self._manifest_info())
+                publish(temporary, final)
+        except BaseException:
+            if accelerator.is_main_process:
+                shutil.rmtree(temporary, ignore_errors=True)
+            raise
+        accelerator.wait_for_everyone()
+
+    def _manifest_info(self) -> dict[str, Any]:
+        assert self._saving is not None
+        return {
+            "world_size": self._accelerator.num_processes,
+            "saved_at_ns": time.time_ns(),
+            "num_updates": self._num_updates,
+            "epoch": self.run_history.current_epoch,
+            "position": self._saving.to_dict(),
+        }
+
+    def _load_training_state(
+        self,
+        directory: Path,
+        where: str,
+        check: Callable[[dict[str, Any]], None] | None = None,
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Verify a training state, then load it through accelerate; return its trainer parts.
+
+        ``check`` sees the saved trainer state before anything is loaded into the trainer.
+        """
+        accelerator = self._accelerator
+        verify_training_state(directory, accelerator.num_processes, where)
+        if self._prepared == (None, None):
+            self._prepare_model_and_optimizer()
+        _check_model_fits(self.model, directory, where)
+        self._register_training_state()
+        if check is not None:
+            check(self._read_saved_trainer_state(directory, where))
+        try:
+            accelerator.load_state(str(directory))
+        except (RuntimeError, ValueError, KeyError) as error:
+            raise TrainingStateError(
+                f"{where}: {str(directory)!r} does not fit this trainer's model or optimizer: "
+                f"{error}"
+            ) from error
+        shared = self._checkpointed_state.loaded
+        if shared is None:
+            raise TrainingStateError(f"{where}: {str(directory)!r} holds no trainer state.")
+        rank_file = directory / rank_state_name(accelerator.process_index)
+        return shared, load_pickled(rank_file, where)
+
+    def _resume_point(self, resume_from: str | os.PathLike[str] | None) -> ResumePoint | None:
+        """Load the state to resume from (if any) and check that it fits this run."""
+        where = "Trainer.train"
+        if resume_from is None:
+            return None
+        directory = self._resume_directory(resume_from)
+        if directory is None:
+            return None
+        check = functools.partial(self._check_resumable, directory)
+        shared, rank_state = self._load_training_state(directory, where, check)
+        random_states = RandomStates(
+            torch.get_rng_state(), tuple(rank_state["loader"]["generators"])
+        )
+        position = Position.from_dict(shared["position"])
+        self.run_history.load_state_dict(shared["history"])
+        self._num_updates = int(shared["num_updates"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(shared["scheduler"])
+        self.print(f"Resuming from {str(directory)!r} (epoch {self.run_history.current_epoch}).")
+        return ResumePoint(directory, position, shared["callbacks"], rank_state, random_states)
+
+    def _resume_directory(self, resume_from: str | os.PathLike[str]) -> Path | None:
+        if os.fspath(resume_from) != "latest":
+            return Path(resume_from)
+        save_dirs = [
+            getattr(callback, "save_dir")  # noqa: B009 (any callback that saves training states)
+            for callback in self.callback_handler.callbacks
+            if getattr(callback, "saves_training_states", False)
+        ]
+        if not save_dirs:
+            fail(
+                ValueError,
+                "Trainer.train",
+                "resume_from",
+                "latest",
+                "a directory, or 'latest' with a SaveTrainingStateCallback",
+                "Add SaveTrainingStateCallback(save_dir=...) (its save_dir is searched), or pass "
+                "the directory of a training state.",
+            )
+        latest = latest_training_state(save_dirs[0])
+        if latest is None:
+            self.print(f"No training state in {str(save_dirs[0])!r} yet: starting afresh.")
+        return latest
+
+    def _read_saved_trainer_state(self, directory: Path, where: str) -> dict[str, Any]:
+        """Read (safely) the trainer state accelerate is about to load for this trainer."""
+        registered = list(getattr(self._accelerator, "_custom_objects", []))
+        index = next(i for i, obj in enumerate(registered) if obj is self._checkpointed_state)
+        shared = load_pickled(directory / f"custom_checkpoint_{index}.pkl", where)
+        if not isinstance(shared, dict) or "position" not in shared:
+            raise TrainingStateError(f"{where}: {str(directory)!r} holds no trainer state.")
+        return shared
+
+    def _check_resumable(self, directory: Path, shared: Mapping[str, Any]) -> None:
+        """Raise if the saved run cannot continue as this ``train()`` call is set up."""
+        assert self.run_config is not None
+        position = Position.from_dict(shared["position"])
+        saved_scheduler = shared["scheduler"] is not None
+        if saved_scheduler != (self.scheduler is not None):
+            fail(
+                TrainingStateError,
+                "Trainer.train",
+                "create_scheduler_fn",
+                self.create_scheduler_fn,
+                "the same scheduler as the saved run" if saved_scheduler else "None, as saved",
+                f"{str(directory)!r} was saved {'with' if saved_scheduler else 'without'} a "
+                "scheduler; resume with the same create_scheduler_fn.",
+            )
+        if position.batches_done == 0:
+            return
+        now = _resume_relevant(self.run_config)
+        for name, saved in shared["run"].items():
+            if now.get(name) != saved:
+                fail(
+                    TrainingStateError,
+                    "Trainer.train",
+                    name,
+                    now.get(name),
+                    f"{saved}, as in the saved run (it stopped mid-epoch)",
+                    f"Resume {str(directory)!r} with the same train() arguments and dataset.",
+                )
+        if self._resumable is None:
+            raise TrainingStateError(
+                f"Trainer.train: {str(directory)!r} was saved mid-epoch, but this train "
+                "dataloader cannot resume mid-epoch."
+            )
+
     # ------------------------------------------------------------------------- the loop
 
     def _run_training(self) -> None:
@@ -601,21 +919,34 @@ class Trainer:
 
     def _train_epochs(self) -> None:
         assert self.run_config is not None
-        for _ in range(self.run_config.num_epochs):
-            self._train_loss_tracker.reset()
-            self._run_level(
-                _TRAIN_EPOCH,
-                self._train_batches,
-                finish=functools.partial(
-                    self._record_loss, self._train_loss_tracker, "train_loss_epoch"
-                ),
-            )
-            if self._eval_dataloader is not None:
-                self._run_eval_epoch("eval_loss_epoch")
-            try:
-                self._fire("training_run_epoch_end", "on_training_run_epoch_end", {})
-            finally:  # the epoch is complete even if its last event asks to stop
-                self.run_history._increment_epoch()
+        resume = self._resume
+        first_epoch = 0 if resume is None else resume.position.epoch_index
+        if resume is not None and resume.position.batches_done == 0:
+            restore_callback_states(self.callback_handler, resume.callbacks, resume.directory)
+        try:
+            for epoch_index in range(first_epoch, self.run_config.num_epochs):
+                self._epoch_index = epoch_index
+                self._train_epoch()
+        finally:
+            self._savable, self._finished_epochs = "end", self.run_config.num_epochs
+
+    def _train_epoch(self) -> None:
+        self._train_loss_tracker.reset()
+        self._run_level(
+            _TRAIN_EPOCH,
+            self._train_batches,
+            finish=functools.partial(
+                self._record_loss, self._train_loss_tracker, "train_loss_epoch"
+            ),
+        )
+        if self._eval_dataloader is not None:
+            self._run_eval_epoch("eval_loss_epoch")
+        self._savable = "epoch"
+        try:
+            self._fire("training_run_epoch_end", "on_training_run_epoch_end", {})
+        finally:  # the epoch is complete even if its last event asks to stop
+            self._savable = None
+            self.run_history._increment_epoch()
 
     def _train_batches(self) -> None:
         assert self._train_dataloader is not None
@@ -624,12 +955,70 @@ class Trainer:
             self.run_config.train_dataloader_len, self.run_config.gradient_accumulation_steps
         )
         total_updates = self.run_config.total_num_update_steps
-        batches = _iterate(self._train_dataloader, self.limit_train_batches)
-        with contextlib.closing(batches):
-            for step, batch in enumerate(batches):
-                self._run_level(_TRAIN_STEP, functools.partial(self._train_step, plan, batch, step))
-                if self._num_updates >= total_updates:
-                    return
+        start, random_state_at_save = self._begin_epoch()
+        if self._num_updates >= total_updates:  # resumed from the run's last update
+            if random_state_at_save is not None:
+                torch.set_rng_state(random_state_at_save)
+            return
+        limit = self.limit_train_batches
+        batches = _iterate(self._train_dataloader, None if limit is None else max(0, limit - start))
+        try:
+            with contextlib.closing(batches):
+                if random_state_at_save is not None:
+                    batches = _restoring_after_first(batches, random_state_at_save)
+                for step, batch in enumerate(batches, start):
+                    self._savable = None
+                    self._run_level(
+                        _TRAIN_STEP, functools.partial(self._train_step, plan, batch, step)
+                    )
+                    if self._num_updates >= total_updates:
+                        return
+        finally:
+            self._savable = None
+            if self._resumable is not None:
+                self._resumable.skip.skip_batches = 0
+
+    def _begin_epoch(self) -> tuple[int, torch.Tensor | None]:
+        """Apply a pending resume at the start of an epoch.
+
+        Returns:
+            The batches of this epoch to skip, and the random state to set once the first
+            remaining batch is loaded (mid-epoch resumes only).
+        """
+        resume, self._resume = self._resume, None
+        self._batches_done = 0
+        resumable = self._resumable
+        if resume is None:
+            return 0, None
+        loader_state = resume.rank_state["loader"]
+        if resumable is not None:
+            resumable.dataloader.iteration = loader_state["iteration"]
+        if resume.position.batches_done == 0:
+            self._prime_epoch_randomness(resume)
+            return 0, None
+        assert resumable is not None
+        restore_callback_states(self.callback_handler, resume.callbacks, resume.directory)
+        self._train_loss_tracker.load_state_dict(resume.rank_state["loss_tracker"], self.device)
+        restore_gradients(self.model, resume.rank_state["gradients"])
+        resumable.randomness.replay = resume.epoch_states
+        resumable.skip.skip_batches = self._batches_done = resume.position.batches_done
+        return resume.position.batches_done, resume.random_states.cpu
+
+    def _prime_epoch_randomness(self, resume: ResumePoint) -> None:
+        """Set the random states an epoch resumed at its start draws its order from.
+
+        A saved run's next epoch reused its dataloader iterator if the workers persist (the
+        order is then drawn from the state at the save); a resumed run always starts a new
+        one, which first draws the workers' base seed, so the draw is replayed.
+        """
+        resumable = self._resumable
+        if resumable is None:
+            torch.set_rng_state(resume.random_states.cpu)
+            return
+        resumable.randomness.apply(resume.random_states)
+        loader = resumable.dataloader
+        if resume.position.in_run and loader.num_workers > 0 and loader.persistent_workers:
+            resumable.randomness.replay = resume.random_states
 
     def _train_step(self, plan: AccumulationPlan, batch: Any, step: int) -> dict[str, Any]:
         is_update, scale = (
@@ -646,6 +1035,7 @@ class Trainer:
             self._fire(None, "on_backward_end", {})
         if is_update:
             self._update()
+        self._batches_done, self._savable = step + 1, "step"
         return {"batch": batch, "batch_output": batch_output, "step": step}
 
     def _update(self) -> None:
@@ -703,14 +1093,25 @@ class Trainer:
             self.model.train(was_training)
 
     def _run_eval_epoch(self, metric_name: str, is_intermediate: bool = False) -> None:
+        """Run an eval epoch; it neither draws from the training's random state nor saves.
+
+        Evaluating (an eval set, or evaluating more often) never changes the training's
+        random draws, so a resumed run, whose eval iterators start afresh, draws the same.
+        """
         self._eval_loss_tracker.reset()
-        with torch.no_grad():
-            self._run_level(
-                _EVAL_EPOCH,
-                self._eval_batches,
-                finish=functools.partial(self._record_loss, self._eval_loss_tracker, metric_name),
-                is_intermediate=is_intermediate,
-            )
+        savable, self._savable = self._savable, None
+        try:
+            with torch.no_grad(), training_rng_preserved(self):
+                self._run_level(
+                    _EVAL_EPOCH,
+                    self._eval_batches,
+                    finish=functools.partial(
+                        self._record_loss, self._eval_loss_tracker, metric_name
+                    ),
+                    is_intermediate=is_intermediate,
+                )
+        finally:
+            self._savable = savable
 
     def _eval_batches(self) -> None:
         assert self._eval_dataloader is not None
@@ -873,6 +1274,29 @@ class Trainer:
 
     def _prepare(self, train_dl: DataLoader[Any] | None, eval_dl: DataLoader[Any] | None) -> None:
         """Prepare the model and optimizer (once each) and this run's dataloaders."""
+        self._prepare_model_and_optimizer()
+        _forget_dataloaders(self._accelerator, self._train_dataloader, self._eval_dataloader)
+        self._resumable = None
+        self._train_dataloader = (
+            None if train_dl is None else self._prepare_train_dataloader(train_dl)
+        )
+        self._eval_dataloader = None if eval_dl is None else self._prepare_dataloader(eval_dl)
+
+    def _prepare_train_dataloader(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
+        """Prepare the train dataloader as one that can resume mid-epoch, where accelerate can."""
+        prepared = self._prepare_dataloader(dataloader)
+        self._resumable = make_resumable(prepared)
+        if self._resumable is None:
+            return prepared
+        registered = getattr(self._accelerator, "_dataloaders", None)
+        if isinstance(registered, list):  # accelerate's save_state looks at the loaders it knows
+            registered[:] = [
+                self._resumable.dataloader if dl is prepared else dl for dl in registered
+            ]
+        return self._resumable.dataloader  # type: ignore[no-any-return]
+
+    def _prepare_model_and_optimizer(self) -> None:
+        """Prepare the model and the optimizer, each once (again if parameters were unfrozen)."""
         accelerator = self._accelerator
         model_ready = self.model is self._prepared[0] and not self._trainable_set_changed()
         optimizer_ready = self.optimizer is self._prepared[1]
@@ -886,9 +1310,6 @@ class Trainer:
         self._prepared = (self.model, self.optimizer)
         self._direct_optimizer = _direct_optimizer(accelerator, self.optimizer)
         self._trainable_when_wrapped = _trainable_flags(self.model)
-        _forget_dataloaders(accelerator, self._train_dataloader, self._eval_dataloader)
-        self._train_dataloader = None if train_dl is None else self._prepare_dataloader(train_dl)
-        self._eval_dataloader = None if eval_dl is None else self._prepare_dataloader(eval_dl)
 
     def _prepare_dataloader(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
         """Shard the dataloader across processes; move batches only if the device is not the CPU.
@@ -1034,6 +1455,24 @@ def _iterate(dataloader: Iterable[Any], limit: int | None) -> Generator[Any, Non
             end()
 
 
+def _restoring_after_first(
+    batches: Iterator[Any], random_state: torch.Tensor
+) -> Generator[Any, None, None]:
+    """Yield ``batches``, setting the CPU random state once the first one is loaded (or none is).
+
+    Creating a dataloader iterator draws from the random state; a run resumed mid-epoch must
+    continue from the state at its save, after its new iterator exists.
+    """
+    first = next(batches, _NO_BATCH)
+    torch.set_rng_state(random_state)
+    if first is not _NO_BATCH:
+        yield first
+        yield from batches
+
+
+_NO_BATCH = object()
+
+
 def _is_limit_callback(callback: CallbackLike) -> bool:
     kind = callback if isinstance(callback, type) else type(callback)
     return issubclass(kind, LimitBatchesCallback)
@@ -1145,3 +1584,64 @@ def _check_train_arguments(arguments: Mapping[str, Any]) -> None:
     check_callable(where, "collate_fn", arguments["collate_fn"], "Pass a function or None.")
     for name in ("train_dataloader_kwargs", "eval_dataloader_kwargs"):
         check_mapping(where, name, arguments[name])
+
+
+def _resume_relevant(config: TrainerRunConfig) -> dict[str, Any]:
+    """The run settings a mid-epoch resume needs unchanged to see the same batches."""
+    return {
+        "train_dataloader_len": config.train_dataloader_len,
+        "gradient_accumulation_steps": config.gradient_accumulation_steps,
+        "train_per_device_batch_size": config.train_per_device_batch_size,
+        "num_processes": config.num_processes,
+    }
+
+
+def _check_saved_states_load_safely(directory: Path) -> None:
+    """Raise if a trainer or callback state just saved could not be loaded with weights_only."""
+    for path in sorted(directory.glob("custom_checkpoint_*.pkl")):
+        try:
+            load_pickled(path, "Trainer.save_training_state")
+        except TrainingStateError as error:
+            raise TypeError(
+                "Trainer.save_training_state: the trainer state (scheduler, run history or a "
+                "callback's state_dict) holds objects that cannot be loaded safely; keep "
+                f"state_dicts to tensors, numbers, strings and containers. {error}"
+            ) from error
+
+
+def _check_model_fits(model: nn.Module, directory: Path, where: str) -> None:
+    """Compare the saved parameter names and shapes with the model's, before loading."""
+    path = directory / "model.safetensors"
+    if not path.is_file():
+        return
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            saved = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}  # noqa: SIM118
+    except Exception as error:
+        raise TrainingStateError(f"{where}: could not read {str(path)!r}: {error}") from error
+    current = {_plain_key(key): tensor for key, tensor in model.state_dict().items()}
+    saved = {_plain_key(key): shape for key, shape in saved.items()}
+    present = {tensor.data_ptr() for key, tensor in current.items() if key in saved}
+    problems = [f"unexpected {key}" for key in sorted(set(saved) - set(current))]
+    problems += [
+        f"missing {key}"
+        for key in sorted(set(current) - set(saved))
+        if current[key].data_ptr() not in present  # tied weights are saved once
+    ]
+    problems += [
+        f"{key}: saved {list(saved[key])}, model {list(current[key].shape)}"
+        for key in sorted(set(saved) & set(current))
+        if saved[key] != tuple(current[key].shape)
+    ]
+    if problems:
+        raise TrainingStateError(
+            f"{where}: {str(path)!r} holds a different model: {'; '.join(problems[:8])}"
+            f"{' ...' if len(problems) > 8 else ''}. Resume with the model it was saved from."
+        )
+
+
+def _plain_key(key: str) -> str:
+    """A state-dict key without the DDP (``module.``) and ``torch.compile`` prefixes."""
+    return key.removeprefix("module.").replace("_orig_mod.", "")

@@ -19,6 +19,7 @@ from pytorch_accel.callbacks.nan import TerminateOnNaNCallback
 from pytorch_accel.callbacks.plotting import PlotMetricsCallback, plot_metrics
 from pytorch_accel.callbacks.progress import PrintProgressCallback, ProgressBarCallback
 from pytorch_accel.callbacks.save_best import SaveBestModelCallback
+from pytorch_accel.callbacks.save_state import SaveTrainingStateCallback
 from pytorch_accel.callbacks.step_eval import StepBasedEvaluationCallback
 from pytorch_accel.callbacks.sync_batchnorm import ConvertSyncBatchNormCallback
 from pytorch_accel.callbacks.throughput import ThroughputCallback
@@ -43,6 +44,7 @@ __all__ = [
     "PrintProgressCallback",
     "ProgressBarCallback",
     "SaveBestModelCallback",
+    "SaveTrainingStateCallback",
     "StepBasedEvaluationCallback",
     "StopTrainingError",
     "TerminateOnNaNCallback",

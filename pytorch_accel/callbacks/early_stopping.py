@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from pytorch_accel._validation import check_positive_int
@@ -98,6 +99,20 @@ class EarlyStoppingCallback(TrainerCallback):
         self.best_metric = None
         self.best_metric_epoch = None
         self.early_stopping_patience_counter = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the best value, its epoch and the patience counter (saved in training states)."""
+        return {
+            "best_metric": self.best_metric,
+            "best_metric_epoch": self.best_metric_epoch,
+            "early_stopping_patience_counter": self.early_stopping_patience_counter,
+        }
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore a state returned by ``state_dict``."""
+        self.best_metric = state_dict["best_metric"]
+        self.best_metric_epoch = state_dict["best_metric_epoch"]
+        self.early_stopping_patience_counter = int(state_dict["early_stopping_patience_counter"])
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Reset (if ``reset_on_train``) and check that the metric can be recorded."""

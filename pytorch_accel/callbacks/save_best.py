@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -135,6 +136,20 @@ class SaveBestModelCallback(TrainerCallback):
         """
         path = self.save_path
         return path.with_name(f"{path.stem}-epoch{epoch}{path.suffix}")
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the best value, its epoch and the kept ranking (saved in training states)."""
+        return {
+            "best_metric": self.best_metric,
+            "best_metric_epoch": self.best_metric_epoch,
+            "ranking": [list(entry) for entry in self._ranking],
+        }
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore a state returned by ``state_dict``."""
+        self.best_metric = state_dict["best_metric"]
+        self.best_metric_epoch = state_dict["best_metric_epoch"]
+        self._ranking = [(float(value), int(epoch)) for value, epoch in state_dict["ranking"]]
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Start a new ranking (if ``reset_on_train``); check that the metric can be recorded."""

@@ -32,6 +32,7 @@ def factories() -> dict[str, Callable[[], Any]]:
         "TrackingCallback": cb.TrackingCallback,
         "PlotMetricsCallback": cb.PlotMetricsCallback,
         "ThroughputCallback": cb.ThroughputCallback,
+        "SaveTrainingStateCallback": lambda: cb.SaveTrainingStateCallback(save_every_n_steps=3),
     }
 
 

@@ -13,9 +13,16 @@ from torch import nn
 
 
 def report(values: dict[str, Any]) -> None:
-    """Write this rank's results to ``<out_dir>/rank<RANK>.json`` (out_dir is argv[1])."""
+    """Write this rank's results to ``<out_dir>/rank<RANK>.json`` (out_dir is argv[1]).
+
+    Then leave the process group together: a rank that exits while another still talks to it
+    over gloo can abort the other one ("terminate called without an active exception").
+    """
     rank = int(os.environ.get("RANK", "0"))
     Path(sys.argv[1], f"rank{rank}.json").write_text(json.dumps(values))
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 def max_difference(model: nn.Module, reference: nn.Module) -> float:

@@ -1,0 +1,220 @@
+"""Save resumable training states periodically, keep the last few, and save on preemption."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import threading
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from pytorch_accel._validation import check_positive_int, fail
+from pytorch_accel.callbacks._watch import check_bool, check_path
+from pytorch_accel.callbacks.base import StopTrainingError, TrainerCallback
+from pytorch_accel.training_state import find_training_states
+
+if TYPE_CHECKING:
+    from pytorch_accel.trainer import Trainer
+
+__all__ = ["SaveTrainingStateCallback"]
+
+_SignalHandler = Any  # what signal.signal returns: a callable, an int, or None
+
+
+class SaveTrainingStateCallback(TrainerCallback):
+    """Save training states to ``save_dir`` to resume from, and on a preemption signal.
+
+    Each state is a directory written by ``Trainer.save_training_state``: atomic, complete
+    only with its manifest. Resume the newest with ``trainer.train(..., resume_from="latest")``
+    (with this callback among the trainer's callbacks), which also starts afresh when there is
+    none yet, so the same command serves the first launch and every requeue.
+
+    Names: ``updates-<n>`` (every ``save_every_n_steps`` optimizer updates, counted per
+    ``train()`` call), ``epoch-<n>`` (every ``save_every_n_epochs`` epochs, numbered as in the
+    run history), ``preempted-<n>`` and ``final`` (when training ends, unless preempted).
+
+    On a preemption signal (SIGTERM by default; add ``signal.SIGUSR1`` for SLURM's
+    ``--signal=USR1@90``) the current step is finished, a state is saved, the run stops
+    through the usual stop events, and the process exits with status 0 (``SystemExit(0)``
+    after ``on_training_run_end``) unless ``exit_on_preemption=False``, in which case
+    ``train()`` returns. A second signal while the first is handled ends the process at once.
+    With several processes, the processes agree after every step whether any received the
+    signal (one small all-reduce over gloo per step), so they all save the same step.
+
+    This callback runs after the others of each event (``order = 1000``), so a state saved at
+    the end of a step or an epoch includes what they did in that event.
+
+    Args:
+        save_dir: The directory that holds the states.
+        save_every_n_epochs: Save after every n-th epoch (with its evaluation).
+        save_every_n_steps: Save after every n-th optimizer update.
+        save_at_end: Save ``final`` when ``train()`` ends (not after a preemption).
+        max_checkpoints: Keep only the newest this many states (deleted by the main process).
+        preemption_signals: Signals that save a state and stop; ``()`` installs no handler.
+        exit_on_preemption: Exit the process with status 0 after a preemption.
+    """
+
+    order = 1000
+    saves_training_states = True
+
+    def __init__(
+        self,
+        save_dir: str | os.PathLike[str] = "training_states",
+        save_every_n_epochs: int | None = None,
+        save_every_n_steps: int | None = None,
+        save_at_end: bool = True,
+        max_checkpoints: int | None = None,
+        preemption_signals: Iterable[int] = (signal.SIGTERM,),
+        exit_on_preemption: bool = True,
+    ) -> None:
+        where = "SaveTrainingStateCallback"
+        check_path(where, "save_dir", save_dir)
+        check_positive_int(where, "save_every_n_epochs", save_every_n_epochs, allow_none=True)
+        check_positive_int(where, "save_every_n_steps", save_every_n_steps, allow_none=True)
+        check_bool(where, "save_at_end", save_at_end)
+        check_positive_int(where, "max_checkpoints", max_checkpoints, allow_none=True)
+        check_bool(where, "exit_on_preemption", exit_on_preemption)
+        self.save_dir = Path(save_dir)
+        self.save_every_n_epochs = save_every_n_epochs
+        self.save_every_n_steps = save_every_n_steps
+        self.save_at_end = save_at_end
+        self.max_checkpoints = max_checkpoints
+        self.preemption_signals = _check_signals(where, preemption_signals)
+        self.exit_on_preemption = exit_on_preemption
+        self.preempted_by: signal.Signals | None = None
+        self._received: int | None = None
+        self._previous: dict[int, _SignalHandler] = {}
+        self._updates_seen = 0
+        self._group: Any = None
+
+    # ------------------------------------------------------------------------ events
+
+    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Clear leftovers of interrupted saves, and install the signal handlers."""
+        self.preempted_by, self._received = None, None
+        self._updates_seen = trainer.num_updates
+        if trainer.accelerator.is_main_process:
+            _remove_interrupted_saves(self.save_dir)
+        multi_process = trainer.accelerator.num_processes > 1
+        if self.preemption_signals and multi_process and self._group is None:
+            self._group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
+        self._install_handlers()
+
+    def on_train_step_end(
+        self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
+    ) -> None:
+        """Save on a preemption signal, or every ``save_every_n_steps`` updates."""
+        self._handle_preemption(trainer)
+        updates = trainer.num_updates
+        every = self.save_every_n_steps
+        if every is not None and updates != self._updates_seen and updates % every == 0:
+            self._save(trainer, f"updates-{updates:08d}")
+        self._updates_seen = updates
+
+    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Save on a preemption signal, or every ``save_every_n_epochs`` epochs."""
+        self._handle_preemption(trainer)
+        epoch = trainer.run_history.current_epoch
+        every = self.save_every_n_epochs
+        if every is not None and epoch % every == 0:
+            self._save(trainer, f"epoch-{epoch:04d}")
+
+    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Restore the signal handlers; save ``final``; exit after a preemption if asked to."""
+        self._restore_handlers()
+        if self.preempted_by is None:
+            if self.save_at_end:
+                self._save(trainer, "final")
+            return
+        if self.exit_on_preemption:
+            trainer.print(f"Exiting after {self.preempted_by.name}: resume with the saved state.")
+            raise SystemExit(0)
+
+    # ------------------------------------------------------------------------ saving
+
+    def _save(self, trainer: Trainer, name: str) -> Path:
+        path = trainer.save_training_state(self.save_dir / name)
+        if self.max_checkpoints is not None and trainer.accelerator.is_main_process:
+            for old in find_training_states(self.save_dir)[: -self.max_checkpoints]:
+                shutil.rmtree(old, ignore_errors=True)
+        trainer.accelerator.wait_for_everyone()
+        return path
+
+    def _handle_preemption(self, trainer: Trainer) -> None:
+        """If any process received a preemption signal, save and stop (on every process)."""
+        if not self.preemption_signals:
+            return
+        received = self._received
+        if trainer.accelerator.num_processes > 1:
+            received = _max_over_processes(received or 0, self._group) or None
+        if received is None:
+            return
+        self.preempted_by = signal.Signals(received)
+        path = self._save(trainer, f"preempted-{trainer.num_updates:08d}")
+        raise StopTrainingError(
+            f"Preempted by {self.preempted_by.name}: the training state was saved to "
+            f"{str(path)!r}; resume with train(..., resume_from='latest')."
+        )
+
+    # ------------------------------------------------------------------------ signals
+
+    def _install_handlers(self) -> None:
+        if not self.preemption_signals:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            warnings.warn(
+                "SaveTrainingStateCallback: train() runs outside the main thread, where signal "
+                "handlers cannot be installed; preemption signals are not handled.",
+                stacklevel=2,
+            )
+            return
+        for signum in self.preemption_signals:
+            self._previous[signum] = signal.signal(signum, self._on_signal)
+
+    def _restore_handlers(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._received is not None:  # a second signal: stop waiting for the step to end
+            self._restore_handlers()
+            signal.raise_signal(signum)
+            return
+        self._received = signum
+
+
+def _max_over_processes(value: int, group: Any) -> int:
+    flag = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    return int(flag[0])
+
+
+def _check_signals(where: str, signals: Iterable[int]) -> tuple[int, ...]:
+    try:
+        checked = tuple(signal.Signals(signum) for signum in signals)
+    except (TypeError, ValueError):
+        fail(
+            ValueError,
+            where,
+            "preemption_signals",
+            signals,
+            "signal numbers",
+            "Pass e.g. (signal.SIGTERM, signal.SIGUSR1), or () to handle none.",
+        )
+    return tuple(int(signum) for signum in checked)
+
+
+def _remove_interrupted_saves(save_dir: Path) -> None:
+    """Delete the hidden directories that interrupted saves left in ``save_dir``."""
+    if not save_dir.is_dir():
+        return
+    for path in save_dir.glob(".*.incomplete"):
+        shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,373 @@
+"""Saving and loading training states in one process: atomic writes, verification, errors."""
+
+from __future__ import annotations
+
+import functools
+import json
+import pickle
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from helpers import clone_params, make_model, make_trainer
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from pytorch_accel import Trainer
+from pytorch_accel.callbacks import (
+    EarlyStoppingCallback,
+    SaveTrainingStateCallback,
+    StopTrainingError,
+    TrainerCallback,
+)
+from pytorch_accel.training_state import (
+    MANIFEST_NAME,
+    TrainingStateError,
+    find_training_states,
+    latest_training_state,
+    write_manifest,
+)
+
+STEP_LR = functools.partial(torch.optim.lr_scheduler.StepLR, step_size=2, gamma=0.5)
+
+
+def saved_after_training(tmp_path: Path, dataset: TensorDataset, **train: Any) -> Trainer:
+    trainer = make_trainer()
+    trainer.train(dataset, num_epochs=1, per_device_batch_size=8, **train)
+    trainer.save_training_state(tmp_path / "state")
+    return trainer
+
+
+def rewrite(state: Path, name: str, data: bytes) -> None:
+    """Replace a file and re-write the manifest, as a deliberate forgery would."""
+    (state / name).write_bytes(data)
+    (state / MANIFEST_NAME).unlink()
+    write_manifest(state, {"world_size": 1, "saved_at_ns": 0})
+
+
+class SaveAtStep(TrainerCallback):
+    def __init__(self, path: Path, step: int) -> None:
+        self.path, self.step, self.seen = path, step, 0
+
+    def on_train_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        self.seen += 1
+        if self.seen == self.step:
+            trainer.save_training_state(self.path)
+            raise StopTrainingError("")
+
+
+# ----------------------------------------------------------------------------- saving
+
+
+def test_a_state_is_a_complete_directory_with_a_manifest(
+    tmp_path: Path, regression_dataset: TensorDataset
+) -> None:
+    saved_after_training(tmp_path, regression_dataset)
+    state = tmp_path / "state"
+    manifest = json.loads((state / MANIFEST_NAME).read_text())
+    assert manifest["world_size"] == 1
+    assert manifest["num_updates"] == 8
+    assert {"model.safetensors", "optimizer.bin", "random_states_0.pkl"} <= set(manifest["files"])
+    assert {"custom_checkpoint_0.pkl", "trainer_rank_0.pt"} <= set(manifest["files"])
+    assert not list(tmp_path.glob(".*"))  # no temporary directory is left behind
+
+
+def test_save_inside_an_event_other_than_step_or_epoch_end_is_refused(
+    tmp_path: Path, regression_dataset: TensorDataset
+) -> None:
+    class SaveAtEpochStart(TrainerCallback):
+        def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+            trainer.save_training_state(tmp_path / "state")
+
+    trainer = make_trainer(callbacks=(SaveAtEpochStart(),))
+    with pytest.raises(RuntimeError, match="on_train_step_end or on_training_run_epoch_end"):
+        trainer.train(regression_dataset, num_epochs=1)
+    assert not (tmp_path / "state").exists()
+
+
+def test_a_failed_save_leaves_the_previous_state_intact(
+    tmp_path: Path, regression_dataset: TensorDataset
+) -> None:
+    class Unsafe(TrainerCallback):
+        payload: Any = None
+
+        def state_dict(self) -> dict[str, Any]:
+            return {"payload": self.payload}
+
+        def load_state_dict(self, state: dict[str, Any]) -> None:
+            self.payload = state["payload"]
+
+    unsafe = Unsafe()
+    trainer = make_trainer(callbacks=(unsafe,))
+    trainer.train(regression_dataset, num_epochs=1)
+    trainer.save_training_state(tmp_path / "state")
+    before = (tmp_path / "state" / MANIFEST_NAME).read_text()
+    unsafe.payload = functools.partial(print)  # not loadable with weights_only
+    with pytest.raises(TypeError, match="cannot be loaded safely"):
+        trainer.save_training_state(tmp_path / "state")
+    assert (tmp_path / "state" / MANIFEST_NAME).read_text() == before
+    assert not list(tmp_path.glob(".*"))
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+def test_load_training_state_restores_weights_optimizer_and_history(
+    tmp_path: Path, regression_dataset: TensorDataset
+) -> None:
+    trainer = saved_after_training(tmp_path, regression_dataset)
+    fresh = make_trainer(make_model(seed=7))
+    shared = fresh.load_training_state(tmp_path / "state")
+    for mine, saved in zip(clone_params(fresh.model), clone_params(trainer.model), strict=True):
+        assert torch.equal(mine, saved)
+    assert fresh.optimizer.state_dict() == trainer.optimizer.state_dict()
+    assert fresh.run_history.state_dict() == trainer.run_history.state_dict()
+    assert shared["num_updates"] == 8
+
+
+def test_loading_a_missing_directory_names_it(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"no training state directory at .*nowhere"):
+        make_trainer().load_training_state(tmp_path / "nowhere")
+
+
+def test_a_directory_without_manifest_is_an_interrupted_save(
+    tmp_path: Path, regression_dataset: TensorDataset
+) -> None:
+    saved_after_training(tmp_path, regression_dataset)
+    (tmp_path / "state" / MANIFEST_NAME).unlink()
+    with pytest.raises(TrainingStateError, match="not a complete training state"):
+        make_trainer().load_training_state(tmp_path / "state")
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "optimizer.bin", "trainer_rank_0.pt"])
+def test_a_truncated_file_is_named(
+    tmp_path: Path, regression_dataset: TensorDataset, name: str
+) -> None:
+    saved_after_training(tmp_path, regression_dataset)
+    path = tmp_path / "state" / name
+    path.write_bytes(path.read_bytes()[:-7])
+    with pytest.raises(TrainingStateError, match=rf"{name}' is truncated"):
+        make_trainer().load_training_state(tmp_path / "state")
+
+
+def test_a_corrupt_file_is_named(tmp_path: Path, regression_dataset: TensorDataset) -> None:
+    saved_after_training(tmp_path, regression_dataset)
+    path = tmp_path / "state" / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(TrainingStateError, match=r"model.safetensors' is corrupt"):
+        make_trainer().load_training_state(tmp_path / "state")
+
+
+class Payload:
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Path.touch, (Path(PAYLOAD_MARKER[0]),))
+
+
+PAYLOAD_MARKER: list[str] = [""]
+
+
+def test_a_forged_pickle_is_refused_without_running_it(
+    tmp_path: Path, regression_dataset: TensorDataset
+) -> None:
+    saved_after_training(tmp_path, regression_dataset)
+    marker = tmp_path / "payload-ran"
+    PAYLOAD_MARKER[0] = str(marker)
+    rewrite(tmp_path / "state", "custom_checkpoint_0.pkl", pickle.dumps({"x": Payload()}))
+    with pytest.raises(
+        TrainingStateError, match=r"could not read .*custom_checkpoint_0.pkl.* safely"
+    ):
+        make_trainer().load_training_state(tmp_path / "state")
+    assert not marker.exists()
+
+
+def test_a_different_model_is_refused_with_the_mismatch(
+    tmp_path: Path, regression_dataset: TensorDataset
+) -> None:
+    saved_after_training(tmp_path, regression_dataset)
+    wider = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
+    with pytest.raises(
+        TrainingStateError, match=r"different model: 0.bias: saved \[8\], model \[16\]"
+    ):
+        make_trainer(wider).load_training_state(tmp_path / "state")
+
+
+def test_a_different_world_size_is_refused(
+    tmp_path: Path, regression_dataset: TensorDataset
+) -> None:
+    saved_after_training(tmp_path, regression_dataset)
+    manifest_path = tmp_path / "state" / MANIFEST_NAME
+    manifest = json.loads(manifest_path.read_text())
+    manifest["world_size"] = 2
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(TrainingStateError, match="saved by 2 processes, but this run has 1"):
+        make_trainer().load_training_state(tmp_path / "state")
+
+
+# ---------------------------------------------------------------------------- resuming
+
+
+def test_resume_needs_the_same_scheduler(tmp_path: Path, regression_dataset: TensorDataset) -> None:
+    saved_after_training(tmp_path, regression_dataset, create_scheduler_fn=STEP_LR)
+    trainer = make_trainer()
+    before = clone_params(trainer.model)
+    with pytest.raises(TrainingStateError, match="create_scheduler_fn"):
+        trainer.train(regression_dataset, num_epochs=2, resume_from=tmp_path / "state")
+    for mine, original in zip(clone_params(trainer.model), before, strict=True):
+        assert torch.equal(mine, original)  # refused before anything was loaded
+
+
+def test_mid_epoch_resume_needs_the_same_batches(
+    tmp_path: Path, regression_dataset: TensorDataset
+) -> None:
+    make_trainer(callbacks=(SaveAtStep(tmp_path / "state", 3),)).train(
+        regression_dataset, num_epochs=1, per_device_batch_size=8
+    )
+    with pytest.raises(TrainingStateError, match="train_dataloader_len must be 8"):
+        make_trainer().train(
+            regression_dataset,
+            num_epochs=1,
+            per_device_batch_size=4,
+            resume_from=tmp_path / "state",
+        )
+
+
+def test_resume_latest_needs_a_save_training_state_callback(
+    regression_dataset: TensorDataset,
+) -> None:
+    with pytest.raises(ValueError, match="resume_from must be a directory, or 'latest' with"):
+        make_trainer().train(regression_dataset, num_epochs=1, resume_from="latest")
+
+
+def test_resume_latest_starts_afresh_when_there_is_no_state(
+    tmp_path: Path, regression_dataset: TensorDataset
+) -> None:
+    callback = SaveTrainingStateCallback(tmp_path, preemption_signals=())
+    trainer = make_trainer(callbacks=(callback,))
+    trainer.train(regression_dataset, num_epochs=1, resume_from="latest")
+    assert trainer.resumed_from is None
+    assert trainer.num_updates == 8
+    assert find_training_states(tmp_path) == [tmp_path / "final"]
+
+
+def test_resuming_a_finished_run_trains_nothing_more(
+    tmp_path: Path, regression_dataset: TensorDataset
+) -> None:
+    trainer = saved_after_training(tmp_path, regression_dataset)
+    resumed = make_trainer(make_model(seed=3))
+    resumed.train(
+        regression_dataset, num_epochs=1, per_device_batch_size=8, resume_from=tmp_path / "state"
+    )
+    assert resumed.num_updates == 8
+    for mine, saved in zip(clone_params(resumed.model), clone_params(trainer.model), strict=True):
+        assert torch.equal(mine, saved)
+    assert resumed.run_history.get_metric_values("train_loss_epoch") == (
+        trainer.run_history.get_metric_values("train_loss_epoch")
+    )
+
+
+def test_callback_states_are_restored_and_missing_ones_reported(
+    tmp_path: Path, regression_dataset: TensorDataset, small_eval_dataset: TensorDataset
+) -> None:
+    stopping = EarlyStoppingCallback(early_stopping_patience=5, early_stopping_threshold=100.0)
+    trainer = make_trainer(
+        callbacks=(stopping, SaveTrainingStateCallback(tmp_path, preemption_signals=()))
+    )
+    trainer.train(regression_dataset, num_epochs=2, eval_dataset=small_eval_dataset)
+    assert stopping.early_stopping_patience_counter == 1
+    restored = EarlyStoppingCallback(early_stopping_patience=5, early_stopping_threshold=100.0)
+    more = dict(num_epochs=3, eval_dataset=small_eval_dataset, resume_from=tmp_path / "final")
+    make_trainer(callbacks=(restored,)).train(regression_dataset, **more)
+    assert restored.early_stopping_patience_counter == 2  # 1 saved, + the third epoch
+    with pytest.warns(
+        UserWarning, match="EarlyStoppingCallback callback that this trainer does not"
+    ):
+        make_trainer().train(regression_dataset, **more)
+
+
+# ---------------------------------------------------------------------------- callback
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"save_every_n_steps": 0}, "save_every_n_steps must be a positive int"),
+        ({"max_checkpoints": -1}, "max_checkpoints must be a positive int"),
+        ({"preemption_signals": ("TERM",)}, "preemption_signals must be signal numbers"),
+    ],
+)
+def test_callback_arguments_are_checked(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        SaveTrainingStateCallback(**kwargs)
+
+
+def test_callback_keeps_the_newest_max_checkpoints(
+    tmp_path: Path, regression_dataset: TensorDataset
+) -> None:
+    callback = SaveTrainingStateCallback(
+        tmp_path, save_every_n_steps=3, max_checkpoints=2, save_at_end=False, preemption_signals=()
+    )
+    make_trainer(callbacks=(callback,)).train(regression_dataset, num_epochs=2)
+    names = [state.name for state in find_training_states(tmp_path)]
+    assert names == ["updates-00000012", "updates-00000015"]
+    assert latest_training_state(tmp_path) == tmp_path / "updates-00000015"
+
+
+def test_callback_restores_signal_handlers_after_the_run(
+    tmp_path: Path, regression_dataset: TensorDataset
+) -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    callback = SaveTrainingStateCallback(tmp_path, save_at_end=False)
+    make_trainer(callbacks=(callback,)).train(regression_dataset, num_epochs=1)
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+class CountingDataset(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    def __init__(self, dataset: TensorDataset) -> None:
+        self.dataset, self.reads = dataset, 0
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.reads += 1
+        return self.dataset[index]
+
+
+def test_mid_epoch_resume_loads_no_sample_of_the_skipped_batches(
+    tmp_path: Path, regression_dataset: TensorDataset
+) -> None:
+    make_trainer(callbacks=(SaveAtStep(tmp_path / "state", 6),)).train(
+        regression_dataset, num_epochs=1, per_device_batch_size=8
+    )
+    counting = CountingDataset(regression_dataset)
+    resumed = make_trainer()
+    resumed.train(
+        counting,
+        num_epochs=1,
+        per_device_batch_size=8,
+        train_dataloader_kwargs={"num_workers": 0},
+        resume_from=tmp_path / "state",
+    )
+    assert resumed.num_updates == 8
+    assert counting.reads == 2 * 8  # the last 2 of 8 batches
+
+
+def test_latest_is_the_last_saved_whatever_its_name(
+    tmp_path: Path, regression_dataset: TensorDataset, small_eval_dataset: TensorDataset
+) -> None:
+    callback = SaveTrainingStateCallback(
+        tmp_path,
+        save_every_n_epochs=1,
+        save_every_n_steps=3,
+        max_checkpoints=2,
+        preemption_signals=(),
+    )
+    trainer = make_trainer(callbacks=(callback,))
+    trainer.train(regression_dataset, num_epochs=2, eval_dataset=small_eval_dataset)
+    names = [state.name for state in find_training_states(tmp_path)]
+    assert names == ["epoch-0002", "final"]
+    assert latest_training_state(tmp_path) == tmp_path / "final"
