@@ -165,3 +165,15 @@ def run_process_group(
         output, _ = process.communicate()
         raise AssertionError(f"timed out after {timeout}s:\n{output[-4000:]}") from None
     return process.returncode, output
+
+
+def wait_for_text(path: Path, timeout: float = 120) -> str:
+    """Return the text of ``path`` once it exists and is not empty; fail after ``timeout`` s."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and (text := path.read_text()):
+            return text
+        time.sleep(0.02)
+    raise AssertionError(f"{path} did not appear within {timeout} s")

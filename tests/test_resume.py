@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import wait_for_text
 
 from pytorch_accel.training_state import MANIFEST_NAME, find_training_states, verify_training_state
 
@@ -84,15 +85,6 @@ def test_states_differ_from_the_uninterrupted_end_before_resuming(
     assert short["weights"] != uninterrupted[1]["weights"]
 
 
-def wait_for(path: Path, timeout: float = 60) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and (text := path.read_text()):
-            return text
-        time.sleep(0.02)
-    raise AssertionError(f"{path} did not appear")
-
-
 def test_kill_9_at_random_points_then_resume_latest_finishes_the_same_run(
     tmp_path: Path, uninterrupted: dict[int, dict[str, Any]]
 ) -> None:
@@ -105,7 +97,7 @@ def test_kill_9_at_random_points_then_resume_latest_finishes_the_same_run(
         process = subprocess.Popen(
             command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
-        wait_for(out / "progress0")
+        wait_for_text(out / "progress0")
         time.sleep(rng.uniform(0.0, 0.6))
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=30)
@@ -126,7 +118,7 @@ def test_kill_9_during_a_save_keeps_the_previous_state_and_ignores_the_partial_o
     process = subprocess.Popen(
         command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    wait_for(save_dir / "updates-00000003" / MANIFEST_NAME)
+    wait_for_text(save_dir / "updates-00000003" / MANIFEST_NAME)
     deadline = time.monotonic() + 60
     while not list(save_dir.glob(".updates-00000006.incomplete")) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -149,7 +141,7 @@ def test_sigterm_saves_stops_and_exits_0_then_resumes_exactly(
     process = subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    wait_for(out / "progress0")
+    wait_for_text(out / "progress0")
     process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=60)
     assert process.returncode == 0, output[-3000:]

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import wait_for_text
 from launcher import REPO, SCRIPTS, launch
 
 from pytorch_accel.training_state import find_training_states
@@ -94,7 +95,7 @@ def test_sigterm_to_one_process_saves_the_same_step_on_both_and_exits_0(
         command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
-        pid = int(_wait_for(out / "progress1").split()[0])
+        pid = int(wait_for_text(out / "progress1").split()[0])
         time.sleep(0.2)
         os.kill(pid, signal.SIGTERM)
         output, _ = process.communicate(timeout=120)
@@ -112,12 +113,3 @@ def test_sigterm_to_one_process_saves_the_same_step_on_both_and_exits_0(
 
 def _env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"}
-
-
-def _wait_for(path: Path, timeout: float = 120) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and (text := path.read_text()):
-            return text
-        time.sleep(0.02)
-    raise AssertionError(f"{path} did not appear")
