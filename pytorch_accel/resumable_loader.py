@@ -9,6 +9,7 @@ at that moment, so a resumed run can replay them and get the same permutation; a
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -63,11 +64,16 @@ class EpochRandomness:
             generator.set_state(state)
 
     def __iter__(self) -> Iterator[Any]:
+        # The batches pass through C-level chaining: no Python frame per batch.
+        return itertools.chain.from_iterable(self._begin_epoch())
+
+    def _begin_epoch(self) -> Iterator[Any]:
+        """Replay or record the random states at the epoch's first index request."""
         if self.replay is not None:
             self.apply(self.replay)
             self.replay = None
         self.epoch_states = self.current_states()
-        yield from self.batch_sampler
+        yield self.batch_sampler
 
     def __len__(self) -> int:
         return len(self.batch_sampler)
@@ -93,10 +99,16 @@ class EpochRandomness:
 class _ForwardingSkipBatchSampler(SkipBatchSampler):  # type: ignore[misc]
     """accelerate's ``SkipBatchSampler``, answering look-ups as the batch sampler it wraps.
 
+    It reads ``skip_batches`` when an epoch's iterator is created (the trainer sets it before).
+
     accelerate reads ``batch_size`` and ``num_processes`` of a dataloader's batch sampler to
     know how many samples the last batches repeat (``gather_for_metrics`` drops them), and
     ``sampler`` to call ``set_epoch``.
     """
+
+    def __iter__(self) -> Iterator[Any]:
+        # As accelerate's, but skipping in C (``islice``): no Python frame per batch.
+        return itertools.islice(self.batch_sampler, self.skip_batches, None)
 
     def __getattr__(self, name: str) -> Any:
         if name == "batch_sampler":

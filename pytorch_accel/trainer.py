@@ -27,7 +27,7 @@ import shutil
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple, NoReturn
 
 import torch
 from accelerate import Accelerator
@@ -471,9 +471,11 @@ class Trainer:
             A dict with ``loss`` (the batch's mean loss, un-scaled), ``model_outputs`` and
             ``batch_size``. Gradient accumulation scaling happens in the loop.
         """
+        if self.loss_func is None:
+            _missing_loss_func()
         inputs, targets = batch[0], batch[1]
         model_outputs = self.model(inputs)
-        loss = self._compute_loss(model_outputs, targets)
+        loss = self.loss_func(model_outputs, targets)
         return {"loss": loss, "model_outputs": model_outputs, "batch_size": targets.size(0)}
 
     def backward_step(self, loss: torch.Tensor) -> None:
@@ -520,10 +522,12 @@ class Trainer:
         Returns:
             A dict with ``loss``, ``model_outputs`` and ``batch_size``.
         """
+        if self.loss_func is None:
+            _missing_loss_func()
         with torch.no_grad():
             inputs, targets = batch[0], batch[1]
             model_outputs = self.model(inputs)
-            loss = self._compute_loss(model_outputs, targets)
+            loss = self.loss_func(model_outputs, targets)
         return {"loss": loss, "model_outputs": model_outputs, "batch_size": targets.size(0)}
 
     def eval_epoch_end(self) -> None:
@@ -961,16 +965,14 @@ class Trainer:
                 torch.set_rng_state(random_state_at_save)
             return
         limit = self.limit_train_batches
-        batches = _iterate(self._train_dataloader, None if limit is None else max(0, limit - start))
+        limit = None if limit is None else max(0, limit - start)
         try:
-            with contextlib.closing(batches):
+            with _batches(self._train_dataloader, limit) as batches:
                 if random_state_at_save is not None:
                     batches = _restoring_after_first(batches, random_state_at_save)
                 for step, batch in enumerate(batches, start):
                     self._savable = None
-                    self._run_level(
-                        _TRAIN_STEP, functools.partial(self._train_step, plan, batch, step)
-                    )
+                    self._run_level(_TRAIN_STEP, self._train_step, (plan, batch, step))
                     if self._num_updates >= total_updates:
                         return
         finally:
@@ -1021,25 +1023,38 @@ class Trainer:
             resumable.randomness.replay = resume.random_states
 
     def _train_step(self, plan: AccumulationPlan, batch: Any, step: int) -> dict[str, Any]:
-        is_update, scale = (
-            (True, 1.0) if plan.steps == 1 else (plan.is_update(step), plan.loss_scale(step))
-        )
-        with _SYNC if is_update else self._accelerator.no_sync(self.model):
-            batch_output = _checked(
-                self.calculate_train_batch_loss(batch), "calculate_train_batch_loss"
-            )
-            self._train_loss_tracker.update(batch_output["loss"], batch_output["batch_size"])
-            loss = batch_output["loss"] if scale == 1.0 else batch_output["loss"] * scale
-            self._fire(None, "on_backward_start", {})
-            self.backward_step(loss)
-            self._fire(None, "on_backward_end", {})
-        if is_update:
+        if plan.steps == 1:
+            batch_output = self._forward_backward(batch, 1.0)
             self._update()
+        elif plan.is_update(step):
+            batch_output = self._forward_backward(batch, plan.loss_scale(step))
+            self._update()
+        else:  # inside an accumulation window: no gradient synchronisation between processes
+            with self._accelerator.no_sync(self.model):
+                batch_output = self._forward_backward(batch, plan.loss_scale(step))
         self._batches_done, self._savable = step + 1, "step"
         return {"batch": batch, "batch_output": batch_output, "step": step}
 
+    def _forward_backward(self, batch: Any, scale: float) -> dict[str, Any]:
+        """Compute the batch's loss, track it, and back-propagate it scaled by ``scale``."""
+        batch_output = _checked(
+            self.calculate_train_batch_loss(batch), "calculate_train_batch_loss"
+        )
+        loss = batch_output["loss"]
+        self._train_loss_tracker.update(loss, batch_output["batch_size"])
+        self._fire(None, "on_backward_start", {})
+        self.backward_step(loss if scale == 1.0 else loss * scale)
+        self._fire(None, "on_backward_end", {})
+        return batch_output
+
     def _update(self) -> None:
-        self._clip_gradients()
+        config = self.run_config
+        assert config is not None
+        if config.gradient_clip_value is not None:
+            self._accelerator.clip_grad_value_(self.model.parameters(), config.gradient_clip_value)
+        elif config.max_grad_norm is not None:
+            parameters = self.model.parameters()
+            self._grad_norm = self._accelerator.clip_grad_norm_(parameters, config.max_grad_norm)
         self._fire(None, "on_optimizer_step_start", {})
         self.optimizer_step()
         self._num_updates += 1
@@ -1051,14 +1066,6 @@ class Trainer:
     def _step_was_skipped(self) -> bool:
         """Whether the gradient scaler skipped the update (only possible through the wrapper)."""
         return self._direct_optimizer is None and bool(self._accelerator.optimizer_step_was_skipped)
-
-    def _clip_gradients(self) -> None:
-        assert self.run_config is not None
-        clip_value, max_norm = self.run_config.gradient_clip_value, self.run_config.max_grad_norm
-        if clip_value is not None:
-            self._accelerator.clip_grad_value_(self.model.parameters(), clip_value)
-        elif max_norm is not None:
-            self._grad_norm = self._accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
 
     def run_eval_epoch(
         self, metric_name: str = "intermediate_eval_loss", is_intermediate: bool = True
@@ -1115,10 +1122,9 @@ class Trainer:
 
     def _eval_batches(self) -> None:
         assert self._eval_dataloader is not None
-        batches = _iterate(self._eval_dataloader, self.limit_eval_batches)
-        with contextlib.closing(batches):
+        with _batches(self._eval_dataloader, self.limit_eval_batches) as batches:
             for batch in batches:
-                self._run_level(_EVAL_STEP, functools.partial(self._eval_step, batch))
+                self._run_level(_EVAL_STEP, self._eval_step, (batch,))
 
     def _eval_step(self, batch: Any) -> dict[str, Any]:
         batch_output = _checked(self.calculate_eval_batch_loss(batch), "calculate_eval_batch_loss")
@@ -1159,18 +1165,19 @@ class Trainer:
     def _run_level(
         self,
         level: _Level,
-        body: Callable[[], dict[str, Any] | None],
+        body: Callable[..., dict[str, Any] | None],
+        args: tuple[Any, ...] = (),
         finish: Callable[[], None] | None = None,
         **kwargs: Any,
     ) -> None:
-        """Fire ``level``'s start, run ``body``, then ``finish`` and the level's end.
+        """Fire ``level``'s start, run ``body(*args)``, then ``finish`` and the level's end.
 
         ``body`` may return extra keyword arguments for the end event. On a
         ``StopTrainingError`` the level acts as its ``on_stop`` says.
         """
         try:
             self._fire(level.start_hook, level.start_event, kwargs)
-            end_kwargs = body() or {}
+            end_kwargs = body(*args) or {}
         except StopTrainingError as error:
             if level.on_stop == "propagate":
                 raise
@@ -1195,6 +1202,9 @@ class Trainer:
         all stop at the same point and no collective is left waiting; a stop that was already
         agreed on in a nested event (an evaluation run by a callback) goes on unwinding at once.
         """
+        handler = self.callback_handler
+        if hook is None and event not in handler.active_events:
+            return  # nothing runs, so there is no stop to agree on either
         stop = self._dispatch(hook, event, kwargs)
         agreement = self._stop_agreement
         if agreement is None or (stop is not None and agreement.agreed(stop)):
@@ -1203,7 +1213,7 @@ class Trainer:
             return
         if stop is not None:
             agreement.request(stop)
-        if hook is not None or self.callback_handler.may_stop(event):
+        if hook is not None or handler.may_stop(event):
             agreement.agree()
 
     def _dispatch(
@@ -1374,15 +1384,6 @@ class Trainer:
             num_processes=accelerator.num_processes,
         )
 
-    def _compute_loss(self, model_outputs: Any, targets: Any) -> torch.Tensor:
-        if self.loss_func is None:
-            raise TypeError(
-                "Trainer: loss_func is None, but the default calculate_*_batch_loss calls it. "
-                "Pass a loss function, or override calculate_train_batch_loss and "
-                "calculate_eval_batch_loss."
-            )
-        return self.loss_func(model_outputs, targets)
-
 
 # ------------------------------------------------------------------------ module helpers
 
@@ -1441,15 +1442,21 @@ def _direct_optimizer(accelerator: Accelerator, optimizer: object) -> torch.opti
     return inner if forwarding else None
 
 
-def _iterate(dataloader: Iterable[Any], limit: int | None) -> Generator[Any, None, None]:
-    """Yield at most ``limit`` batches, and always release accelerate's record of the loader.
+@contextlib.contextmanager
+def _batches(dataloader: Iterable[Any], limit: int | None) -> Generator[Iterator[Any], None, None]:
+    """Iterate at most ``limit`` batches; always close the iterator and release the loader.
 
     accelerate only forgets a dataloader it saw to the end; a loop cut short (a batch limit,
-    ``max_num_train_steps``, a stop) would otherwise leave it as the active one.
+    ``max_num_train_steps``, a stop) would otherwise leave it as the active one. The batches
+    come straight from the dataloader's iterator (no generator in between).
     """
+    iterator = iter(dataloader)
     try:
-        yield from dataloader if limit is None else itertools.islice(dataloader, limit)
+        yield iterator if limit is None else itertools.islice(iterator, limit)
     finally:
+        close = getattr(iterator, "close", None)
+        if callable(close):
+            close()
         end = getattr(dataloader, "end", None)
         if callable(end):
             end()
@@ -1490,10 +1497,6 @@ def _forget_model(accelerator: Accelerator, model: nn.Module) -> nn.Module:
     return accelerator.unwrap_model(model)  # type: ignore[no-any-return]
 
 
-_SYNC = contextlib.nullcontext()
-"""The context of a micro-batch whose gradients are synchronised: nothing to do."""
-
-
 def _checked(batch_output: Any, method: str) -> dict[str, Any]:
     """Return ``batch_output`` if it is a dict with ``loss`` and ``batch_size``; else raise."""
     if type(batch_output) is dict and "loss" in batch_output and "batch_size" in batch_output:
@@ -1511,6 +1514,14 @@ def _checked(batch_output: Any, method: str) -> dict[str, Any]:
             "Return e.g. {'loss': loss, 'model_outputs': outputs, 'batch_size': targets.size(0)}."
         )
     return batch_output  # type: ignore[return-value]
+
+
+def _missing_loss_func() -> NoReturn:
+    raise TypeError(
+        "Trainer: loss_func is None, but the default calculate_*_batch_loss calls it. "
+        "Pass a loss function, or override calculate_train_batch_loss and "
+        "calculate_eval_batch_loss."
+    )
 
 
 def _check_constructor_arguments(

@@ -19,9 +19,9 @@ class CallbackHandler:
     """Holds the callbacks of a trainer and calls them when an event fires.
 
     Callbacks run in increasing ``order`` (an int attribute, default 0); ties keep the order
-    of registration. Only callbacks that define an event's method are called for it, so an
-    event nobody listens to costs one dictionary look-up. Exceptions raised by callbacks
-    propagate: nothing is swallowed.
+    of registration. Only callbacks that define an event's method are called for it; the
+    trainer does not even fire an event nobody listens to (see ``active_events``). Exceptions
+    raised by callbacks propagate: nothing is swallowed.
 
     A callback method ``on_<name>`` must name a known event: a typo such as
     ``on_train_epoch_ned`` is rejected when the callback is added. Custom events are known once
@@ -30,6 +30,11 @@ class CallbackHandler:
     Args:
         callbacks: Callback instances, or classes to instantiate without arguments.
         events: Extra event names to register before the callbacks are added.
+
+    Attributes:
+        active_events: The events at least one callback listens to, kept current as callbacks
+            are added and removed (read it, do not assign it). The trainer does not fire an
+            event outside it, so an event nobody listens to costs one set look-up.
     """
 
     def __init__(self, callbacks: Iterable[CallbackLike] = (), events: Iterable[str] = ()) -> None:
@@ -37,6 +42,7 @@ class CallbackHandler:
         self._callbacks: list[TrainerCallback] = []
         self._listeners: dict[str, tuple[Callable[..., Any], ...]] = {}
         self._stoppable: frozenset[str] = frozenset()
+        self.active_events: frozenset[str] = frozenset()
         for event in events:
             self._add_event(event)
         self.add_callbacks(callbacks)
@@ -212,6 +218,7 @@ class CallbackHandler:
             )
             for event in self._events
         }
+        self.active_events = frozenset(event for event, found in self._listeners.items() if found)
         self._stoppable = frozenset(
             event
             for event in self._events

@@ -183,3 +183,43 @@ def test_nan_callback_without_interval_does_not_listen_to_steps() -> None:
     assert CallbackHandler([TerminateOnNaNCallback(check_every_n_steps=5)]).may_stop(
         "on_train_step_end"
     )
+
+
+def test_active_events_follow_the_listeners() -> None:
+    class StepEnd(TrainerCallback):
+        def on_train_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
+            pass
+
+    log: list[str] = []
+    handler = CallbackHandler([Tagged("a", log)])
+    assert handler.active_events == {"on_train_epoch_start"}
+    listener = StepEnd()
+    handler.add_callback(listener)
+    assert handler.active_events == {"on_train_epoch_start", "on_train_step_end"}
+    handler.remove_callback(listener)
+    assert handler.active_events == {"on_train_epoch_start"}
+    silenced = StepEnd()
+    silenced.on_train_step_end = None  # type: ignore[method-assign, assignment]
+    handler.add_callback(silenced)
+    assert handler.active_events == {"on_train_epoch_start"}
+
+
+def test_a_callback_added_mid_step_gets_the_rest_of_that_step() -> None:
+    events: list[str] = []
+
+    class Late(TrainerCallback):
+        def on_backward_end(self, trainer: Trainer, **kwargs: Any) -> None:
+            events.append("on_backward_end")
+
+        def on_optimizer_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
+            events.append("on_optimizer_step_start")
+
+    class Adder(TrainerCallback):
+        def on_backward_start(self, trainer: Trainer, **kwargs: Any) -> None:
+            if not events:
+                events.append("added")
+                trainer.callback_handler.add_callback(Late())
+
+    trainer = make_trainer(callbacks=(Adder(),))
+    trainer.train(make_regression_dataset(4), num_epochs=1, per_device_batch_size=4)
+    assert events == ["added", "on_backward_end", "on_optimizer_step_start"]
