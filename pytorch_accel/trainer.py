@@ -27,7 +27,7 @@ import shutil
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal, NamedTuple, NoReturn
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import torch
 from accelerate import Accelerator
@@ -471,11 +471,9 @@ class Trainer:
             A dict with ``loss`` (the batch's mean loss, un-scaled), ``model_outputs`` and
             ``batch_size``. Gradient accumulation scaling happens in the loop.
         """
-        if self.loss_func is None:
-            _missing_loss_func()
         inputs, targets = batch[0], batch[1]
         model_outputs = self.model(inputs)
-        loss = self.loss_func(model_outputs, targets)
+        loss = self._compute_loss(model_outputs, targets)
         return {"loss": loss, "model_outputs": model_outputs, "batch_size": targets.size(0)}
 
     def backward_step(self, loss: torch.Tensor) -> None:
@@ -522,12 +520,10 @@ class Trainer:
         Returns:
             A dict with ``loss``, ``model_outputs`` and ``batch_size``.
         """
-        if self.loss_func is None:
-            _missing_loss_func()
         with torch.no_grad():
             inputs, targets = batch[0], batch[1]
             model_outputs = self.model(inputs)
-            loss = self.loss_func(model_outputs, targets)
+            loss = self._compute_loss(model_outputs, targets)
         return {"loss": loss, "model_outputs": model_outputs, "batch_size": targets.size(0)}
 
     def eval_epoch_end(self) -> None:
@@ -1023,15 +1019,13 @@ class Trainer:
             resumable.randomness.replay = resume.random_states
 
     def _train_step(self, plan: AccumulationPlan, batch: Any, step: int) -> dict[str, Any]:
-        if plan.steps == 1:
-            batch_output = self._forward_backward(batch, 1.0)
-            self._update()
-        elif plan.is_update(step):
-            batch_output = self._forward_backward(batch, plan.loss_scale(step))
+        scale = 1.0 if plan.steps == 1 else plan.loss_scale(step)
+        if plan.steps == 1 or plan.is_update(step):
+            batch_output = self._forward_backward(batch, scale)
             self._update()
         else:  # inside an accumulation window: no gradient synchronisation between processes
             with self._accelerator.no_sync(self.model):
-                batch_output = self._forward_backward(batch, plan.loss_scale(step))
+                batch_output = self._forward_backward(batch, scale)
         self._batches_done, self._savable = step + 1, "step"
         return {"batch": batch, "batch_output": batch_output, "step": step}
 
@@ -1384,6 +1378,15 @@ class Trainer:
             num_processes=accelerator.num_processes,
         )
 
+    def _compute_loss(self, model_outputs: Any, targets: Any) -> torch.Tensor:
+        if self.loss_func is None:
+            raise TypeError(
+                "Trainer: loss_func is None, but the default calculate_*_batch_loss calls it. "
+                "Pass a loss function, or override calculate_train_batch_loss and "
+                "calculate_eval_batch_loss."
+            )
+        return self.loss_func(model_outputs, targets)
+
 
 # ------------------------------------------------------------------------ module helpers
 
@@ -1514,14 +1517,6 @@ def _checked(batch_output: Any, method: str) -> dict[str, Any]:
             "Return e.g. {'loss': loss, 'model_outputs': outputs, 'batch_size': targets.size(0)}."
         )
     return batch_output  # type: ignore[return-value]
-
-
-def _missing_loss_func() -> NoReturn:
-    raise TypeError(
-        "Trainer: loss_func is None, but the default calculate_*_batch_loss calls it. "
-        "Pass a loss function, or override calculate_train_batch_loss and "
-        "calculate_eval_batch_loss."
-    )
 
 
 def _check_constructor_arguments(
