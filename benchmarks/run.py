@@ -4,11 +4,11 @@ Method (see docs/performance.md):
 
 - All loops train the same model on the same data, one thread, in one process, in interleaved
   rounds (a new random order each round), so drift in machine speed hits every loop alike.
-- Per-step cost is CPU time between the starts of consecutive steps (every loop calls the same
-  probe there, after its batch was loaded), so it covers loading, forward, backward, update and
-  all per-step bookkeeping. Each round reports the median over its steps, which is robust to
-  the scheduler's and the hypervisor's hiccups. The fixed cost of a run (building dataloaders,
-  run events) is the epoch's CPU time minus its steps.
+- Per-step cost is CPU time between the same point of consecutive steps (every loop calls the
+  same probe from its loss function, once per step), so it covers loading, forward, backward,
+  update and all per-step bookkeeping. Each round reports the median over its steps, which is
+  robust to the scheduler's and the hypervisor's hiccups. The fixed cost of a run (building
+  dataloaders, run events) is the epoch's CPU time minus its steps.
 - Ratios and differences are paired within a round against the hand-written loop; a second
   copy of the hand-written loop is the raw-vs-raw control that shows the noise floor.
 - Python calls per step are counted (deterministically) with ``sys.setprofile``.
@@ -113,14 +113,10 @@ def count_calls(workload: Workload) -> dict[str, float]:
     long = workload.make_data(2 * workload.steps * workload.batch_size)
     counts: dict[str, float] = {}
     for name, loop in built.items():
-        loop(short, workload.batch_size, _no_probe)  # warm caches and lazy imports
+        loop(short, workload.batch_size, loops.no_probe)  # warm caches and lazy imports
         calls = [_calls_in(loop, data, workload.batch_size) for data in (short, long)]
         counts[name] = (calls[1] - calls[0]) / workload.steps
     return counts
-
-
-def _no_probe() -> None:
-    """A probe that records nothing."""
 
 
 def _calls_in(loop: loops.Loop, dataset: TensorDataset, batch_size: int) -> int:
@@ -132,7 +128,7 @@ def _calls_in(loop: loops.Loop, dataset: TensorDataset, batch_size: int) -> int:
 
     sys.setprofile(profile)
     try:
-        loop(dataset, batch_size, _no_probe)
+        loop(dataset, batch_size, loops.no_probe)
     finally:
         sys.setprofile(None)
     return counter[0]
@@ -162,7 +158,7 @@ def summarise(samples: dict[str, Samples], calls: dict[str, float]) -> list[dict
 
 WORKLOADS = {
     "tiny": Workload("tiny MLP, batch 32", loops.make_mlp, loops.mlp_data, 32, 40, 120),
-    "medium": Workload("medium CNN, batch 32", loops.make_cnn, loops.cnn_data, 32, 8, 25),
+    "medium": Workload("medium CNN, batch 32", loops.make_cnn, loops.cnn_data, 32, 16, 40),
 }
 
 

@@ -1197,9 +1197,12 @@ class Trainer:
         agreed on in a nested event (an evaluation run by a callback) goes on unwinding at once.
         """
         handler = self.callback_handler
-        if hook is None and event not in handler.active_events:
+        if hook is not None:
+            stop = self._dispatch(hook, event, kwargs)
+        elif event in handler.active_events:
+            stop = handler.dispatch(event, (self,), kwargs)
+        else:
             return  # nothing runs, so there is no stop to agree on either
-        stop = self._dispatch(hook, event, kwargs)
         agreement = self._stop_agreement
         if agreement is None or (stop is not None and agreement.agreed(stop)):
             if stop is not None:
@@ -1220,11 +1223,8 @@ class Trainer:
                 getattr(self, hook)()
             except StopTrainingError as error:
                 stop = error
-        try:
-            self.callback_handler.call_event(event, self, **kwargs)
-        except StopTrainingError as error:
-            stop = stop or error
-        return stop
+        callback_stop = self.callback_handler.dispatch(event, (self,), kwargs)
+        return stop or callback_stop
 
     def _fire_while_stopping(self, hook: str | None, event: str, kwargs: dict[str, Any]) -> None:
         """Close a level during a stop: every callback gets the event, further stops are moot.

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import difflib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NoReturn
 
 from pytorch_accel.callbacks.base import StopTrainingError, TrainerCallback
@@ -141,15 +140,7 @@ class CallbackHandler:
             ValueError: If the event was never registered.
             StopTrainingError: The first one a callback raised, after all were called.
         """
-        listeners = self._listeners.get(event)
-        if listeners is None:
-            self._reject_unknown_event(event)
-        stop: StopTrainingError | None = None
-        for listener in listeners:
-            try:
-                listener(*args, **kwargs)
-            except StopTrainingError as error:
-                stop = stop or error
+        stop = self.dispatch(event, args, kwargs)
         if stop is not None:
             raise stop
 
@@ -165,8 +156,38 @@ class CallbackHandler:
             *args: Positional arguments (the trainer first).
             **kwargs: Keyword arguments for the event.
         """
-        with contextlib.suppress(StopTrainingError):
-            self.call_event(event, *args, **kwargs)
+        self.dispatch(event, args, kwargs)
+
+    def dispatch(
+        self, event: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> StopTrainingError | None:
+        """Call ``event`` on every callback that defines it; return the first stop, if any.
+
+        ``call_event`` without the packing of its arguments, for callers that fire events
+        often (the trainer, every step): the same order and the same rule that every callback
+        gets the event, but the first ``StopTrainingError`` is returned instead of raised.
+
+        Args:
+            event: The event name.
+            args: Positional arguments (the trainer first).
+            kwargs: Keyword arguments for the event; each callback gets them as keywords.
+
+        Returns:
+            The first ``StopTrainingError`` a callback raised, or ``None``.
+
+        Raises:
+            ValueError: If the event was never registered.
+        """
+        listeners = self._listeners.get(event)
+        if listeners is None:
+            self._reject_unknown_event(event)
+        stop: StopTrainingError | None = None
+        for listener in listeners:
+            try:
+                listener(*args, **kwargs)
+            except StopTrainingError as error:
+                stop = stop or error
+        return stop
 
     def _reject_unknown_event(self, event: str) -> NoReturn:
         suggestion = _suggest(event, self._events)

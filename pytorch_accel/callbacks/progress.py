@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -69,8 +70,12 @@ class ProgressBarCallback(TrainerCallback):
     ``non_blocking=True`` and shown one interval later, once the copy has finished (checked
     with a CUDA event, which does not block), so the figure lags by up to N steps. On the
     CPU there is no device to wait for and the value is read directly; on other devices
-    (MPS, XPU, ...) the read synchronises, once per interval. Updating the bar itself is
-    pure Python.
+    (MPS, XPU, ...) the read synchronises, once per interval.
+
+    A step only counts itself: the count reaches tqdm in growing strides (after 1, 2, 4, ...
+    steps) while steps are fast, as tqdm redraws at most every ``mininterval`` (0.1 s) anyway,
+    so the bar trails by at most half a redraw interval (and half the steps done); it shows
+    the exact count when the epoch ends.
 
     Args:
         loss_update_interval: Refresh the running loss every this many training steps, or
@@ -93,24 +98,30 @@ class ProgressBarCallback(TrainerCallback):
         self.pbar: Any = None
         self.eval_pbar: Any = None
         self._pending: tuple[torch.Tensor, Any] | None = None  # (pinned copy, CUDA event)
+        self._count = self._eval_count = _StridedCount(None)
 
     def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Open the training bar."""
         total = trainer.run_config.train_dataloader_len if trainer.run_config else 0
         self.pbar = self._open(trainer, total, "train")
+        self._count = _StridedCount(self.pbar)
         self._pending = None
 
     def on_train_step_end(
         self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
     ) -> None:
-        """Advance the training bar; refresh the running loss every ``loss_update_interval``."""
-        self.pbar.update(1)
+        """Count the step; refresh the running loss every ``loss_update_interval`` steps."""
+        count = self._count
+        count.done += 1
+        if count.done >= count.next_push:
+            count.push()
         interval = self.loss_update_interval
         if interval is not None and (kwargs.get("step", 0) + 1) % interval == 0:
             self._refresh_loss(trainer)
 
     def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Show the epoch's loss and close the training bar."""
+        """Show the epoch's exact count and loss, and close the training bar."""
+        self._count.push()
         name = trainer.run_history.metric_name_prefix + "train_loss_epoch"
         if not self.pbar.disable and name in trainer.run_history.get_metric_names():
             self._show_loss(trainer.run_history.get_latest_metric(name))
@@ -123,15 +134,20 @@ class ProgressBarCallback(TrainerCallback):
         if trainer.limit_eval_batches is not None:
             total = min(total, trainer.limit_eval_batches)
         self.eval_pbar = self._open(trainer, total, "eval")
+        self._eval_count = _StridedCount(self.eval_pbar)
 
     def on_eval_step_end(
         self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
     ) -> None:
-        """Advance the evaluation bar."""
-        self.eval_pbar.update(1)
+        """Count the evaluation step."""
+        count = self._eval_count
+        count.done += 1
+        if count.done >= count.next_push:
+            count.push()
 
     def on_eval_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Close the evaluation bar."""
+        """Show the exact count and close the evaluation bar."""
+        self._eval_count.push()
         self.eval_pbar.close()
 
     def _refresh_loss(self, trainer: Trainer) -> None:
@@ -159,6 +175,37 @@ class ProgressBarCallback(TrainerCallback):
             disable=not trainer.accelerator.is_local_main_process,
             dynamic_ncols=True,
         )
+
+
+class _StridedCount:
+    """The steps of one bar, handed to tqdm in strides instead of one ``update`` per step.
+
+    The caller adds to ``done`` and calls ``push`` once ``done`` reaches ``next_push``. Each
+    push doubles the stride while pushes come less than half of tqdm's ``mininterval`` apart
+    and halves it once they come slower, so the bar trails by at most about half a redraw
+    interval, and by at most half the steps done.
+    """
+
+    __slots__ = ("_bar", "_period", "_pushed_at", "_stride", "done", "next_push")
+
+    def __init__(self, bar: Any) -> None:
+        self._bar = bar
+        self._period = getattr(bar, "mininterval", 0.1) / 2
+        self._pushed_at: float | None = None  # the first push only starts the clock
+        self._stride = 1
+        self.done = 0
+        self.next_push = 1
+
+    def push(self) -> None:
+        """Give the bar the steps counted since the last push; choose the next stride."""
+        if self._bar is not None and self.done > self._bar.n:
+            self._bar.update(self.done - self._bar.n)
+        now = time.monotonic()
+        if self._pushed_at is not None:
+            fast = now - self._pushed_at < self._period
+            self._stride = self._stride * 2 if fast else max(1, self._stride // 2)
+        self._pushed_at = now
+        self.next_push = self.done + self._stride
 
 
 def _copy_to_host_async(

@@ -174,6 +174,33 @@ def test_end_events_during_a_stop_reach_every_callback() -> None:
     assert closed == ["epoch", "run"]
 
 
+def test_dispatch_returns_the_first_stop_after_every_callback_had_the_event() -> None:
+    from pytorch_accel.callbacks import StopTrainingError
+
+    seen: list[tuple[str, Any]] = []
+
+    class Stops(TrainerCallback):
+        def __init__(self, tag: str) -> None:
+            self.tag = tag
+
+        def on_train_step_end(self, trainer: Any, step: int, **kwargs: Any) -> None:
+            seen.append((self.tag, step))
+            raise StopTrainingError(self.tag)
+
+    handler = CallbackHandler([Stops("first"), Stops("second")])
+    kwargs = {"step": 3}
+    stop = handler.dispatch("on_train_step_end", (None,), kwargs)
+    assert isinstance(stop, StopTrainingError)
+    assert str(stop) == "first"
+    assert seen == [("first", 3), ("second", 3)]
+    assert kwargs == {"step": 3}  # the caller's dict is not changed
+    assert handler.dispatch("on_train_epoch_start", (None,), {}) is None
+    with pytest.raises(StopTrainingError, match="first"):
+        handler.call_event("on_train_step_end", None, step=4)
+    with pytest.raises(ValueError, match="unknown event 'on_train_stp_end'"):
+        handler.dispatch("on_train_stp_end", (None,), {})
+
+
 def test_nan_callback_without_interval_does_not_listen_to_steps() -> None:
     from pytorch_accel.callbacks import TerminateOnNaNCallback
 

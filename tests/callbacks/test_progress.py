@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -87,3 +88,40 @@ def test_on_cuda_the_loss_is_copied_without_waiting() -> None:
     # shown one interval late, once the copy into pinned memory has finished
     assert log.postfixes[:3] == [None, None, None]
     assert any(postfix and postfix.startswith("loss=") for postfix in log.postfixes[3:])
+
+
+class CountLog(TrainerCallback):
+    """Records (steps done, the training bar's count) after every step (runs after the bar)."""
+
+    order = 1_000
+
+    def __init__(self, bar: ProgressBarCallback, sleep: float = 0.0) -> None:
+        self.bar, self.sleep = bar, sleep
+        self.counts: list[tuple[int, int]] = []
+        self.at_epoch_end: list[int] = []
+
+    def on_train_step_end(self, trainer: Trainer, step: int, **kwargs: Any) -> None:
+        time.sleep(self.sleep)
+        self.counts.append((step + 1, self.bar.pbar.n))
+
+    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        self.at_epoch_end.append(self.bar.pbar.n)
+
+
+def test_fast_steps_reach_the_bar_in_strides_and_the_epoch_end_is_exact() -> None:
+    bar = ProgressBarCallback()
+    log = CountLog(bar)
+    trainer = make_trainer(callbacks=(bar, log))
+    trainer.train(make_regression_dataset(256), num_epochs=1, per_device_batch_size=4)
+    assert len(log.counts) == 64
+    assert all(done / 2 <= shown <= done for done, shown in log.counts)
+    assert any(shown < done for done, shown in log.counts)  # not one update per step
+    assert log.at_epoch_end == [64]
+
+
+def test_slow_steps_reach_the_bar_one_by_one() -> None:
+    bar = ProgressBarCallback()
+    log = CountLog(bar, sleep=0.06)  # more than half of tqdm's 0.1 s redraw interval
+    trainer = make_trainer(callbacks=(bar, log))
+    trainer.train(make_regression_dataset(16), num_epochs=1, per_device_batch_size=4)
+    assert log.counts == [(1, 1), (2, 2), (3, 3), (4, 4)]
