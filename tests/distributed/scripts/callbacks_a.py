@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import torch
 from accelerate.state import AcceleratorState, GradientState
-from common import flat_params, report
+from common import flat_params, report_and_exit
 from helpers import make_model, make_regression_dataset
 from torch import nn
 
@@ -121,7 +121,7 @@ def stop_inside_step_evaluation() -> dict[str, Any]:
 
 def main() -> None:
     out_dir = Path(os.sys.argv[1])
-    report(
+    report_and_exit(
         {
             "early_stop_and_save_best": early_stop_and_save_best(out_dir),
             "ema_and_step_evaluation": ema_and_step_evaluation(out_dir),

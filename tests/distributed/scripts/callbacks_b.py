@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import report
+from common import report_and_exit
 from torch import nn
 from torch.utils.data import TensorDataset
 from torchmetrics import Metric
@@ -85,7 +85,7 @@ def main() -> None:
         expected = (trainer.get_model()(inputs).argmax(-1) == targets).float().mean().item()
     history = trainer.run_history
     assert throughput.last_epoch is not None
-    report(
+    report_and_exit(
         {
             "history": {
                 name: history.get_metric_values(name) for name in history.get_metric_names()

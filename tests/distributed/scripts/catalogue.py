@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from accelerate.state import AcceleratorState, GradientState
-from common import report
+from common import report_and_exit
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "callbacks"))
 from catalogue import exercise, factories
@@ -23,7 +23,7 @@ def main() -> None:
         AcceleratorState._reset_state(reset_partial_state=False)
         GradientState._reset_state()
         results[name] = exercise(name)
-    report(results)
+    report_and_exit(results)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from common import report
+from common import report_and_exit
 from torch import nn
 from torch.utils.data import TensorDataset
 from torchmetrics.classification import MulticlassAccuracy
@@ -73,7 +73,7 @@ def evaluate(samples: int, batch_size: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    report(
+    report_and_exit(
         {
             f"{samples}x{batch}": evaluate(samples, batch)
             for samples, batch in ((21, 4), (10, 4), (3, 4), (16, 4))

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from common import flat_params, report
+from common import flat_params, report_and_exit
 from helpers import make_regression_dataset
 from torch import nn
 
@@ -54,4 +54,4 @@ def mismatch() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    report(automatic() if sys.argv[2] == "automatic" else mismatch())
+    report_and_exit(automatic() if sys.argv[2] == "automatic" else mismatch())

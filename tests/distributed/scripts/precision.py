@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from common import max_difference, report
+from common import max_difference, report_and_exit
 from helpers import hand_written_loop, make_model, make_regression_dataset
 from torch import nn
 
@@ -20,7 +20,7 @@ def main() -> None:
     trainer.train(
         dataset, num_epochs=2, per_device_batch_size=4, train_dataloader_kwargs={"shuffle": False}
     )
-    report(
+    report_and_exit(
         {
             "mixed_precision": trainer.accelerator.mixed_precision,
             "max_difference": max_difference(trainer.get_model(), reference),

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import report
+from common import report_and_exit
 from torch import nn
 from torch.utils.data import Dataset
 
@@ -152,7 +152,7 @@ def main() -> None:
         torch.cat([state[key].flatten() for key in ("exp_avg", "exp_avg_sq")]).tolist()
         for state in optimizer_state["state"].values()
     ]
-    report(
+    report_and_exit(
         {
             "weights": weights.tolist(),
             "moments": moments,

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 from accelerate.state import AcceleratorState, GradientState
-from common import flat_params, report
+from common import flat_params, report_and_exit
 from helpers import LearningRateRecorder, make_model, make_regression_dataset
 from timm.scheduler import CosineLRScheduler
 from torch import nn
@@ -114,7 +114,7 @@ def staged_run() -> dict[str, Any]:
 
 def main() -> None:
     out_dir = Path(sys.argv[1])
-    report(
+    report_and_exit(
         {
             "num_processes": fresh(()).accelerator.num_processes,
             "cosine": cosine_run(),

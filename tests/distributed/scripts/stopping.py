@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 from accelerate.state import AcceleratorState, GradientState
-from common import flat_params, report
+from common import flat_params, report_and_exit
 from helpers import RecordingCallback, make_model, make_regression_dataset
 from torch import nn
 
@@ -95,7 +95,7 @@ def checkpoint_and_print(out_dir: Path) -> dict[str, Any]:
 
 def main() -> None:
     out_dir = Path(os.sys.argv[1])
-    report(
+    report_and_exit(
         {
             "step_stop": run((StopOnRankOne("on_train_step_end", 3),)),
             "epoch_stop": run((StopOnRankOne("on_training_run_epoch_end", 1),)),

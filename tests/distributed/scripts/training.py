@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 from accelerate.state import AcceleratorState, GradientState
-from common import max_difference, report
+from common import max_difference, report_and_exit
 from helpers import hand_written_loop, make_model, make_regression_dataset
 from torch import nn
 from torch.optim.lr_scheduler import OneCycleLR
@@ -130,7 +130,7 @@ def main() -> None:
         "max_steps_updates": max_steps_run(),
         "unfreeze": unfreeze_run(),
     }
-    report(results)
+    report_and_exit(results)
 
 
 if __name__ == "__main__":
