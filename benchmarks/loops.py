@@ -132,7 +132,7 @@ def pytorch_accel_trainer(model: nn.Module, default_callbacks: bool) -> Loop:
 
     def run(dataset: TensorDataset, batch_size: int, probe: Probe) -> None:
         loss_func.probe = probe
-        with _quiet():
+        with quiet():
             trainer.train(dataset, num_epochs=1, per_device_batch_size=batch_size)
 
     return run
@@ -151,7 +151,7 @@ def pytorch_accelerated_trainer(model: nn.Module) -> Loop | None:
 
     def run(dataset: TensorDataset, batch_size: int, probe: Probe) -> None:
         loss_func.probe = probe
-        with _quiet():
+        with quiet():
             trainer.train(
                 dataset,
                 num_epochs=1,
@@ -163,7 +163,7 @@ def pytorch_accelerated_trainer(model: nn.Module) -> Loop | None:
 
 
 @contextlib.contextmanager
-def _quiet() -> Any:
+def quiet() -> Any:
     """Swallow progress bars and prints, which a benchmark should not time."""
     sink = io.StringIO()
     with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):

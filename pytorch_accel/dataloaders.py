@@ -59,7 +59,12 @@ def seed_worker(worker_id: int) -> None:
 
 
 def default_dataloader_kwargs(
-    dataset: object, batch_size: int, *, shuffle: bool, num_local_processes: int
+    dataset: object,
+    batch_size: int,
+    *,
+    shuffle: bool,
+    num_local_processes: int,
+    device: torch.device | None = None,
 ) -> dict[str, Any]:
     """Return the default keyword arguments of a train or eval dataloader.
 
@@ -68,16 +73,20 @@ def default_dataloader_kwargs(
         batch_size: Samples per batch on each process.
         shuffle: Whether to shuffle (train) or not (eval).
         num_local_processes: Processes sharing this machine's CPUs.
+        device: The device the batches go to. Memory is pinned only for a CUDA device (on
+            a CPU run it would cost time and pinned memory for nothing); without a device,
+            whenever CUDA is available.
 
     Returns:
-        ``shuffle``, ``batch_size``, ``pin_memory`` (on CUDA), ``num_workers``, and, with
-        workers, ``persistent_workers`` and ``worker_init_fn``.
+        ``shuffle``, ``batch_size``, ``pin_memory``, ``num_workers``, and, with workers,
+        ``persistent_workers`` and ``worker_init_fn``.
     """
     num_workers = default_num_workers(dataset, num_local_processes)
+    pin_memory = torch.cuda.is_available() if device is None else device.type == "cuda"
     kwargs: dict[str, Any] = {
         "shuffle": shuffle,
         "batch_size": batch_size,
-        "pin_memory": torch.cuda.is_available(),
+        "pin_memory": pin_memory,
         "num_workers": num_workers,
     }
     if num_workers > 0:

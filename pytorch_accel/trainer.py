@@ -1246,6 +1246,7 @@ class Trainer:
             batch_size,
             shuffle=shuffle,
             num_local_processes=_num_local_processes(self._accelerator),
+            device=self.device,
         )
         if self.collate_fn is not None:
             kwargs["collate_fn"] = self.collate_fn

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 from helpers import make_regression_dataset, make_trainer
 from torch.utils.data import Dataset, SequentialSampler
 
-from pytorch_accel.dataloaders import default_num_workers, merge_dataloader_kwargs, seed_worker
+from pytorch_accel.dataloaders import (
+    default_dataloader_kwargs,
+    default_num_workers,
+    merge_dataloader_kwargs,
+    seed_worker,
+)
 
 
 class ListDataset(Dataset[Any]):
@@ -32,7 +38,15 @@ def test_defaults_shuffle_train_not_eval_and_use_no_workers_for_tensors() -> Non
     assert config.train_dl_kwargs["shuffle"] is True
     assert config.eval_dl_kwargs["shuffle"] is False
     assert config.train_dl_kwargs["num_workers"] == 0
-    assert config.train_dl_kwargs["pin_memory"] is torch.cuda.is_available()
+    assert config.train_dl_kwargs["pin_memory"] is (trainer.device.type == "cuda")
+
+
+@pytest.mark.parametrize(("device", "pinned"), [("cuda", True), ("cpu", False)])
+def test_memory_is_pinned_only_for_a_cuda_device(device: str, pinned: bool) -> None:
+    kwargs = default_dataloader_kwargs(
+        ListDataset(4), 2, shuffle=True, num_local_processes=1, device=torch.device(device)
+    )
+    assert kwargs["pin_memory"] is pinned
 
 
 def test_worker_defaults_for_other_datasets() -> None:

@@ -22,19 +22,25 @@ JOB = REPO / "tests" / "distributed" / "scripts" / "resume_job.py"
 COMPARED = ("weights", "moments", "lr", "history", "num_updates", "ema")
 
 
-def job_command(out_dir: Path, *args: str) -> tuple[list[str], dict[str, str]]:
+def job_command(out_dir: Path, *args: str, cuda: bool = False) -> tuple[list[str], dict[str, str]]:
+    """Return the job's command and environment; it trains on the CPU unless ``cuda``.
+
+    The device is set here rather than inherited: module fixtures start jobs before the
+    per-test environment (conftest's ``ACCELERATE_USE_CPU``) is in place.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": str(JOB.parent),
         "PYTHONUNBUFFERED": "1",
+        "ACCELERATE_USE_CPU": "false" if cuda else "true",
     }
     return [sys.executable, str(JOB), str(out_dir), *args], env
 
 
-def run_job(out_dir: Path, *args: str) -> dict[str, Any]:
-    command, env = job_command(out_dir, *args)
+def run_job(out_dir: Path, *args: str, cuda: bool = False) -> dict[str, Any]:
+    command, env = job_command(out_dir, *args, cuda=cuda)
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = out_dir / "rank0.json"
@@ -75,6 +81,19 @@ def test_resumed_run_is_bitwise_equal_to_uninterrupted(
     resumed = run_job(tmp_path / "second", *common, "--resume-from", str(save_dir / "state"))
     assert resumed["resumed_from"] == str(save_dir / "state")
     assert_same_run(resumed, uninterrupted[accumulation])
+
+
+@pytest.mark.cuda
+def test_a_run_resumed_mid_epoch_on_cuda_is_bitwise_equal_to_uninterrupted(tmp_path: Path) -> None:
+    """Dropout draws from the CUDA generator here, so its state must be restored too."""
+    uninterrupted = run_job(tmp_path / "whole", cuda=True)
+    assert uninterrupted["device"] == "cuda"
+    common = ("--save-dir", str(tmp_path / "states"))
+    run_job(tmp_path / "first", *common, "--die-after-step", "4", cuda=True)
+    resumed = run_job(
+        tmp_path / "second", *common, "--resume-from", str(tmp_path / "states" / "state"), cuda=True
+    )
+    assert_same_run(resumed, uninterrupted)
 
 
 def test_states_differ_from_the_uninterrupted_end_before_resuming(

@@ -78,7 +78,7 @@ def test_bad_interval_names_the_fix() -> None:
         ProgressBarCallback(loss_update_interval=0)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 def test_on_cuda_the_loss_is_copied_without_waiting() -> None:
     bar = ProgressBarCallback(loss_update_interval=2)
     log = PostfixLog(bar)

@@ -161,6 +161,7 @@ def main() -> None:
             "num_updates": trainer.num_updates,
             "resumed_from": None if trainer.resumed_from is None else str(trainer.resumed_from),
             "ema": ema_weights(trainer),
+            "device": trainer.device.type,
         }
     )
 
