@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -36,6 +37,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from benchmarks import fresh, loops
+from benchmarks.run import Workload
 
 RESULTS = Path(__file__).parent / "results"
 PRECISIONS = ("no", "bf16", "fp16")
@@ -217,35 +219,26 @@ def time_loop(loop: loops.Loop, dataset: TensorDataset, batch_size: int, steps: 
     return Sample(probe.milliseconds_per_step(), len(syncs) / (steps - 2), first)
 
 
-@dataclass
-class Workload:
-    """One model and batch size, and how many steps and rounds to time."""
-
-    name: str
-    make_model: Callable[[], nn.Module]
-    make_data: Callable[[int], TensorDataset]
-    batch_size: int
-
-
 WORKLOADS = (
-    Workload("tiny MLP, batch 32", loops.make_mlp, loops.mlp_data, 32),
-    Workload("medium CNN, batch 32", loops.make_cnn, loops.cnn_data, 32),
-    Workload("medium CNN, batch 512", loops.make_cnn, loops.cnn_data, 512),
+    Workload("tiny MLP, batch 32", loops.make_mlp, loops.mlp_data, 32, 100, 15),
+    Workload("medium CNN, batch 32", loops.make_cnn, loops.cnn_data, 32, 100, 15),
+    Workload("medium CNN, batch 512", loops.make_cnn, loops.cnn_data, 512, 100, 15),
 )
 
 
-def measure(workload: Workload, precision: str, steps: int, rounds: int) -> list[dict[str, Any]]:
+def measure(workload: Workload, precision: str) -> list[dict[str, Any]]:
     """Interleaved rounds of every loop of one precision; one summary row per loop."""
     from accelerate.state import AcceleratorState, GradientState
 
     AcceleratorState._reset_state(reset_partial_state=True)  # a new precision per call
     GradientState._reset_state()
     os.environ["ACCELERATE_MIXED_PRECISION"] = precision  # as `accelerate launch` passes it
+    steps = workload.steps
     dataset = workload.make_data(steps * workload.batch_size)
     rows = []
     for phase in build_phases(workload.make_model, precision):
         samples: dict[str, list[Sample]] = {name: [] for name in phase.loops}
-        for round_index in range(rounds + 1):
+        for round_index in range(workload.rounds + 1):
             for name, loop in phase.loops.items():
                 sample = time_loop(loop, dataset, workload.batch_size, steps)
                 if round_index:
@@ -305,7 +298,7 @@ def main(argv: list[str] | None = None) -> None:
     """Time every workload, precision and loop on the GPU; fail on a sync in fp32 or bf16."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100, help="steps per epoch")
-    parser.add_argument("--rounds", type=int, default=10, help="timed rounds per loop")
+    parser.add_argument("--rounds", type=int, default=15, help="timed rounds per loop")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the results")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -313,9 +306,10 @@ def main(argv: list[str] | None = None) -> None:
     machine = {**fresh.machine_description(), "gpu": torch.cuda.get_device_name()}
     rows = []
     for workload in WORKLOADS:
+        workload = dataclasses.replace(workload, steps=args.steps, rounds=args.rounds)
         for precision in PRECISIONS:
             print(f"measuring {workload.name}, {precision}", flush=True)
-            rows += measure(workload, precision, args.steps, args.rounds)
+            rows += measure(workload, precision)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=2))
     table = markdown(machine, rows)

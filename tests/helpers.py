@@ -41,6 +41,19 @@ def make_trainer(
     return trainer_class(model, nn.MSELoss(), optimizer, callbacks=callbacks)
 
 
+def train_then_evaluate(trainer: Trainer, accumulation: int) -> None:
+    """Every per-step path: 2 epochs with an eval set, accumulation and clipping; evaluate()."""
+    trainer.train(
+        make_regression_dataset(64),
+        num_epochs=2,
+        eval_dataset=make_regression_dataset(32),
+        per_device_batch_size=4,
+        gradient_accumulation_steps=accumulation,
+        max_grad_norm=1.0,
+    )
+    trainer.evaluate(make_regression_dataset(32), per_device_batch_size=4)
+
+
 def clone_params(model: nn.Module) -> list[torch.Tensor]:
     return [parameter.detach().clone() for parameter in model.parameters()]
 

@@ -16,7 +16,13 @@ import pytest
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
-from helpers import clone_params, make_model, make_regression_dataset, make_trainer
+from helpers import (
+    clone_params,
+    make_model,
+    make_regression_dataset,
+    make_trainer,
+    train_then_evaluate,
+)
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -71,15 +77,7 @@ def test_steady_state_steps_never_synchronise(
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", precision)
     trainer = make_trainer(callbacks=(*DEFAULT_CALLBACKS, SyncGuard()))
     assert trainer.device.type == "cuda"
-    trainer.train(
-        make_regression_dataset(64),
-        num_epochs=2,
-        eval_dataset=make_regression_dataset(32),
-        per_device_batch_size=4,
-        gradient_accumulation_steps=accumulation,
-        max_grad_norm=1.0,
-    )
-    trainer.evaluate(make_regression_dataset(32), per_device_batch_size=4)
+    train_then_evaluate(trainer, accumulation)
     assert len(trainer.run_history.get_metric_values("train_loss_epoch")) == 2
 
 

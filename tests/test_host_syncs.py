@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import make_model, make_regression_dataset
+from helpers import make_model, make_regression_dataset, train_then_evaluate
 from torch import nn
 
 from pytorch_accel import Trainer
@@ -83,15 +83,7 @@ def test_default_loop_reads_no_tensor_per_step(counter: SyncCounter, accumulatio
         torch.optim.SGD(model.parameters(), lr=0.01),
         callbacks=(*DEFAULT_CALLBACKS, *probes(counter)),
     )
-    trainer.train(
-        make_regression_dataset(64),
-        num_epochs=2,
-        eval_dataset=make_regression_dataset(32),
-        per_device_batch_size=4,
-        gradient_accumulation_steps=accumulation,
-        max_grad_norm=1.0,
-    )
-    trainer.evaluate(make_regression_dataset(32), per_device_batch_size=4)
+    train_then_evaluate(trainer, accumulation)
     assert counter.calls == []
 
 
