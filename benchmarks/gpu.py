@@ -297,8 +297,8 @@ def markdown(machine: dict[str, Any], rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Time every workload, precision and loop on the GPU; fail on a sync in fp32 or bf16."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=100, help="steps per epoch")
-    parser.add_argument("--rounds", type=int, default=15, help="timed rounds per loop")
+    parser.add_argument("--steps", type=int, help="steps per epoch (default 100)")
+    parser.add_argument("--rounds", type=int, help="timed rounds per loop (default 15)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the results")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -306,7 +306,11 @@ def main(argv: list[str] | None = None) -> None:
     machine = {**fresh.machine_description(), "gpu": torch.cuda.get_device_name()}
     rows = []
     for workload in WORKLOADS:
-        workload = dataclasses.replace(workload, steps=args.steps, rounds=args.rounds)
+        workload = dataclasses.replace(
+            workload,
+            steps=args.steps or workload.steps,
+            rounds=args.rounds or workload.rounds,
+        )
         for precision in PRECISIONS:
             print(f"measuring {workload.name}, {precision}", flush=True)
             rows += measure(workload, precision)
