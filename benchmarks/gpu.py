@@ -133,31 +133,6 @@ def hand_written(model: nn.Module, precision: str) -> tuple[loops.Loop, loops.Lo
     return train, evaluate
 
 
-def accelerate_loop(model: nn.Module, precision: str) -> loops.Loop:
-    """The loop accelerate's documentation teaches, on the GPU."""
-    from accelerate import Accelerator, DataLoaderConfiguration
-
-    accelerator = Accelerator(
-        mixed_precision=precision, dataloader_config=DataLoaderConfiguration(non_blocking=True)
-    )
-    prepared_model, optimizer = accelerator.prepare(
-        model, torch.optim.SGD(model.parameters(), lr=1e-3)
-    )
-    loss_func = loops.ProbedLoss()
-
-    def train(dataset: TensorDataset, batch_size: int, probe: loops.Probe) -> None:
-        loss_func.probe = probe
-        prepared_model.train()
-        loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, pin_memory=True)
-        for inputs, targets in accelerator.prepare(loader):
-            accelerator.backward(loss_func(prepared_model(inputs), targets))
-            optimizer.step()
-            optimizer.zero_grad()
-        accelerator._dataloaders.clear()  # do not let repeated rounds accumulate loaders
-
-    return train
-
-
 def pytorch_accel_trainer(model: nn.Module) -> tuple[loops.Loop, loops.Loop]:
     """``pytorch_accel.Trainer`` with the default callbacks: ``train`` and ``evaluate``."""
     from pytorch_accel import Trainer
@@ -178,6 +153,14 @@ def pytorch_accel_trainer(model: nn.Module) -> tuple[loops.Loop, loops.Loop]:
     return train, evaluate
 
 
+def _gpu_accelerator(precision: str) -> Any:
+    """The accelerator of accelerate's loop: ``precision``, batches copied without blocking."""
+    from accelerate import Accelerator, DataLoaderConfiguration
+
+    config = DataLoaderConfiguration(non_blocking=True)
+    return Accelerator(mixed_precision=precision, dataloader_config=config)
+
+
 def build_phases(make_model: Callable[[], nn.Module], precision: str) -> list[Phase]:
     """Every loop of one precision, each with its own copy of the model."""
     hand_train, hand_eval = hand_written(make_model(), precision)
@@ -187,7 +170,9 @@ def build_phases(make_model: Callable[[], nn.Module], precision: str) -> list[Ph
             "train",
             {
                 "hand-written": hand_train,
-                "accelerate loop": accelerate_loop(make_model(), precision),
+                "accelerate loop": loops.accelerate_loop(
+                    make_model(), _gpu_accelerator(precision), pin_memory=True
+                ),
                 "pytorch-accel, default callbacks": trainer_train,
             },
         ),

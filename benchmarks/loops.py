@@ -95,11 +95,17 @@ def hand_written(model: nn.Module) -> Loop:
     return run
 
 
-def accelerate_loop(model: nn.Module) -> Loop:
-    """The loop accelerate's documentation teaches, with its prepared objects."""
+def accelerate_loop(model: nn.Module, accelerator: Any = None, pin_memory: bool = False) -> Loop:
+    """The loop accelerate's documentation teaches, with its prepared objects.
+
+    Args:
+        model: The model to train.
+        accelerator: The ``Accelerator`` to prepare with; ``Accelerator(cpu=True)`` if none.
+        pin_memory: Whether the dataloader pins its batches (for a GPU).
+    """
     from accelerate import Accelerator
 
-    accelerator = Accelerator(cpu=True)
+    accelerator = accelerator or Accelerator(cpu=True)
     prepared_model, optimizer = accelerator.prepare(
         model, torch.optim.SGD(model.parameters(), lr=1e-3)
     )
@@ -108,7 +114,8 @@ def accelerate_loop(model: nn.Module) -> Loop:
     def run(dataset: TensorDataset, batch_size: int, probe: Probe) -> None:
         loss_func.probe = probe
         prepared_model.train()
-        loader = accelerator.prepare(DataLoader(dataset, batch_size=batch_size, shuffle=True))
+        loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, pin_memory=pin_memory)
+        loader = accelerator.prepare(loader)
         for inputs, targets in loader:
             loss = loss_func(prepared_model(inputs), targets)
             accelerator.backward(loss)
