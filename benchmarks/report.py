@@ -11,8 +11,9 @@ def markdown(results: dict[str, Any]) -> str:
     machine = results["machine"]
     lines = [
         f"Python {machine['python']}, torch {machine['torch']}, {machine['processor']}, "
-        f"{machine['threads']} thread. Medians over interleaved rounds; ranges are min-max of "
-        "the per-round paired values.",
+        f"{machine['threads']} thread. Medians over interleaved rounds, each the median step of "
+        "its round; the extra per step is paired within rounds, with the 95% confidence "
+        "interval of its median in brackets; ranges are min-max of the per-round paired values.",
         "",
     ]
     for key in ("tiny", "medium"):
@@ -41,11 +42,13 @@ def _workload_table(workload: dict[str, Any]) -> list[str]:
     ]
     for row in workload["rows"]:
         low, high = row["extra_us_range"]
+        ci_low, ci_high = row["extra_us_ci95"]
         ratio_low, ratio_high = row["ratio_range"]
         calls = row["calls_per_step"]
         lines.append(
             f"| {row['loop']} | {row['per_step_us']:.0f} | {row['extra_us']:+.1f} "
-            f"({low:+.0f} to {high:+.0f}) | {row['ratio']:.3f} ({ratio_low:.3f}-{ratio_high:.3f}) "
+            f"[{ci_low:+.1f}, {ci_high:+.1f}] ({low:+.0f} to {high:+.0f}) "
+            f"| {row['ratio']:.3f} ({ratio_low:.3f}-{ratio_high:.3f}) "
             f"| {row['fixed_ms']:.1f} | {'' if calls is None else f'{calls:.0f}'} |"
         )
     return [*lines, ""]

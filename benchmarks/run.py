@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import random
 import statistics
@@ -146,6 +147,7 @@ def summarise(samples: dict[str, Samples], calls: dict[str, float]) -> list[dict
                 "loop": name,
                 "per_step_us": statistics.median(sample.per_step) * 1e6,
                 "extra_us": statistics.median(extra),
+                "extra_us_ci95": median_interval(extra),
                 "extra_us_range": (min(extra), max(extra)),
                 "ratio": statistics.median(ratio),
                 "ratio_range": (min(ratio), max(ratio)),
@@ -156,8 +158,22 @@ def summarise(samples: dict[str, Samples], calls: dict[str, float]) -> list[dict
     return rows
 
 
+def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
+    """A distribution-free confidence interval of the median: two order statistics.
+
+    The number of values below the median is binomial(n, 1/2); the interval runs between the
+    order statistics that bound its central ``confidence`` (normal approximation).
+    """
+    ordered = sorted(values)
+    n = len(ordered)
+    half_width = statistics.NormalDist().inv_cdf(0.5 + confidence / 2) * math.sqrt(n) / 2
+    low = max(0, math.floor(n / 2 - half_width) - 1)
+    high = min(n - 1, math.ceil(n / 2 + half_width))
+    return ordered[low], ordered[high]
+
+
 WORKLOADS = {
-    "tiny": Workload("tiny MLP, batch 32", loops.make_mlp, loops.mlp_data, 32, 40, 120),
+    "tiny": Workload("tiny MLP, batch 32", loops.make_mlp, loops.mlp_data, 32, 100, 150),
     "medium": Workload("medium CNN, batch 32", loops.make_cnn, loops.cnn_data, 32, 16, 40),
 }
 

@@ -223,45 +223,51 @@ class LossTracker:
     the end of an epoch.
 
     Attributes:
-        loss_value: The last loss passed to ``update`` (a detached tensor), or ``None``.
-        running_count: The running number of samples (an int, or a tensor if batch sizes were
-            tensors).
         fold_every: How many batch losses are kept before they are folded into the sum.
     """
 
     fold_every = 256
 
     def __init__(self) -> None:
-        self.loss_value: torch.Tensor | None = None
-        self.running_count: int | torch.Tensor = 0
-        self._total: torch.Tensor | None = None
-        self._pending: list[torch.Tensor] = []
-        self._pending_sizes: list[int | torch.Tensor] = []
+        self.reset()
 
     def reset(self) -> None:
         """Forget everything recorded so far."""
-        self.loss_value = None
-        self.running_count = 0
-        self._total = None
-        self._pending, self._pending_sizes = [], []
+        self._total: torch.Tensor | None = None
+        self._folded_count: int | torch.Tensor = 0
+        self._last_folded: torch.Tensor | None = None
+        self._pending: list[tuple[torch.Tensor, int | torch.Tensor]] = []
 
     def update(self, loss_batch_value: torch.Tensor, batch_size: int | torch.Tensor = 1) -> None:
         """Add one batch: its mean loss and the number of samples it holds.
+
+        Only a reference is kept (the count and the last value are derived when read), so a
+        step pays for nothing else.
 
         Args:
             loss_batch_value: The batch's mean loss (a scalar tensor; a tensor of per-sample
                 losses is averaged).
             batch_size: The number of samples the loss was averaged over.
         """
-        value = loss_batch_value.detach()
+        # ``.data`` is ``detach()`` without the trip through the dispatcher; the value is only
+        # ever read, so nothing needs the version counter ``detach()`` would share.
+        value = loss_batch_value.data
         if value.ndim:
             value = value.mean()
-        self.loss_value = value
-        self._pending.append(value)
-        self._pending_sizes.append(batch_size)
-        self.running_count += batch_size
-        if len(self._pending) >= self.fold_every:
+        pending = self._pending
+        pending.append((value, batch_size))
+        if len(pending) >= self.fold_every:
             self._fold()
+
+    @property
+    def loss_value(self) -> torch.Tensor | None:
+        """The last loss passed to ``update`` (a detached tensor), or ``None``."""
+        return self._pending[-1][0] if self._pending else self._last_folded
+
+    @property
+    def running_count(self) -> int | torch.Tensor:
+        """The running number of samples (an int, or a tensor if batch sizes were tensors)."""
+        return sum((size for _, size in self._pending), self._folded_count)
 
     def state_dict(self) -> dict[str, Any]:
         """Return the running sums, on the CPU (saved in training states)."""
@@ -269,8 +275,8 @@ class LossTracker:
             "loss_value": _to_cpu(self.loss_value),
             "running_count": _to_cpu(self.running_count),
             "total": _to_cpu(self._total),
-            "pending": [_to_cpu(value) for value in self._pending],
-            "pending_sizes": [_to_cpu(size) for size in self._pending_sizes],
+            "pending": [_to_cpu(value) for value, _ in self._pending],
+            "pending_sizes": [_to_cpu(size) for _, size in self._pending],
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any], device: torch.device) -> None:
@@ -280,11 +286,12 @@ class LossTracker:
             state_dict: The dict returned by ``state_dict()``.
             device: The device the losses live on.
         """
-        self.loss_value = _to_device(state_dict["loss_value"], device)
-        self.running_count = _to_device(state_dict["running_count"], device)
+        values = [_to_device(value, device) for value in state_dict["pending"]]
+        sizes = [_to_device(size, device) for size in state_dict["pending_sizes"]]
+        self._pending = list(zip(values, sizes, strict=True))
         self._total = _to_device(state_dict["total"], device)
-        self._pending = [_to_device(value, device) for value in state_dict["pending"]]
-        self._pending_sizes = [_to_device(size, device) for size in state_dict["pending_sizes"]]
+        self._folded_count = _to_device(state_dict["running_count"], device) - sum(sizes)
+        self._last_folded = _to_device(state_dict["loss_value"], device)
 
     @property
     def total_loss(self) -> torch.Tensor | None:
@@ -295,15 +302,18 @@ class LossTracker:
 
     def _fold(self) -> None:
         """Add the pending losses, weighted by their batch sizes, to the running sum."""
-        values = torch.stack(self._pending)
+        pending = self._pending
+        values = torch.stack([value for value, _ in pending])
         values = values.to(torch.promote_types(values.dtype, torch.float32))
-        sizes = self._pending_sizes
+        sizes = [size for _, size in pending]
         if all(isinstance(size, int) and size == sizes[0] for size in sizes):
             folded = values.sum() * sizes[0]  # the usual case: nothing to copy to the device
         else:
             folded = torch.dot(values, _as_device_tensor(sizes, values))
-        self._total = folded if self._total is None else self._total.add_(folded)
-        self._pending, self._pending_sizes = [], []
+        # Out of place: a state_dict() taken earlier may hold this very tensor (on the CPU).
+        self._total = folded if self._total is None else self._total + folded
+        self._folded_count = sum(sizes, self._folded_count)
+        self._last_folded, self._pending = pending[-1][0], []
 
     @property
     def average(self) -> float:

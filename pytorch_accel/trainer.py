@@ -18,9 +18,7 @@ ends the run early.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import itertools
 import math
 import os
 import shutil
@@ -44,6 +42,7 @@ from pytorch_accel._validation import (
     fail,
 )
 from pytorch_accel.accumulation import AccumulationPlan
+from pytorch_accel.batch_iteration import epoch_batches
 from pytorch_accel.callbacks._rng import training_rng_preserved
 from pytorch_accel.callbacks.base import StopTrainingError
 from pytorch_accel.callbacks.defaults import DEFAULT_CALLBACKS
@@ -341,6 +340,8 @@ class Trainer:
                 afresh if there is none yet.
         """
         _check_train_arguments(locals())
+        steps = ("calculate_train_batch_loss",)
+        self._check_loss_func("Trainer.train", steps if eval_dataset is None else _LOSS_STEPS)
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self.create_scheduler_fn, self.collate_fn = create_scheduler_fn, collate_fn
         if reset_run_history:
@@ -401,6 +402,7 @@ class Trainer:
         check_sized_dataset("Trainer.evaluate", "dataset", dataset)
         check_positive_int("Trainer.evaluate", "per_device_batch_size", per_device_batch_size)
         check_mapping("Trainer.evaluate", "dataloader_kwargs", dataloader_kwargs)
+        self._check_loss_func("Trainer.evaluate", ("calculate_eval_batch_loss",))
         self.eval_dataset, self.collate_fn = dataset, collate_fn
         self._train_dl_kwargs = {}
         self._prepare(None, self.create_eval_dataloader(per_device_batch_size, dataloader_kwargs))
@@ -473,8 +475,8 @@ class Trainer:
         """
         inputs, targets = batch[0], batch[1]
         model_outputs = self.model(inputs)
-        loss = self._compute_loss(model_outputs, targets)
-        return {"loss": loss, "model_outputs": model_outputs, "batch_size": targets.size(0)}
+        loss = self.loss_func(model_outputs, targets)  # type: ignore[misc]  # checked by train()
+        return {"loss": loss, "model_outputs": model_outputs, "batch_size": targets.shape[0]}
 
     def backward_step(self, loss: torch.Tensor) -> None:
         """Run the backward pass of an already scaled loss.
@@ -523,8 +525,8 @@ class Trainer:
         with torch.no_grad():
             inputs, targets = batch[0], batch[1]
             model_outputs = self.model(inputs)
-            loss = self._compute_loss(model_outputs, targets)
-        return {"loss": loss, "model_outputs": model_outputs, "batch_size": targets.size(0)}
+            loss = self.loss_func(model_outputs, targets)  # type: ignore[misc]  # checked on entry
+        return {"loss": loss, "model_outputs": model_outputs, "batch_size": targets.shape[0]}
 
     def eval_epoch_end(self) -> None:
         """Hook at the end of each evaluation epoch (its loss is recorded)."""
@@ -963,12 +965,13 @@ class Trainer:
         limit = self.limit_train_batches
         limit = None if limit is None else max(0, limit - start)
         try:
-            with _batches(self._train_dataloader, limit) as batches:
+            with epoch_batches(self._train_dataloader, limit) as batches:
                 if random_state_at_save is not None:
                     batches = _restoring_after_first(batches, random_state_at_save)
+                run_level, train_step = self._run_level, self._train_step  # bound once
                 for step, batch in enumerate(batches, start):
                     self._savable = None
-                    self._run_level(_TRAIN_STEP, self._train_step, (plan, batch, step))
+                    run_level(_TRAIN_STEP, train_step, (plan, batch, step))
                     if self._num_updates >= total_updates:
                         return
         finally:
@@ -1036,9 +1039,12 @@ class Trainer:
         )
         loss = batch_output["loss"]
         self._train_loss_tracker.update(loss, batch_output["batch_size"])
-        self._fire(None, "on_backward_start", {})
+        handler = self.callback_handler  # an event nobody listens to costs one set look-up
+        if "on_backward_start" in handler.active_events:
+            self._fire(None, "on_backward_start", {})
         self.backward_step(loss if scale == 1.0 else loss * scale)
-        self._fire(None, "on_backward_end", {})
+        if "on_backward_end" in handler.active_events:
+            self._fire(None, "on_backward_end", {})
         return batch_output
 
     def _update(self) -> None:
@@ -1049,10 +1055,13 @@ class Trainer:
         elif config.max_grad_norm is not None:
             parameters = self.model.parameters()
             self._grad_norm = self._accelerator.clip_grad_norm_(parameters, config.max_grad_norm)
-        self._fire(None, "on_optimizer_step_start", {})
+        handler = self.callback_handler  # an event nobody listens to costs one set look-up
+        if "on_optimizer_step_start" in handler.active_events:
+            self._fire(None, "on_optimizer_step_start", {})
         self.optimizer_step()
         self._num_updates += 1
-        self._fire(None, "on_optimizer_step_end", {})
+        if "on_optimizer_step_end" in handler.active_events:
+            self._fire(None, "on_optimizer_step_end", {})
         if self.scheduler is not None and not self._step_was_skipped():
             self.scheduler_step()
         self.optimizer_zero_grad()
@@ -1116,9 +1125,10 @@ class Trainer:
 
     def _eval_batches(self) -> None:
         assert self._eval_dataloader is not None
-        with _batches(self._eval_dataloader, self.limit_eval_batches) as batches:
+        with epoch_batches(self._eval_dataloader, self.limit_eval_batches) as batches:
+            run_level, eval_step = self._run_level, self._eval_step  # bound once
             for batch in batches:
-                self._run_level(_EVAL_STEP, self._eval_step, (batch,))
+                run_level(_EVAL_STEP, eval_step, (batch,))
 
     def _eval_step(self, batch: Any) -> dict[str, Any]:
         batch_output = _checked(self.calculate_eval_batch_loss(batch), "calculate_eval_batch_loss")
@@ -1335,6 +1345,22 @@ class Trainer:
             return False
         return _trainable_flags(wrapped) != self._trainable_when_wrapped
 
+    def _check_loss_func(self, where: str, steps: tuple[str, ...]) -> None:
+        """Reject ``loss_func=None`` if one of ``steps`` is the default, which calls it."""
+        defaults = [step for step in steps if getattr(type(self), step) is getattr(Trainer, step)]
+        if self.loss_func is None and defaults:
+            one = len(defaults) == 1
+            names = " and ".join(defaults)
+            fail(
+                TypeError,
+                where,
+                "Trainer's loss_func",
+                None,
+                f"a callable while {names} {'is' if one else 'are'} not overridden",
+                f"Pass a loss function to Trainer(...), or override {'that' if one else 'those'} "
+                f"step method{'' if one else 's'}.",
+            )
+
     def _create_run_config(
         self,
         num_epochs: int,
@@ -1378,15 +1404,6 @@ class Trainer:
             mixed_precision=str(accelerator.mixed_precision),
             num_processes=accelerator.num_processes,
         )
-
-    def _compute_loss(self, model_outputs: Any, targets: Any) -> torch.Tensor:
-        if self.loss_func is None:
-            raise TypeError(
-                "Trainer: loss_func is None, but the default calculate_*_batch_loss calls it. "
-                "Pass a loss function, or override calculate_train_batch_loss and "
-                "calculate_eval_batch_loss."
-            )
-        return self.loss_func(model_outputs, targets)
 
 
 # ------------------------------------------------------------------------ module helpers
@@ -1446,26 +1463,6 @@ def _direct_optimizer(accelerator: Accelerator, optimizer: object) -> torch.opti
     return inner if forwarding else None
 
 
-@contextlib.contextmanager
-def _batches(dataloader: Iterable[Any], limit: int | None) -> Generator[Iterator[Any], None, None]:
-    """Iterate at most ``limit`` batches; always close the iterator and release the loader.
-
-    accelerate only forgets a dataloader it saw to the end; a loop cut short (a batch limit,
-    ``max_num_train_steps``, a stop) would otherwise leave it as the active one. The batches
-    come straight from the dataloader's iterator (no generator in between).
-    """
-    iterator = iter(dataloader)
-    try:
-        yield iterator if limit is None else itertools.islice(iterator, limit)
-    finally:
-        close = getattr(iterator, "close", None)
-        if callable(close):
-            close()
-        end = getattr(dataloader, "end", None)
-        if callable(end):
-            end()
-
-
 def _restoring_after_first(
     batches: Iterator[Any], random_state: torch.Tensor
 ) -> Generator[Any, None, None]:
@@ -1482,6 +1479,9 @@ def _restoring_after_first(
 
 
 _NO_BATCH = object()
+
+_LOSS_STEPS = ("calculate_train_batch_loss", "calculate_eval_batch_loss")
+"""The step methods whose default implementations call ``loss_func``."""
 
 
 def _is_limit_callback(callback: CallbackLike) -> bool:

@@ -142,8 +142,34 @@ def test_bad_constructor_arguments() -> None:
 def test_missing_loss_func_with_default_steps() -> None:
     model = make_model()
     trainer = Trainer(model, None, torch.optim.SGD(model.parameters(), lr=0.1), callbacks=())
-    with pytest.raises(TypeError, match="loss_func is None, but the default calculate_"):
+    with pytest.raises(
+        TypeError,
+        match=r"Trainer\.train: Trainer's loss_func must be a callable while "
+        r"calculate_train_batch_loss is not overridden, got None \(NoneType\)\. Pass a loss "
+        r"function to Trainer\(\.\.\.\), or override that step method\.",
+    ):
         trainer.train(DATA, num_epochs=1)
+    with pytest.raises(
+        TypeError, match=r"calculate_train_batch_loss and calculate_eval_batch_loss are not"
+    ):
+        trainer.train(DATA, num_epochs=1, eval_dataset=DATA)
+    with pytest.raises(TypeError, match=r"Trainer\.evaluate: .* calculate_eval_batch_loss is not"):
+        trainer.evaluate(DATA)
+
+
+def test_missing_loss_func_is_checked_per_default_step() -> None:
+    class OwnTrainStep(Trainer):
+        def calculate_train_batch_loss(self, batch: Any) -> dict[str, Any]:
+            inputs, targets = batch
+            loss = nn.functional.mse_loss(self.model(inputs), targets)
+            return {"loss": loss, "model_outputs": None, "batch_size": len(targets)}
+
+    model = make_model()
+    trainer = OwnTrainStep(model, None, torch.optim.SGD(model.parameters(), lr=0.1), callbacks=())
+    trainer.train(DATA, num_epochs=1)  # only the overridden step runs: no loss_func needed
+    assert trainer.num_updates > 0
+    with pytest.raises(TypeError, match=r"while calculate_eval_batch_loss is not overridden"):
+        trainer.train(DATA, num_epochs=1, eval_dataset=DATA)
 
 
 def test_evaluate_without_any_dataset() -> None:

@@ -89,3 +89,28 @@ def test_tensor_batch_sizes_are_supported() -> None:
     tracker.update(torch.tensor(2.0), torch.tensor(3))
     tracker.update(torch.tensor(1.0), torch.tensor(1))
     assert tracker.average == pytest.approx(7 / 4)
+
+
+@pytest.mark.parametrize("fold_every", [1, 3, 256])
+def test_count_last_value_and_state_are_the_same_either_side_of_a_fold(fold_every: int) -> None:
+    weight = torch.ones(1, requires_grad=True)
+    tracker = LossTracker()
+    tracker.fold_every = fold_every
+    for step, size in enumerate([4, 4, 2, 4, 1], start=1):
+        tracker.update((weight * step).sum(), size)
+        assert tracker.loss_value is not None
+        assert tracker.loss_value.item() == step
+        assert not tracker.loss_value.requires_grad
+    assert tracker.running_count == 15
+    restored = LossTracker()
+    restored.fold_every = fold_every
+    restored.load_state_dict(tracker.state_dict(), torch.device("cpu"))
+    for copy in (tracker, restored):  # the restored copy goes on exactly as the original
+        copy.update(torch.tensor(6.0), 3)
+        assert copy.running_count == 18
+        assert copy.loss_value is not None
+        assert copy.loss_value.item() == 6.0
+    assert tracker.total_loss is not None
+    assert restored.total_loss is not None
+    assert torch.equal(tracker.total_loss, restored.total_loss)
+    assert tracker.total_loss.item() == 1 * 4 + 2 * 4 + 3 * 2 + 4 * 4 + 5 * 1 + 6 * 3

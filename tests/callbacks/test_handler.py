@@ -194,6 +194,10 @@ def test_dispatch_returns_the_first_stop_after_every_callback_had_the_event() ->
     assert str(stop) == "first"
     assert seen == [("first", 3), ("second", 3)]
     assert kwargs == {"step": 3}  # the caller's dict is not changed
+    only = CallbackHandler([Stops("only")]).dispatch("on_train_step_end", (None,), {"step": 5})
+    assert isinstance(only, StopTrainingError)
+    assert str(only) == "only"
+    assert seen[-1] == ("only", 5)
     assert handler.dispatch("on_train_epoch_start", (None,), {}) is None
     with pytest.raises(StopTrainingError, match="first"):
         handler.call_event("on_train_step_end", None, step=4)
