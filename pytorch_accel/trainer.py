@@ -340,8 +340,8 @@ class Trainer:
                 afresh if there is none yet.
         """
         _check_train_arguments(locals())
-        steps = ("calculate_train_batch_loss",)
-        self._check_loss_func("Trainer.train", steps if eval_dataset is None else _LOSS_STEPS)
+        loss_steps = _LOSS_STEPS if eval_dataset is not None else _LOSS_STEPS[:1]
+        self._check_loss_func("Trainer.train", loss_steps)
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self.create_scheduler_fn, self.collate_fn = create_scheduler_fn, collate_fn
         if reset_run_history:
