@@ -12,6 +12,7 @@ from typing import NoReturn
 __all__ = [
     "check_callable",
     "check_mapping",
+    "check_non_negative_number",
     "check_positive_int",
     "check_positive_number",
     "check_sized_dataset",
@@ -85,6 +86,26 @@ def check_positive_number(
         fail(TypeError, where, name, value, expected, f"Pass a float, e.g. {name}=1.0.")
     if not float(value) > 0:
         fail(ValueError, where, name, value, expected, f"Pass {name} > 0, or None to disable.")
+
+
+def check_non_negative_number(where: str, name: str, value: object, fix: str) -> None:
+    """Check that ``value`` is a real number >= 0 (infinity included), not a bool or NaN.
+
+    Args:
+        where: The entry point, for the message.
+        name: The argument name.
+        value: The value to check.
+        fix: How to fix it, e.g. ``"Set trainer.progress_interval = 0.05."``.
+
+    Raises:
+        TypeError: If the value is not a real number.
+        ValueError: If the value is negative or NaN.
+    """
+    expected = "a number >= 0"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        fail(TypeError, where, name, value, expected, fix)
+    if not float(value) >= 0:
+        fail(ValueError, where, name, value, expected, fix)
 
 
 def check_callable(where: str, name: str, value: object, fix: str) -> None:

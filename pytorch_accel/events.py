@@ -17,12 +17,16 @@ A training run, ``train()``, fires:
                 on_optimizer_step_start
                 on_optimizer_step_end
             on_train_step_end
+            on_train_progress        (now and then, see below)
+        on_train_progress            (if steps were done since the last one)
         on_train_epoch_end
         if there is an eval set:
             on_eval_epoch_start
             for each batch:
                 on_eval_step_start
                 on_eval_step_end
+                on_eval_progress     (now and then)
+            on_eval_progress         (if steps were done since the last one)
             on_eval_epoch_end
         on_training_run_epoch_end
     on_training_run_end
@@ -34,6 +38,8 @@ An evaluation run, ``evaluate()``, fires:
     for each batch:
         on_eval_step_start
         on_eval_step_end
+        on_eval_progress             (now and then)
+    on_eval_progress                 (if steps were done since the last one)
     on_eval_epoch_end
     on_evaluation_run_end
 
@@ -48,6 +54,16 @@ What happens at each point:
 - ``on_eval_step_end`` fires with ``batch`` and ``batch_output``; ``on_eval_epoch_start`` and
   ``on_eval_epoch_end`` receive ``is_intermediate`` (``True`` for an evaluation started in the
   middle of a training epoch).
+- ``on_train_progress`` and ``on_eval_progress`` report ``steps_done``, the steps of the epoch
+  done so far (a resumed epoch counts the batches it skipped), for progress bars and live
+  displays that need no per-step event. They fire after the epoch's first step, then at
+  strides of steps that double while the events come less than ``Trainer.progress_interval``
+  (0.05 s) apart and halve once they come slower (after every step when steps take longer
+  than that, or when the interval is 0), and once more after the epoch's last step, just
+  before its end event (also when the epoch ends early), so the last one always carries the
+  final count. As the strides follow the clock, processes fire them at different steps: a
+  progress listener must not raise ``StopTrainingError`` (it becomes a ``RuntimeError``),
+  call collectives or save training state. Use the step events for all of that.
 - The epoch's mean loss is recorded in the run history (``train_loss_epoch``,
   ``eval_loss_epoch`` or ``evaluation_loss``) just before the epoch's end hook and event.
 
@@ -69,6 +85,7 @@ with:
     on_optimizer_step_start
     on_optimizer_step_end
     on_train_step_end
+    on_train_progress                (steps_done=2, if anyone listens)
     on_train_epoch_end
     on_stop_training_error
     on_training_run_end
@@ -76,7 +93,7 @@ with:
 
 from __future__ import annotations
 
-__all__ = ["BUILTIN_EVENTS"]
+__all__ = ["BUILTIN_EVENTS", "PROGRESS_EVENTS"]
 
 BUILTIN_EVENTS: tuple[str, ...] = (
     "on_init_end",
@@ -88,10 +105,12 @@ BUILTIN_EVENTS: tuple[str, ...] = (
     "on_optimizer_step_start",
     "on_optimizer_step_end",
     "on_train_step_end",
+    "on_train_progress",
     "on_train_epoch_end",
     "on_eval_epoch_start",
     "on_eval_step_start",
     "on_eval_step_end",
+    "on_eval_progress",
     "on_eval_epoch_end",
     "on_training_run_epoch_end",
     "on_training_run_end",
@@ -100,3 +119,6 @@ BUILTIN_EVENTS: tuple[str, ...] = (
     "on_stop_training_error",
 )
 """Every event the trainer fires, roughly in the order of a training run."""
+
+PROGRESS_EVENTS: tuple[str, ...] = ("on_train_progress", "on_eval_progress")
+"""The events that report an epoch's progress now and then (with ``steps_done``)."""

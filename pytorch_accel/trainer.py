@@ -36,6 +36,7 @@ from torch.utils.data import DataLoader
 from pytorch_accel._validation import (
     check_callable,
     check_mapping,
+    check_non_negative_number,
     check_positive_int,
     check_positive_number,
     check_sized_dataset,
@@ -59,6 +60,7 @@ from pytorch_accel.placeholders import (
     contains_placeholder,
     replace_trainer_placeholder_values,
 )
+from pytorch_accel.progress_events import ProgressEvents
 from pytorch_accel.resumable_loader import RandomStates, ResumableLoader, make_resumable
 from pytorch_accel.resume import (
     CheckpointedTrainerState,
@@ -151,6 +153,9 @@ class Trainer:
             accumulation window follow it. For quick debug runs; see ``LimitBatchesCallback``.
         limit_eval_batches: Use at most this many batches of each evaluation epoch, read when
             the epoch starts.
+        progress_interval: Seconds below which the progress events (``on_train_progress``,
+            ``on_eval_progress``) double the steps between them, 0.05 by default; 0 fires them
+            after every step. Read when each epoch starts.
 
     Example:
         ```python
@@ -198,6 +203,9 @@ class Trainer:
         self._grad_norm: torch.Tensor | None = None
         self.limit_train_batches: int | None = None
         self.limit_eval_batches: int | None = None
+        self.progress_interval: float = 0.05
+        self._train_progress = self._progress_events("on_train_progress")
+        self._eval_progress = self._progress_events("on_eval_progress")
         self._resumable: ResumableLoader | None = None
         self._checkpointed_state = CheckpointedTrainerState(self._shared_training_state)
         self._state_registered = False
@@ -340,6 +348,7 @@ class Trainer:
                 afresh if there is none yet.
         """
         _check_train_arguments(locals())
+        self._check_progress_interval("Trainer.train")
         loss_steps = _LOSS_STEPS if eval_dataset is not None else _LOSS_STEPS[:1]
         self._check_loss_func("Trainer.train", loss_steps)
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
@@ -403,6 +412,7 @@ class Trainer:
         check_positive_int("Trainer.evaluate", "per_device_batch_size", per_device_batch_size)
         check_mapping("Trainer.evaluate", "dataloader_kwargs", dataloader_kwargs)
         self._check_loss_func("Trainer.evaluate", ("calculate_eval_batch_loss",))
+        self._check_progress_interval("Trainer.evaluate")
         self.eval_dataset, self.collate_fn = dataset, collate_fn
         self._train_dl_kwargs = {}
         self._prepare(None, self.create_eval_dataloader(per_device_batch_size, dataloader_kwargs))
@@ -934,13 +944,8 @@ class Trainer:
 
     def _train_epoch(self) -> None:
         self._train_loss_tracker.reset()
-        self._run_level(
-            _TRAIN_EPOCH,
-            self._train_batches,
-            finish=functools.partial(
-                self._record_loss, self._train_loss_tracker, "train_loss_epoch"
-            ),
-        )
+        self._train_progress = self._progress_events("on_train_progress")
+        self._run_level(_TRAIN_EPOCH, self._train_batches, finish=self._finish_train_epoch)
         if self._eval_dataloader is not None:
             self._run_eval_epoch("eval_loss_epoch")
         self._savable = "epoch"
@@ -958,6 +963,8 @@ class Trainer:
         )
         total_updates = self.run_config.total_num_update_steps
         start, random_state_at_save = self._begin_epoch()
+        progress = self._train_progress
+        progress.start_at(start)
         if self._num_updates >= total_updates:  # resumed from the run's last update
             if random_state_at_save is not None:
                 torch.set_rng_state(random_state_at_save)
@@ -972,6 +979,9 @@ class Trainer:
                 for step, batch in enumerate(batches, start):
                     self._savable = None
                     run_level(_TRAIN_STEP, train_step, (plan, batch, step))
+                    if step >= progress.next_step:
+                        self._savable = None  # processes report at different steps
+                        progress.report()
                     if self._num_updates >= total_updates:
                         return
         finally:
@@ -1029,7 +1039,8 @@ class Trainer:
         else:  # inside an accumulation window: no gradient synchronisation between processes
             with self._accelerator.no_sync(self.model):
                 batch_output = self._forward_backward(batch, scale)
-        self._batches_done, self._savable = step + 1, "step"
+        self._batches_done = self._train_progress.done = step + 1
+        self._savable = "step"
         return {"batch": batch, "batch_output": batch_output, "step": step}
 
     def _forward_backward(self, batch: Any, scale: float) -> dict[str, Any]:
@@ -1112,12 +1123,11 @@ class Trainer:
         savable, self._savable = self._savable, None
         try:
             with torch.no_grad(), training_rng_preserved(self):
+                self._eval_progress = self._progress_events("on_eval_progress")
                 self._run_level(
                     _EVAL_EPOCH,
                     self._eval_batches,
-                    finish=functools.partial(
-                        self._record_loss, self._eval_loss_tracker, metric_name
-                    ),
+                    finish=functools.partial(self._finish_eval_epoch, metric_name),
                     is_intermediate=is_intermediate,
                 )
         finally:
@@ -1125,10 +1135,13 @@ class Trainer:
 
     def _eval_batches(self) -> None:
         assert self._eval_dataloader is not None
+        progress = self._eval_progress
         with epoch_batches(self._eval_dataloader, self.limit_eval_batches) as batches:
             run_level, eval_step = self._run_level, self._eval_step  # bound once
-            for batch in batches:
+            for index, batch in enumerate(batches):
                 run_level(_EVAL_STEP, eval_step, (batch,))
+                if index >= progress.next_step:
+                    progress.report()
 
     def _eval_step(self, batch: Any) -> dict[str, Any]:
         batch_output = _checked(self.calculate_eval_batch_loss(batch), "calculate_eval_batch_loss")
@@ -1141,6 +1154,7 @@ class Trainer:
                 self.calculate_eval_batch_loss(real_batch), "calculate_eval_batch_loss"
             )
             self._eval_loss_tracker.update(real_output["loss"], real_samples)
+        self._eval_progress.done += 1
         return {"batch": batch, "batch_output": batch_output}
 
     def _real_samples_in_padded_batch(self, batch_size: Any) -> int | None:
@@ -1161,8 +1175,22 @@ class Trainer:
         size, rank = int(batch_size), int(self._accelerator.process_index)
         return max(0, min(size, remainder - rank * size))
 
+    def _finish_train_epoch(self) -> None:
+        """Report the epoch's last progress, then record its mean loss."""
+        self._train_progress.finish()
+        self._record_loss(self._train_loss_tracker, "train_loss_epoch")
+
+    def _finish_eval_epoch(self, metric_name: str) -> None:
+        """Report the evaluation epoch's last progress, then record its mean loss."""
+        self._eval_progress.finish()
+        self._record_loss(self._eval_loss_tracker, metric_name)
+
     def _record_loss(self, tracker: LossTracker, metric_name: str) -> None:
         self.run_history.update_metric(metric_name, tracker.reduce(self._accelerator))
+
+    def _progress_events(self, event: str) -> ProgressEvents:
+        """Fire ``event`` for one epoch, as often as ``progress_interval`` says."""
+        return ProgressEvents(self.callback_handler, self, event, self.progress_interval)
 
     # ----------------------------------------------------------------- levels and events
 
@@ -1360,6 +1388,15 @@ class Trainer:
                 f"Pass a loss function to Trainer(...), or override {'that' if one else 'those'} "
                 f"step method{'' if one else 's'}.",
             )
+
+    def _check_progress_interval(self, where: str) -> None:
+        """Reject a ``progress_interval`` that is not a number of seconds >= 0."""
+        check_non_negative_number(
+            where,
+            "trainer.progress_interval",
+            self.progress_interval,
+            "Set trainer.progress_interval to seconds, e.g. 0.05, or 0 for every step.",
+        )
 
     def _create_run_config(
         self,

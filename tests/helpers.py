@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from pytorch_accel import Trainer
 from pytorch_accel.callbacks import TrainerCallback
-from pytorch_accel.events import BUILTIN_EVENTS
+from pytorch_accel.events import BUILTIN_EVENTS, PROGRESS_EVENTS
 
 
 def make_regression_dataset(num_samples: int, seed: int = 0) -> TensorDataset:
@@ -90,7 +90,10 @@ def hand_written_loop(
 
 
 class RecordingCallback(TrainerCallback):
-    """Records every built-in event it receives, in order."""
+    """Records every built-in event it receives, in order, except the progress events.
+
+    Those fire at steps that depend on the clock; ``ProgressRecorder`` records them.
+    """
 
     def __init__(self) -> None:
         self.events: list[str] = []
@@ -111,7 +114,7 @@ def _recorder(event: str) -> Callable[..., None]:
 
 
 for _event in BUILTIN_EVENTS:
-    if _event != "on_init_end":
+    if _event != "on_init_end" and _event not in PROGRESS_EVENTS:
         setattr(RecordingCallback, _event, _recorder(_event))
 
 

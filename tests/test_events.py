@@ -32,11 +32,15 @@ def run_events(num_samples: int, eval_samples: int | None = None, **train_kwargs
 
 
 def documented_listing(title: str) -> list[str]:
-    """The event names of one listing in the events module docstring, in order."""
+    """The event names of one listing in the events module docstring, in order.
+
+    Without the progress events, which the listings mark as fired now and then.
+    """
     doc = pytorch_accel.events.__doc__ or ""
     block = doc.split(title, 1)[1].split(":\n", 1)[1]
     body = re.split(r"\n\S", block, maxsplit=1)[0]
-    return re.findall(r"\bon_\w+", body)
+    names = re.findall(r"\bon_\w+", body)
+    return [name for name in names if name not in pytorch_accel.events.PROGRESS_EVENTS]
 
 
 def test_training_run_with_eval_matches_the_documented_listing() -> None:

@@ -47,7 +47,10 @@ def counter(monkeypatch: pytest.MonkeyPatch) -> Iterator[SyncCounter]:
 
 
 def probes(counter: SyncCounter) -> tuple[TrainerCallback, TrainerCallback]:
-    """Switch counting on before everything else in a step and off after everything else."""
+    """Switch counting on before everything else in a step and off after everything else.
+
+    Progress events, which come after a step's end, get a window of their own.
+    """
 
     class On(TrainerCallback):
         order = -10_000
@@ -62,6 +65,12 @@ def probes(counter: SyncCounter) -> tuple[TrainerCallback, TrainerCallback]:
         def on_eval_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
             counter.active = True
 
+        def on_train_progress(self, trainer: Trainer, **kwargs: Any) -> None:
+            counter.active = self.steps > 1
+
+        def on_eval_progress(self, trainer: Trainer, **kwargs: Any) -> None:
+            counter.active = True
+
     class Off(TrainerCallback):
         order = 10_000
 
@@ -69,6 +78,12 @@ def probes(counter: SyncCounter) -> tuple[TrainerCallback, TrainerCallback]:
             counter.active = False
 
         def on_eval_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
+            counter.active = False
+
+        def on_train_progress(self, trainer: Trainer, **kwargs: Any) -> None:
+            counter.active = False
+
+        def on_eval_progress(self, trainer: Trainer, **kwargs: Any) -> None:
             counter.active = False
 
     return On(), Off()
@@ -83,6 +98,7 @@ def test_default_loop_reads_no_tensor_per_step(counter: SyncCounter, accumulatio
         torch.optim.SGD(model.parameters(), lr=0.01),
         callbacks=(*DEFAULT_CALLBACKS, *probes(counter)),
     )
+    trainer.progress_interval = 0  # a progress event after every step
     train_then_evaluate(trainer, accumulation)
     assert counter.calls == []
 
@@ -103,3 +119,22 @@ def test_the_counter_sees_a_host_read(counter: SyncCounter) -> None:
     )
     trainer.train(make_regression_dataset(16), num_epochs=1, per_device_batch_size=4)
     assert counter.calls == ["item"] * 3
+
+
+def test_the_counter_sees_a_host_read_in_a_progress_event(counter: SyncCounter) -> None:
+    class ReadsRunningLoss(TrainerCallback):
+        def on_train_progress(self, trainer: Trainer, **kwargs: Any) -> None:
+            total = trainer.train_loss_tracker.total_loss
+            assert total is not None
+            total.item()
+
+    model = make_model()
+    trainer = Trainer(
+        model,
+        nn.MSELoss(),
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        callbacks=(ReadsRunningLoss(), *probes(counter)),
+    )
+    trainer.progress_interval = 0
+    trainer.train(make_regression_dataset(16), num_epochs=1, per_device_batch_size=4)
+    assert counter.calls == ["item"] * 3  # steps 2 to 4

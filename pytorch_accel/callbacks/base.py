@@ -83,6 +83,19 @@ class TrainerCallback:
             **kwargs: Includes ``step``, the 0-based batch index in the epoch.
         """
 
+    def on_train_progress(self, trainer: Trainer, steps_done: int, **kwargs: Any) -> None:
+        """Called now and then after a training step, and after the epoch's last one.
+
+        For progress displays, which need no per-step event: the trainer fires it at strides
+        that follow the step time (see ``Trainer.progress_interval``). Processes fire it at
+        different steps, so it must not stop training, call collectives or save state.
+
+        Args:
+            trainer: The trainer.
+            steps_done: The steps of the epoch done so far.
+            **kwargs: Reserved for future arguments.
+        """
+
     def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         """Called at the end of each training epoch, after ``train_loss_epoch`` is recorded."""
 
@@ -101,6 +114,17 @@ class TrainerCallback:
             trainer: The trainer.
             batch: The batch, as the dataloader produced it.
             batch_output: The dict returned by ``calculate_eval_batch_loss``.
+            **kwargs: Reserved for future arguments.
+        """
+
+    def on_eval_progress(self, trainer: Trainer, steps_done: int, **kwargs: Any) -> None:
+        """Called now and then after an evaluation step, and after the epoch's last one.
+
+        Like ``on_train_progress``, for the evaluation epoch.
+
+        Args:
+            trainer: The trainer.
+            steps_done: The evaluation steps of the epoch done so far.
             **kwargs: Reserved for future arguments.
         """
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -58,6 +57,13 @@ class PrintProgressCallback(TrainerCallback):
 class ProgressBarCallback(TrainerCallback):
     """Show a tqdm progress bar for each training and evaluation epoch, on the main process.
 
+    The bars move on the trainer's progress events (``on_train_progress``,
+    ``on_eval_progress``), not on every step: while steps are fast the trainer reports them
+    in growing strides, at most about every 0.05 s (``Trainer.progress_interval``), which is
+    as often as tqdm redraws anyway (every ``mininterval``, 0.1 s), and after every step once
+    steps are slower. So the bar costs the training loop nothing on most steps, trails by at
+    most about one redraw interval, and shows the exact count when the epoch ends.
+
     The training bar shows the mean loss of the epoch so far, on the local main process
     (the trainer's on-device running sum ``trainer.train_loss_tracker``, not reduced across
     processes). Reading a device value on the host can make the host wait for the device, so
@@ -65,21 +71,16 @@ class ProgressBarCallback(TrainerCallback):
     the trainer has already brought to the host: the steps stay free of host reads, as for
     every default callback.
 
-    With ``loss_update_interval=N`` the loss is also refreshed every N training steps (never
-    in between). On CUDA that costs no wait: the mean is copied into pinned host memory with
-    ``non_blocking=True`` and shown one interval later, once the copy has finished (checked
-    with a CUDA event, which does not block), so the figure lags by up to N steps. On the
-    CPU there is no device to wait for and the value is read directly; on other devices
-    (MPS, XPU, ...) the read synchronises, once per interval.
-
-    A step only counts itself: the count reaches tqdm in growing strides (after 1, 2, 4, ...
-    steps) while steps are fast, as tqdm redraws at most every ``mininterval`` (0.1 s) anyway,
-    so the bar trails by at most half a redraw interval (and half the steps done); it shows
-    the exact count when the epoch ends.
+    With ``loss_update_interval=N`` the loss is also refreshed at most once every N training
+    steps: at the first progress event after each multiple of N steps. On CUDA that costs no
+    wait: the mean is copied into pinned host memory with ``non_blocking=True`` and shown one
+    refresh later, once the copy has finished (checked with a CUDA event, which does not
+    block). On the CPU there is no device to wait for and the value is read directly; on
+    other devices (MPS, XPU, ...) the read synchronises, once per refresh.
 
     Args:
-        loss_update_interval: Refresh the running loss every this many training steps, or
-            ``None`` (the default) to show it only at the end of each epoch.
+        loss_update_interval: Refresh the running loss at most once every this many training
+            steps, or ``None`` (the default) to show it only at the end of each epoch.
 
     Example:
         ```python
@@ -98,30 +99,25 @@ class ProgressBarCallback(TrainerCallback):
         self.pbar: Any = None
         self.eval_pbar: Any = None
         self._pending: tuple[torch.Tensor, Any] | None = None  # (pinned copy, CUDA event)
-        self._count = self._eval_count = _StridedCount(None)
+        self._loss_refreshed_at = 0  # steps done at the last refresh of the running loss
 
     def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Open the training bar."""
         total = trainer.run_config.train_dataloader_len if trainer.run_config else 0
         self.pbar = self._open(trainer, total, "train")
-        self._count = _StridedCount(self.pbar)
         self._pending = None
+        self._loss_refreshed_at = 0
 
-    def on_train_step_end(
-        self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
-    ) -> None:
-        """Count the step; refresh the running loss every ``loss_update_interval`` steps."""
-        count = self._count
-        count.done += 1
-        if count.done >= count.next_push:
-            count.push()
+    def on_train_progress(self, trainer: Trainer, steps_done: int, **kwargs: Any) -> None:
+        """Move the bar to ``steps_done``; refresh the running loss if an interval has passed."""
+        _advance(self.pbar, steps_done)
         interval = self.loss_update_interval
-        if interval is not None and (kwargs.get("step", 0) + 1) % interval == 0:
+        if interval is not None and steps_done // interval > self._loss_refreshed_at // interval:
+            self._loss_refreshed_at = steps_done
             self._refresh_loss(trainer)
 
     def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Show the epoch's exact count and loss, and close the training bar."""
-        self._count.push()
+        """Show the epoch's loss and close the training bar."""
         name = trainer.run_history.metric_name_prefix + "train_loss_epoch"
         if not self.pbar.disable and name in trainer.run_history.get_metric_names():
             self._show_loss(trainer.run_history.get_latest_metric(name))
@@ -134,20 +130,13 @@ class ProgressBarCallback(TrainerCallback):
         if trainer.limit_eval_batches is not None:
             total = min(total, trainer.limit_eval_batches)
         self.eval_pbar = self._open(trainer, total, "eval")
-        self._eval_count = _StridedCount(self.eval_pbar)
 
-    def on_eval_step_end(
-        self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
-    ) -> None:
-        """Count the evaluation step."""
-        count = self._eval_count
-        count.done += 1
-        if count.done >= count.next_push:
-            count.push()
+    def on_eval_progress(self, trainer: Trainer, steps_done: int, **kwargs: Any) -> None:
+        """Move the evaluation bar to ``steps_done``."""
+        _advance(self.eval_pbar, steps_done)
 
     def on_eval_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Show the exact count and close the evaluation bar."""
-        self._eval_count.push()
+        """Close the evaluation bar."""
         self.eval_pbar.close()
 
     def _refresh_loss(self, trainer: Trainer) -> None:
@@ -177,35 +166,10 @@ class ProgressBarCallback(TrainerCallback):
         )
 
 
-class _StridedCount:
-    """The steps of one bar, handed to tqdm in strides instead of one ``update`` per step.
-
-    The caller adds to ``done`` and calls ``push`` once ``done`` reaches ``next_push``. Each
-    push doubles the stride while pushes come less than half of tqdm's ``mininterval`` apart
-    and halves it once they come slower, so the bar trails by at most about half a redraw
-    interval, and by at most half the steps done.
-    """
-
-    __slots__ = ("_bar", "_period", "_pushed_at", "_stride", "done", "next_push")
-
-    def __init__(self, bar: Any) -> None:
-        self._bar = bar
-        self._period = getattr(bar, "mininterval", 0.1) / 2
-        self._pushed_at: float | None = None  # the first push only starts the clock
-        self._stride = 1
-        self.done = 0
-        self.next_push = 1
-
-    def push(self) -> None:
-        """Give the bar the steps counted since the last push; choose the next stride."""
-        if self._bar is not None and self.done > self._bar.n:
-            self._bar.update(self.done - self._bar.n)
-        now = time.monotonic()
-        if self._pushed_at is not None:
-            fast = now - self._pushed_at < self._period
-            self._stride = self._stride * 2 if fast else max(1, self._stride // 2)
-        self._pushed_at = now
-        self.next_push = self.done + self._stride
+def _advance(bar: Any, steps_done: int) -> None:
+    """Move ``bar`` forward to ``steps_done`` (tqdm redraws at most every ``mininterval``)."""
+    if steps_done > bar.n:
+        bar.update(steps_done - bar.n)
 
 
 def _copy_to_host_async(

@@ -16,9 +16,9 @@ HOST_READS = ("item", "__bool__", "__float__", "__int__", "tolist", "numpy")
 
 
 class HostReads:
-    """Records the host reads made between each ``on_train_step_start`` and ``..._end``.
+    """Records the host reads made in each training step and each ``on_train_progress``.
 
-    Add ``callbacks`` to the trainer: they open the window first and close it last.
+    Add ``callbacks`` to the trainer: they open each window first and close it last.
     """
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -47,6 +47,9 @@ class _Open(TrainerCallback):
     def on_train_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
         self.reads.active = True
 
+    def on_train_progress(self, trainer: Trainer, **kwargs: Any) -> None:
+        self.reads.active = True
+
 
 class _Close(TrainerCallback):
     order = 10_000
@@ -55,4 +58,7 @@ class _Close(TrainerCallback):
         self.reads = reads
 
     def on_train_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        self.reads.active = False
+
+    def on_train_progress(self, trainer: Trainer, **kwargs: Any) -> None:
         self.reads.active = False

@@ -1,4 +1,4 @@
-"""ProgressBarCallback's running loss: at epoch ends by default, every N steps when asked."""
+"""ProgressBarCallback: moved by progress events; the running loss at epoch ends or every N."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from host_reads import HostReads
 from torch import nn
 
 from pytorch_accel import Trainer
-from pytorch_accel.callbacks import ProgressBarCallback, TrainerCallback
+from pytorch_accel.callbacks import ProgressBarCallback, TrainerCallback, get_default_callbacks
 
 
 @pytest.fixture
@@ -21,7 +21,7 @@ def host_reads(monkeypatch: pytest.MonkeyPatch) -> HostReads:
 
 
 class PostfixLog(TrainerCallback):
-    """Records the training bar's postfix after every step (runs after the bar)."""
+    """Records the training bar's postfix after every progress event (runs after the bar)."""
 
     order = 1_000
 
@@ -29,8 +29,13 @@ class PostfixLog(TrainerCallback):
         self.bar = bar
         self.postfixes: list[str | None] = []
 
-    def on_train_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_progress(self, trainer: Trainer, **kwargs: Any) -> None:
         self.postfixes.append(self.bar.pbar.postfix)
+
+
+def reporting_every_step(trainer: Trainer) -> Trainer:
+    trainer.progress_interval = 0  # a progress event after every step
+    return trainer
 
 
 def test_by_default_the_loss_is_shown_at_epoch_ends_only(
@@ -38,7 +43,7 @@ def test_by_default_the_loss_is_shown_at_epoch_ends_only(
 ) -> None:
     bar = ProgressBarCallback()
     log = PostfixLog(bar)
-    trainer = make_trainer(callbacks=(bar, log, *host_reads.callbacks))
+    trainer = reporting_every_step(make_trainer(callbacks=(bar, log, *host_reads.callbacks)))
     trainer.train(make_regression_dataset(32), num_epochs=2, per_device_batch_size=4)
     assert host_reads.calls == []
     assert log.postfixes[:8] == [None] * 8  # nothing during the first epoch
@@ -59,6 +64,7 @@ def test_an_interval_reads_the_running_loss_once_per_interval_only(
         torch.optim.SGD(model.parameters(), lr=0.0),  # a constant model: a known running loss
         callbacks=(bar, log, *host_reads.callbacks),
     )
+    reporting_every_step(trainer)
     dataset = make_regression_dataset(40)
     trainer.train(  # 10 steps
         dataset, num_epochs=1, per_device_batch_size=4, train_dataloader_kwargs={"shuffle": False}
@@ -82,7 +88,7 @@ def test_bad_interval_names_the_fix() -> None:
 def test_on_cuda_the_loss_is_copied_without_waiting() -> None:
     bar = ProgressBarCallback(loss_update_interval=2)
     log = PostfixLog(bar)
-    trainer = make_trainer(callbacks=(bar, log))
+    trainer = reporting_every_step(make_trainer(callbacks=(bar, log)))
     assert trainer.device.type == "cuda"
     trainer.train(make_regression_dataset(64), num_epochs=1, per_device_batch_size=4)
     # shown one interval late, once the copy into pinned memory has finished
@@ -91,18 +97,22 @@ def test_on_cuda_the_loss_is_copied_without_waiting() -> None:
 
 
 class CountLog(TrainerCallback):
-    """Records (steps done, the training bar's count) after every step (runs after the bar)."""
+    """Records (steps done, the training bar's count) at each progress event, after the bar."""
 
     order = 1_000
 
     def __init__(self, bar: ProgressBarCallback, sleep: float = 0.0) -> None:
         self.bar, self.sleep = bar, sleep
+        self.steps = 0
         self.counts: list[tuple[int, int]] = []
         self.at_epoch_end: list[int] = []
 
-    def on_train_step_end(self, trainer: Trainer, step: int, **kwargs: Any) -> None:
+    def on_train_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
         time.sleep(self.sleep)
-        self.counts.append((step + 1, self.bar.pbar.n))
+        self.steps += 1
+
+    def on_train_progress(self, trainer: Trainer, steps_done: int, **kwargs: Any) -> None:
+        self.counts.append((steps_done, self.bar.pbar.n))
 
     def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         self.at_epoch_end.append(self.bar.pbar.n)
@@ -113,15 +123,32 @@ def test_fast_steps_reach_the_bar_in_strides_and_the_epoch_end_is_exact() -> Non
     log = CountLog(bar)
     trainer = make_trainer(callbacks=(bar, log))
     trainer.train(make_regression_dataset(256), num_epochs=1, per_device_batch_size=4)
-    assert len(log.counts) == 64
-    assert all(done / 2 <= shown <= done for done, shown in log.counts)
-    assert any(shown < done for done, shown in log.counts)  # not one update per step
+    assert all(done == shown for done, shown in log.counts)
+    assert len(log.counts) < log.steps == 64  # not one update per step
     assert log.at_epoch_end == [64]
 
 
 def test_slow_steps_reach_the_bar_one_by_one() -> None:
     bar = ProgressBarCallback()
-    log = CountLog(bar, sleep=0.06)  # more than half of tqdm's 0.1 s redraw interval
+    log = CountLog(bar, sleep=0.06)  # slower than the trainer's 0.05 s progress interval
     trainer = make_trainer(callbacks=(bar, log))
     trainer.train(make_regression_dataset(16), num_epochs=1, per_device_batch_size=4)
     assert log.counts == [(1, 1), (2, 2), (3, 3), (4, 4)]
+
+
+PER_STEP_EVENTS = {
+    "on_train_step_start",
+    "on_backward_start",
+    "on_backward_end",
+    "on_optimizer_step_start",
+    "on_optimizer_step_end",
+    "on_train_step_end",
+    "on_eval_step_start",
+    "on_eval_step_end",
+}
+
+
+def test_the_default_callbacks_listen_to_no_per_step_event() -> None:
+    trainer = make_trainer(callbacks=get_default_callbacks())
+    assert PER_STEP_EVENTS.isdisjoint(trainer.callback_handler.active_events)
+    assert {"on_train_progress", "on_eval_progress"} <= trainer.callback_handler.active_events
