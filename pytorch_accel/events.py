@@ -64,6 +64,8 @@ What happens at each point:
   final count. As the strides follow the clock, processes fire them at different steps: a
   progress listener must not raise ``StopTrainingError`` (it becomes a ``RuntimeError``),
   call collectives or save training state. Use the step events for all of that.
+- A callback added during a run gets each event from its next firing on, and the step events
+  from the next step on, so that its ``on_*_step_start`` and ``on_*_step_end`` pair.
 - The epoch's mean loss is recorded in the run history (``train_loss_epoch``,
   ``eval_loss_epoch`` or ``evaluation_loss``) just before the epoch's end hook and event.
 

@@ -130,6 +130,9 @@ _EVAL_EPOCH = _Level(
 )
 _TRAIN_STEP = _Level(None, "on_train_step_start", None, "on_train_step_end", "propagate")
 _EVAL_STEP = _Level(None, "on_eval_step_start", None, "on_eval_step_end", "propagate")
+# a step whose two events nobody listens to runs without its level: there is nothing to fire
+_TRAIN_STEP_EVENTS = frozenset({_TRAIN_STEP.start_event, _TRAIN_STEP.end_event})
+_EVAL_STEP_EVENTS = frozenset({_EVAL_STEP.start_event, _EVAL_STEP.end_event})
 
 
 class Trainer:
@@ -976,9 +979,13 @@ class Trainer:
                 if random_state_at_save is not None:
                     batches = _restoring_after_first(batches, random_state_at_save)
                 run_level, train_step = self._run_level, self._train_step  # bound once
+                handler = self.callback_handler
                 for step, batch in enumerate(batches, start):
                     self._savable = None
-                    run_level(_TRAIN_STEP, train_step, (plan, batch, step))
+                    if handler.active_events.isdisjoint(_TRAIN_STEP_EVENTS):
+                        train_step(plan, batch, step)  # nothing to fire around it
+                    else:
+                        run_level(_TRAIN_STEP, train_step, (plan, batch, step))
                     if step >= progress.next_step:
                         self._savable = None  # processes report at different steps
                         progress.report()
@@ -1138,8 +1145,12 @@ class Trainer:
         progress = self._eval_progress
         with epoch_batches(self._eval_dataloader, self.limit_eval_batches) as batches:
             run_level, eval_step = self._run_level, self._eval_step  # bound once
+            handler = self.callback_handler
             for index, batch in enumerate(batches):
-                run_level(_EVAL_STEP, eval_step, (batch,))
+                if handler.active_events.isdisjoint(_EVAL_STEP_EVENTS):
+                    eval_step(batch)  # nothing to fire around it
+                else:
+                    run_level(_EVAL_STEP, eval_step, (batch,))
                 if index >= progress.next_step:
                     progress.report()
 

@@ -304,3 +304,30 @@ def test_model_mode_follows_the_phase(is_train: bool) -> None:
     else:
         trainer.evaluate(make_regression_dataset(4), per_device_batch_size=4)
         assert modes == [False]
+
+
+class AddsRecorderAfterFirstUpdate(TrainerCallback):
+    """Adds a recorder from an inner event, while no callback listens to the step events."""
+
+    def __init__(self) -> None:
+        self.recorder = RecordingCallback()
+
+    def on_optimizer_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        if self.recorder not in trainer.callback_handler.callbacks:
+            trainer.callback_handler.add_callback(self.recorder)
+
+
+def test_a_callback_added_mid_epoch_gets_whole_steps_from_the_next_one_on() -> None:
+    adder = AddsRecorderAfterFirstUpdate()
+    trainer = make_trainer(callbacks=(adder,))
+    trainer.train(make_regression_dataset(12), num_epochs=1, per_device_batch_size=4)
+    step = [*STEP, *UPDATE, "on_train_step_end"]
+    # the first step ran without step events (nobody listened when it started), so the
+    # recorder gets no unpaired on_train_step_end for it
+    assert adder.recorder.events == [
+        *step,
+        *step,
+        "on_train_epoch_end",
+        "on_training_run_epoch_end",
+        "on_training_run_end",
+    ]
