@@ -218,7 +218,6 @@ class Trainer:
         self._savable: Literal["step", "epoch", "end"] | None = None
         self._saving: Position | None = None
         self._epoch_index = 0
-        self._batches_done = 0
         self._finished_epochs = 0
         self.callback_handler.call_event("on_init_end", self)
 
@@ -721,7 +720,7 @@ class Trainer:
         if not self._running or self._savable == "end":
             return Position(self._finished_epochs, 0, in_run=False)
         if self._savable == "step":
-            return Position(self._epoch_index, self._batches_done, in_run=True)
+            return Position(self._epoch_index, self._train_progress.done, in_run=True)
         if self._savable == "epoch":
             return Position(self._epoch_index + 1, 0, in_run=True)
         raise RuntimeError(
@@ -1004,7 +1003,6 @@ class Trainer:
             remaining batch is loaded (mid-epoch resumes only).
         """
         resume, self._resume = self._resume, None
-        self._batches_done = 0
         resumable = self._resumable
         if resume is None:
             return 0, None
@@ -1019,7 +1017,7 @@ class Trainer:
         self._train_loss_tracker.load_state_dict(resume.rank_state["loss_tracker"], self.device)
         restore_gradients(self.model, resume.rank_state["gradients"])
         resumable.randomness.replay = resume.epoch_states
-        resumable.skip.skip_batches = self._batches_done = resume.position.batches_done
+        resumable.skip.skip_batches = resume.position.batches_done
         return resume.position.batches_done, resume.random_states.cpu
 
     def _prime_epoch_randomness(self, resume: ResumePoint) -> None:
@@ -1046,7 +1044,7 @@ class Trainer:
         else:  # inside an accumulation window: no gradient synchronisation between processes
             with self._accelerator.no_sync(self.model):
                 batch_output = self._forward_backward(batch, scale)
-        self._batches_done = self._train_progress.done = step + 1
+        self._train_progress.done = step + 1  # the steps done, for saves and progress
         self._savable = "step"
         return {"batch": batch, "batch_output": batch_output, "step": step}
 
