@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable, Mapping, Sized
-from typing import NoReturn
+from typing import Any, NoReturn
 
 __all__ = [
+    "check_batch_output",
     "check_callable",
     "check_mapping",
     "check_non_negative_number",
@@ -172,3 +173,34 @@ def check_sized_dataset(where: str, name: str, dataset: object) -> int:
 def callable_name(fn: Callable[..., object]) -> str:
     """Return a readable name for a callable, for messages."""
     return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
+def check_batch_output(batch_output: Any, method: str) -> dict[str, Any]:
+    """Return a step method's ``batch_output`` if it is a dict with ``loss`` and ``batch_size``.
+
+    Args:
+        batch_output: What the step method returned.
+        method: The step method's name, e.g. ``"calculate_train_batch_loss"``.
+
+    Returns:
+        ``batch_output`` itself.
+
+    Raises:
+        TypeError: If it is not a mapping.
+        ValueError: If ``loss`` or ``batch_size`` is missing.
+    """
+    if type(batch_output) is dict and "loss" in batch_output and "batch_size" in batch_output:
+        return batch_output
+    if not isinstance(batch_output, Mapping):
+        raise TypeError(
+            f"Trainer.{method} must return a dict with keys 'loss', 'model_outputs' and "
+            f"'batch_size', got {type(batch_output).__name__}. Return e.g. "
+            "{'loss': loss, 'model_outputs': outputs, 'batch_size': targets.size(0)}."
+        )
+    missing = [key for key in ("loss", "batch_size") if key not in batch_output]
+    if missing:
+        raise ValueError(
+            f"Trainer.{method} returned a dict without {missing} (keys: {sorted(batch_output)}). "
+            "Return e.g. {'loss': loss, 'model_outputs': outputs, 'batch_size': targets.size(0)}."
+        )
+    return batch_output  # type: ignore[return-value]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -65,6 +65,7 @@ def default_dataloader_kwargs(
     shuffle: bool,
     num_local_processes: int,
     device: torch.device | None = None,
+    collate_fn: Callable[..., Any] | None = None,
 ) -> dict[str, Any]:
     """Return the default keyword arguments of a train or eval dataloader.
 
@@ -76,10 +77,11 @@ def default_dataloader_kwargs(
         device: The device the batches go to. Memory is pinned only for a CUDA device (on
             a CPU run it would cost time and pinned memory for nothing); without a device,
             whenever CUDA is available.
+        collate_fn: The collate function, if not the default.
 
     Returns:
         ``shuffle``, ``batch_size``, ``pin_memory``, ``num_workers``, and, with workers,
-        ``persistent_workers`` and ``worker_init_fn``.
+        ``persistent_workers`` and ``worker_init_fn``; ``collate_fn`` if given.
     """
     num_workers = default_num_workers(dataset, num_local_processes)
     pin_memory = torch.cuda.is_available() if device is None else device.type == "cuda"
@@ -91,6 +93,8 @@ def default_dataloader_kwargs(
     }
     if num_workers > 0:
         kwargs.update(persistent_workers=True, worker_init_fn=seed_worker)
+    if collate_fn is not None:
+        kwargs["collate_fn"] = collate_fn
     return kwargs
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pytorch_accel.callbacks.base import StopTrainingError
+from pytorch_accel.errors import StopTrainingError
 
 __all__ = [
     "StopAgreement",

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = [
     "PlaceholderExpression",
     "TrainerPlaceholderValues",
+    "check_resolved",
     "contains_placeholder",
     "replace_trainer_placeholder_values",
     "resolve_placeholders",
@@ -239,6 +240,25 @@ def contains_placeholder(value: Any, _depth: int = 0) -> bool:
     else:
         return False
     return any(contains_placeholder(part, _depth + 1) for part in parts)
+
+
+def check_resolved(instance: object, where: str) -> None:
+    """Raise if an attribute of ``instance`` (e.g. a scheduler) still holds a placeholder.
+
+    Args:
+        instance: The object built from a factory whose placeholders were resolved.
+        where: The entry point, for the message.
+
+    Raises:
+        ValueError: Naming the attribute, and how to pass the placeholder instead.
+    """
+    for name, value in vars(instance).items():
+        if contains_placeholder(value):
+            raise ValueError(
+                f"{where}: {type(instance).__name__}.{name} holds the unresolved placeholder "
+                f"{value!r}. Pass placeholders as arguments of a functools.partial so the "
+                "trainer can resolve them."
+            )
 
 
 def replace_trainer_placeholder_values(trainer: Trainer, instance: Any) -> Any:

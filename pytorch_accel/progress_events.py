@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 import time
 
-from pytorch_accel.callbacks.handler import CallbackHandler
+from pytorch_accel.handler import CallbackHandler
 
 __all__ = ["ProgressEvents"]
 

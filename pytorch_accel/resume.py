@@ -5,27 +5,41 @@ its position in the loop, counters, run history, scheduler and the state of ever
 that has ``state_dict``/``load_state_dict`` (saved once, by the main process), and, per
 process, the epoch's running loss, gradients accumulated inside an unfinished accumulation
 window, and the random states its train dataloader drew the epoch's order from.
+
+The resumed run enters the loop at two seams: ``ResumePoint.enter_run`` at the start of the
+run (which epoch, and the callbacks of a state saved between epochs) and ``enter_epoch`` at the
+start of that epoch (the batches already done, the running loss, gradients and random states);
+the batch loop itself knows nothing of resuming.
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from pytorch_accel.callbacks.base import TrainerCallback
-from pytorch_accel.resumable_loader import RandomStates
+from pytorch_accel.batch_iteration import epoch_batches
+from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.resumable_loader import RandomStates, ResumableLoader
+from pytorch_accel.tracking import LossTracker
+
+if TYPE_CHECKING:
+    from pytorch_accel.handler import CallbackHandler
+    from pytorch_accel.trainer import Trainer
 
 __all__ = [
     "CheckpointedTrainerState",
+    "EpochEntry",
     "Position",
     "ResumePoint",
     "callback_states",
+    "enter_epoch",
     "gradients",
     "restore_callback_states",
     "restore_gradients",
@@ -83,6 +97,125 @@ class ResumePoint:
         """The random states the saved epoch's order was drawn from (mid-epoch saves)."""
         saved = self.rank_state["loader"]["epoch_states"]
         return None if saved is None else RandomStates.from_dict(saved)
+
+    def enter_run(self, handler: CallbackHandler) -> int:
+        """Return the epoch the run continues in; restore the callbacks if saved between epochs.
+
+        A state saved mid-epoch restores its callbacks in ``enter_epoch`` instead, after the
+        epoch's start event (which may reset per-epoch state).
+        """
+        if self.position.batches_done == 0:
+            restore_callback_states(handler, self.callbacks, self.directory)
+        return self.position.epoch_index
+
+
+@dataclass(frozen=True)
+class EpochEntry:
+    """How an epoch starts: from its first batch, or where a resumed run left it.
+
+    Attributes:
+        batches_done: The batches of the epoch already trained on, which are skipped.
+        random_state: The CPU random state to set once the first remaining batch is loaded
+            (mid-epoch resumes only).
+        resumable: The train dataloader's skip and randomness controls, if it has them.
+    """
+
+    batches_done: int = 0
+    random_state: torch.Tensor | None = None
+    resumable: ResumableLoader | None = field(default=None, repr=False)
+
+    def restore_random_state(self) -> None:
+        """Set the saved random state now (for an epoch that loads no batch)."""
+        if self.random_state is not None:
+            torch.set_rng_state(self.random_state)
+
+    @contextlib.contextmanager
+    def batches(self, dataloader: Iterable[Any], limit: int | None) -> Iterator[Iterator[Any]]:
+        """Iterate the epoch's remaining batches, of at most ``limit`` in the whole epoch.
+
+        Args:
+            dataloader: The prepared train dataloader.
+            limit: The most batches of the epoch, counting those already done; ``None``: all.
+
+        Yields:
+            The batches from ``batches_done`` on (see ``epoch_batches``).
+        """
+        limit = None if limit is None else max(0, limit - self.batches_done)
+        try:
+            with epoch_batches(dataloader, limit) as batches:
+                if self.random_state is not None:
+                    batches = _restoring_after_first(batches, self.random_state)
+                yield batches
+        finally:
+            if self.resumable is not None:
+                self.resumable.skip.skip_batches = 0
+
+
+def enter_epoch(
+    resume: ResumePoint | None,
+    resumable: ResumableLoader | None,
+    trainer: Trainer,
+    loss_tracker: LossTracker,
+) -> EpochEntry:
+    """Apply a pending resume at the start of an epoch; the seam where a resume enters the loop.
+
+    Args:
+        resume: The loaded state, for the first epoch of a resumed run; else ``None``.
+        resumable: The train dataloader's controls, if it can resume mid-epoch.
+        trainer: Whose callbacks and model get their saved states (mid-epoch saves).
+        loss_tracker: The epoch's loss tracker, given its saved running sums.
+
+    Returns:
+        Where the epoch starts.
+    """
+    if resume is None:
+        return EpochEntry(resumable=resumable)
+    if resumable is not None:
+        resumable.dataloader.iteration = resume.rank_state["loader"]["iteration"]
+    if resume.position.batches_done == 0:
+        _prime_epoch_randomness(resume, resumable)
+        return EpochEntry(resumable=resumable)
+    assert resumable is not None  # checked when the state was loaded
+    restore_callback_states(trainer.callback_handler, resume.callbacks, resume.directory)
+    loss_tracker.load_state_dict(resume.rank_state["loss_tracker"], trainer.device)
+    restore_gradients(trainer.model, resume.rank_state["gradients"])
+    resumable.randomness.replay = resume.epoch_states
+    resumable.skip.skip_batches = resume.position.batches_done
+    return EpochEntry(resume.position.batches_done, resume.random_states.cpu, resumable)
+
+
+def _prime_epoch_randomness(resume: ResumePoint, resumable: ResumableLoader | None) -> None:
+    """Set the random states an epoch resumed at its start draws its order from.
+
+    A saved run's next epoch reused its dataloader iterator if the workers persist (the
+    order is then drawn from the state at the save); a resumed run always starts a new
+    one, which first draws the workers' base seed, so the draw is replayed.
+    """
+    if resumable is None:
+        torch.set_rng_state(resume.random_states.cpu)
+        return
+    resumable.randomness.apply(resume.random_states)
+    loader = resumable.dataloader
+    if resume.position.in_run and loader.num_workers > 0 and loader.persistent_workers:
+        resumable.randomness.replay = resume.random_states
+
+
+def _restoring_after_first(
+    batches: Iterator[Any], random_state: torch.Tensor
+) -> Generator[Any, None, None]:
+    """Yield ``batches``, setting the CPU random state once the first one is loaded (or none is).
+
+    Creating a dataloader iterator draws from the random state; a run resumed mid-epoch must
+    continue from the state at its save, after its new iterator exists.
+    """
+    first = next(batches, _NO_BATCH)
+    torch.set_rng_state(random_state)
+    if first is not _NO_BATCH:
+        yield first
+        yield from batches
+
+
+_NO_BATCH = object()
 
 
 class CheckpointedTrainerState:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping, Sized
 from dataclasses import dataclass, fields
 from typing import Any
 
-__all__ = ["TrainerRunConfig"]
+from accelerate import Accelerator
+from accelerate.utils import DistributedType
+
+__all__ = ["TrainerRunConfig", "create_run_config"]
 
 
 @dataclass(frozen=True)
@@ -72,3 +77,68 @@ class TrainerRunConfig:
         result["train_dl_kwargs"] = dict(self.train_dl_kwargs)
         result["eval_dl_kwargs"] = dict(self.eval_dl_kwargs)
         return result
+
+
+def create_run_config(
+    accelerator: Accelerator,
+    train_dataloader: Sized | None,
+    limit_train_batches: int | None,
+    dl_kwargs: tuple[Mapping[str, Any], Mapping[str, Any]],
+    *,
+    num_epochs: int,
+    gradient_accumulation_steps: int = 1,
+    max_num_train_steps: int | None = None,
+    gradient_clip_value: float | None = None,
+    max_grad_norm: float | None = None,
+) -> TrainerRunConfig:
+    """Describe a run from its prepared dataloaders and the arguments of ``train()``.
+
+    Args:
+        accelerator: The trainer's accelerator (processes, mixed precision).
+        train_dataloader: This process's prepared train dataloader (``None`` in ``evaluate()``).
+        limit_train_batches: The most batches of each epoch (``Trainer.limit_train_batches``).
+        dl_kwargs: The arguments the train and eval dataloaders were built with (``{}`` for
+            one that was not built).
+        num_epochs: Epochs asked for; ``max_num_train_steps`` may lower it.
+        gradient_accumulation_steps: Micro-batches per optimizer update.
+        max_num_train_steps: The most optimizer updates, or ``None``.
+        gradient_clip_value: Clip each gradient element to this magnitude, or ``None``.
+        max_grad_norm: Clip the global gradient norm to this value, or ``None``.
+
+    Returns:
+        The run config.
+    """
+    num_batches = 0 if train_dataloader is None else len(train_dataloader)
+    if limit_train_batches is not None:
+        num_batches = min(num_batches, limit_train_batches)
+    train_dl_kwargs, eval_dl_kwargs = dl_kwargs
+    updates_per_epoch = math.ceil(num_batches / gradient_accumulation_steps)
+    total_updates = updates_per_epoch * num_epochs
+    if max_num_train_steps is not None:
+        total_updates = min(total_updates, max_num_train_steps)
+        num_epochs = math.ceil(total_updates / updates_per_epoch)
+    train_batch = train_dl_kwargs.get("batch_size") or 0
+    eval_batch = eval_dl_kwargs.get("batch_size") or train_batch
+    num_processes = accelerator.num_processes
+    return TrainerRunConfig(
+        num_epochs=num_epochs,
+        train_per_device_batch_size=train_batch,
+        train_dl_kwargs=dict(train_dl_kwargs),
+        eval_per_device_batch_size=eval_batch,
+        eval_dl_kwargs=dict(eval_dl_kwargs),
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        gradient_clip_value=gradient_clip_value,
+        max_grad_norm=max_grad_norm,
+        train_total_batch_size=train_batch * num_processes * gradient_accumulation_steps,
+        eval_total_batch_size=eval_batch * num_processes,
+        num_update_steps_per_epoch=updates_per_epoch,
+        num_local_update_steps_per_epoch=updates_per_epoch,
+        total_num_update_steps=total_updates,
+        train_dataloader_len=num_batches,
+        max_num_train_steps=max_num_train_steps,
+        is_local_process_zero=accelerator.is_local_main_process,
+        is_world_process_zero=accelerator.is_main_process,
+        is_distributed=accelerator.distributed_type != DistributedType.NO,
+        mixed_precision=str(accelerator.mixed_precision),
+        num_processes=num_processes,
+    )

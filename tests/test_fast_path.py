@@ -11,7 +11,7 @@ from helpers import clone_params, hand_written_loop, make_model, make_trainer
 from torch.optim.lr_scheduler import OneCycleLR
 from torch.utils.data import TensorDataset
 
-import pytorch_accel.trainer
+import pytorch_accel.preparation
 from pytorch_accel import TrainerPlaceholderValues as P
 
 UNSHUFFLED = {"shuffle": False}
@@ -42,7 +42,7 @@ def test_fast_path_is_used_where_the_wrapper_only_forwards(
 ) -> None:
     trainer = make_trainer()
     trainer.train(regression_dataset, num_epochs=1)
-    assert trainer._direct_optimizer is trainer.optimizer.optimizer
+    assert trainer._preparation.direct_optimizer is trainer.optimizer.optimizer
 
 
 @pytest.mark.parametrize("accumulation", [1, 3])
@@ -50,10 +50,12 @@ def test_both_paths_give_bitwise_equal_weights(
     monkeypatch: pytest.MonkeyPatch, regression_dataset: TensorDataset, accumulation: int
 ) -> None:
     fast = train(regression_dataset, gradient_accumulation_steps=accumulation, max_grad_norm=0.5)
-    monkeypatch.setattr(pytorch_accel.trainer, "_FORWARDING_TYPES", frozenset())
+    monkeypatch.setattr(pytorch_accel.preparation, "_FORWARDING_TYPES", frozenset())
     wrapped_trainer = make_trainer()
     wrapped_trainer.train(regression_dataset, num_epochs=1)
-    assert wrapped_trainer._direct_optimizer is None  # really through accelerate's wrapper
+    assert (
+        wrapped_trainer._preparation.direct_optimizer is None
+    )  # really through accelerate's wrapper
     wrapped = train(regression_dataset, gradient_accumulation_steps=accumulation, max_grad_norm=0.5)
     for a, b in zip(fast, wrapped, strict=True):
         assert torch.equal(a, b)
@@ -62,7 +64,7 @@ def test_both_paths_give_bitwise_equal_weights(
 def test_wrapper_path_matches_the_hand_written_loop(
     monkeypatch: pytest.MonkeyPatch, regression_dataset: TensorDataset
 ) -> None:
-    monkeypatch.setattr(pytorch_accel.trainer, "_FORWARDING_TYPES", frozenset())
+    monkeypatch.setattr(pytorch_accel.preparation, "_FORWARDING_TYPES", frozenset())
     model = make_model()
     reference = hand_written_loop(model, regression_dataset, batch_size=8, num_epochs=2)
     trainer = make_trainer(model)

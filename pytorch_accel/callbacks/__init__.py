@@ -1,11 +1,10 @@
 """Callbacks: the base class, the handler, and the built-in catalogue."""
 
-from pytorch_accel.callbacks.base import StopTrainingError, TrainerCallback
+from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks.defaults import DEFAULT_CALLBACKS, get_default_callbacks
 from pytorch_accel.callbacks.device import MoveModulesToDeviceCallback
 from pytorch_accel.callbacks.early_stopping import EarlyStoppingCallback
 from pytorch_accel.callbacks.ema import EMA_METRIC_PREFIX, ModelEmaCallback
-from pytorch_accel.callbacks.handler import CallbackHandler
 from pytorch_accel.callbacks.limit_batches import (
     LIMIT_BATCHES_ENV_VAR,
     LimitBatches,
@@ -25,6 +24,8 @@ from pytorch_accel.callbacks.sync_batchnorm import ConvertSyncBatchNormCallback
 from pytorch_accel.callbacks.throughput import ThroughputCallback
 from pytorch_accel.callbacks.trackers import TrackingCallback
 from pytorch_accel.callbacks.wsd_checkpoint import WSDCheckpointCallback
+from pytorch_accel.errors import StopTrainingError
+from pytorch_accel.handler import CallbackHandler
 
 __all__ = [
     "DEFAULT_CALLBACKS",

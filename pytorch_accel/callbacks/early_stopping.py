@@ -6,13 +6,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from pytorch_accel._validation import check_positive_int
+from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks._watch import (
     MetricWatch,
     check_bool,
     check_metric_name,
     check_non_negative_number,
 )
-from pytorch_accel.callbacks.base import StopTrainingError, TrainerCallback
+from pytorch_accel.errors import StopTrainingError
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer

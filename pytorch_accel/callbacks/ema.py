@@ -12,8 +12,8 @@ import torch
 from accelerate.utils import DistributedType
 
 from pytorch_accel._validation import fail
+from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks._watch import check_bool, check_path
-from pytorch_accel.callbacks.base import TrainerCallback
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer

@@ -9,7 +9,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from pytorch_accel._validation import check_positive_int, fail
-from pytorch_accel.callbacks.base import TrainerCallback
+from pytorch_accel.callback import TrainerCallback
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer

@@ -6,8 +6,8 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from pytorch_accel._validation import check_positive_int
+from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks._watch import check_bool
-from pytorch_accel.callbacks.base import TrainerCallback
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel.callbacks.base import TrainerCallback
+from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.tracking import MetricCursor
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from pytorch_accel._validation import check_callable, fail
-from pytorch_accel.callbacks.base import TrainerCallback
+from pytorch_accel.callback import TrainerCallback
 
 if TYPE_CHECKING:
     from torchmetrics import Metric, MetricCollection

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from pytorch_accel._validation import check_positive_int
-from pytorch_accel.callbacks.base import StopTrainingError, TrainerCallback
+from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.errors import StopTrainingError
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer

@@ -8,7 +8,7 @@ import torch
 from tqdm.auto import tqdm
 
 from pytorch_accel._validation import check_positive_int
-from pytorch_accel.callbacks.base import TrainerCallback
+from pytorch_accel.callback import TrainerCallback
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer

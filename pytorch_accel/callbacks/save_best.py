@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytorch_accel._validation import check_positive_int, fail
+from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks._watch import (
     MetricWatch,
     check_bool,
@@ -15,7 +16,6 @@ from pytorch_accel.callbacks._watch import (
     check_path,
     value_of_main_process,
 )
-from pytorch_accel.callbacks.base import TrainerCallback
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer

@@ -16,8 +16,9 @@ import torch
 import torch.distributed as dist
 
 from pytorch_accel._validation import check_positive_int, fail
+from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks._watch import check_bool, check_path
-from pytorch_accel.callbacks.base import StopTrainingError, TrainerCallback
+from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.training_state import find_training_states
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pytorch_accel._validation import check_positive_int, fail
-from pytorch_accel.callbacks.base import TrainerCallback
+from pytorch_accel.callback import TrainerCallback
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from pytorch_accel._validation import callable_name, check_mapping, fail
+from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks._metrics_csv import write_metrics_csv
-from pytorch_accel.callbacks.base import TrainerCallback
 from pytorch_accel.tracking import MetricCursor
 
 if TYPE_CHECKING:

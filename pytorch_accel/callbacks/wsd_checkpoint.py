@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytorch_accel._validation import fail
-from pytorch_accel.callbacks.base import TrainerCallback
+from pytorch_accel.callback import TrainerCallback
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer

@@ -1,0 +1,143 @@
+"""The callback interface: the base class whose ``on_*`` methods the trainer's events call.
+
+Part of the core. The catalogue of built-in callbacks is the ``pytorch_accel.callbacks``
+package, which builds on this class (``pytorch_accel.callbacks.TrainerCallback`` is this one).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from pytorch_accel.trainer import Trainer
+
+__all__ = ["TrainerCallback"]
+
+
+class TrainerCallback:
+    """Base class for callbacks: override the ``on_*`` events you need.
+
+    Every method receives the trainer first and keyword arguments after it; accept
+    ``**kwargs`` so that new arguments do not break your callback. Use only the trainer's
+    public surface (``trainer.model``, ``trainer.run_history``, ``trainer.accelerator``, ...).
+
+    Attributes:
+        order: Callbacks run in increasing ``order``; ties keep registration order. Default
+            callbacks use -100 (device placement) to 100 (metric logging).
+        custom_events: Names of extra events this callback handles or fires, registered with
+            the handler when the callback is added.
+        may_stop_training: Whether this callback may raise ``StopTrainingError``. In a
+            multi-process run the processes agree on stopping after each event that has a
+            listener which may stop; callbacks that never stop set this to ``False`` to save
+            that exchange.
+
+    Example:
+        ```python
+        class PrintLossCallback(TrainerCallback):
+            def on_train_epoch_end(self, trainer, **kwargs):
+                trainer.print(trainer.run_history.get_latest_metric("train_loss_epoch"))
+        ```
+    """
+
+    order: ClassVar[int] = 0
+    custom_events: ClassVar[tuple[str, ...]] = ()
+    may_stop_training: ClassVar[bool] = True
+
+    def on_init_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Called at the end of ``Trainer.__init__``."""
+
+    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Called at the start of ``train()``, after preparation and scheduler creation."""
+
+    def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Called at the start of each training epoch, after ``model.train()``."""
+
+    def on_train_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Called before each training batch is processed."""
+
+    def on_backward_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Called just before the backward pass of each training batch."""
+
+    def on_backward_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Called just after the backward pass of each training batch."""
+
+    def on_optimizer_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Called before each optimizer update, after gradients were unscaled and clipped."""
+
+    def on_optimizer_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Called after each optimizer update, before the scheduler step and ``zero_grad``."""
+
+    def on_train_step_end(
+        self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
+    ) -> None:
+        """Called after each training batch's backward pass and update.
+
+        Args:
+            trainer: The trainer.
+            batch: The batch, as the dataloader produced it.
+            batch_output: The dict returned by ``calculate_train_batch_loss``.
+            **kwargs: Includes ``step``, the 0-based batch index in the epoch.
+        """
+
+    def on_train_progress(self, trainer: Trainer, steps_done: int, **kwargs: Any) -> None:
+        """Called now and then after a training step, and after the epoch's last one.
+
+        For progress displays, which need no per-step event: the trainer fires it at strides
+        that follow the step time (see ``Trainer.progress_interval``). Processes fire it at
+        different steps, so it must not stop training, call collectives or save state.
+
+        Args:
+            trainer: The trainer.
+            steps_done: The steps of the epoch done so far.
+            **kwargs: Reserved for future arguments.
+        """
+
+    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Called at the end of each training epoch, after ``train_loss_epoch`` is recorded."""
+
+    def on_eval_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Called at the start of each evaluation epoch (kwarg ``is_intermediate``)."""
+
+    def on_eval_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Called before each evaluation batch is processed."""
+
+    def on_eval_step_end(
+        self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
+    ) -> None:
+        """Called after each evaluation batch.
+
+        Args:
+            trainer: The trainer.
+            batch: The batch, as the dataloader produced it.
+            batch_output: The dict returned by ``calculate_eval_batch_loss``.
+            **kwargs: Reserved for future arguments.
+        """
+
+    def on_eval_progress(self, trainer: Trainer, steps_done: int, **kwargs: Any) -> None:
+        """Called now and then after an evaluation step, and after the epoch's last one.
+
+        Like ``on_train_progress``, for the evaluation epoch.
+
+        Args:
+            trainer: The trainer.
+            steps_done: The evaluation steps of the epoch done so far.
+            **kwargs: Reserved for future arguments.
+        """
+
+    def on_eval_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Called at the end of each evaluation epoch, after its loss is recorded."""
+
+    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Called after each completed epoch of a training run (train, then eval if any)."""
+
+    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Called at the end of ``train()``, also when it was stopped early."""
+
+    def on_evaluation_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Called at the start of ``evaluate()``."""
+
+    def on_evaluation_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Called at the end of ``evaluate()``."""
+
+    def on_stop_training_error(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Called when a ``StopTrainingError`` stopped the run (kwarg ``error``)."""

@@ -1,0 +1,213 @@
+"""Preparing a trainer's model, optimizer and dataloaders with accelerate, and what it keeps.
+
+The model and the optimizer are prepared once each (again only when they were replaced, or when
+parameters were unfrozen under DistributedDataParallel); each run's dataloaders are prepared
+afresh and the previous run's are dropped from the accelerator. Where accelerate's optimizer
+wrapper and ``backward`` would only forward their calls, the inner optimizer is kept for the
+trainer to call directly (``direct_optimizer``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DistributedType
+from torch import nn
+from torch.utils.data import DataLoader
+
+from pytorch_accel.dataloaders import default_dataloader_kwargs
+from pytorch_accel.resumable_loader import ResumableLoader, make_resumable
+
+if TYPE_CHECKING:
+    from pytorch_accel.trainer import Trainer
+
+__all__ = ["Preparation", "num_local_processes"]
+
+
+class Preparation:
+    """The accelerate-prepared objects of one trainer.
+
+    Args:
+        accelerator: The trainer's accelerator.
+
+    Attributes:
+        direct_optimizer: The optimizer inside accelerate's wrapper when calling it directly is
+            equivalent (see ``_direct_optimizer``), else ``None``.
+        train_dataloader: The prepared train dataloader of the current run, if any.
+        eval_dataloader: The prepared eval dataloader of the current run, if any.
+        resumable: The controls of a train dataloader that can resume mid-epoch, if it can.
+    """
+
+    def __init__(self, accelerator: Accelerator) -> None:
+        self._accelerator = accelerator
+        self._prepared: tuple[object, object] = (None, None)
+        self._trainable_when_wrapped: tuple[bool, ...] = ()
+        self.direct_optimizer: torch.optim.Optimizer | None = None
+        self.train_dataloader: DataLoader[Any] | None = None
+        self.eval_dataloader: DataLoader[Any] | None = None
+        self.resumable: ResumableLoader | None = None
+
+    @property
+    def has_model(self) -> bool:
+        """Whether a model and an optimizer were prepared."""
+        return self._prepared != (None, None)
+
+    def prepare(
+        self, trainer: Trainer, train_dl: DataLoader[Any] | None, eval_dl: DataLoader[Any] | None
+    ) -> None:
+        """Prepare the model and optimizer (once each) and this run's dataloaders."""
+        self.prepare_model_and_optimizer(trainer)
+        self.prepare_dataloaders(train_dl, eval_dl)
+
+    def default_dl_kwargs(
+        self,
+        dataset: Any,
+        batch_size: int,
+        *,
+        shuffle: bool,
+        collate_fn: Callable[..., Any] | None,
+    ) -> dict[str, Any]:
+        """Return the default ``DataLoader`` arguments for this machine's processes and device.
+
+        See ``pytorch_accel.dataloaders.default_dataloader_kwargs``.
+        """
+        return default_dataloader_kwargs(
+            dataset,
+            batch_size,
+            shuffle=shuffle,
+            num_local_processes=num_local_processes(self._accelerator),
+            device=self._accelerator.device,
+            collate_fn=collate_fn,
+        )
+
+    def prepare_model_and_optimizer(self, trainer: Trainer) -> None:
+        """Prepare ``trainer.model`` and ``trainer.optimizer``, each once, and assign them back.
+
+        Either is prepared again if it was replaced; the model also if parameters were
+        (un)frozen since DistributedDataParallel wrapped it.
+        """
+        accelerator = self._accelerator
+        model_ready = trainer.model is self._prepared[0] and not self._trainable_set_changed()
+        optimizer_ready = trainer.optimizer is self._prepared[1]
+        if not model_ready and not optimizer_ready:
+            model = _forget_model(accelerator, trainer.model)
+            trainer.model, trainer.optimizer = accelerator.prepare(model, trainer.optimizer)
+        elif not model_ready:
+            trainer.model = accelerator.prepare(_forget_model(accelerator, trainer.model))
+        elif not optimizer_ready:
+            trainer.optimizer = accelerator.prepare(trainer.optimizer)
+        self._prepared = (trainer.model, trainer.optimizer)
+        self.direct_optimizer = _direct_optimizer(accelerator, trainer.optimizer)
+        self._trainable_when_wrapped = _trainable_flags(trainer.model)
+
+    def prepare_dataloaders(
+        self, train_dl: DataLoader[Any] | None, eval_dl: DataLoader[Any] | None
+    ) -> None:
+        """Prepare this run's dataloaders, forgetting the previous run's."""
+        _forget_dataloaders(self._accelerator, self.train_dataloader, self.eval_dataloader)
+        self.resumable = None
+        self.train_dataloader = None if train_dl is None else self._prepare_train(train_dl)
+        self.eval_dataloader = None if eval_dl is None else self._prepare(eval_dl)
+
+    def _prepare_train(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
+        """Prepare the train dataloader as one that can resume mid-epoch, where accelerate can."""
+        prepared = self._prepare(dataloader)
+        self.resumable = make_resumable(prepared)
+        if self.resumable is None:
+            return prepared
+        registered = getattr(self._accelerator, "_dataloaders", None)
+        if isinstance(registered, list):  # accelerate's save_state looks at the loaders it knows
+            registered[:] = [
+                self.resumable.dataloader if dl is prepared else dl for dl in registered
+            ]
+        return self.resumable.dataloader  # type: ignore[no-any-return]
+
+    def _prepare(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
+        """Shard the dataloader across processes; move batches only if the device is not the CPU.
+
+        Placing CPU batches on the CPU is a no-op that costs accelerate about 10 µs per batch.
+        """
+        placement = self._accelerator.device.type != "cpu"
+        return self._accelerator.prepare_data_loader(dataloader, device_placement=placement)  # type: ignore[no-any-return]
+
+    def _trainable_set_changed(self) -> bool:
+        """Whether parameters were (un)frozen since the model was wrapped for distribution.
+
+        DistributedDataParallel only synchronises the parameters that required gradients when
+        it was built, so a model unfrozen between ``train()`` calls must be wrapped again.
+        """
+        wrapped = self._prepared[0]
+        if not isinstance(wrapped, nn.parallel.DistributedDataParallel):
+            return False
+        return _trainable_flags(wrapped) != self._trainable_when_wrapped
+
+
+def num_local_processes(accelerator: Accelerator) -> int:
+    """Return the number of processes on this machine (``LOCAL_WORLD_SIZE``, if launched)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes))
+
+
+def _forget_dataloaders(accelerator: Accelerator, *dataloaders: object) -> None:
+    """Drop a finished run's dataloaders from the accelerator, so repeated runs do not leak.
+
+    accelerate keeps every prepared dataloader in ``_dataloaders`` (for ``save_state``);
+    only the current run's belong there.
+    """
+    registered = getattr(accelerator, "_dataloaders", None)
+    if isinstance(registered, list):
+        registered[:] = [dl for dl in registered if all(dl is not old for old in dataloaders)]
+
+
+def _forget_model(accelerator: Accelerator, model: nn.Module) -> nn.Module:
+    """Unregister a wrapped model from the accelerator and return the bare module to re-wrap."""
+    registered = getattr(accelerator, "_models", None)
+    if isinstance(registered, list):
+        registered[:] = [known for known in registered if known is not model]
+    return accelerator.unwrap_model(model)  # type: ignore[no-any-return]
+
+
+def _trainable_flags(model: nn.Module) -> tuple[bool, ...]:
+    return tuple(parameter.requires_grad for parameter in model.parameters())
+
+
+_FORWARDING_TYPES = frozenset(
+    getattr(DistributedType, name)
+    for name in (
+        "NO",
+        "MULTI_CPU",
+        "MULTI_GPU",
+        "MULTI_NPU",
+        "MULTI_MLU",
+        "MULTI_MUSA",
+        "MULTI_SDAA",
+        "MULTI_XPU",
+        "MULTI_HPU",
+    )
+    if hasattr(DistributedType, name)
+)
+"""Distributed types for which accelerate's optimizer wrapper and ``backward`` only forward."""
+
+
+def _direct_optimizer(accelerator: Accelerator, optimizer: object) -> torch.optim.Optimizer | None:
+    """Return the optimizer inside accelerate's wrapper if calling it directly is equivalent.
+
+    ``AcceleratedOptimizer.step``/``zero_grad`` and ``Accelerator.backward`` do work only with
+    a gradient scaler (fp16), on XLA, DeepSpeed or Megatron, with LOMO optimizers, or with the
+    accelerator's own gradient accumulation (which the trainer keeps at 1). Otherwise they
+    forward to ``optimizer.step()``, ``optimizer.zero_grad()`` and ``loss.backward()``, at a
+    cost of about 100 µs per step; the trainer then calls those directly.
+    """
+    inner = getattr(optimizer, "optimizer", None)
+    forwarding = (
+        isinstance(inner, torch.optim.Optimizer)
+        and not type(inner).__module__.startswith("lomo_optim")
+        and accelerator.scaler is None
+        and accelerator.distributed_type in _FORWARDING_TYPES
+        and accelerator.gradient_accumulation_steps == 1
+        and accelerator.gradient_state.sync_gradients
+    )
+    return inner if forwarding else None

@@ -1,0 +1,357 @@
+"""Saving, loading and resuming a trainer's training states.
+
+A training state is a directory (format and integrity checks: ``pytorch_accel.training_state``)
+written by ``accelerator.save_state`` plus the trainer's own parts (``pytorch_accel.resume``).
+``TrainingStateIO`` writes it atomically, verifies it before anything is loaded, and turns it
+into the ``ResumePoint`` a resumed ``train()`` continues from.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from pytorch_accel._validation import fail
+from pytorch_accel.preparation import Preparation
+from pytorch_accel.resumable_loader import RandomStates
+from pytorch_accel.resume import (
+    CheckpointedTrainerState,
+    Position,
+    ResumePoint,
+    callback_states,
+    gradients,
+)
+from pytorch_accel.run_config import TrainerRunConfig
+from pytorch_accel.training_loop import TrainingLoop
+from pytorch_accel.training_state import (
+    TrainingStateError,
+    latest_training_state,
+    load_pickled,
+    publish,
+    rank_state_name,
+    temporary_directory,
+    verify_training_state,
+    write_manifest,
+)
+
+if TYPE_CHECKING:
+    from pytorch_accel.trainer import Trainer
+
+__all__ = ["TrainingStateIO"]
+
+
+class TrainingStateIO:
+    """Saves and loads the training states of one trainer.
+
+    Args:
+        trainer: Whose model, optimizer, scheduler, history and callbacks are saved.
+        preparation: Its prepared objects (the model is prepared before a save or load).
+        loop: Its training loop: position, update count, running loss.
+    """
+
+    def __init__(self, trainer: Trainer, preparation: Preparation, loop: TrainingLoop) -> None:
+        self._trainer, self._preparation, self._loop = trainer, preparation, loop
+        self._checkpointed = CheckpointedTrainerState(self._shared_state)
+        self._registered = False
+        self._saving: Position | None = None
+
+    # -------------------------------------------------------------------------------- save
+
+    def save(self, output_dir: str | os.PathLike[str]) -> Path:
+        """Write a training state to ``output_dir`` (see ``Trainer.save_training_state``)."""
+        final = Path(output_dir)
+        self._saving = self._loop.position("Trainer.save_training_state")
+        try:
+            self._write(final, temporary_directory(final))
+        finally:
+            self._saving = None
+        return final
+
+    def _write(self, final: Path, temporary: Path) -> None:
+        accelerator = self._trainer.accelerator
+        assert self._saving is not None
+        self._prepare_model()
+        if accelerator.is_main_process:
+            shutil.rmtree(temporary, ignore_errors=True)
+            temporary.mkdir(parents=True)
+        accelerator.wait_for_everyone()
+        self._register()
+        try:
+            accelerator.save_state(str(temporary))
+            rank_state = self._rank_state(self._saving)
+            torch.save(rank_state, temporary / rank_state_name(accelerator.process_index))
+            accelerator.wait_for_everyone()
+            if accelerator.is_main_process:
+                _check_saved_states_load_safely(temporary)
+                write_manifest(temporary, self._manifest_info())
+                publish(temporary, final)
+        except BaseException:
+            if accelerator.is_main_process:
+                shutil.rmtree(temporary, ignore_errors=True)
+            raise
+        accelerator.wait_for_everyone()
+
+    def _shared_state(self) -> dict[str, Any]:
+        """The trainer state that is the same on every process (saved by the main process)."""
+        trainer = self._trainer
+        position = self._saving or self._loop.position("Trainer.save_training_state")
+        history = trainer.run_history.state_dict()
+        if self._loop.savable == "epoch":  # the trainer counts the epoch right after this event
+            history["current_epoch"] += 1
+        config = trainer.run_config
+        return {
+            "position": position.to_dict(),
+            "num_updates": self._loop.num_updates,
+            "run": {} if config is None else _resume_relevant(config),
+            "history": history,
+            "scheduler": None if trainer.scheduler is None else trainer.scheduler.state_dict(),
+            "callbacks": callback_states(trainer.callback_handler.callbacks),
+        }
+
+    def _rank_state(self, position: Position) -> dict[str, Any]:
+        """The trainer state that differs between processes."""
+        resumable = self._preparation.resumable
+        mid_epoch = position.in_run and position.batches_done > 0
+        loader: dict[str, Any] = {"epoch_states": None, "generators": [], "iteration": 0}
+        if resumable is not None:
+            epoch_states = resumable.randomness.epoch_states if mid_epoch else None
+            loader = {
+                "epoch_states": None if epoch_states is None else epoch_states.to_dict(),
+                "generators": list(resumable.randomness.current_states().generators),
+                "iteration": int(resumable.dataloader.iteration),
+            }
+        elif mid_epoch:
+            dataloader = self._preparation.train_dataloader
+            raise RuntimeError(
+                "Trainer.save_training_state: this train dataloader cannot resume mid-epoch "
+                f"({type(dataloader).__name__}); save at epoch ends instead."
+            )
+        return {
+            "loss_tracker": self._loop.loss_tracker.state_dict() if mid_epoch else None,
+            "gradients": gradients(self._trainer.model),
+            "loader": loader,
+        }
+
+    def _manifest_info(self) -> dict[str, Any]:
+        assert self._saving is not None
+        return {
+            "world_size": self._trainer.accelerator.num_processes,
+            "saved_at_ns": time.time_ns(),
+            "num_updates": self._loop.num_updates,
+            "epoch": self._trainer.run_history.current_epoch,
+            "position": self._saving.to_dict(),
+        }
+
+    # -------------------------------------------------------------------------------- load
+
+    def load(
+        self,
+        directory: Path,
+        where: str,
+        check: Callable[[dict[str, Any]], None] | None = None,
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Verify a training state, then load it through accelerate; return its trainer parts.
+
+        Args:
+            directory: The training state.
+            where: The entry point, for error messages.
+            check: Sees the saved trainer state before anything is loaded into the trainer.
+
+        Returns:
+            The trainer state shared by all processes, and this process's own.
+
+        Raises:
+            FileNotFoundError: If there is no such directory.
+            TrainingStateError: If it is incomplete, corrupt or does not fit this trainer.
+        """
+        accelerator = self._trainer.accelerator
+        verify_training_state(directory, accelerator.num_processes, where)
+        self._prepare_model()
+        _check_model_fits(self._trainer.model, directory, where)
+        self._register()
+        if check is not None:
+            check(self._read_saved_trainer_state(directory, where))
+        try:
+            accelerator.load_state(str(directory))
+        except (RuntimeError, ValueError, KeyError) as error:
+            raise TrainingStateError(
+                f"{where}: {str(directory)!r} does not fit this trainer's model or optimizer: "
+                f"{error}"
+            ) from error
+        shared = self._checkpointed.loaded
+        if shared is None:
+            raise TrainingStateError(f"{where}: {str(directory)!r} holds no trainer state.")
+        rank_file = directory / rank_state_name(accelerator.process_index)
+        return shared, load_pickled(rank_file, where)
+
+    def resume_point(self, resume_from: str | os.PathLike[str] | None) -> ResumePoint | None:
+        """Load the state to resume from (if any) and check that it fits this run."""
+        if resume_from is None:
+            return None
+        directory = self._resume_directory(resume_from)
+        if directory is None:
+            return None
+        check = functools.partial(self._check_resumable, directory)
+        shared, rank_state = self.load(directory, "Trainer.train", check)
+        random_states = RandomStates(
+            torch.get_rng_state(), tuple(rank_state["loader"]["generators"])
+        )
+        position = Position.from_dict(shared["position"])
+        trainer = self._trainer
+        trainer.run_history.load_state_dict(shared["history"])
+        self._loop.num_updates = int(shared["num_updates"])
+        if trainer.scheduler is not None:
+            trainer.scheduler.load_state_dict(shared["scheduler"])
+        epoch = trainer.run_history.current_epoch
+        trainer.print(f"Resuming from {str(directory)!r} (epoch {epoch}).")
+        return ResumePoint(directory, position, shared["callbacks"], rank_state, random_states)
+
+    def _resume_directory(self, resume_from: str | os.PathLike[str]) -> Path | None:
+        if os.fspath(resume_from) != "latest":
+            return Path(resume_from)
+        trainer = self._trainer
+        save_dirs = [
+            getattr(callback, "save_dir")  # noqa: B009 (any callback that saves training states)
+            for callback in trainer.callback_handler.callbacks
+            if getattr(callback, "saves_training_states", False)
+        ]
+        if not save_dirs:
+            fail(
+                ValueError,
+                "Trainer.train",
+                "resume_from",
+                "latest",
+                "a directory, or 'latest' with a SaveTrainingStateCallback",
+                "Add SaveTrainingStateCallback(save_dir=...) (its save_dir is searched), or pass "
+                "the directory of a training state.",
+            )
+        latest = latest_training_state(save_dirs[0])
+        if latest is None:
+            trainer.print(f"No training state in {str(save_dirs[0])!r} yet: starting afresh.")
+        return latest
+
+    def _read_saved_trainer_state(self, directory: Path, where: str) -> dict[str, Any]:
+        """Read (safely) the trainer state accelerate is about to load for this trainer."""
+        registered = list(getattr(self._trainer.accelerator, "_custom_objects", []))
+        index = next(i for i, obj in enumerate(registered) if obj is self._checkpointed)
+        shared = load_pickled(directory / f"custom_checkpoint_{index}.pkl", where)
+        if not isinstance(shared, dict) or "position" not in shared:
+            raise TrainingStateError(f"{where}: {str(directory)!r} holds no trainer state.")
+        return shared
+
+    def _check_resumable(self, directory: Path, shared: Mapping[str, Any]) -> None:
+        """Raise if the saved run cannot continue as this ``train()`` call is set up."""
+        trainer = self._trainer
+        assert trainer.run_config is not None
+        position = Position.from_dict(shared["position"])
+        saved_scheduler = shared["scheduler"] is not None
+        if saved_scheduler != (trainer.scheduler is not None):
+            fail(
+                TrainingStateError,
+                "Trainer.train",
+                "create_scheduler_fn",
+                trainer.create_scheduler_fn,
+                "the same scheduler as the saved run" if saved_scheduler else "None, as saved",
+                f"{str(directory)!r} was saved {'with' if saved_scheduler else 'without'} a "
+                "scheduler; resume with the same create_scheduler_fn.",
+            )
+        if position.batches_done == 0:
+            return
+        now = _resume_relevant(trainer.run_config)
+        for name, saved in shared["run"].items():
+            if now.get(name) != saved:
+                fail(
+                    TrainingStateError,
+                    "Trainer.train",
+                    name,
+                    now.get(name),
+                    f"{saved}, as in the saved run (it stopped mid-epoch)",
+                    f"Resume {str(directory)!r} with the same train() arguments and dataset.",
+                )
+        if self._preparation.resumable is None:
+            raise TrainingStateError(
+                f"Trainer.train: {str(directory)!r} was saved mid-epoch, but this train "
+                "dataloader cannot resume mid-epoch."
+            )
+
+    # ------------------------------------------------------------------------------ shared
+
+    def _prepare_model(self) -> None:
+        """Prepare the model and optimizer if no run has yet (accelerate saves the prepared)."""
+        if not self._preparation.has_model:
+            self._preparation.prepare_model_and_optimizer(self._trainer)
+
+    def _register(self) -> None:
+        """Register the trainer's state with accelerate's checkpointing, once per trainer."""
+        if not self._registered:
+            self._trainer.accelerator.register_for_checkpointing(self._checkpointed)
+            self._registered = True
+
+
+def _resume_relevant(config: TrainerRunConfig) -> dict[str, Any]:
+    """The run settings a mid-epoch resume needs unchanged to see the same batches."""
+    return {
+        "train_dataloader_len": config.train_dataloader_len,
+        "gradient_accumulation_steps": config.gradient_accumulation_steps,
+        "train_per_device_batch_size": config.train_per_device_batch_size,
+        "num_processes": config.num_processes,
+    }
+
+
+def _check_saved_states_load_safely(directory: Path) -> None:
+    """Raise if a trainer or callback state just saved could not be loaded with weights_only."""
+    for path in sorted(directory.glob("custom_checkpoint_*.pkl")):
+        try:
+            load_pickled(path, "Trainer.save_training_state")
+        except TrainingStateError as error:
+            raise TypeError(
+                "Trainer.save_training_state: the trainer state (scheduler, run history or a "
+                "callback's state_dict) holds objects that cannot be loaded safely; keep "
+                f"state_dicts to tensors, numbers, strings and containers. {error}"
+            ) from error
+
+
+def _check_model_fits(model: nn.Module, directory: Path, where: str) -> None:
+    """Compare the saved parameter names and shapes with the model's, before loading."""
+    path = directory / "model.safetensors"
+    if not path.is_file():
+        return
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            saved = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}  # noqa: SIM118
+    except Exception as error:
+        raise TrainingStateError(f"{where}: could not read {str(path)!r}: {error}") from error
+    current = {_plain_key(key): tensor for key, tensor in model.state_dict().items()}
+    saved = {_plain_key(key): shape for key, shape in saved.items()}
+    present = {tensor.data_ptr() for key, tensor in current.items() if key in saved}
+    problems = [f"unexpected {key}" for key in sorted(set(saved) - set(current))]
+    problems += [
+        f"missing {key}"
+        for key in sorted(set(current) - set(saved))
+        if current[key].data_ptr() not in present  # tied weights are saved once
+    ]
+    problems += [
+        f"{key}: saved {list(saved[key])}, model {list(current[key].shape)}"
+        for key in sorted(set(saved) & set(current))
+        if saved[key] != tuple(current[key].shape)
+    ]
+    if problems:
+        raise TrainingStateError(
+            f"{where}: {str(path)!r} holds a different model: {'; '.join(problems[:8])}"
+            f"{' ...' if len(problems) > 8 else ''}. Resume with the model it was saved from."
+        )
+
+
+def _plain_key(key: str) -> str:
+    """A state-dict key without the DDP (``module.``) and ``torch.compile`` prefixes."""
+    return key.removeprefix("module.").replace("_orig_mod.", "")
