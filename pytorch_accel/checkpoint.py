@@ -6,6 +6,9 @@
 
 from __future__ import annotations
 
+import errno
+import glob
+import hashlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,7 +20,9 @@ from accelerate.utils import DistributedType
 from torch import nn
 
 __all__ = [
+    "CHECKSUM_KEY",
     "atomic_save",
+    "checksum",
     "fsync_directory",
     "load_checkpoint_file",
     "model_state_dict",
@@ -27,12 +32,17 @@ __all__ = [
 ]
 
 
+CHECKSUM_KEY = "pytorch_accel_sha256"
+"""The entry of a checkpoint file that holds the ``checksum`` of the rest (verified on load)."""
+
+
 def atomic_save(obj: Any, path: str | os.PathLike[str]) -> Path:
     """Save ``obj`` with ``torch.save`` so that ``path`` is either the old file or the new one.
 
     The object is written to a temporary file in the same directory, flushed to disk, then
     renamed over ``path``. A failure at any point leaves the previous file intact and removes
-    the temporary one.
+    the temporary one; temporary files that killed processes left beside ``path`` are removed
+    first.
 
     Args:
         obj: What to save (tensors, dicts, numbers, strings).
@@ -40,20 +50,66 @@ def atomic_save(obj: Any, path: str | os.PathLike[str]) -> Path:
 
     Returns:
         The destination path.
+
+    Raises:
+        OSError: With ``errno.ENOSPC`` when the disk is full, naming the file.
     """
     destination = Path(path)
     destination.parent.mkdir(parents=True, exist_ok=True)
-    temporary = destination.with_name(f".{destination.name}.tmp-{os.getpid()}")
+    _remove_stale_temporaries(destination)
+    temporary = destination.with_name(f"{_temporary_prefix(destination)}{os.getpid()}")
     try:
         with open(temporary, "wb") as handle:
             torch.save(obj, handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, destination)
+    except (OSError, RuntimeError) as error:
+        if _is_disk_full(error):
+            raise OSError(
+                errno.ENOSPC,
+                f"could not write {str(destination)!r}: the disk is full. "
+                "The previous "
+                "file, if any, is intact; free some space and save again",
+            ) from error
+        raise
     finally:
         temporary.unlink(missing_ok=True)
     fsync_directory(destination.parent)
     return destination
+
+
+def _temporary_prefix(destination: Path) -> str:
+    return f".{destination.name}.tmp-"
+
+
+def _remove_stale_temporaries(destination: Path) -> None:
+    """Delete temporary files of ``destination`` whose writing process is no longer alive."""
+    prefix = _temporary_prefix(destination)
+    for path in destination.parent.glob(f"{glob.escape(prefix)}*"):
+        pid = path.name[len(prefix) :]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            path.unlink(missing_ok=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by another user
+        return True
+    return True
+
+
+def _is_disk_full(error: BaseException) -> bool:
+    """Whether ``error`` or an error it arose from is "no space left" (torch wraps it)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def fsync_directory(directory: Path) -> None:
@@ -110,12 +166,73 @@ def read_tensors_file(path: str | os.PathLike[str], where: str, kind: str = "wei
     if not source.is_file():
         raise FileNotFoundError(f"{where}: no {kind} file at {str(source)!r}.")
     try:
-        return torch.load(source, map_location="cpu", weights_only=True)
+        loaded = torch.load(source, map_location="cpu", weights_only=True)
     except Exception as error:
         raise ValueError(
             f"{where}: could not read {str(source)!r}: it is truncated, corrupt, or holds "
             f"objects other than tensors and plain containers ({error})."
         ) from error
+    if isinstance(loaded, dict) and CHECKSUM_KEY in loaded:
+        expected = loaded.pop(CHECKSUM_KEY)
+        if checksum(loaded) != expected:
+            raise ValueError(
+                f"{where}: {str(source)!r} is corrupt: its contents differ from the SHA-256 "
+                "checksum saved with it (a changed bit in its tensors or entries). Load an "
+                "earlier copy; this one was not used."
+            )
+    return loaded
+
+
+def checksum(checkpoint: Mapping[str, Any]) -> str:
+    """Return the SHA-256 digest of a checkpoint's contents: every key, value and tensor byte.
+
+    Tensors count with their dtype, shape and data; numbers, strings and ``None`` with their
+    ``repr``; containers with their items in order. It is the same before saving and after
+    loading, so a file whose data changed on disk is detected.
+
+    Args:
+        checkpoint: The checkpoint dict (without its ``CHECKSUM_KEY``).
+
+    Returns:
+        The hex digest.
+    """
+    digest = hashlib.sha256()
+    _digest_into(digest, checkpoint)
+    return digest.hexdigest()
+
+
+def _digest_into(digest: Any, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        digest.update(f"tensor:{value.dtype}:{tuple(value.shape)}:".encode())
+        digest.update(_tensor_bytes(value))
+    elif isinstance(value, Mapping):
+        digest.update(f"map:{len(value)}:".encode())
+        for key, item in value.items():
+            _digest_into(digest, key)
+            _digest_into(digest, item)
+    elif isinstance(value, (list, tuple)):
+        digest.update(f"{type(value).__name__}:{len(value)}:".encode())
+        for item in value:
+            _digest_into(digest, item)
+    elif isinstance(value, (set, frozenset)):  # no stable order: their items' reprs, sorted
+        digest.update(f"set:{sorted(map(repr, value))!r};".encode())
+    elif hasattr(value, "tobytes") and hasattr(value, "dtype"):  # NumPy arrays and scalars
+        digest.update(f"array:{value.dtype}:{getattr(value, 'shape', ())}:".encode())
+        digest.update(value.tobytes())
+    else:
+        digest.update(f"{type(value).__name__}:{value!r};".encode())
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> Any:
+    """The bytes of a tensor's data, as a buffer (any dtype, layout or device)."""
+    tensor = tensor.detach()
+    if tensor.is_quantized:
+        tensor = tensor.int_repr()
+    if tensor.layout != torch.strided:
+        tensor = tensor.to_dense()
+    if tensor.device.type == "meta":
+        return b""
+    return tensor.cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
 
 
 def model_state_dict(accelerator: Accelerator, model: nn.Module) -> dict[str, Any]:
@@ -148,8 +265,9 @@ def write_checkpoint(
     """Write the states of ``model``, ``optimizer`` and ``scheduler`` to ``path`` atomically.
 
     The file holds ``model_state_dict``, ``optimizer_state_dict`` and ``scheduler_state_dict``
-    (for those given), then the entries of ``extra``. The main process writes it; every
-    process must call this (sharded models are gathered by all of them).
+    (for those given), the entries of ``extra``, and the ``checksum`` of all of them under
+    ``CHECKSUM_KEY``. The main process writes it; every process must call this (sharded models
+    are gathered by all of them).
 
     Args:
         accelerator: The accelerator that prepared ``model``.
@@ -166,7 +284,8 @@ def write_checkpoint(
         checkpoint["scheduler_state_dict"] = scheduler.state_dict()
     checkpoint.update(extra or {})
     if accelerator.is_main_process:
-        atomic_save(checkpoint, path)
+        checkpoint.pop(CHECKSUM_KEY, None)
+        atomic_save({**checkpoint, CHECKSUM_KEY: checksum(checkpoint)}, path)
     accelerator.wait_for_everyone()
 
 

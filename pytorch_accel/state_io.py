@@ -33,6 +33,7 @@ from pytorch_accel.run_config import TrainerRunConfig
 from pytorch_accel.training_loop import TrainingLoop
 from pytorch_accel.training_state import (
     TrainingStateError,
+    complete_state,
     latest_training_state,
     load_pickled,
     publish,
@@ -173,6 +174,7 @@ class TrainingStateIO:
             TrainingStateError: If it is incomplete, corrupt or does not fit this trainer.
         """
         accelerator = self._trainer.accelerator
+        directory = complete_state(directory)
         verify_training_state(directory, accelerator.num_processes, where)
         self._prepare_model()
         _check_model_fits(self._trainer.model, directory, where)
@@ -216,7 +218,7 @@ class TrainingStateIO:
 
     def _resume_directory(self, resume_from: str | os.PathLike[str]) -> Path | None:
         if os.fspath(resume_from) != "latest":
-            return Path(resume_from)
+            return complete_state(Path(resume_from))
         trainer = self._trainer
         save_dirs = [
             getattr(callback, "save_dir")  # noqa: B009 (any callback that saves training states)
@@ -263,24 +265,55 @@ class TrainingStateIO:
                 f"{str(directory)!r} was saved {'with' if saved_scheduler else 'without'} a "
                 "scheduler; resume with the same create_scheduler_fn.",
             )
-        if position.batches_done == 0:
-            return
-        now = _resume_relevant(trainer.run_config)
-        for name, saved in shared["run"].items():
-            if now.get(name) != saved:
-                fail(
-                    TrainingStateError,
-                    "Trainer.train",
-                    name,
-                    now.get(name),
-                    f"{saved}, as in the saved run (it stopped mid-epoch)",
-                    f"Resume {str(directory)!r} with the same train() arguments and dataset.",
-                )
-        if self._preparation.resumable is None:
+        self._check_epochs_left(directory, position)
+        mid_epoch = position.batches_done > 0
+        counted = int(shared["num_updates"]) > 0 and position.epoch_index < self._num_epochs()
+        if mid_epoch or counted:
+            why = "it stopped mid-epoch" if mid_epoch else "its update count continues"
+            self._check_same_batches(directory, shared["run"], why)
+        if mid_epoch and self._preparation.resumable is None:
             raise TrainingStateError(
                 f"Trainer.train: {str(directory)!r} was saved mid-epoch, but this train "
                 "dataloader cannot resume mid-epoch."
             )
+
+    def _check_epochs_left(self, directory: Path, position: Position) -> None:
+        """Raise if the saved run is past this call's ``num_epochs``; say if it is at its end."""
+        done, num_epochs = position.epoch_index, self._num_epochs()
+        if done > num_epochs:
+            fail(
+                TrainingStateError,
+                "Trainer.train",
+                "num_epochs",
+                num_epochs,
+                f"at least {done}, the epochs the saved run already trained",
+                f"{str(directory)!r} is past the end of this run; pass num_epochs={done} or "
+                "more to continue it.",
+            )
+        if done == num_epochs:
+            self._trainer.print(
+                f"{str(directory)!r} is the end of a run of {num_epochs} epochs: nothing is left "
+                "to train (pass a larger num_epochs to continue it)."
+            )
+
+    def _check_same_batches(self, directory: Path, saved: Mapping[str, Any], why: str) -> None:
+        """Raise if this call's batches per epoch differ from the saved run's."""
+        assert self._trainer.run_config is not None
+        now = _resume_relevant(self._trainer.run_config)
+        for name, value in now.items():
+            if name in saved and saved[name] != value:
+                fail(
+                    TrainingStateError,
+                    "Trainer.train",
+                    name,
+                    value,
+                    f"{saved[name]}, as in the saved run ({why})",
+                    f"Resume {str(directory)!r} with the same train() arguments and dataset.",
+                )
+
+    def _num_epochs(self) -> int:
+        assert self._trainer.run_config is not None
+        return self._trainer.run_config.num_epochs
 
     # ------------------------------------------------------------------------------ shared
 
@@ -298,11 +331,11 @@ class TrainingStateIO:
 
 def _resume_relevant(config: TrainerRunConfig) -> dict[str, Any]:
     """The run settings a mid-epoch resume needs unchanged to see the same batches."""
-    return {
-        "train_dataloader_len": config.train_dataloader_len,
-        "gradient_accumulation_steps": config.gradient_accumulation_steps,
+    return {  # the arguments first, then what they and the dataset give
         "train_per_device_batch_size": config.train_per_device_batch_size,
+        "gradient_accumulation_steps": config.gradient_accumulation_steps,
         "num_processes": config.num_processes,
+        "train_dataloader_len": config.train_dataloader_len,
     }
 
 

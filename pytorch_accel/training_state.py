@@ -6,6 +6,13 @@ gradient scaler, every rank's random states, and the trainer's own state, regist
 written under a hidden temporary name, every file is flushed to disk, then the manifest (file
 sizes and SHA-256 digests) is written and the directory renamed into place. A directory without
 a manifest is an interrupted save: it is never loaded, and ``latest_training_state`` skips it.
+
+Replacing an existing state takes two renames (the old one aside, the new one in), and a process
+killed between them leaves no directory under the state's name. The state is still found: its
+new version (complete, under the hidden temporary name) or else its old one (moved aside) stands
+in for it, in ``complete_state`` and ``find_training_states``, until ``tidy_save_dir`` puts it
+back under its name. A state is deleted by renaming it aside first, so a kill during the deletion
+leaves nothing that looks like a state.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +33,16 @@ from pytorch_accel.checkpoint import fsync_directory
 __all__ = [
     "MANIFEST_NAME",
     "TrainingStateError",
+    "complete_state",
     "find_training_states",
     "latest_training_state",
     "load_pickled",
     "publish",
     "rank_state_name",
     "read_manifest",
+    "remove_training_state",
     "temporary_directory",
+    "tidy_save_dir",
     "verify_training_state",
     "write_manifest",
 ]
@@ -60,6 +70,15 @@ def temporary_directory(final: Path) -> Path:
     return final.with_name(f".{final.name}.incomplete")
 
 
+def previous_directory(final: Path) -> Path:
+    """Return the hidden directory an older state of ``final`` is moved to while it is replaced."""
+    return final.with_name(f".{final.name}.previous")
+
+
+def _deleting_directory(final: Path) -> Path:
+    return final.with_name(f".{final.name}.deleting")
+
+
 def write_manifest(directory: Path, info: Mapping[str, Any]) -> None:
     """Flush every file of ``directory`` to disk, then write the manifest that completes it.
 
@@ -82,9 +101,10 @@ def write_manifest(directory: Path, info: Mapping[str, Any]) -> None:
 def publish(temporary: Path, final: Path) -> None:
     """Rename a completed ``temporary`` directory to ``final``, replacing an older one.
 
-    The older directory is moved aside first and deleted only after the new one is in place.
+    The older directory is moved aside first and deleted only after the new one is in place;
+    between the two renames, ``complete_state(final)`` finds the new one.
     """
-    previous = final.with_name(f".{final.name}.previous")
+    previous = previous_directory(final)
     shutil.rmtree(previous, ignore_errors=True)
     if final.exists():
         os.replace(final, previous)
@@ -143,30 +163,117 @@ def verify_training_state(directory: Path, world_size: int, where: str) -> dict[
             f"has {world_size}. Resume with the same number of processes (e.g. `accelerate "
             f"launch --num_processes {saved_world}`)."
         )
-    for name, expected in manifest["files"].items():
+    listed = manifest["files"]
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        name = path.relative_to(directory).as_posix()
+        if name != MANIFEST_NAME and name not in listed:
+            raise TrainingStateError(
+                f"{where}: {str(path)!r} is not listed in the manifest of {str(directory)!r}: "
+                "it was added after the save, and nothing is loaded from a state holding a file "
+                "that was not checked. Remove the file, or resume from another state."
+            )
+    for name, expected in listed.items():
         _verify_file(directory / name, expected, where)
     return manifest
+
+
+def complete_state(final: Path) -> Path:
+    """Return the directory holding the complete state saved as ``final``.
+
+    That is ``final`` itself, unless a save that replaced it was interrupted between its two
+    renames: then the new state (complete, under its temporary name), or else the old one
+    (moved aside). Nothing is moved or deleted here.
+
+    Args:
+        final: The state's directory, as it was saved (e.g. ``states/warm``).
+
+    Returns:
+        ``final``, or the hidden directory that stands in for it; ``final`` if there is none
+        (loading it then reports that it is missing).
+    """
+    if final.exists():
+        return final
+    for candidate in (temporary_directory(final), previous_directory(final)):
+        if _has_manifest(candidate):
+            return candidate
+    return final
 
 
 def find_training_states(save_dir: Path) -> list[Path]:
     """Return the complete training states directly inside ``save_dir``, oldest first.
 
     Directories are ordered by the time their save completed (recorded in the manifest), then
-    by name. Hidden directories (saves in progress) and directories without a valid manifest
-    are skipped.
+    by name. Directories without a valid manifest (interrupted saves) are skipped; a state whose
+    replacement was interrupted between its two renames is found under its hidden stand-in
+    (see ``complete_state``).
     """
     if not save_dir.is_dir():
         return []
+    names = {path.name for path in save_dir.iterdir() if path.is_dir()}
+    names |= {name for path in save_dir.iterdir() if (name := _stood_in_for(path.name))}
     found = []
-    for path in save_dir.iterdir():
-        if not path.is_dir() or path.name.startswith("."):
+    for name in names:
+        if name.startswith("."):
             continue
+        path = complete_state(save_dir / name)
         try:
             manifest = read_manifest(path, "find_training_states")
         except (OSError, TrainingStateError):
             continue
-        found.append((int(manifest.get("saved_at_ns", 0)), _natural_key(path.name), path))
+        found.append((int(manifest.get("saved_at_ns", 0)), _natural_key(name), path))
     return [path for *_, path in sorted(found)]
+
+
+def remove_training_state(path: Path) -> None:
+    """Delete a training state: renamed aside first, so a kill midway leaves no partial state."""
+    if not path.exists():
+        return
+    doomed = _deleting_directory(path)
+    shutil.rmtree(doomed, ignore_errors=True)
+    os.replace(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def tidy_save_dir(save_dir: Path, is_state_name: Callable[[str], bool]) -> None:
+    """Repair and clean what killed saves and deletions left in ``save_dir``.
+
+    A state whose replacement was interrupted is put back under its name (the new version if
+    it is complete, else the old one). Then the remains of interrupted saves and deletions are
+    deleted: hidden ``.incomplete``, ``.previous`` and ``.deleting`` directories, and the
+    directories named like states (``is_state_name``) that have no manifest. Call it from one
+    process, while no other reads or writes in ``save_dir``.
+
+    Args:
+        save_dir: The directory that holds the states.
+        is_state_name: Whether a directory name is one the saver gives its states.
+    """
+    if not save_dir.is_dir():
+        return
+    for path in list(save_dir.iterdir()):
+        name = _stood_in_for(path.name)
+        if name and not (save_dir / name).exists():
+            stand_in = complete_state(save_dir / name)
+            if stand_in != save_dir / name:
+                os.replace(stand_in, save_dir / name)
+    for path in list(save_dir.iterdir()):
+        debris = _stood_in_for(path.name) or path.name.endswith(".deleting")
+        interrupted = is_state_name(path.name) and not _has_manifest(path)
+        if path.is_dir() and (debris or interrupted):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _stood_in_for(hidden: str) -> str | None:
+    """The state name a hidden ``.NAME.incomplete`` or ``.NAME.previous`` belongs to."""
+    match = re.fullmatch(r"\.(.+)\.(incomplete|previous)", hidden)
+    return match.group(1) if match else None
+
+
+def _has_manifest(directory: Path) -> bool:
+    try:
+        read_manifest(directory, "")
+    except (OSError, TrainingStateError):
+        return False
+    return True
 
 
 def latest_training_state(save_dir: str | os.PathLike[str]) -> Path | None:

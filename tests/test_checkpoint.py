@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from helpers import clone_params, make_model, make_regression_dataset, make_trainer
 from torch.optim.lr_scheduler import StepLR
+
+from pytorch_accel.checkpoint import CHECKSUM_KEY
 
 
 def trained_trainer() -> object:
@@ -54,7 +62,8 @@ def test_round_trip_restores_model_optimizer_scheduler_and_extras(tmp_path: Path
 def test_optional_parts_are_left_out(tmp_path: Path) -> None:
     trainer = trained_trainer()
     trainer.save_checkpoint(tmp_path / "weights.pt", save_optimizer=False, save_scheduler=False)
-    assert set(torch.load(tmp_path / "weights.pt", weights_only=True)) == {"model_state_dict"}
+    saved = torch.load(tmp_path / "weights.pt", weights_only=True)
+    assert set(saved) == {"model_state_dict", CHECKSUM_KEY}
 
 
 def test_failed_save_leaves_the_previous_checkpoint_intact(tmp_path: Path) -> None:
@@ -99,3 +108,92 @@ def test_compiled_model_checkpoint_loads_into_a_plain_model(tmp_path: Path) -> N
     plain.load_checkpoint(tmp_path / "compiled.pt", load_optimizer=False)
     for loaded, expected in zip(plain.get_model().parameters(), model.parameters(), strict=True):
         assert torch.equal(loaded, expected)
+
+
+# ------------------------------------------------------------------------------ integrity
+
+
+def flip_a_bit_of(path: Path, tensor: torch.Tensor) -> None:
+    """Flip one bit inside ``tensor``'s data where it is stored in the file."""
+    data = bytearray(path.read_bytes())
+    offset = bytes(data).find(tensor.detach().numpy().tobytes())
+    assert offset > 0, "the tensor's bytes are not stored as they are"
+    data[offset + 5] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def test_a_flipped_bit_in_the_tensor_data_is_detected(tmp_path: Path) -> None:
+    trainer = trained_trainer()
+    path = tmp_path / "model.pt"
+    trainer.save_checkpoint(path, checkpoint_kwargs={"epoch": 3})
+    flip_a_bit_of(path, next(trainer.get_model().parameters()))
+    before = clone_params(trainer.get_model())
+    with pytest.raises(ValueError, match=r"'.*model.pt' is corrupt: its contents differ"):
+        trainer.load_checkpoint(path)
+    for now, then in zip(clone_params(trainer.get_model()), before, strict=True):
+        assert torch.equal(now, then)  # nothing was loaded
+
+
+def test_a_checkpoint_without_a_checksum_still_loads(tmp_path: Path) -> None:
+    """Files written by pytorch-accelerated, or by hand, carry no checksum."""
+    trainer = trained_trainer()
+    state = {k: v.clone() for k, v in trainer.get_model().state_dict().items()}
+    torch.save({"model_state_dict": state}, tmp_path / "plain.pt")
+    fresh = make_trainer(make_model(seed=9))
+    assert set(fresh.load_checkpoint(tmp_path / "plain.pt")) == {"model_state_dict"}
+    for loaded, expected in zip(
+        fresh.get_model().state_dict().values(), state.values(), strict=True
+    ):
+        assert torch.equal(loaded, expected)
+
+
+@contextlib.contextmanager
+def small_filesystem(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted at ``path`` (needs root, as on the development and CI VMs)."""
+    path.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+        capture_output=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small filesystem here: {mounted.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mounts a Linux tmpfs")
+def test_a_full_disk_is_named_and_the_previous_file_kept(tmp_path: Path) -> None:
+    trainer = trained_trainer()
+    with small_filesystem(tmp_path / "small", "64k") as disk:
+        path = disk / "model.pt"
+        trainer.save_checkpoint(path, save_optimizer=False)
+        before = path.read_bytes()
+        with pytest.raises(
+            OSError, match=r"could not write '.*model.pt': the disk is full"
+        ) as info:
+            trainer.save_checkpoint(path, checkpoint_kwargs={"big": torch.zeros(100_000)})
+        assert info.value.errno == errno.ENOSPC
+        assert path.read_bytes() == before
+        assert sorted(p.name for p in disk.iterdir()) == ["model.pt"]
+        trainer.load_checkpoint(path)
+
+
+def test_temporary_files_of_killed_saves_are_removed(tmp_path: Path) -> None:
+    finished = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    dead = tmp_path / f".model.pt.tmp-{int(finished.stdout)}"
+    alive = tmp_path / f".model.pt.tmp-{os.getppid()}"  # a save still writing
+    other = tmp_path / f".other.pt.tmp-{int(finished.stdout)}"
+    for debris in (dead, alive, other):
+        debris.write_bytes(b"partial")
+    trained_trainer().save_checkpoint(tmp_path / "model.pt")
+    assert not dead.exists()
+    assert alive.exists()
+    assert other.exists()  # another file's: left to its own next save

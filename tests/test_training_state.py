@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import pickle
+import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -226,7 +227,9 @@ def test_mid_epoch_resume_needs_the_same_batches(
     make_trainer(callbacks=(SaveAtStep(tmp_path / "state", 3),)).train(
         regression_dataset, num_epochs=1, per_device_batch_size=8
     )
-    with pytest.raises(TrainingStateError, match="train_dataloader_len must be 8"):
+    with pytest.raises(
+        TrainingStateError, match="train_per_device_batch_size must be 8, as in the saved run"
+    ):
         make_trainer().train(
             regression_dataset,
             num_epochs=1,
@@ -371,3 +374,126 @@ def test_latest_is_the_last_saved_whatever_its_name(
     names = [state.name for state in find_training_states(tmp_path)]
     assert names == ["epoch-0002", "final"]
     assert latest_training_state(tmp_path) == tmp_path / "final"
+
+
+# ------------------------------------------------------------- what kills and forgers leave
+
+
+def test_a_file_not_in_the_manifest_is_refused_and_never_run(
+    tmp_path: Path, regression_dataset: TensorDataset
+) -> None:
+    saved_after_training(tmp_path, regression_dataset)
+    marker = tmp_path / "payload-ran"
+    PAYLOAD_MARKER[0] = str(marker)
+    planted = tmp_path / "state" / "custom_checkpoint_1.pkl"
+    torch.save({"x": Payload()}, planted)
+    trainer = make_trainer()
+    trainer.save_training_state(tmp_path / "own")  # the trainer's state is registered first
+    trainer.accelerator.register_for_checkpointing(nn.Linear(1, 1))  # then a user's object
+    with pytest.raises(TrainingStateError, match=r"custom_checkpoint_1.pkl' is not listed"):
+        trainer.load_training_state(tmp_path / "state")
+    with pytest.raises(TrainingStateError, match="is not listed in the manifest"):
+        trainer.train(regression_dataset, num_epochs=2, resume_from=tmp_path / "state")
+    assert not marker.exists()
+
+
+def interrupted_between_renames(tmp_path: Path, dataset: TensorDataset) -> tuple[Path, Trainer]:
+    """Leave the layout of a re-save of ``states/warm`` killed between its two renames."""
+    states = tmp_path / "states"
+    old = make_trainer()
+    old.train(dataset, num_epochs=1, per_device_batch_size=8)
+    old.save_training_state(states / "warm")
+    new = make_trainer()
+    new.train(dataset, num_epochs=2, per_device_batch_size=8)
+    new.save_training_state(tmp_path / "newer")
+    (states / "warm").rename(states / ".warm.previous")  # the first rename
+    (tmp_path / "newer").rename(states / ".warm.incomplete")  # complete, not yet renamed
+    return states, new
+
+
+def test_a_save_killed_between_its_renames_is_still_found(
+    tmp_path: Path, regression_dataset: TensorDataset
+) -> None:
+    states, new = interrupted_between_renames(tmp_path, regression_dataset)
+    assert latest_training_state(states) == states / ".warm.incomplete"
+    resumed = make_trainer(make_model(seed=4))
+    resumed.train(
+        regression_dataset, num_epochs=2, per_device_batch_size=8, resume_from=states / "warm"
+    )
+    assert resumed.num_updates == new.num_updates == 16
+    for mine, saved in zip(clone_params(resumed.model), clone_params(new.model), strict=True):
+        assert torch.equal(mine, saved)
+    shutil.rmtree(states / ".warm.incomplete")  # the new one was not complete: the old one
+    assert latest_training_state(states) == states / ".warm.previous"
+
+
+def test_a_relaunch_after_a_kill_between_renames_continues_the_run(
+    tmp_path: Path, regression_dataset: TensorDataset
+) -> None:
+    states, _ = interrupted_between_renames(tmp_path, regression_dataset)
+    for name in (".warm.incomplete", ".warm.previous"):
+        (states / name).rename(states / name.replace("warm", "final"))
+    saver = SaveTrainingStateCallback(states, max_checkpoints=1, preemption_signals=())
+    relaunched = make_trainer(make_model(seed=4), callbacks=(saver,))
+    relaunched.train(
+        regression_dataset, num_epochs=2, per_device_batch_size=8, resume_from="latest"
+    )
+    assert relaunched.resumed_from == states / ".final.incomplete"
+    assert relaunched.num_updates == 16  # nothing retrained from scratch
+    assert sorted(path.name for path in states.iterdir()) == ["final"]
+
+
+def test_remains_of_killed_saves_and_deletions_are_cleared(
+    tmp_path: Path, regression_dataset: TensorDataset
+) -> None:
+    half_deleted = tmp_path / "updates-00000003"
+    half_deleted.mkdir(parents=True)
+    (half_deleted / "optimizer.bin").write_bytes(b"left over")
+    (tmp_path / ".epoch-0001.deleting").mkdir()
+    (tmp_path / ".updates-00000009.incomplete").mkdir()
+    (tmp_path / "my-notes").mkdir()  # not a name the callback gives: left alone
+    saver = SaveTrainingStateCallback(
+        tmp_path, save_every_n_steps=4, max_checkpoints=1, save_at_end=False, preemption_signals=()
+    )
+    make_trainer(callbacks=(saver,)).train(
+        regression_dataset, num_epochs=1, per_device_batch_size=8
+    )
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["my-notes", "updates-00000008"]
+
+
+# ------------------------------------------------------------- resuming with other settings
+
+
+def test_an_epoch_end_resume_with_another_batch_size_is_refused(
+    tmp_path: Path, regression_dataset: TensorDataset
+) -> None:
+    saver = SaveTrainingStateCallback(tmp_path, save_every_n_epochs=1, preemption_signals=())
+    make_trainer(callbacks=(saver,)).train(
+        regression_dataset, num_epochs=1, per_device_batch_size=8
+    )
+    with pytest.raises(
+        TrainingStateError,
+        match=r"train_per_device_batch_size must be 8, as in the saved run \(its update count",
+    ):
+        make_trainer().train(
+            regression_dataset,
+            num_epochs=3,
+            per_device_batch_size=16,
+            resume_from=tmp_path / "final",
+        )
+
+
+def test_resuming_past_num_epochs_is_refused_and_at_the_end_says_so(
+    tmp_path: Path, regression_dataset: TensorDataset, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trainer = make_trainer()
+    trainer.train(regression_dataset, num_epochs=2, per_device_batch_size=8)
+    trainer.save_training_state(tmp_path / "done")
+    with pytest.raises(TrainingStateError, match=r"num_epochs must be at least 2.*got 1"):
+        make_trainer().train(
+            regression_dataset, num_epochs=1, per_device_batch_size=8, resume_from=tmp_path / "done"
+        )
+    make_trainer().train(
+        regression_dataset, num_epochs=2, per_device_batch_size=8, resume_from=tmp_path / "done"
+    )
+    assert "nothing is left to train" in capsys.readouterr().out

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-import shutil
+import re
 import signal
 import threading
 import warnings
@@ -19,7 +19,11 @@ from pytorch_accel._validation import check_positive_int, fail
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks._watch import check_bool, check_path
 from pytorch_accel.errors import StopTrainingError
-from pytorch_accel.training_state import find_training_states
+from pytorch_accel.training_state import (
+    find_training_states,
+    remove_training_state,
+    tidy_save_dir,
+)
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer
@@ -98,11 +102,12 @@ class SaveTrainingStateCallback(TrainerCallback):
     # ------------------------------------------------------------------------ events
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Clear leftovers of interrupted saves, and install the signal handlers."""
+        """Repair and clear what killed saves left, and install the signal handlers."""
         self.preempted_by, self._received = None, None
         self._updates_seen = trainer.num_updates
+        trainer.accelerator.wait_for_everyone()  # every process has loaded what it resumed from
         if trainer.accelerator.is_main_process:
-            _remove_interrupted_saves(self.save_dir)
+            tidy_save_dir(self.save_dir, _is_state_name)
         multi_process = trainer.accelerator.num_processes > 1
         if self.preemption_signals and multi_process and self._group is None:
             self._group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
@@ -144,7 +149,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         path = trainer.save_training_state(self.save_dir / name)
         if self.max_checkpoints is not None and trainer.accelerator.is_main_process:
             for old in find_training_states(self.save_dir)[: -self.max_checkpoints]:
-                shutil.rmtree(old, ignore_errors=True)
+                remove_training_state(old)
         trainer.accelerator.wait_for_everyone()
         return path
 
@@ -213,9 +218,6 @@ def _check_signals(where: str, signals: Iterable[int]) -> tuple[int, ...]:
     return tuple(int(signum) for signum in checked)
 
 
-def _remove_interrupted_saves(save_dir: Path) -> None:
-    """Delete the hidden directories that interrupted saves left in ``save_dir``."""
-    if not save_dir.is_dir():
-        return
-    for path in save_dir.glob(".*.incomplete"):
-        shutil.rmtree(path, ignore_errors=True)
+def _is_state_name(name: str) -> bool:
+    """Whether ``name`` is one this callback gives the states it saves."""
+    return re.fullmatch(r"(updates|epoch|preempted)-\d+|final", name) is not None
