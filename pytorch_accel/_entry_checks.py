@@ -6,8 +6,12 @@ Each failure names the entry point, the argument, the value received and the fix
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import difflib
+import functools
+import inspect
+import os
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import torch
 from accelerate import Accelerator
@@ -26,6 +30,14 @@ from pytorch_accel._validation import (
 from pytorch_accel.distributed import check_world_size
 from pytorch_accel.tracking import RunHistory
 
+if TYPE_CHECKING:
+    from pytorch_accel.preparation import Preparation
+    from pytorch_accel.run_config import TrainerRunConfig
+    from pytorch_accel.trainer import Trainer
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
 __all__ = [
     "check_accelerator",
     "check_constructor_arguments",
@@ -33,18 +45,29 @@ __all__ = [
     "check_evaluate_arguments",
     "check_has_batches",
     "check_loss_func",
-    "check_progress_interval",
     "check_train_arguments",
+    "check_trainer_settings",
+    "created_scheduler",
+    "suggest_arguments",
 ]
 
 
 def check_constructor_arguments(
-    model: object, loss_func: object, optimizer: object, run_history: object
+    model: object, loss_func: object, optimizer: object, callbacks: object, run_history: object
 ) -> None:
     """Check the arguments of ``Trainer(...)``."""
     where = "Trainer"
     if not isinstance(model, nn.Module):
         fail(TypeError, where, "model", model, "a torch.nn.Module", "Pass your model instance.")
+    if isinstance(callbacks, (str, bytes)) or not isinstance(callbacks, Iterable):
+        fail(
+            TypeError,
+            where,
+            "callbacks",
+            callbacks,
+            "an iterable of callbacks",
+            "Pass callbacks=() for none, or leave it out for DEFAULT_CALLBACKS.",
+        )
     check_callable(where, "loss_func", loss_func, "Pass e.g. torch.nn.CrossEntropyLoss().")
     if not isinstance(optimizer, torch.optim.Optimizer):
         fail(
@@ -55,6 +78,7 @@ def check_constructor_arguments(
             "a torch.optim.Optimizer",
             "Pass e.g. torch.optim.AdamW(model.parameters(), lr=1e-3).",
         )
+    _check_optimizer_fits(model, optimizer)
     if run_history is not None and not isinstance(run_history, RunHistory):
         fail(
             TypeError,
@@ -82,8 +106,28 @@ def check_accelerator(accelerator: Accelerator) -> None:
 
 
 def check_train_arguments(arguments: Mapping[str, Any]) -> None:
-    """Check the arguments of ``Trainer.train`` (its ``locals()``)."""
+    """Check the arguments of ``Trainer.train`` (its ``locals()``) and the trainer's settings."""
     where = "Trainer.train"
+    check_trainer_settings(where, arguments["self"])
+    if not isinstance(arguments["reset_run_history"], bool):
+        fail(
+            TypeError,
+            where,
+            "reset_run_history",
+            arguments["reset_run_history"],
+            "True or False",
+            "Pass reset_run_history=False to continue the run history of earlier calls.",
+        )
+    resume_from = arguments["resume_from"]
+    if resume_from is not None and not isinstance(resume_from, (str, os.PathLike)):
+        fail(
+            TypeError,
+            where,
+            "resume_from",
+            resume_from,
+            "a directory path, 'latest' or None",
+            "Pass the directory of a training state, e.g. resume_from='states/updates-00001000'.",
+        )
     check_sized_dataset(where, "train_dataset", arguments["train_dataset"])
     if arguments["eval_dataset"] is not None:
         check_sized_dataset(where, "eval_dataset", arguments["eval_dataset"])
@@ -114,14 +158,25 @@ def check_train_arguments(arguments: Mapping[str, Any]) -> None:
         check_mapping(where, name, arguments[name])
 
 
-def check_progress_interval(where: str, progress_interval: object) -> None:
-    """Reject a ``trainer.progress_interval`` that is not a number of seconds >= 0."""
+def check_trainer_settings(where: str, trainer: Trainer) -> None:
+    """Reject an entry point called during ``train()``, and bad trainer attributes.
+
+    Checks ``progress_interval``, ``limit_train_batches`` and ``limit_eval_batches``.
+    """
+    if trainer.is_training:
+        raise RuntimeError(
+            f"{where}: called while train() is running (from a callback or hook?). It would "
+            "replace the run's dataloaders and history. To evaluate during training, call "
+            "trainer.run_eval_epoch(); train again after train() returns."
+        )
     check_non_negative_number(
         where,
         "trainer.progress_interval",
-        progress_interval,
+        trainer.progress_interval,
         "Set trainer.progress_interval to seconds, e.g. 0.05, or 0 for every step.",
     )
+    for name in ("limit_train_batches", "limit_eval_batches"):
+        check_positive_int(where, f"trainer.{name}", getattr(trainer, name), allow_none=True)
 
 
 def check_enough_samples(train_dl: DataLoader[Any], num_samples: int, num_processes: int) -> None:
@@ -138,24 +193,62 @@ def check_enough_samples(train_dl: DataLoader[Any], num_samples: int, num_proces
         )
 
 
-def check_has_batches(train_dataloader: DataLoader[Any], dl_kwargs: Mapping[str, Any]) -> None:
-    """Reject a prepared train dataloader that yields no batch on this process."""
-    if len(train_dataloader) == 0:
+def check_has_batches(where: str, preparation: Preparation, **dl_kwargs: Mapping[str, Any]) -> None:
+    """Reject prepared dataloaders that yield no batch on this process (an empty epoch).
+
+    Args:
+        where: The entry point.
+        preparation: Holds the prepared dataloaders.
+        **dl_kwargs: The arguments each dataloader was built with, by the entry point's name
+            for them (a name with ``train`` for the train dataloader, else the eval one).
+    """
+    for name, kwargs in dl_kwargs.items():
+        train = "train" in name
+        dataloader = preparation.train_dataloader if train else preparation.eval_dataloader
+        if dataloader is not None and len(dataloader) == 0:
+            fail(
+                ValueError,
+                where,
+                name,
+                dict(kwargs),
+                "settings that give at least one batch per process",
+                "Check batch_sampler, drop_last and the batch size against the dataset size.",
+            )
+
+
+def check_loss_func(
+    where: str, trainer: Trainer, base: type, *, with_train: bool, with_eval: bool
+) -> None:
+    """Reject a ``loss_func`` that the default step methods in use cannot use.
+
+    That is ``None``, or a loss with ``reduction="none"``, whose per-sample losses the
+    default steps would neither back-propagate nor record as a mean.
+
+    Args:
+        where: The entry point.
+        trainer: The trainer (its class tells which step methods are overridden).
+        base: The ``Trainer`` class, whose step methods call ``loss_func``.
+        with_train: Whether the training step runs.
+        with_eval: Whether the evaluation step runs.
+    """
+    steps = ("calculate_train_batch_loss",) * with_train + (
+        "calculate_eval_batch_loss",
+    ) * with_eval
+    defaults = [step for step in steps if getattr(type(trainer), step) is getattr(base, step)]
+    loss_func, names = trainer.loss_func, " and ".join(defaults)
+    if defaults and getattr(loss_func, "reduction", None) == "none":
         fail(
             ValueError,
-            "Trainer.train",
-            "train_dataloader_kwargs",
-            dict(dl_kwargs),
-            "settings that give at least one batch per process",
-            "Check batch_sampler, drop_last and the batch size against the dataset size.",
+            where,
+            "Trainer's loss_func",
+            loss_func,
+            f"a loss that reduces to one value while {names} "
+            f"{'is' if len(defaults) == 1 else 'are'} not overridden",
+            "Use reduction='mean' (or 'sum'), or override the step methods to reduce the "
+            "per-sample losses yourself.",
         )
-
-
-def check_loss_func(where: str, loss_func: object, default_steps: list[str]) -> None:
-    """Reject ``loss_func=None`` while ``default_steps`` (step methods that call it) are used."""
-    if loss_func is None and default_steps:
-        one = len(default_steps) == 1
-        names = " and ".join(default_steps)
+    if loss_func is None and defaults:
+        one = len(defaults) == 1
         fail(
             TypeError,
             where,
@@ -184,3 +277,87 @@ def check_evaluate_arguments(
     check_sized_dataset(where, "dataset", dataset)
     check_positive_int(where, "per_device_batch_size", per_device_batch_size)
     check_mapping(where, "dataloader_kwargs", dataloader_kwargs)
+
+
+def _check_optimizer_fits(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Reject a model with nothing to train, or an optimizer over another model's parameters."""
+    own = {id(parameter) for parameter in model.parameters()}
+    if not own:
+        raise ValueError(
+            f"Trainer: model must have parameters to train, got a {type(model).__name__} with "
+            "none. Check that its layers are registered as submodules (attributes, or "
+            "nn.ModuleList rather than a Python list)."
+        )
+    optimized = [p for group in optimizer.param_groups for p in group["params"]]
+    if optimized and not any(id(parameter) in own for parameter in optimized):
+        raise ValueError(
+            f"Trainer: optimizer must be over the model's parameters, got a "
+            f"{type(optimizer).__name__} none of whose {len(optimized)} parameters belongs to "
+            "the model, so nothing would train. Build it from this model, e.g. "
+            "torch.optim.AdamW(model.parameters())."
+        )
+
+
+def created_scheduler(factory: Any, optimizer: Any, run_config: TrainerRunConfig | None) -> Any:
+    """Call ``create_scheduler_fn`` (placeholders resolved); check what it returned.
+
+    Raises:
+        TypeError: If it cannot be called with the optimizer.
+        ValueError: If it returned ``None``, or a ``OneCycleLR`` shorter than the run.
+    """
+    where = "Trainer.train"
+    try:
+        scheduler = factory(optimizer)
+    except TypeError as error:
+        raise TypeError(
+            f"{where}: create_scheduler_fn could not be called with the optimizer ({error}). "
+            "It must take the optimizer as its one positional argument, e.g. "
+            "functools.partial(StepLR, step_size=10)."
+        ) from error
+    if scheduler is None:
+        fail(
+            ValueError,
+            where,
+            "create_scheduler_fn's result",
+            None,
+            "a scheduler",
+            "Return the scheduler from the function, e.g. lambda opt: StepLR(opt, 10).",
+        )
+    total = getattr(scheduler, "total_steps", None)
+    needed = None if run_config is None else run_config.total_num_update_steps
+    if isinstance(total, int) and needed is not None and total < needed:
+        fail(
+            ValueError,
+            where,
+            f"{type(scheduler).__name__}.total_steps",
+            total,
+            f"at least this run's {needed} optimizer updates",
+            "It would fail at the update after its last step. Build it from placeholders, e.g. "
+            "total_steps=TrainerPlaceholderValues.TOTAL_NUM_UPDATE_STEPS.",
+        )
+    return scheduler
+
+
+def suggest_arguments(method: Callable[P, R]) -> Callable[P, R]:
+    """Turn an unknown keyword argument of an entry point into a ``TypeError`` with a suggestion.
+
+    ``train(batch_size=32)`` would fail with Python's generic message; this one names the
+    closest argument (``per_device_batch_size``).
+    """
+    signature = inspect.signature(method)
+
+    @functools.wraps(method)
+    def checked(*args: P.args, **kwargs: P.kwargs) -> R:
+        unknown = [name for name in kwargs if name not in signature.parameters]
+        if unknown:
+            known = [name for name in signature.parameters if name != "self"]
+            close = difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.5)
+            close = close or [name for name in known if unknown[0] in name][:1]
+            hint = f" Did you mean {close[0]}?" if close else ""
+            raise TypeError(
+                f"Trainer.{method.__name__}: unknown argument {unknown[0]!r}.{hint} "
+                f"The arguments are: {', '.join(known)}."
+            )
+        return method(*args, **kwargs)
+
+    return checked

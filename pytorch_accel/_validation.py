@@ -9,6 +9,8 @@ import numbers
 from collections.abc import Callable, Mapping, Sized
 from typing import Any, NoReturn
 
+import torch
+
 __all__ = [
     "check_batch_output",
     "check_callable",
@@ -18,6 +20,7 @@ __all__ = [
     "check_positive_number",
     "check_sized_dataset",
     "fail",
+    "inputs_and_targets",
 ]
 
 
@@ -189,7 +192,11 @@ def check_batch_output(batch_output: Any, method: str) -> dict[str, Any]:
         TypeError: If it is not a mapping.
         ValueError: If ``loss`` or ``batch_size`` is missing.
     """
-    if type(batch_output) is dict and "loss" in batch_output and "batch_size" in batch_output:
+    if (
+        type(batch_output) is dict
+        and isinstance(batch_output.get("loss"), torch.Tensor)
+        and "batch_size" in batch_output
+    ):
         return batch_output
     if not isinstance(batch_output, Mapping):
         raise TypeError(
@@ -203,4 +210,33 @@ def check_batch_output(batch_output: Any, method: str) -> dict[str, Any]:
             f"Trainer.{method} returned a dict without {missing} (keys: {sorted(batch_output)}). "
             "Return e.g. {'loss': loss, 'model_outputs': outputs, 'batch_size': targets.size(0)}."
         )
+    loss = batch_output["loss"]
+    if not isinstance(loss, torch.Tensor):
+        raise TypeError(
+            f"Trainer.{method} returned a loss of type {type(loss).__name__} ({loss!r}); it must "
+            "be the loss tensor, to back-propagate and track on the device. Return the tensor "
+            "itself, not loss.item()."
+        )
     return batch_output  # type: ignore[return-value]
+
+
+def inputs_and_targets(batch: Any, method: str) -> tuple[Any, Any]:
+    """Return ``batch[0], batch[1]``: the layout the default step methods read.
+
+    Args:
+        batch: A batch from the dataloader.
+        method: The step method reading it, for the message.
+
+    Raises:
+        TypeError: If the batch is not a tuple or list of at least two items.
+    """
+    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
+        return batch[0], batch[1]
+    layout = f"a {type(batch).__name__}" + (
+        f" of {len(batch)}" if isinstance(batch, (tuple, list)) else ""
+    )
+    raise TypeError(
+        f"Trainer.{method}: the default step reads batches as (inputs, targets), got {layout}. "
+        f"Return (inputs, targets) from the dataset (or a collate_fn), or override {method} "
+        "for other layouts (dicts, inputs only, several inputs)."
+    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import glob
 import hashlib
+import io
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,6 +23,7 @@ from torch import nn
 __all__ = [
     "CHECKSUM_KEY",
     "atomic_save",
+    "check_loadable",
     "checksum",
     "fsync_directory",
     "load_checkpoint_file",
@@ -277,6 +279,7 @@ def write_checkpoint(
         scheduler: Its state is saved, unless ``None``.
         extra: More entries (tensors, numbers, strings, containers).
     """
+    check_loadable(extra or {}, "save_checkpoint")
     checkpoint = {"model_state_dict": model_state_dict(accelerator, model)}
     if optimizer is not None:
         checkpoint["optimizer_state_dict"] = optimizer.state_dict()
@@ -298,6 +301,9 @@ def restore_checkpoint(
 ) -> dict[str, Any]:
     """Load a file of ``write_checkpoint`` into the model, and the optimizer and scheduler given.
 
+    Everything is checked before anything is changed: a file that does not fit leaves the
+    model, optimizer and scheduler as they were.
+
     Args:
         accelerator: The accelerator that prepared ``model``.
         path: The checkpoint file.
@@ -309,19 +315,85 @@ def restore_checkpoint(
         The whole checkpoint dict.
 
     Raises:
-        ValueError: If the file's model state does not fit ``model``.
+        ValueError: If the file's model, optimizer or scheduler state does not fit, naming the
+            file and the mismatch.
     """
     accelerator.wait_for_everyone()
     checkpoint = load_checkpoint_file(path)
     bare = accelerator.unwrap_model(model, keep_torch_compile=False)
-    try:
-        bare.load_state_dict(checkpoint["model_state_dict"])
-    except RuntimeError as error:
-        raise ValueError(
-            f"load_checkpoint: {os.fspath(path)!r} does not fit this model: {error}"
-        ) from error
-    if optimizer is not None and "optimizer_state_dict" in checkpoint:
-        optimizer.load_state_dict(checkpoint["optimizer_state_dict"])
-    if scheduler is not None and "scheduler_state_dict" in checkpoint:
-        scheduler.load_state_dict(checkpoint["scheduler_state_dict"])
+    parts: list[tuple[str, Any, Any]] = [("model", bare, checkpoint["model_state_dict"])]
+    for name, target in (("optimizer", optimizer), ("scheduler", scheduler)):
+        if target is not None and f"{name}_state_dict" in checkpoint:
+            parts.append((name, target, checkpoint[f"{name}_state_dict"]))
+    for name, target, state in parts:
+        problem = _misfit(name, target, state)
+        if problem:
+            raise ValueError(
+                f"load_checkpoint: {os.fspath(path)!r} does not fit this {name}: {problem}. "
+                "Nothing was loaded."
+            )
+    for _, target, state in parts:
+        target.load_state_dict(state)
     return checkpoint
+
+
+def _misfit(name: str, target: Any, state: Any) -> str:
+    """Describe why ``state`` does not fit ``target`` (a model, optimizer or scheduler), or ''."""
+    current = target.state_dict()
+    if name == "model":
+        missing = sorted(set(current) - set(state))
+        unexpected = sorted(set(state) - set(current))
+        shapes = [
+            f"{key}: saved {list(state[key].shape)}, model {list(current[key].shape)}"
+            for key in sorted(set(state) & set(current))
+            if hasattr(state[key], "shape") and state[key].shape != current[key].shape
+        ]
+        found = [f"missing {missing[:4]}"] * bool(missing)
+        found += [f"unexpected {unexpected[:4]}"] * bool(unexpected)
+        return "; ".join(found + shapes[:4])
+    if name == "optimizer":
+        saved_groups, groups = state.get("param_groups", []), current["param_groups"]
+        if [len(g["params"]) for g in saved_groups] != [len(g["params"]) for g in groups]:
+            return "its parameter groups hold other numbers of parameters"
+        # settings this optimizer does not have mean another kind of optimizer (fewer are
+        # fine: a checkpoint of an older torch lacks settings added since)
+        foreign = {key for group in saved_groups for key in group}
+        foreign -= {key for group in groups for key in group}
+        if foreign:
+            return (
+                f"it was saved by another kind of optimizer (with settings {sorted(foreign)}, "
+                f"which this trainer's {type(target).__name__} does not have); pass "
+                "load_optimizer=False to load the weights only"
+            )
+        return ""
+    if isinstance(state, Mapping) and set(state) != set(current):
+        return (
+            f"it was saved by another kind of scheduler (keys {sorted(state)[:6]}) than this "
+            f"trainer's {type(target).__name__}; pass load_scheduler=False"
+        )
+    return ""
+
+
+def check_loadable(entries: Mapping[str, Any], where: str) -> None:
+    """Raise if an entry would not load back with ``weights_only=True`` (checked on save).
+
+    Args:
+        entries: The user's extra checkpoint entries (``checkpoint_kwargs``).
+        where: The entry point, for the message.
+
+    Raises:
+        TypeError: Naming the entry and its type.
+    """
+    for key, value in entries.items():
+        buffer = io.BytesIO()
+        try:
+            torch.save(value, buffer)
+            buffer.seek(0)
+            torch.load(buffer, weights_only=True)
+        except Exception as error:
+            raise TypeError(
+                f"{where}: checkpoint_kwargs[{key!r}] is a {type(value).__name__}, which "
+                "load_checkpoint could not read back safely (weights_only=True). Keep entries to "
+                "tensors, numbers, strings and lists, tuples and dicts of them (e.g. str(path) "
+                f"for a Path). ({error})"
+            ) from error

@@ -7,6 +7,7 @@ re-exports it as ``pytorch_accel.callbacks.CallbackHandler``.
 from __future__ import annotations
 
 import difflib
+import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NoReturn
 
@@ -210,6 +211,7 @@ class CallbackHandler:
         self._events.add(name)
 
     def _register(self, callback: CallbackLike) -> TrainerCallback:
+        _check_callback_like(callback)
         instance = callback() if isinstance(callback, type) else callback
         order = getattr(instance, "order", 0)
         if isinstance(order, bool) or not isinstance(order, int):
@@ -224,15 +226,28 @@ class CallbackHandler:
         return instance
 
     def _check_event_methods(self, callback: object) -> None:
+        kind = type(callback).__name__
         for name in dir(callback):
-            unknown = name.startswith("on_") and name not in self._events
-            if unknown and callable(getattr(callback, name, None)):
+            meant = _meant_event(name, self._events)
+            if not (name.startswith("on_") or meant is not None):
+                continue  # not read: a property is not evaluated
+            method = getattr(callback, name, None)
+            if not callable(method):
+                continue
+            if name.startswith("on_") and name not in self._events:
                 raise ValueError(
-                    f"CallbackHandler: {type(callback).__name__}.{name} names no known "
+                    f"CallbackHandler: {kind}.{name} names no known "
                     f"event{_suggest(name, self._events)} If it is a custom event, list it "
-                    f"in {type(callback).__name__}.custom_events or call "
+                    f"in {kind}.custom_events or call "
                     f"register_event({name!r}) before adding the callback."
                 )
+            if meant is not None:
+                raise ValueError(
+                    f"CallbackHandler: {kind}.{name} looks like the event {meant!r} but is never "
+                    f"called: event methods are named exactly as the event. Rename it to {meant}."
+                )
+            if name in self._events and _overrides(callback, name):
+                _check_accepts_kwargs(kind, name, method)
 
     def _index(self) -> None:
         self._callbacks.sort(key=lambda callback: getattr(callback, "order", 0))
@@ -266,3 +281,39 @@ def _overrides(callback: object, event: str) -> bool:
 def _suggest(name: str, known: Iterable[str]) -> str:
     close = difflib.get_close_matches(name, sorted(known), n=1)
     return f" (did you mean {close[0]!r}?)." if close else "."
+
+
+def _check_callback_like(callback: object) -> None:
+    """Reject what cannot be a callback (a string, a plain function, ``None``)."""
+    kind = callback if isinstance(callback, type) else type(callback)
+    if issubclass(kind, TrainerCallback) or any(name.startswith("on_") for name in dir(kind)):
+        return
+    raise TypeError(
+        f"CallbackHandler: a callback must be a TrainerCallback instance or class, got "
+        f"{callback!r} ({kind.__name__}). Pass e.g. callbacks=(ProgressBarCallback(),); a "
+        "function is never called: put it in a TrainerCallback's on_* method."
+    )
+
+
+def _meant_event(name: str, events: Iterable[str]) -> str | None:
+    """The event a method name looks like without being it (no ``on_``, or capitalised)."""
+    if name.startswith("_") or name in events:
+        return None
+    for candidate in (f"on_{name}", name.lower(), f"on_{name.lower()}"):
+        if candidate != name and candidate in events:
+            return candidate
+    return None
+
+
+def _check_accepts_kwargs(kind: str, name: str, method: Callable[..., Any]) -> None:
+    """Reject an event method without ``**kwargs``, which would fail at its first event."""
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): let it be
+        return
+    if not any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters):
+        raise TypeError(
+            f"CallbackHandler: {kind}.{name} must accept **kwargs: events pass keyword "
+            f"arguments, and new ones may be added. Define it as "
+            f"def {name}(self, trainer, **kwargs)."
+        )

@@ -82,11 +82,15 @@ class Levels:
         trainer: Whose hooks run and whose ``callback_handler`` is called (read at every event,
             so a handler replaced between runs is used).
         agreement: The stop agreement between processes, or ``None`` with one process.
+
+    Attributes:
+        stopped_by: The ``StopTrainingError`` that ended the last run early, or ``None``.
     """
 
     def __init__(self, trainer: Trainer, agreement: StopAgreement | None) -> None:
         self._trainer = trainer
         self._agreement = agreement
+        self.stopped_by: StopTrainingError | None = None
 
     def run(
         self,
@@ -99,8 +103,11 @@ class Levels:
         """Fire ``level``'s start, run ``body(*args)``, then ``finish`` and the level's end.
 
         ``body`` may return extra keyword arguments for the end event. On a
-        ``StopTrainingError`` the level acts as its ``on_stop`` says.
+        ``StopTrainingError`` the level acts as its ``on_stop`` says; a run level (``"handle"``)
+        keeps the stop that ended it in ``stopped_by`` (``None`` when it ran to its end).
         """
+        if level.on_stop == "handle":
+            self.stopped_by = None
         try:
             self.fire(level.start_hook, level.start_event, kwargs)
             end_kwargs = body(*args) or {}
@@ -110,6 +117,7 @@ class Levels:
             if finish is not None:
                 finish()
             if level.on_stop == "handle":
+                self.stopped_by = error
                 self._announce_stop(error)
             self._dispatch(level.end_hook, level.end_event, kwargs)  # further stops are moot
             if level.on_stop == "close":

@@ -26,11 +26,12 @@ in nested partials, and inside lists, tuples and dicts among those arguments.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from enum import Enum
+from enum import Enum, EnumMeta
 from typing import TYPE_CHECKING, Any, Union
 
 if TYPE_CHECKING:
@@ -98,7 +99,22 @@ class _Arithmetic:
         return self._combine(operator.floordiv, other, reflected=True)  # type: ignore[no-any-return]
 
 
-class TrainerPlaceholderValues(_Arithmetic, Enum):
+class _PlaceholderType(EnumMeta):
+    """Names the valid placeholders when an unknown one is looked up (``P.NUM_EPOCH``)."""
+
+    def __getattr__(cls, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        members = list(cls.__members__)
+        close = difflib.get_close_matches(name, members, n=1)
+        hint = f" Did you mean {close[0]}?" if close else ""
+        raise AttributeError(
+            f"TrainerPlaceholderValues has no placeholder {name!r}.{hint} The placeholders are: "
+            f"{', '.join(members)}."
+        )
+
+
+class TrainerPlaceholderValues(_Arithmetic, Enum, metaclass=_PlaceholderType):
     """Values the trainer fills in at train time, after preparing the dataloaders.
 
     Attributes:

@@ -19,10 +19,12 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from pytorch_accel import _entry_checks as checks
+from pytorch_accel._validation import inputs_and_targets
 from pytorch_accel.callbacks.defaults import DEFAULT_CALLBACKS, with_environment_callbacks
 from pytorch_accel.checkpoint import restore_checkpoint, write_checkpoint
 from pytorch_accel.dataloaders import merge_dataloader_kwargs
 from pytorch_accel.distributed import StopAgreement, needs_cpu_distributed
+from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.evaluation_loop import EvaluationLoop
 from pytorch_accel.handler import CallbackHandler, CallbackLike
 from pytorch_accel.levels import EVALUATION_RUN, Levels
@@ -45,9 +47,6 @@ __all__ = [
 ]
 
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
-
-_LOSS_STEPS = ("calculate_train_batch_loss", "calculate_eval_batch_loss")
-"""The step methods whose default implementations call ``loss_func``."""
 
 
 class Trainer:
@@ -93,7 +92,7 @@ class Trainer:
         callbacks: Iterable[CallbackLike] = DEFAULT_CALLBACKS,
         run_history: RunHistory | None = None,
     ) -> None:
-        checks.check_constructor_arguments(model, loss_func, optimizer, run_history)
+        checks.check_constructor_arguments(model, loss_func, optimizer, callbacks, run_history)
         self.model = model
         self.loss_func = loss_func
         self.optimizer = optimizer
@@ -120,13 +119,10 @@ class Trainer:
         self._states = TrainingStateIO(self, self._preparation, self._loop)
         self.callback_handler.call_event("on_init_end", self)
 
-    # ----------------------------------------------------------------- construction hooks
-
     def _create_callback_handler(self, callbacks: Iterable[CallbackLike]) -> CallbackHandler:
         """Create the ``CallbackHandler``, with this trainer's ``custom_events``.
 
-        When the ``PYTORCH_ACCEL_LIMIT_BATCHES`` environment variable is set (see
-        ``LimitBatches``), a ``LimitBatchesCallback`` is added unless one was given.
+        A ``LimitBatchesCallback`` is added if ``PYTORCH_ACCEL_LIMIT_BATCHES`` is set.
         """
         return CallbackHandler(with_environment_callbacks(callbacks), events=self.custom_events)
 
@@ -144,8 +140,6 @@ class Trainer:
             cpu=needs_cpu_distributed(),
             dataloader_config=DataLoaderConfiguration(non_blocking=True),
         )
-
-    # --------------------------------------------------------------------- public surface
 
     @property
     def accelerator(self) -> Accelerator:
@@ -187,6 +181,16 @@ class Trainer:
         return self._loop.num_updates
 
     @property
+    def is_training(self) -> bool:
+        """Whether ``train()`` is running (for callbacks that also serve ``evaluate()``)."""
+        return self._loop.running
+
+    @property
+    def stopped_by(self) -> StopTrainingError | None:
+        """The ``StopTrainingError`` that ended the last run early (``None``: it ran to its end)."""
+        return self._levels.stopped_by
+
+    @property
     def resumed_from(self) -> Path | None:
         """The training state the current (or last) ``train()`` resumed from, if any."""
         return self._loop.resumed_from
@@ -200,8 +204,7 @@ class Trainer:
         """
         return self._loop.grad_norm
 
-    # ------------------------------------------------------------------------ entry points
-
+    @checks.suggest_arguments
     def train(
         self,
         train_dataset: Any,
@@ -245,9 +248,8 @@ class Trainer:
                 afresh if there is none yet.
         """
         checks.check_train_arguments(locals())
-        checks.check_progress_interval("Trainer.train", self.progress_interval)
-        loss_steps = _LOSS_STEPS if eval_dataset is not None else _LOSS_STEPS[:1]
-        self._check_loss_func("Trainer.train", loss_steps)
+        has_eval = eval_dataset is not None
+        checks.check_loss_func("Trainer.train", self, Trainer, with_train=True, with_eval=has_eval)
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self.create_scheduler_fn, self.collate_fn = create_scheduler_fn, collate_fn
         if reset_run_history:
@@ -258,8 +260,12 @@ class Trainer:
         if eval_dataset is not None:
             eval_dl = self.create_eval_dataloader(per_device_batch_size, eval_dataloader_kwargs)
         self._preparation.prepare(self, train_dl, eval_dl)
-        assert self._preparation.train_dataloader is not None
-        checks.check_has_batches(self._preparation.train_dataloader, self._train_dl_kwargs)
+        checks.check_has_batches(
+            "Trainer.train",
+            self._preparation,
+            train_dataloader_kwargs=self._train_dl_kwargs,
+            eval_dataloader_kwargs=self._eval_dl_kwargs,
+        )
         self.run_config = self._create_run_config(
             num_epochs=num_epochs,
             gradient_accumulation_steps=gradient_accumulation_steps,
@@ -272,6 +278,7 @@ class Trainer:
         self.optimizer.zero_grad()  # a stop inside an accumulation window leaves gradients behind
         self._loop.run(self._states.resume_point(resume_from))
 
+    @checks.suggest_arguments
     def evaluate(
         self,
         dataset: Any = None,
@@ -292,16 +299,17 @@ class Trainer:
         """
         dataset = self.eval_dataset if dataset is None else dataset
         checks.check_evaluate_arguments(dataset, per_device_batch_size, dataloader_kwargs)
-        self._check_loss_func("Trainer.evaluate", ("calculate_eval_batch_loss",))
-        checks.check_progress_interval("Trainer.evaluate", self.progress_interval)
+        checks.check_loss_func("Trainer.evaluate", self, Trainer, with_train=False, with_eval=True)
+        checks.check_trainer_settings("Trainer.evaluate", self)
         self.eval_dataset, self.collate_fn = dataset, collate_fn
         self._train_dl_kwargs = {}
         eval_dl = self.create_eval_dataloader(per_device_batch_size, dataloader_kwargs)
         self._preparation.prepare(self, None, eval_dl)
+        checks.check_has_batches(
+            "Trainer.evaluate", self._preparation, dataloader_kwargs=self._eval_dl_kwargs
+        )
         self.run_config = self._create_run_config(num_epochs=1)
         self._levels.run(EVALUATION_RUN, functools.partial(self._loop.evaluate, "evaluation_loss"))
-
-    # --------------------------------------------------------------------- overridable steps
 
     def create_train_dataloader(
         self, batch_size: int, train_dl_kwargs: Mapping[str, Any] | None = None
@@ -342,7 +350,8 @@ class Trainer:
         which would step it once per process per update.
         """
         factory = replace_trainer_placeholder_values(self, self.create_scheduler_fn)
-        scheduler = factory(self._preparation.direct_optimizer or self.optimizer)
+        optimizer = self._preparation.direct_optimizer or self.optimizer
+        scheduler = checks.created_scheduler(factory, optimizer, self.run_config)
         check_resolved(scheduler, "Trainer.create_scheduler")
         return scheduler
 
@@ -363,7 +372,7 @@ class Trainer:
             A dict with ``loss`` (the batch's mean loss, un-scaled), ``model_outputs`` and
             ``batch_size``. Gradient accumulation scaling happens in the loop.
         """
-        inputs, targets = batch[0], batch[1]
+        inputs, targets = inputs_and_targets(batch, "calculate_train_batch_loss")
         model_outputs = self.model(inputs)
         loss = self.loss_func(model_outputs, targets)  # type: ignore[misc]  # checked by train()
         return {"loss": loss, "model_outputs": model_outputs, "batch_size": targets.shape[0]}
@@ -413,7 +422,7 @@ class Trainer:
             A dict with ``loss``, ``model_outputs`` and ``batch_size``.
         """
         with torch.no_grad():
-            inputs, targets = batch[0], batch[1]
+            inputs, targets = inputs_and_targets(batch, "calculate_eval_batch_loss")
             model_outputs = self.model(inputs)
             loss = self.loss_func(model_outputs, targets)  # type: ignore[misc]  # checked on entry
         return {"loss": loss, "model_outputs": model_outputs, "batch_size": targets.shape[0]}
@@ -432,8 +441,6 @@ class Trainer:
 
     def evaluation_run_end(self) -> None:
         """Hook at the end of an evaluation run."""
-
-    # ---------------------------------------------------------------------- utilities
 
     def gather(self, tensor: Any, padding_value: float | None = None) -> Any:
         """Gather tensors from all processes, concatenated on the first dimension.
@@ -515,8 +522,6 @@ class Trainer:
             self._accelerator, checkpoint_path, self.model, optimizer, scheduler
         )
 
-    # ------------------------------------------------------------------- training states
-
     def save_training_state(self, output_dir: str | os.PathLike[str]) -> Path:
         """Save everything needed to continue this run exactly, atomically, to a directory.
 
@@ -593,8 +598,3 @@ class Trainer:
             num_epochs=num_epochs,
             **train_settings,
         )
-
-    def _check_loss_func(self, where: str, steps: tuple[str, ...]) -> None:
-        """Reject ``loss_func=None`` if one of ``steps`` is the default, which calls it."""
-        defaults = [step for step in steps if getattr(type(self), step) is getattr(Trainer, step)]
-        checks.check_loss_func(where, self.loss_func, defaults)

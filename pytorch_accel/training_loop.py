@@ -19,13 +19,13 @@ callback records, and where saving is allowed: between steps and between epochs 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import torch
 
 from pytorch_accel._validation import check_batch_output, fail
 from pytorch_accel.accumulation import AccumulationPlan
-from pytorch_accel.evaluation_loop import EvaluationLoop
+from pytorch_accel.evaluation_loop import EvaluationLoop, shape_mismatches_raise
 from pytorch_accel.levels import TRAIN_EPOCH, TRAIN_STEP, TRAIN_STEP_EVENTS, TRAINING_RUN, Levels
 from pytorch_accel.preparation import Preparation
 from pytorch_accel.progress_events import ProgressEvents
@@ -54,6 +54,7 @@ class TrainingLoop:
         grad_norm: The total gradient norm of the last update, when clipping by norm.
         progress: The progress events of the current training epoch.
         resumed_from: The training state the current (or last) run resumed from, if any.
+        running: Whether a training run is in progress.
     """
 
     def __init__(
@@ -71,7 +72,7 @@ class TrainingLoop:
         self.progress = self._progress_events()
         self.resumed_from: Path | None = None
         self._resume: ResumePoint | None = None
-        self._running = False
+        self.running = False
         self.savable: Literal["step", "epoch", "end"] | None = None
         self._epoch_index = 0
         self._finished_epochs = 0
@@ -80,12 +81,13 @@ class TrainingLoop:
 
     def run(self, resume: ResumePoint | None) -> None:
         """Run a training run, continuing ``resume`` if given."""
-        self._resume, self._running = resume, True
+        self._resume, self.running = resume, True
         self.resumed_from = None if resume is None else resume.directory
         try:
-            self._levels.run(TRAINING_RUN, self._epochs)
+            with shape_mismatches_raise("Trainer.train"):
+                self._levels.run(TRAINING_RUN, self._epochs)
         finally:
-            self._running, self._resume, self.savable = False, None, None
+            self.running, self._resume, self.savable = False, None, None
 
     def _epochs(self) -> None:
         config = self._config()
@@ -161,6 +163,8 @@ class TrainingLoop:
             trainer.calculate_train_batch_loss(batch), "calculate_train_batch_loss"
         )
         loss = batch_output["loss"]
+        if not loss.requires_grad:
+            _no_gradient(loss)
         self.loss_tracker.update(loss, batch_output["batch_size"])
         handler = trainer.callback_handler  # an event nobody listens to costs one set look-up
         if "on_backward_start" in handler.active_events:
@@ -246,7 +250,7 @@ class TrainingLoop:
         Raises:
             RuntimeError: Inside ``train()`` anywhere but between steps or between epochs.
         """
-        if not self._running or self.savable == "end":
+        if not self.running or self.savable == "end":
             return Position(self._finished_epochs, 0, in_run=False)
         if self.savable == "step":
             return Position(self._epoch_index, self.progress.done, in_run=True)
@@ -273,3 +277,12 @@ class TrainingLoop:
         return ProgressEvents(
             trainer.callback_handler, trainer, "on_train_progress", trainer.progress_interval
         )
+
+
+def _no_gradient(loss: torch.Tensor) -> NoReturn:
+    raise ValueError(
+        "Trainer.calculate_train_batch_loss returned a loss that does not require grad "
+        f"({loss!r}), so there is nothing to back-propagate: the model's parameters are all "
+        "frozen (requires_grad=False), or the loss was computed under torch.no_grad() or from "
+        "detached values. Unfreeze some parameters, or compute the loss from the model's outputs."
+    )

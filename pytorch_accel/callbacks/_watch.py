@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -57,13 +58,58 @@ def check_non_negative_number(where: str, name: str, value: object) -> None:
         fail(ValueError, where, name, value, expected, f"Pass {name} >= 0 (0: any improvement).")
 
 
-def check_path(where: str, name: str, value: object, *, allow_none: bool = False) -> None:
-    """Raise unless ``value`` is a non-empty ``str`` or ``os.PathLike`` (or None when allowed)."""
+def check_path(
+    where: str,
+    name: str,
+    value: object,
+    *,
+    allow_none: bool = False,
+    directory: bool = False,
+) -> None:
+    """Raise unless ``value`` is a usable path for a file (or a ``directory``), or None if allowed.
+
+    It must be a non-empty ``str`` or ``os.PathLike``; an existing path must be of the right
+    kind (a file where a directory is needed fails at the first save, not here, otherwise).
+    """
     if value is None and allow_none:
         return
-    expected = "a file path" + (" or None" if allow_none else "")
+    kind = "directory" if directory else "file"
+    expected = f"a {kind} path" + (" or None" if allow_none else "")
+    example = "checkpoints" if directory else "checkpoints/model.pt"
     if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
-        fail(TypeError, where, name, value, expected, f"Pass e.g. {name}='checkpoints/model.pt'.")
+        fail(TypeError, where, name, value, expected, f"Pass e.g. {name}={example!r}.")
+    path = os.fspath(value)
+    wrong_kind = os.path.isfile(path) if directory else os.path.isdir(path)
+    if wrong_kind:
+        fail(
+            ValueError,
+            where,
+            name,
+            value,
+            expected,
+            f"It names an existing {'file' if directory else 'directory'}; pass a {kind} path.",
+        )
+
+
+def resolve_direction(where: str, metric_name: str, greater_is_better: bool | None) -> bool:
+    """Return whether a higher ``metric_name`` is better, warning when it is only assumed.
+
+    ``None`` means lower is better (the default for losses); for a metric whose name holds
+    neither "loss" nor "error", a warning says that a rise will count as worse.
+    """
+    if greater_is_better is not None:
+        check_bool(where, "greater_is_better", greater_is_better)
+        return greater_is_better
+    lowered = metric_name.lower()
+    if not any(word in lowered for word in ("loss", "error", "perplexity")):
+        warnings.warn(
+            f"{where}: watching {metric_name!r} as lower-is-better (the default, for losses). "
+            f"If a higher {metric_name} is better (an accuracy, a score), pass "
+            "greater_is_better=True; pass greater_is_better=False to silence this warning.",
+            UserWarning,
+            stacklevel=3,
+        )
+    return False
 
 
 def value_of_main_process(trainer: Trainer, value: float) -> float:

@@ -12,6 +12,7 @@ from pytorch_accel.callbacks._watch import (
     check_bool,
     check_metric_name,
     check_non_negative_number,
+    resolve_direction,
 )
 from pytorch_accel.errors import StopTrainingError
 
@@ -48,7 +49,8 @@ class EarlyStoppingCallback(TrainerCallback):
         early_stopping_patience: Epochs without improvement after which training stops.
         early_stopping_threshold: The absolute change that counts as an improvement (>= 0).
         watch_metric: The run-history metric to watch.
-        greater_is_better: Whether larger values of the metric are better.
+        greater_is_better: Whether larger values of the metric are better. Left out, lower is
+            better, with a warning unless the metric's name says it is a loss or an error.
         reset_on_train: Forget the best value and the count at the start of each ``train()``;
             ``False`` carries them over from earlier runs.
 
@@ -76,14 +78,14 @@ class EarlyStoppingCallback(TrainerCallback):
         early_stopping_patience: int = 1,
         early_stopping_threshold: float = 0.01,
         watch_metric: str = "eval_loss_epoch",
-        greater_is_better: bool = False,
+        greater_is_better: bool | None = None,
         reset_on_train: bool = True,
     ) -> None:
         where = "EarlyStoppingCallback"
         check_positive_int(where, "early_stopping_patience", early_stopping_patience)
         check_non_negative_number(where, "early_stopping_threshold", early_stopping_threshold)
         check_metric_name(where, "watch_metric", watch_metric)
-        check_bool(where, "greater_is_better", greater_is_better)
+        greater_is_better = resolve_direction(where, watch_metric, greater_is_better)
         check_bool(where, "reset_on_train", reset_on_train)
         self.early_stopping_patience = early_stopping_patience
         self.early_stopping_threshold = float(early_stopping_threshold)

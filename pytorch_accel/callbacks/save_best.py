@@ -14,6 +14,7 @@ from pytorch_accel.callbacks._watch import (
     check_bool,
     check_metric_name,
     check_path,
+    resolve_direction,
     value_of_main_process,
 )
 
@@ -55,7 +56,8 @@ class SaveBestModelCallback(TrainerCallback):
     Args:
         save_path: The file of the best checkpoint.
         watch_metric: The run-history metric that ranks the epochs.
-        greater_is_better: Whether larger values of the metric are better.
+        greater_is_better: Whether larger values of the metric are better. Left out, lower is
+            better, with a warning unless the metric's name says it is a loss or an error.
         reset_on_train: Start a new ranking at each ``train()``; ``False`` keeps the best of
             earlier runs (a later run then saves only what beats them).
         save_optimizer: Include the optimizer state in the checkpoints.
@@ -88,7 +90,7 @@ class SaveBestModelCallback(TrainerCallback):
         self,
         save_path: str | os.PathLike[str] = "best_model.pt",
         watch_metric: str = "eval_loss_epoch",
-        greater_is_better: bool = False,
+        greater_is_better: bool | None = None,
         reset_on_train: bool = True,
         save_optimizer: bool = True,
         save_scheduler: bool = True,
@@ -98,8 +100,8 @@ class SaveBestModelCallback(TrainerCallback):
         where = "SaveBestModelCallback"
         check_path(where, "save_path", save_path)
         _check_watch_metric(where, watch_metric)
+        greater_is_better = resolve_direction(where, watch_metric, greater_is_better)
         for name, flag in (
-            ("greater_is_better", greater_is_better),
             ("reset_on_train", reset_on_train),
             ("save_optimizer", save_optimizer),
             ("save_scheduler", save_scheduler),

@@ -80,7 +80,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         exit_on_preemption: bool = True,
     ) -> None:
         where = "SaveTrainingStateCallback"
-        check_path(where, "save_dir", save_dir)
+        check_path(where, "save_dir", save_dir, directory=True)
         check_positive_int(where, "save_every_n_epochs", save_every_n_epochs, allow_none=True)
         check_positive_int(where, "save_every_n_steps", save_every_n_steps, allow_none=True)
         check_bool(where, "save_at_end", save_at_end)
@@ -215,7 +215,21 @@ def _check_signals(where: str, signals: Iterable[int]) -> tuple[int, ...]:
             "signal numbers",
             "Pass e.g. (signal.SIGTERM, signal.SIGUSR1), or () to handle none.",
         )
+    uncatchable = [signum.name for signum in checked if signum in _UNCATCHABLE]
+    if uncatchable:
+        fail(
+            ValueError,
+            where,
+            "preemption_signals",
+            uncatchable,
+            "signals a process can catch",
+            "SIGKILL and SIGSTOP cannot be handled, so nothing could be saved on them; Slurm "
+            "and Kubernetes send SIGTERM (or a signal you choose, e.g. SIGUSR1) first.",
+        )
     return tuple(int(signum) for signum in checked)
+
+
+_UNCATCHABLE = frozenset({signal.SIGKILL, signal.SIGSTOP})
 
 
 def _is_state_name(name: str) -> bool:

@@ -89,11 +89,9 @@ def test_collection_with_prefixes_and_training_metrics_counts_every_sample_once(
 
 def test_default_prepare_passes_regression_outputs_through() -> None:
     metrics = MetricsCallback(MeanSquaredError())
+    model = make_model()
     trainer = Trainer(
-        make_model(),
-        nn.MSELoss(),
-        torch.optim.SGD(make_model().parameters(), lr=0.05),
-        callbacks=(metrics,),
+        model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.05), callbacks=(metrics,)
     )
     trainer.train(
         make_regression_dataset(32),

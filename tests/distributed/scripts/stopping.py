@@ -84,8 +84,9 @@ def checkpoint_and_print(out_dir: Path) -> dict[str, Any]:
     path = out_dir / "model.pt"
     trainer.save_checkpoint(path)
     trained = flat_params(trainer.get_model())
+    other_model = make_model(seed=3)
     other = Trainer(
-        make_model(seed=3), nn.MSELoss(), torch.optim.SGD(make_model().parameters(), lr=0.05), ()
+        other_model, nn.MSELoss(), torch.optim.SGD(other_model.parameters(), lr=0.05), ()
     )
     other.load_checkpoint(path)
     trainer.print("PRINTED-ONCE")
