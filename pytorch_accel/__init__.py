@@ -3,6 +3,8 @@
 The API of pytorch-accelerated, with its known defects fixed: port code by changing the import.
 """
 
+import logging
+
 from accelerate import notebook_launcher
 from accelerate.utils import set_seed
 
@@ -11,4 +13,18 @@ from pytorch_accel.trainer import Trainer
 
 __version__ = "0.1.0"
 
-__all__ = ["Trainer", "TrainerPlaceholderValues", "__version__", "notebook_launcher", "set_seed"]
+accelerate_notebook_launcher = notebook_launcher
+"""pytorch-accelerated's name for accelerate's ``notebook_launcher``."""
+
+logger = logging.getLogger("pytorch_accel")
+"""The library's logger (pytorch-accelerated's ``logger``); configure it with ``logging``."""
+
+__all__ = [
+    "Trainer",
+    "TrainerPlaceholderValues",
+    "__version__",
+    "accelerate_notebook_launcher",
+    "logger",
+    "notebook_launcher",
+    "set_seed",
+]

@@ -366,6 +366,9 @@ def _misfit(name: str, target: Any, state: Any) -> str:
                 "load_optimizer=False to load the weights only"
             )
         return ""
+    translate = getattr(target, "translate_state_dict", None)  # pytorch_accel's schedulers
+    if callable(translate) and isinstance(state, Mapping):
+        state = translate(state)
     if isinstance(state, Mapping) and set(state) != set(current):
         return (
             f"it was saved by another kind of scheduler (keys {sorted(state)[:6]}) than this "

@@ -14,6 +14,7 @@ __all__ = [
     "default_num_workers",
     "merge_dataloader_kwargs",
     "seed_worker",
+    "worker_init_fn",
 ]
 
 _MAX_DEFAULT_WORKERS = 4
@@ -56,6 +57,14 @@ def seed_worker(worker_id: int) -> None:
     import numpy as np
 
     np.random.seed(torch.initial_seed() % 2**32)
+
+
+worker_init_fn = seed_worker
+"""pytorch-accelerated's name for the workers' set-up function, which is ``seed_worker`` here.
+
+Its version returned ``torch.seed() + worker_id`` without seeding anything (``torch.seed()``
+re-seeds torch at random), which made every run's workers draw differently.
+"""
 
 
 def default_dataloader_kwargs(

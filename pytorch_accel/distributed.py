@@ -15,6 +15,7 @@ __all__ = [
     "check_world_size",
     "launcher_world_size",
     "needs_cpu_distributed",
+    "remove_padding",
 ]
 
 _WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
@@ -103,3 +104,22 @@ class StopAgreement:
     def agreed(self, error: StopTrainingError) -> bool:
         """Whether ``error`` is the stop every process already agreed on (and is raising)."""
         return error is self._agreed
+
+
+def remove_padding(padded_tensor: torch.Tensor, pad_value: float) -> torch.Tensor:
+    """Drop the rows of a gathered tensor that consist of padding only.
+
+    After ``Trainer.gather(..., padding_value=pad_value)``, the rows that are ``pad_value``
+    everywhere are the padding.
+
+    Args:
+        padded_tensor: The tensor, padded along its first dimension.
+        pad_value: The padding value.
+
+    Returns:
+        The rows that hold anything but padding.
+    """
+    padding = padded_tensor == pad_value
+    while padding.ndim > 1:
+        padding = padding.all(dim=-1)
+    return padded_tensor[~padding]

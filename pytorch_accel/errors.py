@@ -6,7 +6,7 @@ Part of the core: the loop catches it and every layer above may raise it. It is 
 
 from __future__ import annotations
 
-__all__ = ["StopTrainingError"]
+__all__ = ["CallbackMethodNotImplementedError", "StopTrainingError"]
 
 
 class StopTrainingError(Exception):
@@ -14,4 +14,11 @@ class StopTrainingError(Exception):
 
     The open epoch and run levels are closed (their end events fire), then
     ``on_stop_training_error`` and the run's end events fire. ``train()`` returns normally.
+    """
+
+
+class CallbackMethodNotImplementedError(Exception):
+    """pytorch-accelerated's signal that a callback lacks an event's method; kept for ported code.
+
+    pytorch-accel never raises it: a callback is called only for the events it defines.
     """

@@ -143,7 +143,7 @@ class CallbackHandler:
             **kwargs: Keyword arguments for the event.
 
         Raises:
-            ValueError: If the event was never registered.
+            ValueError: If the event was never registered and no callback defines it.
             StopTrainingError: The first one a callback raised, after all were called.
         """
         stop = self.dispatch(event, args, kwargs)
@@ -182,11 +182,11 @@ class CallbackHandler:
             The first ``StopTrainingError`` a callback raised, or ``None``.
 
         Raises:
-            ValueError: If the event was never registered.
+            ValueError: If the event was never registered and no callback defines it.
         """
         listeners = self._listeners.get(event)
         if listeners is None:
-            self._reject_unknown_event(event)
+            listeners = self._implementers(event)
         stop: StopTrainingError | None = None
         for listener in listeners:
             try:
@@ -195,11 +195,27 @@ class CallbackHandler:
                 stop = stop or error
         return stop
 
+    def _implementers(self, event: str) -> tuple[Callable[..., Any], ...]:
+        """The methods named ``event`` of the callbacks, for an event never registered.
+
+        pytorch-accelerated fires any name (``call_event("verify_train_batch", ...)``); such
+        an event reaches the callbacks that define it. A name no callback defines is still a
+        typo, and rejected.
+        """
+        found = tuple(
+            method
+            for callback in self._callbacks
+            if callable(method := getattr(callback, event, None))
+        )
+        if not found:
+            self._reject_unknown_event(event)
+        return found
+
     def _reject_unknown_event(self, event: str) -> NoReturn:
         suggestion = _suggest(event, self._events)
         raise ValueError(
-            f"CallbackHandler.call_event: unknown event {event!r}{suggestion} "
-            f"Register custom events first with register_event({event!r})."
+            f"CallbackHandler.call_event: unknown event {event!r}{suggestion} No callback "
+            f"defines it; register custom events first with register_event({event!r})."
         )
 
     def _add_event(self, name: str) -> None:

@@ -10,7 +10,7 @@ trainer to call directly (``direct_optimizer``).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 
 from pytorch_accel.dataloaders import default_dataloader_kwargs
 from pytorch_accel.resumable_loader import ResumableLoader, make_resumable
+from pytorch_accel.run_config import TrainerRunConfig, create_run_config
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer
@@ -82,6 +83,18 @@ class Preparation:
             num_local_processes=num_local_processes(self._accelerator),
             device=self._accelerator.device,
             collate_fn=collate_fn,
+        )
+
+    def run_config(
+        self,
+        limit_train_batches: int | None,
+        dl_kwargs: tuple[Mapping[str, Any], Mapping[str, Any]],
+        **settings: Any,
+    ) -> TrainerRunConfig:
+        """Describe the run over the prepared dataloaders (see ``create_run_config``)."""
+        train_dataloader = self.train_dataloader
+        return create_run_config(
+            self._accelerator, train_dataloader, limit_train_batches, dl_kwargs, **settings
         )
 
     def prepare_model_and_optimizer(self, trainer: Trainer) -> None:

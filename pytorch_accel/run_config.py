@@ -17,7 +17,10 @@ __all__ = ["TrainerRunConfig", "create_run_config"]
 class TrainerRunConfig:
     """The settings of the current ``train()`` or ``evaluate()`` call, fixed when it starts.
 
-    The field names are those of pytorch-accelerated, so ported callbacks keep working. Counts of
+    The field names and order are those of pytorch-accelerated, so ported code keeps working
+    (the three fields it did not have come last, with defaults derived from the others when a
+    config is built by hand: ``max_grad_norm`` ``None``, ``total_num_update_steps`` and
+    ``train_dataloader_len`` from the update counts). Counts of
     updates are per process: that is the unit a scheduler is stepped in, because every process
     steps its own scheduler once per optimizer update.
 
@@ -53,19 +56,30 @@ class TrainerRunConfig:
     eval_dl_kwargs: dict[str, Any]
     gradient_accumulation_steps: int
     gradient_clip_value: float | None
-    max_grad_norm: float | None
     train_total_batch_size: int
     eval_total_batch_size: int
     num_update_steps_per_epoch: int
     num_local_update_steps_per_epoch: int
-    total_num_update_steps: int
-    train_dataloader_len: int
     max_num_train_steps: int | None
     is_local_process_zero: bool
     is_world_process_zero: bool
     is_distributed: bool
     mixed_precision: str
     num_processes: int
+    max_grad_norm: float | None = None
+    total_num_update_steps: int = -1
+    train_dataloader_len: int = -1
+
+    def __post_init__(self) -> None:
+        """Derive the fields pytorch-accelerated did not have, when a config is built by hand."""
+        if self.train_dataloader_len < 0:
+            batches = self.num_update_steps_per_epoch * self.gradient_accumulation_steps
+            object.__setattr__(self, "train_dataloader_len", batches)
+        if self.total_num_update_steps < 0:
+            total = self.num_update_steps_per_epoch * self.num_epochs
+            if self.max_num_train_steps is not None:
+                total = min(total, self.max_num_train_steps)
+            object.__setattr__(self, "total_num_update_steps", total)
 
     def to_dict(self) -> dict[str, Any]:
         """Return the fields as a dict (shallow: samplers and generators are kept as they are).

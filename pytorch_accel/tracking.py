@@ -238,7 +238,9 @@ class LossTracker:
         self._last_folded: torch.Tensor | None = None
         self._pending: list[tuple[torch.Tensor, int | torch.Tensor]] = []
 
-    def update(self, loss_batch_value: torch.Tensor, batch_size: int | torch.Tensor = 1) -> None:
+    def update(
+        self, loss_batch_value: torch.Tensor | float, batch_size: int | torch.Tensor = 1
+    ) -> None:
         """Add one batch: its mean loss and the number of samples it holds.
 
         Only a reference is kept (the count and the last value are derived when read), so a
@@ -246,12 +248,15 @@ class LossTracker:
 
         Args:
             loss_batch_value: The batch's mean loss (a scalar tensor; a tensor of per-sample
-                losses is averaged).
+                losses is averaged; a Python number is accepted, on the CPU).
             batch_size: The number of samples the loss was averaged over.
         """
         # ``.data`` is ``detach()`` without the trip through the dispatcher; the value is only
         # ever read, so nothing needs the version counter ``detach()`` would share.
-        value = loss_batch_value.data
+        try:
+            value = loss_batch_value.data  # type: ignore[union-attr]
+        except AttributeError:  # a Python number (``loss.item()``), as ported code passes
+            value = torch.tensor(float(loss_batch_value))
         if value.ndim:
             value = value.mean()
         pending = self._pending

@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from pytorch_accel import _entry_checks as checks
+from pytorch_accel._compat import trainer_module_attribute as __getattr__  # noqa: F401
 from pytorch_accel._validation import inputs_and_targets
 from pytorch_accel.callbacks.defaults import DEFAULT_CALLBACKS, with_environment_callbacks
 from pytorch_accel.checkpoint import restore_checkpoint, write_checkpoint
@@ -34,7 +35,7 @@ from pytorch_accel.placeholders import (
     replace_trainer_placeholder_values,
 )
 from pytorch_accel.preparation import Preparation
-from pytorch_accel.run_config import TrainerRunConfig, create_run_config
+from pytorch_accel.run_config import TrainerRunConfig
 from pytorch_accel.state_io import TrainingStateIO
 from pytorch_accel.tracking import InMemoryRunHistory, LossTracker, RunHistory
 from pytorch_accel.training_loop import TrainingLoop
@@ -176,9 +177,14 @@ class Trainer:
         """Optimizer updates (attempted, on this process) so far in the current ``train()``.
 
         It counts the update in progress from ``on_optimizer_step_end`` on, so the scheduler
-        step of the k-th update sees ``k`` (1-based).
+        step of the k-th update sees ``k`` (1-based). Assigning it (as pytorch-accelerated's
+        timm examples do) sets what it reads; the loop keeps its own count.
         """
-        return self._loop.num_updates
+        return self._loop.visible_num_updates
+
+    @num_updates.setter
+    def num_updates(self, value: int | None) -> None:
+        self._loop.assign_num_updates(value)
 
     @property
     def is_training(self) -> bool:
@@ -266,7 +272,9 @@ class Trainer:
             train_dataloader_kwargs=self._train_dl_kwargs,
             eval_dataloader_kwargs=self._eval_dl_kwargs,
         )
-        self.run_config = self._create_run_config(
+        self.run_config = self._preparation.run_config(
+            self.limit_train_batches,
+            (self._train_dl_kwargs, self._eval_dl_kwargs),
             num_epochs=num_epochs,
             gradient_accumulation_steps=gradient_accumulation_steps,
             max_num_train_steps=max_num_train_steps,
@@ -308,7 +316,9 @@ class Trainer:
         checks.check_has_batches(
             "Trainer.evaluate", self._preparation, dataloader_kwargs=self._eval_dl_kwargs
         )
-        self.run_config = self._create_run_config(num_epochs=1)
+        self.run_config = self._preparation.run_config(
+            None, ({}, self._eval_dl_kwargs), num_epochs=1
+        )
         self._levels.run(EVALUATION_RUN, functools.partial(self._loop.evaluate, "evaluation_loss"))
 
     def create_train_dataloader(
@@ -588,13 +598,3 @@ class Trainer:
             ValueError: If the current run has no eval set.
         """
         self._loop.run_eval_epoch(metric_name, is_intermediate)
-
-    def _create_run_config(self, num_epochs: int, **train_settings: Any) -> TrainerRunConfig:
-        return create_run_config(
-            self._accelerator,
-            self._preparation.train_dataloader,
-            self.limit_train_batches,
-            (self._train_dl_kwargs, self._eval_dl_kwargs),
-            num_epochs=num_epochs,
-            **train_settings,
-        )

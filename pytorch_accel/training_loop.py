@@ -18,6 +18,7 @@ callback records, and where saving is allowed: between steps and between epochs 
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
@@ -68,6 +69,7 @@ class TrainingLoop:
         self._preparation, self._evaluation = preparation, evaluation
         self.loss_tracker = LossTracker()
         self.num_updates = 0
+        self._assigned_updates: int | None = None
         self.grad_norm: torch.Tensor | None = None
         self.progress = self._progress_events()
         self.resumed_from: Path | None = None
@@ -232,6 +234,27 @@ class TrainingLoop:
             self.evaluate(metric_name, is_intermediate)
         finally:
             self._trainer.model.train(was_training)
+
+    @property
+    def visible_num_updates(self) -> int:
+        """``Trainer.num_updates``: the count, or the value a subclass assigned to it."""
+        return self.num_updates if self._assigned_updates is None else self._assigned_updates
+
+    def assign_num_updates(self, value: int | None) -> None:
+        """Let ``Trainer.num_updates`` read ``value`` (``None``: the count again).
+
+        Code ported from pytorch-accelerated keeps its own update count in this attribute;
+        the loop's stays separate, so the run still ends where it should.
+        """
+        if value is not None:
+            warnings.warn(
+                "Assigning Trainer.num_updates only changes what it reads: the trainer counts "
+                "the updates itself (and TrainerWithTimmScheduler steps timm schedulers with "
+                "that count).",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+        self._assigned_updates = value
 
     def evaluate(self, metric_name: str, is_intermediate: bool = False) -> None:
         """Run an eval epoch; no training state may be saved inside it."""

@@ -56,16 +56,21 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "facade",
         (
             "pytorch_accel",
+            "pytorch_accel._compat",
             "pytorch_accel._entry_checks",
             "pytorch_accel.trainer",
             "pytorch_accel.timm_trainer",
         ),
     ),
-    ("catalogue", ("pytorch_accel.callbacks",)),
+    ("catalogue", ("pytorch_accel.callbacks", "pytorch_accel.utils")),
 )
 
-# The one place the facade reaches into the catalogue: the default callbacks.
-WIRING = {("pytorch_accel.trainer", "pytorch_accel.callbacks.defaults")}
+# The one place the facade reaches into the catalogue: the default callbacks (also served, for
+# ported code, from the trainer module by _compat).
+WIRING = {
+    ("pytorch_accel.trainer", "pytorch_accel.callbacks.defaults"),
+    ("pytorch_accel._compat", "pytorch_accel.callbacks.defaults"),
+}
 
 
 @dataclass(frozen=True)

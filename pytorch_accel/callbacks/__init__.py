@@ -24,7 +24,7 @@ from pytorch_accel.callbacks.sync_batchnorm import ConvertSyncBatchNormCallback
 from pytorch_accel.callbacks.throughput import ThroughputCallback
 from pytorch_accel.callbacks.trackers import TrackingCallback
 from pytorch_accel.callbacks.wsd_checkpoint import WSDCheckpointCallback
-from pytorch_accel.errors import StopTrainingError
+from pytorch_accel.errors import CallbackMethodNotImplementedError, StopTrainingError
 from pytorch_accel.handler import CallbackHandler
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "EMA_METRIC_PREFIX",
     "LIMIT_BATCHES_ENV_VAR",
     "CallbackHandler",
+    "CallbackMethodNotImplementedError",
     "ConvertSyncBatchNormCallback",
     "EarlyStoppingCallback",
     "LimitBatches",

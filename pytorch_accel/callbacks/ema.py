@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import numbers
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -13,7 +13,14 @@ from accelerate.utils import DistributedType
 
 from pytorch_accel._validation import fail
 from pytorch_accel.callback import TrainerCallback
-from pytorch_accel.callbacks._watch import check_bool, check_path
+from pytorch_accel.callbacks._watch import (
+    MetricWatch,
+    check_bool,
+    check_metric_name,
+    check_path,
+    resolve_direction,
+    value_of_main_process,
+)
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer
@@ -66,6 +73,15 @@ class ModelEmaCallback(TrainerCallback):
         evaluate_during_training: Evaluate the EMA weights after each epoch with an eval set.
         save_path: Where to save the EMA weights at the end of each run; ``None``: not saved.
         reset_on_train: Restart the EMA from the model's weights at each ``train()``.
+        watch_metric: If given (pytorch-accelerated's argument, e.g.
+            ``"ema_model_eval_loss_epoch"``), ``save_path`` instead holds the EMA weights of
+            the epoch with the best value of this metric, saved when it improves.
+        greater_is_better: Whether larger ``watch_metric`` values are better (with a warning
+            for a metric that is not a loss when left out).
+        model_ema: pytorch-accelerated's EMA class; only ``pytorch_accel.utils.ModelEma`` (or
+            ``None``) is accepted: the callback keeps its own average.
+        callbacks: Not supported (must be empty): the EMA evaluation runs the trainer's own
+            callbacks, whose metrics get the ``ema_model_`` prefix.
 
     Example:
         ```python
@@ -87,8 +103,13 @@ class ModelEmaCallback(TrainerCallback):
         evaluate_during_training: bool = True,
         save_path: str | os.PathLike[str] | None = "ema_model.pt",
         reset_on_train: bool = False,
+        watch_metric: str | None = None,
+        greater_is_better: bool | None = None,
+        model_ema: Any = None,
+        callbacks: Iterable[Any] = (),
     ) -> None:
         where = "ModelEmaCallback"
+        _check_ported_arguments(model_ema, callbacks)
         _check_decay(decay)
         check_bool(where, "evaluate_during_training", evaluate_during_training)
         check_path(where, "save_path", save_path, allow_none=True)
@@ -99,6 +120,12 @@ class ModelEmaCallback(TrainerCallback):
         self.reset_on_train = reset_on_train
         self.num_ema_updates = 0
         self._ema: dict[str, torch.Tensor] | None = None
+        self._watch: MetricWatch | None = None
+        if watch_metric is not None:
+            check_metric_name(where, "watch_metric", watch_metric)
+            direction = resolve_direction(where, watch_metric, greater_is_better)
+            self._watch = MetricWatch(where, watch_metric, direction)
+        self.best_metric: float | None = None
         self._binding: _Binding | None = None  # bound to the model of the current run
 
     # ------------------------------------------------------------------------ state
@@ -113,6 +140,7 @@ class ModelEmaCallback(TrainerCallback):
             "ema_state_dict": dict(self._ema or {}),
             "decay": self.decay,
             "num_ema_updates": self.num_ema_updates,
+            "best_metric": self.best_metric,
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -134,6 +162,7 @@ class ModelEmaCallback(TrainerCallback):
             )
         self._ema = {name: tensor.detach().clone() for name, tensor in weights.items()}
         self.num_ema_updates = int(state_dict.get("num_ema_updates", 0))
+        self.best_metric = state_dict.get("best_metric")
         self._binding = None
 
     # ------------------------------------------------------------------------ events
@@ -146,6 +175,8 @@ class ModelEmaCallback(TrainerCallback):
             self._ema = {name: tensor.detach().clone() for name, tensor in model_state.items()}
             self.num_ema_updates = 0
         self._bind(trainer)
+        if self._watch is not None:
+            self._watch.start_run(trainer)
 
     def on_optimizer_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
         """Move the average towards the updated weights (skipped updates are ignored)."""
@@ -160,11 +191,23 @@ class ModelEmaCallback(TrainerCallback):
         self.num_ema_updates += 1
 
     def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Evaluate the EMA weights, if asked for and the run has an eval set."""
+        """Evaluate the EMA weights, if asked for; save them if ``watch_metric`` improved."""
         if self.evaluate_during_training and trainer.eval_dataloader is not None:
             self.evaluate(trainer)
+        if self._watch is None:
+            return
+        local = self._watch.read(trainer)
+        value = None if local is None else value_of_main_process(trainer, local)
+        if value is not None and self._watch.is_better(value, self.best_metric):
+            self.best_metric = value
+            self._save(trainer)
 
     def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Save the EMA weights to ``save_path``, unless the best are kept (``watch_metric``)."""
+        if self._watch is None:
+            self._save(trainer)
+
+    def _save(self, trainer: Trainer) -> None:
         """Save the EMA weights to ``save_path`` (every process takes part)."""
         if self.save_path is None or self._ema is None:
             return
@@ -258,6 +301,32 @@ def _swap(pairs: list[_Pair]) -> None:
     except BaseException:
         _swap(pairs[:done])
         raise
+
+
+def _check_ported_arguments(model_ema: Any, callbacks: Iterable[Any]) -> None:
+    """Reject pytorch-accelerated's ``model_ema`` and ``callbacks`` where they would differ."""
+    from pytorch_accel.utils import ModelEma  # the catalogue's module; not at import time
+
+    if model_ema is not None and model_ema is not ModelEma:
+        fail(
+            TypeError,
+            "ModelEmaCallback",
+            "model_ema",
+            model_ema,
+            "None (or pytorch_accel.utils.ModelEma)",
+            "The callback keeps its own average of the whole state dict, updated after every "
+            "optimizer update; subclass ModelEmaCallback to change how it averages.",
+        )
+    if tuple(callbacks):
+        fail(
+            TypeError,
+            "ModelEmaCallback",
+            "callbacks",
+            callbacks,
+            "empty",
+            "The EMA evaluation runs the trainer's own callbacks, with their metrics prefixed "
+            "'ema_model_'; add the callbacks to the trainer instead.",
+        )
 
 
 def _check_decay(decay: object) -> None:

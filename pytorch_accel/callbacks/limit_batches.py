@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 import weakref
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -24,11 +25,15 @@ __all__ = [
 LIMIT_BATCHES_ENV_VAR = "PYTORCH_ACCEL_LIMIT_BATCHES"
 """The environment variable that makes new trainers use at most that many batches per epoch."""
 
+_OLD_ENV_VAR = "PT_ACC_LIMIT_BATCHES"
+
 
 def limit_batches_from_environment() -> int | None:
     """Return the batch limit set in ``PYTORCH_ACCEL_LIMIT_BATCHES``, or ``None`` if there is none.
 
     Unset, empty and ``none`` (any case) mean no limit; surrounding spaces are ignored.
+    pytorch-accelerated's ``PT_ACC_LIMIT_BATCHES`` is read too when ours is unset, with a
+    ``DeprecationWarning``.
 
     Returns:
         The positive number of batches, or ``None``.
@@ -42,6 +47,13 @@ def limit_batches_from_environment() -> int | None:
         ```
     """
     raw = os.environ.get(LIMIT_BATCHES_ENV_VAR, "").strip()
+    if not raw and os.environ.get(_OLD_ENV_VAR, "").strip():
+        raw = os.environ[_OLD_ENV_VAR].strip()
+        warnings.warn(
+            f"{_OLD_ENV_VAR} is pytorch-accelerated's name: set {LIMIT_BATCHES_ENV_VAR} instead.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
     if not raw or raw.lower() == "none":
         return None
     if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:

@@ -68,6 +68,25 @@ class TerminateOnNaNCallback(TrainerCallback):
         """Check the epoch's mean training loss."""
         self._check_metric(trainer, "train_loss_epoch")
 
+    def check_for_nan_after_batch(
+        self, batch_output: dict[str, Any], step: str | None = None
+    ) -> None:
+        """Stop if a batch's loss is NaN or infinite (pytorch-accelerated's per-batch check).
+
+        The callback itself never calls it (it reads the loss once per epoch); a subclass or a
+        step method may, at the cost of one host synchronisation per call.
+
+        Args:
+            batch_output: A step method's output, with ``loss``.
+            step: ``"training"`` or ``"validation"``, for the message.
+
+        Raises:
+            StopTrainingError: If the loss is not finite.
+        """
+        loss = batch_output["loss"]
+        if not bool(torch.isfinite(torch.as_tensor(loss)).all()):
+            raise StopTrainingError(f"Stopping training due to NaN loss in {step} step")
+
     @staticmethod
     def _check_metric(trainer: Trainer, name: str) -> None:
         value = trainer.run_history.get_latest_metric(name)

@@ -42,6 +42,8 @@ class WSDCheckpointCallback(TrainerCallback):
     Attributes:
         saved_checkpoints: The checkpoint files saved so far, in order (on every process;
             only the main process writes them).
+        last_checkpoint_step: The update of the last checkpoint saved (or loaded as
+            ``initial_checkpoint``), or ``None``; pytorch-accelerated's attribute.
 
     Example:
         ```python
@@ -73,6 +75,7 @@ class WSDCheckpointCallback(TrainerCallback):
         self.save_scheduler = save_scheduler
         self.initial_checkpoint = None if initial_checkpoint is None else Path(initial_checkpoint)
         self.saved_checkpoints: list[Path] = []
+        self.last_checkpoint_step: int | None = None
         self._pending: dict[int, list[str]] = {}
 
     def checkpoint_path(self, step: int, checkpoint_type: str) -> Path:
@@ -88,7 +91,8 @@ class WSDCheckpointCallback(TrainerCallback):
                 self._pending.setdefault(info["pre_decay_step"], []).append(PRE_DECAY)
             self._pending.setdefault(info["period_end"], []).append(POST_DECAY)
         if self.initial_checkpoint is not None:
-            trainer.load_checkpoint(self.initial_checkpoint)
+            loaded = trainer.load_checkpoint(self.initial_checkpoint)
+            self.last_checkpoint_step = loaded.get("step")
             trainer.print(f"Loaded WSD checkpoint {str(self.initial_checkpoint)!r}")
 
     def on_train_step_end(
@@ -115,6 +119,7 @@ class WSDCheckpointCallback(TrainerCallback):
             save_scheduler=pre_decay or self.save_scheduler,
         )
         self.saved_checkpoints.append(path)
+        self.last_checkpoint_step = step
         trainer.print(f"Saved {checkpoint_type} checkpoint after update {step}: {path}")
 
 

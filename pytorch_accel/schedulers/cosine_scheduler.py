@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -39,6 +40,32 @@ from pytorch_accel.schedulers.scheduler_base import StatefulSchedulerBase
 __all__ = ["CosineLrScheduler"]
 
 IntOrPlaceholder = int | TrainerPlaceholderValues | PlaceholderExpression
+
+
+class _Alias:
+    """An attribute under pytorch-accelerated's name, reading and writing ours."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
+        return self if instance is None else getattr(instance, self.name)
+
+    def __set__(self, instance: object, value: Any) -> None:
+        setattr(instance, self.name, value)
+
+
+_RENAMED = {
+    "total_iterations": "total_num_updates",
+    "warmup_iterations": "num_warmup_updates",
+    "num_cooldown_iterations": "num_cooldown_updates",
+    "warmup_lr_init": "warmup_starting_lr",
+    "warmup_lr_ratio": "warmup_starting_lr_ratio",
+    "lr_min_ratio": "min_lr_ratio",
+    "lr_min": "lr_min",
+    "k_decay": "k_decay",
+}
+"""pytorch-accelerated's attribute and state-dict names, and ours."""
 
 
 class CosineLrScheduler(StatefulSchedulerBase):
@@ -113,6 +140,29 @@ class CosineLrScheduler(StatefulSchedulerBase):
         self.warmup_starting_lr_ratio = _optional_float(warmup_starting_lr_ratio)
         self._check_groups()
         self.step_update(0)
+
+    # pytorch-accelerated's names for the same attributes
+    total_iterations = _Alias("total_num_updates")
+    warmup_iterations = _Alias("num_warmup_updates")
+    num_cooldown_iterations = _Alias("num_cooldown_updates")
+    warmup_lr_init = _Alias("warmup_starting_lr")
+    warmup_lr_ratio = _Alias("warmup_starting_lr_ratio")
+    lr_min_ratio = _Alias("min_lr_ratio")
+
+    def translate_state_dict(self, state_dict: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Translate a state saved by pytorch-accelerated's ``CosineLrScheduler`` (its keys).
+
+        Its update count is one less after the same number of steps (it starts at -1); the
+        base LRs are this scheduler's (that state does not hold them).
+        """
+        if "total_iterations" not in state_dict:
+            return state_dict
+        renamed = {ours: state_dict[theirs] for theirs, ours in _RENAMED.items()}
+        return {
+            **self.state_dict(),
+            **renamed,
+            "_num_updates": int(state_dict["num_updates"]) + 1,
+        }
 
     @property
     def num_cosine_updates(self) -> int:

@@ -126,19 +126,35 @@ class SchedulerBase(ABC):
             key: copy.deepcopy(value) for key, value in vars(self).items() if key != "optimizer"
         }
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+    def load_state_dict(
+        self,
+        state_dict: Mapping[str, Any] | None = None,
+        *,
+        scheduler_state_dict: Mapping[str, Any] | None = None,
+    ) -> None:
         """Restore the attributes saved by `state_dict`, base values included.
 
         Args:
-            state_dict: A dict returned by `state_dict` of a scheduler of the same class.
+            state_dict: A dict returned by `state_dict` of a scheduler of the same class (or,
+                where a subclass translates it, of its pytorch-accelerated counterpart).
+            scheduler_state_dict: The same, by pytorch-accelerated's keyword.
 
         Raises:
-            TypeError: If `state_dict` is not a mapping.
+            TypeError: If `state_dict` is not a mapping, or both or neither are given.
             ValueError: If its keys or number of base values do not fit this scheduler.
         """
-        _check_state(self, state_dict)
-        for key, value in state_dict.items():
+        state = self.translate_state_dict(_one_state(self, state_dict, scheduler_state_dict))
+        _check_state(self, state)
+        for key, value in state.items():
             setattr(self, key, copy.deepcopy(value))
+
+    def translate_state_dict(self, state_dict: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Return a saved state in this class's keys (a subclass translates other formats).
+
+        ``load_state_dict`` applies it; ``load_checkpoint`` uses it to check a saved state
+        before anything is loaded.
+        """
+        return state_dict
 
 
 class StatefulSchedulerBase(SchedulerBase, ABC):
@@ -178,13 +194,19 @@ class StatefulSchedulerBase(SchedulerBase, ABC):
         super().step_update(num_updates)
         self._num_updates = num_updates
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+    def load_state_dict(
+        self,
+        state_dict: Mapping[str, Any] | None = None,
+        *,
+        scheduler_state_dict: Mapping[str, Any] | None = None,
+    ) -> None:
         """Restore the saved state and put the values of the next update in the optimizer.
 
         Args:
             state_dict: A dict returned by `state_dict` of a scheduler of the same class.
+            scheduler_state_dict: The same, by pytorch-accelerated's keyword.
         """
-        super().load_state_dict(state_dict)
+        super().load_state_dict(state_dict, scheduler_state_dict=scheduler_state_dict)
         self.step_update(self._num_updates)
 
 
@@ -215,6 +237,32 @@ def _check_count(where: str, name: str, value: object, *, minimum: int) -> None:
         fail(TypeError, where, name, value, "an int", f"Pass an int >= {minimum}.")
     if value < minimum:
         fail(ValueError, where, name, value, f"an int >= {minimum}", f"Pass {name} >= {minimum}.")
+
+
+def _one_state(
+    scheduler: SchedulerBase, state_dict: object, scheduler_state_dict: object
+) -> Mapping[str, Any]:
+    """The state passed by either keyword (``scheduler_state_dict`` is pytorch-accelerated's)."""
+    if (state_dict is None) == (scheduler_state_dict is None):
+        fail(
+            TypeError,
+            f"{type(scheduler).__name__}.load_state_dict",
+            "state_dict",
+            state_dict,
+            "given once (state_dict, or scheduler_state_dict)",
+            "Pass the dict returned by scheduler.state_dict().",
+        )
+    state = state_dict if state_dict is not None else scheduler_state_dict
+    if not isinstance(state, Mapping):
+        fail(
+            TypeError,
+            f"{type(scheduler).__name__}.load_state_dict",
+            "state_dict",
+            state,
+            "a dict",
+            "Pass scheduler.state_dict().",
+        )
+    return state
 
 
 def _check_state(scheduler: SchedulerBase, state_dict: object) -> None:

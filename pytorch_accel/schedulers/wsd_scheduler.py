@@ -35,7 +35,7 @@ from pytorch_accel.schedulers._checks import (
     check_non_negative,
 )
 from pytorch_accel.schedulers._interpolation import interpolate
-from pytorch_accel.schedulers.scheduler_base import StatefulSchedulerBase
+from pytorch_accel.schedulers.scheduler_base import StatefulSchedulerBase, _one_state
 
 __all__ = ["WSDLrScheduler", "estimate_checkpoint_steps"]
 
@@ -224,17 +224,37 @@ class WSDLrScheduler(StatefulSchedulerBase):
         starts = [self.warmup_starting_lr] * len(self.base_values)
         check_group_bound(where, "warmup_starting_lr", starts, self.base_values, fix)
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+    def load_state_dict(
+        self,
+        state_dict: Mapping[str, Any] | None = None,
+        *,
+        scheduler_state_dict: Mapping[str, Any] | None = None,
+    ) -> None:
         """Restore a saved state; in a continuation run, only the base LRs.
 
         Args:
             state_dict: A dict returned by `state_dict` of a `WSDLrScheduler`.
+            scheduler_state_dict: The same, by pytorch-accelerated's keyword.
         """
+        state = _one_state(self, state_dict, scheduler_state_dict)
         if not self.is_continuation_from_checkpoint:
-            super().load_state_dict(state_dict)
+            super().load_state_dict(state)
             return
         current = self.state_dict()
-        super().load_state_dict({**current, "base_values": _base_values(state_dict)})
+        super().load_state_dict({**current, "base_values": _base_values(state)})
+
+    @property
+    def previous_checkpoint_step(self) -> int | None:
+        """The last pre-decay step (``get_decay_info``) reached so far, or ``None`` before one.
+
+        pytorch-accelerated's attribute of this name, derived here from the update count.
+        """
+        reached = [
+            period["pre_decay_step"]
+            for period in self.checkpoint_decay_info
+            if period["pre_decay_step"] <= self.num_updates
+        ]
+        return reached[-1] if reached else None
 
     @classmethod
     def create_scheduler_fn(

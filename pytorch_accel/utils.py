@@ -1,0 +1,128 @@
+"""pytorch-accelerated's ``utils`` module: the same names, for code ported by changing the import.
+
+Most names live elsewhere in pytorch-accel and are re-exported here; ``ModelEma`` and the
+process decorators are kept for ported code (``ModelEmaCallback`` and accelerate's
+``main_process_first`` / ``on_main_process`` are the usual tools).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, ParamSpec, TypeVar
+
+import torch
+from accelerate.state import PartialState
+from accelerate.utils import wait_for_everyone
+from torch import nn
+
+from pytorch_accel.callbacks.limit_batches import LIMIT_BATCHES_ENV_VAR, LimitBatches
+from pytorch_accel.dataloaders import worker_init_fn
+from pytorch_accel.distributed import remove_padding
+
+__all__ = [
+    "LIMIT_BATCHES_ENV_VAR",
+    "DataLoaderSlice",
+    "LimitBatches",
+    "ModelEma",
+    "local_process_zero_first",
+    "local_process_zero_only",
+    "remove_padding",
+    "worker_init_fn",
+    "world_process_zero_only",
+]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class DataLoaderSlice:
+    """The first ``slice_size`` batches of a dataloader (its length is ``slice_size``).
+
+    Args:
+        dl: The dataloader (any iterable).
+        slice_size: The number of batches to yield.
+    """
+
+    def __init__(self, dl: Iterable[Any], slice_size: int) -> None:
+        self.dl = dl
+        self.slice_size = slice_size
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.islice(self.dl, self.slice_size)
+
+    def __len__(self) -> int:
+        return self.slice_size
+
+
+def _on_process_zero(local: bool, first: bool) -> Callable[[Callable[P, R]], Callable[P, R | None]]:
+    """Build a decorator that runs a function on process zero (only, or first), then waits."""
+
+    def decorate(func: Callable[P, R]) -> Callable[P, R | None]:
+        @functools.wraps(func)
+        def wrapped(*args: P.args, **kwargs: P.kwargs) -> R | None:
+            state = PartialState()
+            index = state.local_process_index if local else state.process_index
+            result = func(*args, **kwargs) if index == 0 else None
+            wait_for_everyone()
+            if first and index != 0:
+                result = func(*args, **kwargs)
+            return result
+
+        return wrapped
+
+    return decorate
+
+
+def local_process_zero_only(func: Callable[P, R]) -> Callable[P, R | None]:
+    """Run ``func`` on each node's main process only (others get ``None``); then all wait."""
+    return _on_process_zero(local=True, first=False)(func)
+
+
+def local_process_zero_first(func: Callable[P, R]) -> Callable[P, R | None]:
+    """Run ``func`` on each node's main process first, then on the others (e.g. a download)."""
+    return _on_process_zero(local=True, first=True)(func)
+
+
+def world_process_zero_only(func: Callable[P, R]) -> Callable[P, R | None]:
+    """Run ``func`` on the main process of the whole run only (others get ``None``)."""
+    return _on_process_zero(local=False, first=False)(func)
+
+
+class ModelEma(nn.Module):
+    """An exponential moving average of a model's weights, as pytorch-accelerated's ``ModelEma``.
+
+    ``update(model)`` sets each floating-point tensor of the state dict to
+    ``decay * ema + (1 - decay) * model``; other tensors (such as BatchNorm's
+    ``num_batches_tracked``) are copied, where pytorch-accelerated averaged and truncated them.
+    ``ModelEmaCallback`` does this for a trainer.
+
+    Args:
+        model: The model to average (unwrapped, before DDP or SyncBatchNorm conversion).
+        decay: The weight of the average so far, close to 1 (e.g. 0.9999).
+    """
+
+    def __init__(self, model: nn.Module, decay: float = 0.9999) -> None:
+        super().__init__()
+        self.module = copy.deepcopy(model)
+        self.module.requires_grad_(False)
+        self.module.eval()
+        self.decay = decay
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        """Move the average towards ``model``'s current weights."""
+        for ema, current in zip(
+            self.module.state_dict().values(), model.state_dict().values(), strict=True
+        ):
+            if ema.is_floating_point():
+                ema.lerp_(current.to(ema.device, ema.dtype), 1.0 - self.decay)
+            else:
+                ema.copy_(current)
+
+    @torch.no_grad()
+    def set(self, model: nn.Module) -> None:
+        """Copy ``model``'s weights into the average."""
+        self.module.load_state_dict(model.state_dict())
