@@ -8,9 +8,12 @@ subclass of ``Trainer``, defined after it).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-__all__ = ["TRAINER_MODULE_NAMES", "trainer_module_attribute"]
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
+
+__all__ = ["TRAINER_MODULE_NAMES", "PortedTrainerAttributes", "trainer_module_attribute"]
 
 TRAINER_MODULE_NAMES = (
     "LogMetricsCallback",
@@ -48,3 +51,29 @@ def trainer_module_attribute(name: str) -> Any:
         "worker_init_fn": worker_init_fn,
     }
     return found[name] if name in found else getattr(defaults, name)
+
+
+class _WithDataloaders(Protocol):
+    @property
+    def train_dataloader(self) -> DataLoader[Any] | None: ...
+
+    @property
+    def eval_dataloader(self) -> DataLoader[Any] | None: ...
+
+
+class PortedTrainerAttributes:
+    """Private attributes of pytorch-accelerated's ``Trainer`` that its own examples read.
+
+    ``Trainer`` inherits them, so that code subclassing that trainer keeps working; new code
+    uses the public ``train_dataloader`` and ``eval_dataloader``.
+    """
+
+    @property
+    def _train_dataloader(self: _WithDataloaders) -> DataLoader[Any] | None:
+        """``train_dataloader``, under pytorch-accelerated's private name."""
+        return self.train_dataloader
+
+    @property
+    def _eval_dataloader(self: _WithDataloaders) -> DataLoader[Any] | None:
+        """``eval_dataloader``, under pytorch-accelerated's private name."""
+        return self.eval_dataloader

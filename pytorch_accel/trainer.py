@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from pytorch_accel import _entry_checks as checks
+from pytorch_accel._compat import PortedTrainerAttributes
 from pytorch_accel._compat import trainer_module_attribute as __getattr__  # noqa: F401
 from pytorch_accel._validation import inputs_and_targets
 from pytorch_accel.callbacks.defaults import DEFAULT_CALLBACKS, with_environment_callbacks
@@ -47,10 +48,8 @@ __all__ = [
     "replace_trainer_placeholder_values",
 ]
 
-SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
 
-
-class Trainer:
+class Trainer(PortedTrainerAttributes):
     """Trains a model with a loss function and an optimizer, on whatever accelerate provides.
 
     Run the same script with ``python train.py`` or ``accelerate launch train.py``: the
@@ -103,7 +102,7 @@ class Trainer:
         checks.check_accelerator(self._accelerator)
         agreement = StopAgreement() if self._accelerator.num_processes > 1 else None
         self.scheduler: Any = None
-        self.create_scheduler_fn: SchedulerFactory | None = None
+        self.create_scheduler_fn: Callable[[torch.optim.Optimizer], Any] | None = None
         self.collate_fn: Callable[..., Any] | None = None
         self.train_dataset: Any = None
         self.eval_dataset: Any = None
@@ -220,7 +219,7 @@ class Trainer:
         max_num_train_steps: int | None = None,
         gradient_accumulation_steps: int = 1,
         gradient_clip_value: float | None = None,
-        create_scheduler_fn: SchedulerFactory | None = None,
+        create_scheduler_fn: Callable[[torch.optim.Optimizer], Any] | None = None,
         train_dataloader_kwargs: Mapping[str, Any] | None = None,
         eval_dataloader_kwargs: Mapping[str, Any] | None = None,
         reset_run_history: bool = True,

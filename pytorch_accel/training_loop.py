@@ -70,6 +70,7 @@ class TrainingLoop:
         self.loss_tracker = LossTracker()
         self.num_updates = 0
         self._assigned_updates: int | None = None
+        self._warned_assignment = False
         self.grad_norm: torch.Tensor | None = None
         self.progress = self._progress_events()
         self.resumed_from: Path | None = None
@@ -246,7 +247,8 @@ class TrainingLoop:
         Code ported from pytorch-accelerated keeps its own update count in this attribute;
         the loop's stays separate, so the run still ends where it should.
         """
-        if value is not None:
+        if value is not None and not self._warned_assignment:
+            self._warned_assignment = True  # once per trainer: ported code assigns it often
             warnings.warn(
                 "Assigning Trainer.num_updates only changes what it reads: the trainer counts "
                 "the updates itself (and TrainerWithTimmScheduler steps timm schedulers with "

@@ -216,7 +216,7 @@ class TimmStyleTrainer(Trainer):
 
     def train_epoch_start(self) -> None:
         super().train_epoch_start()
-        self.num_updates = (self.run_history.current_epoch - 1) * len(self.train_dataloader)
+        self.num_updates = (self.run_history.current_epoch - 1) * len(self._train_dataloader)
 
     def scheduler_step(self) -> None:
         self.num_updates += 1
@@ -234,6 +234,8 @@ def test_num_updates_can_be_assigned_as_the_timm_examples_do() -> None:
             create_scheduler_fn=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 1),
         )
     assert trainer.counted == list(range(1, 9))  # every update of both epochs ran
+    assert trainer._train_dataloader is trainer.train_dataloader  # the private name they read
+    assert trainer._eval_dataloader is None
     trainer.num_updates = None
     assert trainer.num_updates == 8  # the trainer's own count again
 
