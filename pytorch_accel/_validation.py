@@ -5,8 +5,11 @@ Every error names the call and argument, the value received and the fix.
 
 from __future__ import annotations
 
+import contextlib
 import numbers
-from collections.abc import Callable, Mapping, Sized
+import re
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sized
 from typing import Any, NoReturn
 
 import torch
@@ -21,6 +24,7 @@ __all__ = [
     "check_sized_dataset",
     "fail",
     "inputs_and_targets",
+    "shape_mismatches_raise",
 ]
 
 
@@ -240,3 +244,30 @@ def inputs_and_targets(batch: Any, method: str) -> tuple[Any, Any]:
         f"Return (inputs, targets) from the dataset (or a collate_fn), or override {method} "
         "for other layouts (dicts, inputs only, several inputs)."
     )
+
+
+_BROADCAST_WARNING = r"Using a target size .* that is different to the input size"
+"""The start of the warning torch's element-wise losses give when targets broadcast."""
+
+
+@contextlib.contextmanager
+def shape_mismatches_raise(where: str) -> Iterator[None]:
+    """Turn torch's warning that a loss broadcast targets of another shape into a ValueError.
+
+    ``MSELoss`` and the other element-wise losses compare outputs of shape ``(B, 1)`` with
+    targets of shape ``(B,)`` as a ``(B, B)`` matrix: the run trains on the wrong loss, with
+    only a warning. Inside this block the warning is an error, raised at the first batch.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=_BROADCAST_WARNING, category=UserWarning)
+        try:
+            yield
+        except UserWarning as warning:
+            if not re.match(_BROADCAST_WARNING, str(warning)):
+                raise
+            raise ValueError(
+                f"{where}: the loss function got outputs and targets of different shapes, which "
+                f"it broadcasts into a wrong loss ({warning}). Give the targets the outputs' "
+                "shape (e.g. targets.view_as(outputs) in the dataset or a collate_fn), or "
+                "override calculate_train_batch_loss / calculate_eval_batch_loss."
+            ) from warning

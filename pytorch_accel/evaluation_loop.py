@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import re
-import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate.utils import slice_tensors
 
-from pytorch_accel._validation import check_batch_output
+from pytorch_accel._validation import check_batch_output, shape_mismatches_raise
 from pytorch_accel.batch_iteration import epoch_batches
 from pytorch_accel.levels import EVAL_EPOCH, EVAL_STEP, EVAL_STEP_EVENTS, Levels
 from pytorch_accel.preparation import Preparation
@@ -30,7 +28,7 @@ from pytorch_accel.tracking import LossTracker
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer
 
-__all__ = ["EvaluationLoop", "shape_mismatches_raise", "training_rng_preserved"]
+__all__ = ["EvaluationLoop", "training_rng_preserved"]
 
 
 class EvaluationLoop:
@@ -144,30 +142,3 @@ def training_rng_preserved(device: torch.device) -> Iterator[None]:
     devices = [] if device.type == "cpu" else [device]
     with torch.random.fork_rng(devices=devices, device_type=device.type):
         yield
-
-
-_BROADCAST_WARNING = r"Using a target size .* that is different to the input size"
-"""The start of the warning torch's element-wise losses give when targets broadcast."""
-
-
-@contextlib.contextmanager
-def shape_mismatches_raise(where: str) -> Iterator[None]:
-    """Turn torch's warning that a loss broadcast targets of another shape into a ValueError.
-
-    ``MSELoss`` and the other element-wise losses compare outputs of shape ``(B, 1)`` with
-    targets of shape ``(B,)`` as a ``(B, B)`` matrix: the run trains on the wrong loss, with
-    only a warning. Inside this block the warning is an error, raised at the first batch.
-    """
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message=_BROADCAST_WARNING, category=UserWarning)
-        try:
-            yield
-        except UserWarning as warning:
-            if not re.match(_BROADCAST_WARNING, str(warning)):
-                raise
-            raise ValueError(
-                f"{where}: the loss function got outputs and targets of different shapes, which "
-                f"it broadcasts into a wrong loss ({warning}). Give the targets the outputs' "
-                "shape (e.g. targets.view_as(outputs) in the dataset or a collate_fn), or "
-                "override calculate_train_batch_loss / calculate_eval_batch_loss."
-            ) from warning

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import torch
 
-from pytorch_accel._validation import check_batch_output, fail
+from pytorch_accel._validation import check_batch_output, fail, shape_mismatches_raise
 from pytorch_accel.accumulation import AccumulationPlan
-from pytorch_accel.evaluation_loop import EvaluationLoop, shape_mismatches_raise
+from pytorch_accel.evaluation_loop import EvaluationLoop
 from pytorch_accel.levels import TRAIN_EPOCH, TRAIN_STEP, TRAIN_STEP_EVENTS, TRAINING_RUN, Levels
 from pytorch_accel.preparation import Preparation
 from pytorch_accel.progress_events import ProgressEvents
