@@ -58,6 +58,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel",
             "pytorch_accel._compat",
             "pytorch_accel._entry_checks",
+            "pytorch_accel.persistence",
             "pytorch_accel.trainer",
             "pytorch_accel.timm_trainer",
         ),
