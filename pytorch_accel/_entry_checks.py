@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 import torch
 from accelerate import Accelerator
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, RandomSampler
 
 from pytorch_accel._validation import (
     check_callable,
@@ -27,6 +27,7 @@ from pytorch_accel._validation import (
     check_sized_dataset,
     fail,
 )
+from pytorch_accel.dataloaders import merge_dataloader_kwargs
 from pytorch_accel.distributed import check_world_size
 from pytorch_accel.tracking import RunHistory
 
@@ -48,6 +49,7 @@ __all__ = [
     "check_train_arguments",
     "check_trainer_settings",
     "created_scheduler",
+    "predict_dataloader",
     "suggest_arguments",
 ]
 
@@ -361,3 +363,58 @@ def suggest_arguments(method: Callable[P, R]) -> Callable[P, R]:
         return method(*args, **kwargs)
 
     return checked
+
+
+def predict_dataloader(
+    data: Any,
+    per_device_batch_size: int | None,
+    dataloader_kwargs: Mapping[str, Any] | None,
+    collate_fn: Callable[..., Any] | None,
+    preparation: Preparation,
+) -> DataLoader[Any]:
+    """Check ``Trainer.predict``'s arguments; return the user's dataloader or build one."""
+    where = "Trainer.predict"
+    if isinstance(data, DataLoader):
+        given = [
+            name
+            for name, value in (
+                ("per_device_batch_size", per_device_batch_size),
+                ("dataloader_kwargs", dataloader_kwargs),
+                ("collate_fn", collate_fn),
+            )
+            if value is not None
+        ]
+        if given:
+            fail(
+                ValueError,
+                where,
+                given[0],
+                "given",
+                "None when data is a DataLoader",
+                "Build the DataLoader with these settings, or pass the dataset instead.",
+            )
+        if isinstance(data.sampler, RandomSampler):
+            fail(
+                ValueError,
+                where,
+                "data",
+                "a shuffled DataLoader",
+                "a DataLoader that is not shuffled",
+                "Predictions come back in the dataloader's order: build it with shuffle=False.",
+            )
+        return data
+    check_sized_dataset(where, "data", data)
+    batch_size = 8 if per_device_batch_size is None else per_device_batch_size
+    check_positive_int(where, "per_device_batch_size", batch_size)
+    check_mapping(where, "dataloader_kwargs", dataloader_kwargs)
+    if (dataloader_kwargs or {}).get("shuffle"):
+        fail(
+            ValueError,
+            where,
+            "dataloader_kwargs['shuffle']",
+            True,
+            "False",
+            "Predictions come back in the dataset's order; leave shuffle out.",
+        )
+    defaults = preparation.default_dl_kwargs(data, batch_size, shuffle=False, collate_fn=collate_fn)
+    return DataLoader(data, **merge_dataloader_kwargs(defaults, dataloader_kwargs))

@@ -139,5 +139,28 @@ class TrainerCallback:
     def on_evaluation_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
         """Called at the end of ``evaluate()``."""
 
+    def on_predict_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Called at the start of ``predict()``, with the model in eval mode."""
+
+    def on_predict_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Called before each prediction batch."""
+
+    def on_predict_step_end(
+        self, trainer: Trainer, batch: Any, predictions: Any, **kwargs: Any
+    ) -> None:
+        """Called after each prediction batch, with its outputs gathered from every process.
+
+        Args:
+            trainer: The trainer.
+            batch: This process's batch, as the dataloader produced it.
+            predictions: The batch's outputs from every process, in dataset order, without
+                repeated samples, on ``predict()``'s ``output_device`` (the same on every
+                process).
+            **kwargs: Reserved for future arguments.
+        """
+
+    def on_predict_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Called at the end of ``predict()``."""
+
     def on_stop_training_error(self, trainer: Trainer, **kwargs: Any) -> None:
         """Called when a ``StopTrainingError`` stopped the run (kwarg ``error``)."""

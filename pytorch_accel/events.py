@@ -43,6 +43,14 @@ An evaluation run, ``evaluate()``, fires:
     on_eval_epoch_end
     on_evaluation_run_end
 
+A prediction run, ``predict()``, fires:
+
+    on_predict_run_start
+    for each batch:
+        on_predict_step_start
+        on_predict_step_end          (with the batch's gathered ``predictions``)
+    on_predict_run_end
+
 What happens at each point:
 
 - ``on_optimizer_step_start`` fires after gradients were unscaled (mixed precision) and clipped,
@@ -54,6 +62,10 @@ What happens at each point:
 - ``on_eval_step_end`` fires with ``batch`` and ``batch_output``; ``on_eval_epoch_start`` and
   ``on_eval_epoch_end`` receive ``is_intermediate`` (``True`` for an evaluation started in the
   middle of a training epoch).
+- ``on_predict_step_end`` fires with ``batch`` and ``predictions``: the batch's outputs
+  gathered from every process (without the samples accelerate repeats) and moved to
+  ``predict()``'s ``output_device``, the same on every process; a callback can write them
+  out as they come.
 - ``on_train_progress`` and ``on_eval_progress`` report ``steps_done``, the steps of the epoch
   done so far (a resumed epoch counts the batches it skipped), for progress bars and live
   displays that need no per-step event. They fire after the epoch's first step, then at
@@ -118,6 +130,10 @@ BUILTIN_EVENTS: tuple[str, ...] = (
     "on_training_run_end",
     "on_evaluation_run_start",
     "on_evaluation_run_end",
+    "on_predict_run_start",
+    "on_predict_step_start",
+    "on_predict_step_end",
+    "on_predict_run_end",
     "on_stop_training_error",
 )
 """Every event the trainer fires, roughly in the order of a training run."""

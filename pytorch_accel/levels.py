@@ -24,6 +24,9 @@ __all__ = [
     "EVAL_EPOCH",
     "EVAL_STEP",
     "EVAL_STEP_EVENTS",
+    "PREDICT_RUN",
+    "PREDICT_STEP",
+    "PREDICT_STEP_EVENTS",
     "TRAINING_RUN",
     "TRAIN_EPOCH",
     "TRAIN_STEP",
@@ -67,12 +70,15 @@ TRAIN_EPOCH = Level(
 EVAL_EPOCH = Level(
     "eval_epoch_start", "on_eval_epoch_start", "eval_epoch_end", "on_eval_epoch_end", "close"
 )
+PREDICT_RUN = Level(None, "on_predict_run_start", None, "on_predict_run_end", "handle")
 TRAIN_STEP = Level(None, "on_train_step_start", None, "on_train_step_end", "propagate")
 EVAL_STEP = Level(None, "on_eval_step_start", None, "on_eval_step_end", "propagate")
+PREDICT_STEP = Level(None, "on_predict_step_start", None, "on_predict_step_end", "propagate")
 
 # a step whose two events nobody listens to runs without its level: there is nothing to fire
 TRAIN_STEP_EVENTS = frozenset({TRAIN_STEP.start_event, TRAIN_STEP.end_event})
 EVAL_STEP_EVENTS = frozenset({EVAL_STEP.start_event, EVAL_STEP.end_event})
+PREDICT_STEP_EVENTS = frozenset({PREDICT_STEP.start_event, PREDICT_STEP.end_event})
 
 
 class Levels:

@@ -9,8 +9,9 @@ trainer to call directly (``direct_optimizer``).
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -125,6 +126,15 @@ class Preparation:
         self.resumable = None
         self.train_dataloader = None if train_dl is None else self._prepare_train(train_dl)
         self.eval_dataloader = None if eval_dl is None else self._prepare(eval_dl)
+
+    @contextlib.contextmanager
+    def prepared_for_prediction(self, dataloader: DataLoader[Any]) -> Iterator[DataLoader[Any]]:
+        """Shard a prediction dataloader for the duration of the block, then forget it."""
+        prepared = self._prepare(dataloader)
+        try:
+            yield prepared
+        finally:
+            _forget_dataloaders(self._accelerator, prepared)
 
     def _prepare_train(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
         """Prepare the train dataloader as one that can resume mid-epoch, where accelerate can."""

@@ -36,6 +36,7 @@ from pytorch_accel.placeholders import (
     check_resolved,
     replace_trainer_placeholder_values,
 )
+from pytorch_accel.prediction_loop import PredictionLoop
 from pytorch_accel.preparation import Preparation
 from pytorch_accel.run_config import TrainerRunConfig
 from pytorch_accel.state_io import TrainingStateIO
@@ -118,6 +119,7 @@ class Trainer(TrainerPersistence, PortedTrainerAttributes):
         self._evaluation = EvaluationLoop(self, self._levels, self._preparation)
         self._loop = TrainingLoop(self, self._levels, self._preparation, self._evaluation)
         self._states = TrainingStateIO(self, self._preparation, self._loop)
+        self._prediction = PredictionLoop(self, self._levels)
         self.callback_handler.call_event("on_init_end", self)
 
     def _create_callback_handler(self, callbacks: Iterable[CallbackLike]) -> CallbackHandler:
@@ -321,6 +323,47 @@ class Trainer(TrainerPersistence, PortedTrainerAttributes):
         )
         self._levels.run(EVALUATION_RUN, functools.partial(self._loop.evaluate, "evaluation_loss"))
 
+    @checks.suggest_arguments
+    def predict(
+        self,
+        data: Any,
+        per_device_batch_size: int | None = None,
+        dataloader_kwargs: Mapping[str, Any] | None = None,
+        collate_fn: Callable[..., Any] | None = None,
+        *,
+        output_device: str | torch.device | None = "cpu",
+        keep_outputs: bool = True,
+    ) -> Any:
+        """Return the model's outputs for every sample of ``data``, in order, from all processes.
+
+        Each batch goes through ``calculate_predict_batch`` without gradients, in eval mode
+        (restored afterwards), and its outputs are gathered from every process without the
+        samples accelerate repeats to even out the last batches. Every process must call it,
+        and gets the same result. The training's random state is untouched.
+
+        Args:
+            data: A map-style dataset, or a ``DataLoader`` you built (not shuffled; accelerate
+                shards it across processes).
+            per_device_batch_size: Batch size on each process, for a dataset (default 8).
+            dataloader_kwargs: Override the ``DataLoader`` arguments, for a dataset.
+            collate_fn: The collate function, for a dataset.
+            output_device: Where each gathered batch is moved; ``None`` leaves it on the device.
+            keep_outputs: Collect and return the outputs. ``False`` returns ``None``, for
+                outputs too large to keep: a callback's ``on_predict_step_end`` receives each
+                gathered batch (``predictions``) to write out.
+
+        Returns:
+            The outputs concatenated on the first dimension (a tensor, or the structure of one
+            batch's outputs), or ``None`` with ``keep_outputs=False``.
+        """
+        checks.check_trainer_settings("Trainer.predict", self)
+        loader = checks.predict_dataloader(
+            data, per_device_batch_size, dataloader_kwargs, collate_fn, self._preparation
+        )
+        self._preparation.prepare_model_and_optimizer(self)
+        with self._preparation.prepared_for_prediction(loader) as prepared:
+            return self._prediction.run(prepared, output_device, keep_outputs)
+
     def create_train_dataloader(
         self, batch_size: int, train_dl_kwargs: Mapping[str, Any] | None = None
     ) -> DataLoader[Any]:
@@ -436,6 +479,19 @@ class Trainer(TrainerPersistence, PortedTrainerAttributes):
             model_outputs = self.model(inputs)
             loss = self.loss_func(model_outputs, targets)  # type: ignore[misc]  # checked on entry
         return {"loss": loss, "model_outputs": model_outputs, "batch_size": targets.shape[0]}
+
+    def calculate_predict_batch(self, batch: Any) -> Any:
+        """Return the model's outputs for one batch, for ``predict()``.
+
+        Args:
+            batch: ``(inputs, ...)`` (a tuple or list, whose first item is the model's input),
+                or the inputs themselves.
+
+        Returns:
+            The model's outputs (a tensor, or a structure of tensors with the batch first).
+        """
+        inputs = batch[0] if isinstance(batch, (tuple, list)) else batch
+        return self.model(inputs)
 
     def eval_epoch_end(self) -> None:
         """Hook at the end of each evaluation epoch (its loss is recorded)."""

@@ -48,6 +48,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.levels",
             "pytorch_accel.preparation",
             "pytorch_accel.evaluation_loop",
+            "pytorch_accel.prediction_loop",
             "pytorch_accel.training_loop",
             "pytorch_accel.state_io",
         ),

@@ -139,7 +139,7 @@ def test_slow_steps_reach_the_bar_one_by_one() -> None:
 
 def test_the_default_callbacks_listen_to_no_per_step_event() -> None:
     per_step = {e for e in BUILTIN_EVENTS if "_step_" in e or e.startswith("on_backward_")}
-    assert len(per_step) == 8  # train and eval step start/end, backward and optimizer step
+    assert len(per_step) == 10  # train, eval and predict step start/end, backward, optimizer step
     trainer = make_trainer(callbacks=get_default_callbacks())
     assert per_step.isdisjoint(trainer.callback_handler.active_events)
     assert {"on_train_progress", "on_eval_progress"} <= trainer.callback_handler.active_events

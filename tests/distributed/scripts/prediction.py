@@ -1,0 +1,50 @@
+"""predict() in several processes: every sample once, in dataset order, as in one process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from common import report_and_exit
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from pytorch_accel import Trainer
+from pytorch_accel.callbacks import TrainerCallback
+
+
+class Stream(TrainerCallback):
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def on_predict_step_end(
+        self, trainer: Trainer, batch: Any, predictions: Any, **kwargs: Any
+    ) -> None:
+        self.sizes.append(len(predictions))
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    stream = Stream()
+    trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), (stream,))
+    results: dict[str, Any] = {}
+    for samples, batch in ((21, 4), (10, 4), (3, 4), (16, 4)):
+        inputs = torch.arange(samples * 4, dtype=torch.float32).reshape(samples, 4) / 10
+        with torch.no_grad():
+            reference = model(inputs)  # the whole set in one process
+        stream.sizes = []
+        outputs = trainer.predict(TensorDataset(inputs), per_device_batch_size=batch)
+        streamed = sum(stream.sizes)
+        from_loader = trainer.predict(DataLoader(TensorDataset(inputs), batch_size=batch))
+        results[f"{samples}x{batch}"] = {
+            "shape": list(outputs.shape),
+            "equal": bool(torch.allclose(outputs, reference, atol=1e-6)),
+            "loader_equal": bool(torch.allclose(from_loader, reference, atol=1e-6)),
+            "streamed": streamed,
+        }
+    report_and_exit(results)
+
+
+if __name__ == "__main__":
+    main()

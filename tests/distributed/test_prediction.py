@@ -1,0 +1,26 @@
+"""predict() over 2 processes equals the single-process outputs, in order, without repeats."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from launcher import launch
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    result = launch("prediction.py", out_dir=tmp_path_factory.mktemp("prediction"))
+    assert result.returncode == 0, result.output[-4000:]
+    return result.ranks
+
+
+@pytest.mark.parametrize("case", ["21x4", "10x4", "3x4", "16x4"])
+def test_every_rank_gets_every_sample_once_in_order(ranks: list[dict[str, Any]], case: str) -> None:
+    samples = int(case.split("x")[0])
+    assert len(ranks) == 2
+    for rank in ranks:
+        assert rank[case]["shape"] == [samples, 2]
+        assert rank[case]["equal"]
+        assert rank[case]["loader_equal"]
+        assert rank[case]["streamed"] == samples
