@@ -42,6 +42,8 @@ R = TypeVar("R")
 __all__ = [
     "check_accelerator",
     "check_constructor_arguments",
+    "check_data",
+    "check_dataloader_settings",
     "check_enough_samples",
     "check_evaluate_arguments",
     "check_has_batches",
@@ -49,6 +51,7 @@ __all__ = [
     "check_train_arguments",
     "check_trainer_settings",
     "created_scheduler",
+    "loader_settings",
     "predict_dataloader",
     "suggest_arguments",
 ]
@@ -130,11 +133,20 @@ def check_train_arguments(arguments: Mapping[str, Any]) -> None:
             "a directory path, 'latest' or None",
             "Pass the directory of a training state, e.g. resume_from='states/updates-00001000'.",
         )
-    check_sized_dataset(where, "train_dataset", arguments["train_dataset"])
+    check_data(where, "train_dataset", arguments["train_dataset"])
     if arguments["eval_dataset"] is not None:
-        check_sized_dataset(where, "eval_dataset", arguments["eval_dataset"])
-    for name in ("num_epochs", "per_device_batch_size", "gradient_accumulation_steps"):
+        check_data(where, "eval_dataset", arguments["eval_dataset"])
+    common = {name: arguments[name] for name in ("per_device_batch_size", "collate_fn")}
+    for role in ("train", "eval"):
+        kwargs_name = f"{role}_dataloader_kwargs"
+        check_dataloader_settings(
+            where, arguments[f"{role}_dataset"], **{kwargs_name: arguments[kwargs_name]}, **common
+        )
+    for name in ("num_epochs", "gradient_accumulation_steps"):
         check_positive_int(where, name, arguments[name])
+    check_positive_int(
+        where, "per_device_batch_size", arguments["per_device_batch_size"], allow_none=True
+    )
     check_positive_int(
         where, "max_num_train_steps", arguments["max_num_train_steps"], allow_none=True
     )
@@ -263,7 +275,7 @@ def check_loss_func(
 
 
 def check_evaluate_arguments(
-    dataset: object, per_device_batch_size: object, dataloader_kwargs: object
+    dataset: object, per_device_batch_size: object, dataloader_kwargs: object, collate_fn: object
 ) -> None:
     """Check the arguments of ``Trainer.evaluate`` (``dataset`` after its default is applied)."""
     where = "Trainer.evaluate"
@@ -276,9 +288,55 @@ def check_evaluate_arguments(
             "a dataset",
             "Pass evaluate(dataset=...), or call train(..., eval_dataset=...) first.",
         )
-    check_sized_dataset(where, "dataset", dataset)
-    check_positive_int(where, "per_device_batch_size", per_device_batch_size)
+    check_data(where, "dataset", dataset)
+    check_positive_int(where, "per_device_batch_size", per_device_batch_size, allow_none=True)
     check_mapping(where, "dataloader_kwargs", dataloader_kwargs)
+    check_dataloader_settings(
+        where,
+        dataset,
+        per_device_batch_size=per_device_batch_size,
+        dataloader_kwargs=dataloader_kwargs,
+        collate_fn=collate_fn,
+    )
+
+
+def check_data(where: str, name: str, data: object) -> None:
+    """Accept a map-style dataset, or a ``DataLoader`` over one."""
+    if isinstance(data, DataLoader):
+        check_sized_dataset(where, f"{name}.dataset (of the DataLoader)", data.dataset)
+    else:
+        check_sized_dataset(where, name, data)
+
+
+def check_dataloader_settings(where: str, data: object, **settings: object) -> None:
+    """Reject the arguments that build a dataloader when ``data`` is already a ``DataLoader``.
+
+    Args:
+        where: The entry point.
+        data: The dataset or dataloader the user passed.
+        **settings: The arguments that build a dataloader from a dataset, by name.
+
+    Raises:
+        ValueError: If ``data`` is a ``DataLoader`` and one of ``settings`` is given.
+    """
+    if not isinstance(data, DataLoader):
+        return
+    for name, value in settings.items():
+        if value is not None:
+            fail(
+                ValueError,
+                where,
+                name,
+                value,
+                "None when the data is a DataLoader",
+                "Build the DataLoader with it, or pass the dataset instead of a DataLoader.",
+            )
+
+
+def loader_settings(dataloader: DataLoader[Any]) -> dict[str, Any]:
+    """The settings a user-built ``DataLoader`` holds, as the run config records them."""
+    names = ("batch_size", "num_workers", "pin_memory", "drop_last", "collate_fn")
+    return {name: getattr(dataloader, name) for name in names}
 
 
 def _check_optimizer_fits(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:

@@ -218,7 +218,7 @@ class Trainer(TrainerPersistence, PortedTrainerAttributes):
         train_dataset: Any,
         num_epochs: int,
         eval_dataset: Any = None,
-        per_device_batch_size: int = 8,
+        per_device_batch_size: int | None = None,
         max_num_train_steps: int | None = None,
         gradient_accumulation_steps: int = 1,
         gradient_clip_value: float | None = None,
@@ -234,10 +234,14 @@ class Trainer(TrainerPersistence, PortedTrainerAttributes):
         """Train for ``num_epochs`` (or ``max_num_train_steps`` updates, whichever ends first).
 
         Args:
-            train_dataset: A map-style dataset (with ``__len__``).
+            train_dataset: A map-style dataset (with ``__len__``), or a ``DataLoader`` you built
+                over one (accelerate shards it; then leave ``per_device_batch_size``,
+                ``train_dataloader_kwargs`` and ``collate_fn`` out).
             num_epochs: Epochs to train for in this call.
-            eval_dataset: Evaluated after every training epoch, if given.
-            per_device_batch_size: Batch size on each process (train and eval).
+            eval_dataset: Evaluated after every training epoch, if given: a dataset or a
+                ``DataLoader``.
+            per_device_batch_size: Batch size on each process (train and eval), for datasets;
+                8 if not given.
             max_num_train_steps: Stop after this many optimizer updates (per process).
             gradient_accumulation_steps: Micro-batches per optimizer update.
             gradient_clip_value: Clip each gradient element to ``[-value, value]``.
@@ -258,15 +262,16 @@ class Trainer(TrainerPersistence, PortedTrainerAttributes):
         checks.check_train_arguments(locals())
         has_eval = eval_dataset is not None
         checks.check_loss_func("Trainer.train", self, Trainer, with_train=True, with_eval=has_eval)
-        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self.create_scheduler_fn, self.collate_fn = create_scheduler_fn, collate_fn
         if reset_run_history:
             self.run_history.reset()
-        train_dl = self.create_train_dataloader(per_device_batch_size, train_dataloader_kwargs)
-        checks.check_enough_samples(train_dl, len(train_dataset), self._accelerator.num_processes)
-        eval_dl, self._eval_dl_kwargs = None, {}
-        if eval_dataset is not None:
-            eval_dl = self.create_eval_dataloader(per_device_batch_size, eval_dataloader_kwargs)
+        train_dl, eval_dl = self._dataloaders(
+            train_dataset,
+            eval_dataset,
+            per_device_batch_size,
+            train_dataloader_kwargs,
+            eval_dataloader_kwargs,
+        )
         self._preparation.prepare(self, train_dl, eval_dl)
         checks.check_has_batches(
             "Trainer.train",
@@ -292,7 +297,7 @@ class Trainer(TrainerPersistence, PortedTrainerAttributes):
     def evaluate(
         self,
         dataset: Any = None,
-        per_device_batch_size: int = 8,
+        per_device_batch_size: int | None = None,
         dataloader_kwargs: Mapping[str, Any] | None = None,
         collate_fn: Callable[..., Any] | None = None,
     ) -> None:
@@ -302,18 +307,22 @@ class Trainer(TrainerPersistence, PortedTrainerAttributes):
         earlier training runs are kept.
 
         Args:
-            dataset: The dataset; defaults to the ``eval_dataset`` of the last ``train()``.
-            per_device_batch_size: Batch size on each process.
+            dataset: The dataset, or a ``DataLoader`` you built; defaults to the
+                ``eval_dataset`` of the last ``train()``.
+            per_device_batch_size: Batch size on each process, for a dataset (default 8).
             dataloader_kwargs: Override the ``DataLoader`` arguments.
             collate_fn: The collate function of the dataloader.
         """
         dataset = self.eval_dataset if dataset is None else dataset
-        checks.check_evaluate_arguments(dataset, per_device_batch_size, dataloader_kwargs)
+        checks.check_evaluate_arguments(
+            dataset, per_device_batch_size, dataloader_kwargs, collate_fn
+        )
         checks.check_loss_func("Trainer.evaluate", self, Trainer, with_train=False, with_eval=True)
         checks.check_trainer_settings("Trainer.evaluate", self)
-        self.eval_dataset, self.collate_fn = dataset, collate_fn
-        self._train_dl_kwargs = {}
-        eval_dl = self.create_eval_dataloader(per_device_batch_size, dataloader_kwargs)
+        self.collate_fn, self._train_dl_kwargs, self._eval_dl_kwargs = collate_fn, {}, {}
+        eval_dl = self._adopt("eval", dataset)
+        if eval_dl is None:
+            eval_dl = self.create_eval_dataloader(per_device_batch_size or 8, dataloader_kwargs)
         self._preparation.prepare(self, None, eval_dl)
         checks.check_has_batches(
             "Trainer.evaluate", self._preparation, dataloader_kwargs=self._eval_dl_kwargs
@@ -363,6 +372,33 @@ class Trainer(TrainerPersistence, PortedTrainerAttributes):
         self._preparation.prepare_model_and_optimizer(self)
         with self._preparation.prepared_for_prediction(loader) as prepared:
             return self._prediction.run(prepared, output_device, keep_outputs)
+
+    def _dataloaders(
+        self,
+        train: Any,
+        evaluation: Any,
+        batch_size: int | None,
+        train_kwargs: Mapping[str, Any] | None,
+        eval_kwargs: Mapping[str, Any] | None,
+    ) -> tuple[DataLoader[Any], DataLoader[Any] | None]:
+        """This run's dataloaders: those the user built, or built from the datasets."""
+        self._train_dl_kwargs, self._eval_dl_kwargs = {}, {}
+        train_dl, eval_dl = self._adopt("train", train), self._adopt("eval", evaluation)
+        if train_dl is None:
+            train_dl = self.create_train_dataloader(batch_size or 8, train_kwargs)
+        num_processes = self._accelerator.num_processes
+        checks.check_enough_samples(train_dl, len(self.train_dataset), num_processes)
+        if eval_dl is None and evaluation is not None:
+            eval_dl = self.create_eval_dataloader(batch_size or 8, eval_kwargs)
+        return train_dl, eval_dl
+
+    def _adopt(self, role: str, data: Any) -> DataLoader[Any] | None:
+        """Set ``<role>_dataset`` from ``data``; return ``data`` if it is a DataLoader."""
+        loader = data if isinstance(data, DataLoader) else None
+        setattr(self, f"{role}_dataset", data if loader is None else loader.dataset)
+        if loader is not None:
+            setattr(self, f"_{role}_dl_kwargs", checks.loader_settings(loader))
+        return loader
 
     def create_train_dataloader(
         self, batch_size: int, train_dl_kwargs: Mapping[str, Any] | None = None

@@ -28,7 +28,7 @@ DATA = make_regression_dataset(16)
         (
             {"per_device_batch_size": -2},
             ValueError,
-            r"per_device_batch_size must be a positive int, got -2",
+            r"per_device_batch_size must be a positive int or None, got -2",
         ),
         (
             {"gradient_accumulation_steps": 0},
