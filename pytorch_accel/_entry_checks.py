@@ -308,12 +308,15 @@ def check_data(where: str, name: str, data: object) -> None:
         check_sized_dataset(where, name, data)
 
 
-def check_dataloader_settings(where: str, data: object, **settings: object) -> None:
+def check_dataloader_settings(
+    where: str, data: object, *, data_name: str = "the data", **settings: object
+) -> None:
     """Reject the arguments that build a dataloader when ``data`` is already a ``DataLoader``.
 
     Args:
         where: The entry point.
         data: The dataset or dataloader the user passed.
+        data_name: How the message names ``data``.
         **settings: The arguments that build a dataloader from a dataset, by name.
 
     Raises:
@@ -328,7 +331,7 @@ def check_dataloader_settings(where: str, data: object, **settings: object) -> N
                 where,
                 name,
                 value,
-                "None when the data is a DataLoader",
+                f"None when {data_name} is a DataLoader",
                 "Build the DataLoader with it, or pass the dataset instead of a DataLoader.",
             )
 
@@ -432,25 +435,15 @@ def predict_dataloader(
 ) -> DataLoader[Any]:
     """Check ``Trainer.predict``'s arguments; return the user's dataloader or build one."""
     where = "Trainer.predict"
+    check_dataloader_settings(
+        where,
+        data,
+        data_name="data",
+        per_device_batch_size=per_device_batch_size,
+        dataloader_kwargs=dataloader_kwargs,
+        collate_fn=collate_fn,
+    )
     if isinstance(data, DataLoader):
-        given = [
-            name
-            for name, value in (
-                ("per_device_batch_size", per_device_batch_size),
-                ("dataloader_kwargs", dataloader_kwargs),
-                ("collate_fn", collate_fn),
-            )
-            if value is not None
-        ]
-        if given:
-            fail(
-                ValueError,
-                where,
-                given[0],
-                "given",
-                "None when data is a DataLoader",
-                "Build the DataLoader with these settings, or pass the dataset instead.",
-            )
         if isinstance(data.sampler, RandomSampler):
             fail(
                 ValueError,

@@ -22,6 +22,7 @@ __all__ = [
     "check_positive_int",
     "check_positive_number",
     "check_sized_dataset",
+    "explain_backward_failure",
     "fail",
     "inputs_and_targets",
     "shape_mismatches_raise",
@@ -196,11 +197,7 @@ def check_batch_output(batch_output: Any, method: str) -> dict[str, Any]:
         TypeError: If it is not a mapping.
         ValueError: If ``loss`` or ``batch_size`` is missing.
     """
-    if (
-        type(batch_output) is dict
-        and isinstance(batch_output.get("loss"), torch.Tensor)
-        and "batch_size" in batch_output
-    ):
+    if type(batch_output) is dict and "loss" in batch_output and "batch_size" in batch_output:
         return batch_output
     if not isinstance(batch_output, Mapping):
         raise TypeError(
@@ -214,14 +211,37 @@ def check_batch_output(batch_output: Any, method: str) -> dict[str, Any]:
             f"Trainer.{method} returned a dict without {missing} (keys: {sorted(batch_output)}). "
             "Return e.g. {'loss': loss, 'model_outputs': outputs, 'batch_size': targets.size(0)}."
         )
-    loss = batch_output["loss"]
+    return batch_output  # type: ignore[return-value]
+
+
+def explain_backward_failure(loss: object, method: str, error: Exception) -> None:
+    """Raise a clear error if the loss itself made the backward pass fail; else return.
+
+    Called only after a failure, so the steps that succeed pay nothing for the check.
+
+    Args:
+        loss: The loss the step method returned.
+        method: The step method's name.
+        error: The error the backward pass raised.
+
+    Raises:
+        TypeError: If the loss is not a tensor (a Python number from ``loss.item()``).
+        ValueError: If the loss does not require grad.
+    """
     if not isinstance(loss, torch.Tensor):
         raise TypeError(
             f"Trainer.{method} returned a loss of type {type(loss).__name__} ({loss!r}); it must "
             "be the loss tensor, to back-propagate and track on the device. Return the tensor "
             "itself, not loss.item()."
-        )
-    return batch_output  # type: ignore[return-value]
+        ) from error
+    if not loss.requires_grad:
+        raise ValueError(
+            f"Trainer.{method} returned a loss that does not require grad ({loss!r}), so there "
+            "is nothing to back-propagate: the model's parameters are all frozen "
+            "(requires_grad=False), or the loss was computed under torch.no_grad() or from "
+            "detached values. Unfreeze some parameters, or compute the loss from the model's "
+            "outputs."
+        ) from error
 
 
 def inputs_and_targets(batch: Any, method: str) -> tuple[Any, Any]:

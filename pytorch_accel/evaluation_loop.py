@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.utils import slice_tensors
 
-from pytorch_accel._validation import check_batch_output, shape_mismatches_raise
+from pytorch_accel._validation import check_batch_output
 from pytorch_accel.batch_iteration import epoch_batches
 from pytorch_accel.levels import EVAL_EPOCH, EVAL_STEP, EVAL_STEP_EVENTS, Levels
 from pytorch_accel.preparation import Preparation
@@ -57,9 +57,7 @@ class EvaluationLoop:
         run, whose eval iterators start afresh, draws the same.
         """
         self.loss_tracker.reset()
-        where = "Trainer.train" if self._trainer.is_training else "Trainer.evaluate"
-        device = self._trainer.device
-        with torch.no_grad(), training_rng_preserved(device), shape_mismatches_raise(where):
+        with torch.no_grad(), training_rng_preserved(self._trainer.device):
             self.progress = self._progress_events()
             self._levels.run(
                 EVAL_EPOCH,

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
+from pytorch_accel._validation import shape_mismatches_raise
 from pytorch_accel.distributed import StopAgreement
 from pytorch_accel.errors import StopTrainingError
 
@@ -98,6 +99,28 @@ class Levels:
         self._agreement = agreement
         self.stopped_by: StopTrainingError | None = None
 
+    def run_entry_point(
+        self,
+        where: str,
+        level: Level,
+        body: Callable[..., dict[str, Any] | None],
+        args: tuple[Any, ...] = (),
+    ) -> None:
+        """Run a whole run level (``train``, ``evaluate``, ``predict``) as ``run`` does.
+
+        ``stopped_by`` is cleared first and holds the stop that ended the run, if one did;
+        a loss that broadcasts targets of another shape raises (``shape_mismatches_raise``).
+
+        Args:
+            where: The entry point, for messages (``"Trainer.train"``).
+            level: A run level (``on_stop="handle"``).
+            body: Runs the level's work.
+            args: Passed to ``body``.
+        """
+        self.stopped_by = None
+        with shape_mismatches_raise(where):
+            self.run(level, body, args)
+
     def run(
         self,
         level: Level,
@@ -110,10 +133,8 @@ class Levels:
 
         ``body`` may return extra keyword arguments for the end event. On a
         ``StopTrainingError`` the level acts as its ``on_stop`` says; a run level (``"handle"``)
-        keeps the stop that ended it in ``stopped_by`` (``None`` when it ran to its end).
+        keeps the stop that ended it in ``stopped_by``.
         """
-        if level.on_stop == "handle":
-            self.stopped_by = None
         try:
             self.fire(level.start_hook, level.start_event, kwargs)
             end_kwargs = body(*args) or {}

@@ -62,7 +62,9 @@ class PredictionLoop:
         try:
             device = self._trainer.device
             with torch.no_grad(), training_rng_preserved(device):
-                self._levels.run(PREDICT_RUN, self._batches, (dataloader, output_device))
+                self._levels.run_entry_point(
+                    "Trainer.predict", PREDICT_RUN, self._batches, (dataloader, output_device)
+                )
         finally:
             model.train(was_training)
         outputs, self._outputs = self._outputs, None

@@ -330,7 +330,8 @@ class Trainer(TrainerPersistence, PortedTrainerAttributes):
         self.run_config = self._preparation.run_config(
             None, ({}, self._eval_dl_kwargs), num_epochs=1
         )
-        self._levels.run(EVALUATION_RUN, functools.partial(self._loop.evaluate, "evaluation_loss"))
+        evaluate = functools.partial(self._loop.evaluate, "evaluation_loss")
+        self._levels.run_entry_point("Trainer.evaluate", EVALUATION_RUN, evaluate)
 
     @checks.suggest_arguments
     def predict(
@@ -461,7 +462,8 @@ class Trainer(TrainerPersistence, PortedTrainerAttributes):
             A dict with ``loss`` (the batch's mean loss, un-scaled), ``model_outputs`` and
             ``batch_size``. Gradient accumulation scaling happens in the loop.
         """
-        inputs, targets = inputs_and_targets(batch, "calculate_train_batch_loss")
+        pair = type(batch) is list and len(batch) == 2  # default_collate's (inputs, targets)
+        inputs, targets = batch if pair else inputs_and_targets(batch, "calculate_train_batch_loss")
         model_outputs = self.model(inputs)
         loss = self.loss_func(model_outputs, targets)  # type: ignore[misc]  # checked by train()
         return {"loss": loss, "model_outputs": model_outputs, "batch_size": targets.shape[0]}

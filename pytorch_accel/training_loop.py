@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from pytorch_accel._validation import check_batch_output, fail, shape_mismatches_raise
+from pytorch_accel._validation import (
+    check_batch_output,
+    explain_backward_failure,
+    fail,
+)
 from pytorch_accel.accumulation import AccumulationPlan
 from pytorch_accel.evaluation_loop import EvaluationLoop
 from pytorch_accel.levels import TRAIN_EPOCH, TRAIN_STEP, TRAIN_STEP_EVENTS, TRAINING_RUN, Levels
@@ -87,8 +91,7 @@ class TrainingLoop:
         self._resume, self.running = resume, True
         self.resumed_from = None if resume is None else resume.directory
         try:
-            with shape_mismatches_raise("Trainer.train"):
-                self._levels.run(TRAINING_RUN, self._epochs)
+            self._levels.run_entry_point("Trainer.train", TRAINING_RUN, self._epochs)
         finally:
             self.running, self._resume, self.savable = False, None, None
 
@@ -166,13 +169,15 @@ class TrainingLoop:
             trainer.calculate_train_batch_loss(batch), "calculate_train_batch_loss"
         )
         loss = batch_output["loss"]
-        if not loss.requires_grad:
-            _no_gradient(loss)
         self.loss_tracker.update(loss, batch_output["batch_size"])
         handler = trainer.callback_handler  # an event nobody listens to costs one set look-up
         if "on_backward_start" in handler.active_events:
             self._levels.fire(None, "on_backward_start", {})
-        trainer.backward_step(loss if scale == 1.0 else loss * scale)
+        try:
+            trainer.backward_step(loss if scale == 1.0 else loss * scale)
+        except (AttributeError, RuntimeError) as error:  # checked only once it failed
+            explain_backward_failure(loss, "calculate_train_batch_loss", error)
+            raise
         if "on_backward_end" in handler.active_events:
             self._levels.fire(None, "on_backward_end", {})
         return batch_output
@@ -302,12 +307,3 @@ class TrainingLoop:
         return ProgressEvents(
             trainer.callback_handler, trainer, "on_train_progress", trainer.progress_interval
         )
-
-
-def _no_gradient(loss: torch.Tensor) -> NoReturn:
-    raise ValueError(
-        "Trainer.calculate_train_batch_loss returned a loss that does not require grad "
-        f"({loss!r}), so there is nothing to back-propagate: the model's parameters are all "
-        "frozen (requires_grad=False), or the loss was computed under torch.no_grad() or from "
-        "detached values. Unfreeze some parameters, or compute the loss from the model's outputs."
-    )

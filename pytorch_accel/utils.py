@@ -15,10 +15,9 @@ from typing import Any, ParamSpec, TypeVar
 
 import torch
 from accelerate.state import PartialState
-from accelerate.utils import wait_for_everyone
 from torch import nn
 
-from pytorch_accel.callbacks.limit_batches import LIMIT_BATCHES_ENV_VAR, LimitBatches
+from pytorch_accel.batch_limits import LIMIT_BATCHES_ENV_VAR, LimitBatches
 from pytorch_accel.dataloaders import worker_init_fn
 from pytorch_accel.distributed import remove_padding
 
@@ -57,18 +56,16 @@ class DataLoaderSlice:
         return self.slice_size
 
 
-def _on_process_zero(local: bool, first: bool) -> Callable[[Callable[P, R]], Callable[P, R | None]]:
-    """Build a decorator that runs a function on process zero (only, or first), then waits."""
+def _on_process_zero_only(local: bool) -> Callable[[Callable[P, R]], Callable[P, R | None]]:
+    """Build a decorator: run on process zero (of the node, or of the run) only, then wait."""
 
     def decorate(func: Callable[P, R]) -> Callable[P, R | None]:
         @functools.wraps(func)
         def wrapped(*args: P.args, **kwargs: P.kwargs) -> R | None:
             state = PartialState()
-            index = state.local_process_index if local else state.process_index
-            result = func(*args, **kwargs) if index == 0 else None
-            wait_for_everyone()
-            if first and index != 0:
-                result = func(*args, **kwargs)
+            zero = state.is_local_main_process if local else state.is_main_process
+            result = func(*args, **kwargs) if zero else None
+            state.wait_for_everyone()
             return result
 
         return wrapped
@@ -78,17 +75,26 @@ def _on_process_zero(local: bool, first: bool) -> Callable[[Callable[P, R]], Cal
 
 def local_process_zero_only(func: Callable[P, R]) -> Callable[P, R | None]:
     """Run ``func`` on each node's main process only (others get ``None``); then all wait."""
-    return _on_process_zero(local=True, first=False)(func)
-
-
-def local_process_zero_first(func: Callable[P, R]) -> Callable[P, R | None]:
-    """Run ``func`` on each node's main process first, then on the others (e.g. a download)."""
-    return _on_process_zero(local=True, first=True)(func)
+    return _on_process_zero_only(local=True)(func)
 
 
 def world_process_zero_only(func: Callable[P, R]) -> Callable[P, R | None]:
     """Run ``func`` on the main process of the whole run only (others get ``None``)."""
-    return _on_process_zero(local=False, first=False)(func)
+    return _on_process_zero_only(local=False)(func)
+
+
+def local_process_zero_first(func: Callable[P, R]) -> Callable[P, R]:
+    """Run ``func`` on each node's main process first, then on the others (e.g. a download).
+
+    accelerate's ``PartialState.local_main_process_first`` does the ordering.
+    """
+
+    @functools.wraps(func)
+    def wrapped(*args: P.args, **kwargs: P.kwargs) -> R:
+        with PartialState().local_main_process_first():
+            return func(*args, **kwargs)
+
+    return wrapped
 
 
 class ModelEma(nn.Module):

@@ -35,6 +35,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.training_state",
             "pytorch_accel.finetuning",
             "pytorch_accel.schedulers",
+            "pytorch_accel.batch_limits",
+            "pytorch_accel.utils",
         ),
     ),
     (
@@ -64,7 +66,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.timm_trainer",
         ),
     ),
-    ("catalogue", ("pytorch_accel.callbacks", "pytorch_accel.utils")),
+    ("catalogue", ("pytorch_accel.callbacks",)),
 )
 
 # The one place the facade reaches into the catalogue: the default callbacks (also served, for

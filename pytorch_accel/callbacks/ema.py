@@ -21,6 +21,7 @@ from pytorch_accel.callbacks._watch import (
     resolve_direction,
     value_of_main_process,
 )
+from pytorch_accel.utils import ModelEma
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer
@@ -305,8 +306,6 @@ def _swap(pairs: list[_Pair]) -> None:
 
 def _check_ported_arguments(model_ema: Any, callbacks: Iterable[Any]) -> None:
     """Reject pytorch-accelerated's ``model_ema`` and ``callbacks`` where they would differ."""
-    from pytorch_accel.utils import ModelEma  # the catalogue's module; not at import time
-
     if model_ema is not None and model_ema is not ModelEma:
         fail(
             TypeError,
