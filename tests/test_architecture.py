@@ -62,6 +62,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel._compat",
             "pytorch_accel._entry_checks",
             "pytorch_accel.persistence",
+            "pytorch_accel.steps",
+            "pytorch_accel.data_inputs",
             "pytorch_accel.trainer",
             "pytorch_accel.timm_trainer",
         ),
