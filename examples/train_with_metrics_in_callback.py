@@ -11,8 +11,8 @@ and records its values in the trainer's run history after every evaluation epoch
 
 The data are scikit-learn's bundled handwritten digits (8x8 images, nothing is downloaded),
 split into train, eval and test sets; a small MLP classifies them. After training, the test set
-is evaluated with `trainer.evaluate` under the run-history prefix `test_`, so the same callback
-records `test_accuracy` and `test_f1` next to `test_evaluation_loss`.
+is evaluated with `trainer.evaluate(..., metric_prefix="test_")`, so the same callback records
+`test_accuracy` and `test_f1` next to `test_loss`, apart from the validation series.
 
 Run it with:
 
@@ -126,7 +126,7 @@ def train(args: argparse.Namespace) -> Trainer:
 
     Returns:
         The trainer. Its run history holds `accuracy` and `f1` for every epoch, and
-        `test_accuracy`, `test_f1` and `test_evaluation_loss` from the test evaluation.
+        `test_accuracy`, `test_f1` and `test_loss` from the test evaluation.
     """
     set_seed(args.seed)
     train_dataset, eval_dataset, test_dataset = load_datasets(args.subset)
@@ -143,11 +143,8 @@ def train(args: argparse.Namespace) -> Trainer:
         num_epochs=args.num_epochs,
         per_device_batch_size=args.batch_size,
     )
-    trainer.run_history.set_metric_name_prefix("test_")  # test_accuracy, test_f1, ...
-    try:
-        trainer.evaluate(test_dataset, per_device_batch_size=args.batch_size)
-    finally:
-        trainer.run_history.set_metric_name_prefix("")
+    # test_loss, test_accuracy, test_f1: apart from the validation series
+    trainer.evaluate(test_dataset, per_device_batch_size=args.batch_size, metric_prefix="test_")
     return trainer
 
 

@@ -10,13 +10,13 @@ import difflib
 import functools
 import inspect
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sized
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import torch
 from accelerate import Accelerator
 from torch import nn
-from torch.utils.data import DataLoader, RandomSampler
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
 from pytorch_accel._validation import (
     check_callable,
@@ -29,6 +29,7 @@ from pytorch_accel._validation import (
 )
 from pytorch_accel.dataloaders import merge_dataloader_kwargs
 from pytorch_accel.distributed import check_world_size
+from pytorch_accel.eval_sets import named_eval_sets
 from pytorch_accel.tracking import RunHistory
 
 if TYPE_CHECKING:
@@ -45,12 +46,14 @@ __all__ = [
     "check_data",
     "check_dataloader_settings",
     "check_enough_samples",
+    "check_eval_data",
     "check_evaluate_arguments",
     "check_has_batches",
     "check_loss_func",
     "check_train_arguments",
     "check_trainer_settings",
     "created_scheduler",
+    "has_length",
     "loader_settings",
     "predict_dataloader",
     "suggest_arguments",
@@ -133,22 +136,29 @@ def check_train_arguments(arguments: Mapping[str, Any]) -> None:
             "a directory path, 'latest' or None",
             "Pass the directory of a training state, e.g. resume_from='states/updates-00001000'.",
         )
-    check_data(where, "train_dataset", arguments["train_dataset"])
-    if arguments["eval_dataset"] is not None:
-        check_data(where, "eval_dataset", arguments["eval_dataset"])
+    check_data(where, "train_dataset", arguments["train_dataset"], streams=True)
+    _check_run_length(where, arguments)
     common = {name: arguments[name] for name in ("per_device_batch_size", "collate_fn")}
-    for role in ("train", "eval"):
-        kwargs_name = f"{role}_dataloader_kwargs"
-        check_dataloader_settings(
-            where, arguments[f"{role}_dataset"], **{kwargs_name: arguments[kwargs_name]}, **common
+    check_dataloader_settings(
+        where,
+        arguments["train_dataset"],
+        data_name="train_dataset",
+        train_dataloader_kwargs=arguments["train_dataloader_kwargs"],
+        **common,
+    )
+    if arguments["eval_dataset"] is not None:
+        check_eval_data(
+            where,
+            "eval_dataset",
+            arguments["eval_dataset"],
+            eval_dataloader_kwargs=arguments["eval_dataloader_kwargs"],
+            **common,
         )
-    for name in ("num_epochs", "gradient_accumulation_steps"):
+    for name in ("gradient_accumulation_steps", "eval_every_n_epochs"):
         check_positive_int(where, name, arguments[name])
+    _check_sanity_eval_batches(where, arguments["sanity_eval_batches"])
     check_positive_int(
         where, "per_device_batch_size", arguments["per_device_batch_size"], allow_none=True
-    )
-    check_positive_int(
-        where, "max_num_train_steps", arguments["max_num_train_steps"], allow_none=True
     )
     for name in ("gradient_clip_value", "max_grad_norm"):
         check_positive_number(where, name, arguments[name], allow_none=True)
@@ -170,6 +180,38 @@ def check_train_arguments(arguments: Mapping[str, Any]) -> None:
     check_callable(where, "collate_fn", arguments["collate_fn"], "Pass a function or None.")
     for name in ("train_dataloader_kwargs", "eval_dataloader_kwargs"):
         check_mapping(where, name, arguments[name])
+
+
+def check_eval_data(where: str, name: str, data: object, **settings: object) -> None:
+    """Check one eval set, or a mapping of named ones, and the settings that build loaders.
+
+    Args:
+        where: The entry point.
+        name: The argument's name.
+        data: A dataset or ``DataLoader``, or a mapping of set names to them.
+        **settings: The arguments that build a dataloader from a dataset, by name.
+    """
+    for set_name, one in named_eval_sets(where, name, data).items():
+        label = name if set_name is None else f"{name}[{set_name!r}]"
+        if one is None:
+            fail(TypeError, where, label, None, "a dataset", "Pass a dataset or remove the set.")
+        check_data(where, label, one)
+        check_dataloader_settings(where, one, data_name=label, **settings)
+
+
+def _check_sanity_eval_batches(where: str, value: object) -> None:
+    expected = "an int >= 0"
+    if isinstance(value, bool) or not isinstance(value, int):
+        fail(TypeError, where, "sanity_eval_batches", value, expected, "Pass e.g. 2, or 0.")
+    if value < 0:
+        fail(
+            ValueError,
+            where,
+            "sanity_eval_batches",
+            value,
+            expected,
+            "Pass the batches to check per eval set, e.g. 2, or 0 to skip the check.",
+        )
 
 
 def check_trainer_settings(where: str, trainer: Trainer) -> None:
@@ -218,8 +260,8 @@ def check_has_batches(where: str, preparation: Preparation, **dl_kwargs: Mapping
     """
     for name, kwargs in dl_kwargs.items():
         train = "train" in name
-        dataloader = preparation.train_dataloader if train else preparation.eval_dataloader
-        if dataloader is not None and len(dataloader) == 0:
+        loaders = [preparation.train_dataloader] if train else preparation.eval_dataloaders.values()
+        if any(loader is not None and _length(loader) == 0 for loader in loaders):
             fail(
                 ValueError,
                 where,
@@ -228,6 +270,14 @@ def check_has_batches(where: str, preparation: Preparation, **dl_kwargs: Mapping
                 "settings that give at least one batch per process",
                 "Check batch_sampler, drop_last and the batch size against the dataset size.",
             )
+
+
+def _length(loader: Sized) -> int | None:
+    """The dataloader's number of batches, ``None`` when it has none (an IterableDataset)."""
+    try:
+        return len(loader)
+    except TypeError:
+        return None
 
 
 def check_loss_func(
@@ -275,7 +325,11 @@ def check_loss_func(
 
 
 def check_evaluate_arguments(
-    dataset: object, per_device_batch_size: object, dataloader_kwargs: object, collate_fn: object
+    dataset: object,
+    per_device_batch_size: object,
+    dataloader_kwargs: object,
+    collate_fn: object,
+    metric_prefix: object,
 ) -> None:
     """Check the arguments of ``Trainer.evaluate`` (``dataset`` after its default is applied)."""
     where = "Trainer.evaluate"
@@ -288,24 +342,75 @@ def check_evaluate_arguments(
             "a dataset",
             "Pass evaluate(dataset=...), or call train(..., eval_dataset=...) first.",
         )
-    check_data(where, "dataset", dataset)
-    check_positive_int(where, "per_device_batch_size", per_device_batch_size, allow_none=True)
-    check_mapping(where, "dataloader_kwargs", dataloader_kwargs)
-    check_dataloader_settings(
+    check_eval_data(
         where,
+        "dataset",
         dataset,
         per_device_batch_size=per_device_batch_size,
         dataloader_kwargs=dataloader_kwargs,
         collate_fn=collate_fn,
     )
+    check_positive_int(where, "per_device_batch_size", per_device_batch_size, allow_none=True)
+    check_mapping(where, "dataloader_kwargs", dataloader_kwargs)
+    if not isinstance(metric_prefix, str):
+        fail(
+            TypeError,
+            where,
+            "metric_prefix",
+            metric_prefix,
+            "a string",
+            "Pass e.g. metric_prefix='test_' (the loss is then recorded as 'test_loss').",
+        )
 
 
-def check_data(where: str, name: str, data: object) -> None:
-    """Accept a map-style dataset, or a ``DataLoader`` over one."""
-    if isinstance(data, DataLoader):
-        check_sized_dataset(where, f"{name}.dataset (of the DataLoader)", data.dataset)
-    else:
-        check_sized_dataset(where, name, data)
+def check_data(where: str, name: str, data: object, *, streams: bool = False) -> None:
+    """Accept a map-style dataset, or a ``DataLoader`` over one (or streams, if allowed).
+
+    Args:
+        where: The entry point.
+        name: The argument's name.
+        data: A dataset or a ``DataLoader``.
+        streams: Also accept an ``IterableDataset`` (or a ``DataLoader`` over one).
+    """
+    dataset = data.dataset if isinstance(data, DataLoader) else data
+    if streams and isinstance(dataset, IterableDataset):
+        return
+    label = f"{name}.dataset (of the DataLoader)" if isinstance(data, DataLoader) else name
+    check_sized_dataset(where, label, dataset)
+
+
+def has_length(data: object) -> bool:
+    """Whether ``data`` (a dataset, or a ``DataLoader`` over one) has a number of samples."""
+    dataset = data.dataset if isinstance(data, DataLoader) else data
+    return not isinstance(dataset, IterableDataset)
+
+
+def _check_run_length(where: str, arguments: Mapping[str, Any]) -> None:
+    """Require ``num_epochs`` or ``max_num_train_steps``; the latter for data without length."""
+    num_epochs, max_steps = arguments["num_epochs"], arguments["max_num_train_steps"]
+    check_positive_int(where, "num_epochs", num_epochs, allow_none=True)
+    check_positive_int(where, "max_num_train_steps", max_steps, allow_none=True)
+    if max_steps is not None:
+        return
+    if not has_length(arguments["train_dataset"]):
+        fail(
+            ValueError,
+            where,
+            "max_num_train_steps",
+            None,
+            "a positive int when train_dataset has no length (an IterableDataset)",
+            "Pass max_num_train_steps=N: a run over a stream is counted in optimizer updates "
+            "(num_epochs, if given, caps the passes through it).",
+        )
+    if num_epochs is None:
+        fail(
+            ValueError,
+            where,
+            "num_epochs",
+            None,
+            "a positive int when max_num_train_steps is not given",
+            "Pass num_epochs=N, or max_num_train_steps=N for a run counted in updates.",
+        )
 
 
 def check_dataloader_settings(

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-from torch.utils.data import TensorDataset
+from torch.utils.data import IterableDataset, TensorDataset
 
 __all__ = [
     "default_dataloader_kwargs",
@@ -29,8 +29,11 @@ def _available_cpus() -> int:
 def default_num_workers(dataset: object, num_local_processes: int) -> int:
     """Return a sensible number of loader workers for one process.
 
-    In-memory tensor datasets load fastest in the main process (0 workers). Otherwise each
-    process gets one worker per spare CPU, at most 4, leaving one CPU for the training loop.
+    In-memory tensor datasets load fastest in the main process (0 workers). An
+    ``IterableDataset`` gets 0 too: with workers, each one would yield the whole stream unless
+    the dataset splits itself with ``torch.utils.data.get_worker_info()`` (pass ``num_workers``
+    yourself when it does). Otherwise each process gets one worker per spare CPU, at most 4,
+    leaving one CPU for the training loop.
 
     Args:
         dataset: The dataset to load.
@@ -39,7 +42,7 @@ def default_num_workers(dataset: object, num_local_processes: int) -> int:
     Returns:
         The number of workers.
     """
-    if isinstance(dataset, TensorDataset):
+    if isinstance(dataset, (TensorDataset, IterableDataset)):
         return 0
     per_process = _available_cpus() // max(1, num_local_processes)
     return max(0, min(_MAX_DEFAULT_WORKERS, per_process - 1))
@@ -95,7 +98,7 @@ def default_dataloader_kwargs(
     num_workers = default_num_workers(dataset, num_local_processes)
     pin_memory = torch.cuda.is_available() if device is None else device.type == "cuda"
     kwargs: dict[str, Any] = {
-        "shuffle": shuffle,
+        "shuffle": shuffle and not isinstance(dataset, IterableDataset),  # a stream has no order
         "batch_size": batch_size,
         "pin_memory": pin_memory,
         "num_workers": num_workers,

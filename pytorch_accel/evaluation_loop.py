@@ -1,11 +1,14 @@
 """The evaluation epoch: its level, its batches, and the loss of the samples that are real.
 
-    run_epoch              eval epoch level (no gradients, the training's random state kept)
-      _batches             for each batch: one eval step level
-        _step              calculate_eval_batch_loss, loss tracking
+    run_epoch              for each eval set: one eval epoch, named after the set
+      _run_set             eval epoch level (no gradients, the training's random state kept)
+        _batches           for each batch: one eval step level
+          _step            calculate_eval_batch_loss, loss tracking
+    sanity_check           a few batches of every set before training; the history is kept
 
 With several processes accelerate completes the last round of batches with repeated samples;
-their loss is left out, so the recorded loss is that of every sample exactly once.
+their loss is left out, so the recorded loss is that of every sample exactly once. Each named
+set is evaluated with the run history's prefix extended by its name (``eval_sets``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from accelerate.utils import slice_tensors
 
 from pytorch_accel._validation import check_batch_output
 from pytorch_accel.batch_iteration import epoch_batches
+from pytorch_accel.eval_sets import eval_set_prefix
 from pytorch_accel.levels import EVAL_EPOCH, EVAL_STEP, EVAL_STEP_EVENTS, Levels
 from pytorch_accel.preparation import Preparation
 from pytorch_accel.progress_events import ProgressEvents
@@ -32,7 +36,7 @@ __all__ = ["EvaluationLoop", "training_rng_preserved"]
 
 
 class EvaluationLoop:
-    """Runs evaluation epochs of the current run's eval dataloader.
+    """Runs evaluation epochs of the current run's eval dataloaders.
 
     Args:
         trainer: Whose ``calculate_eval_batch_loss`` runs and whose run history records the loss.
@@ -50,27 +54,64 @@ class EvaluationLoop:
         self.progress = self._progress_events()
 
     def run_epoch(self, metric_name: str, is_intermediate: bool = False) -> None:
-        """Run an eval epoch and record its mean loss as ``metric_name``.
+        """Run an eval epoch of every eval set, recording each mean loss as ``metric_name``.
 
-        It runs without gradients and under ``training_rng_preserved``: evaluating (an eval
+        Each runs without gradients and under ``training_rng_preserved``: evaluating (an eval
         set, or evaluating more often) never changes the training's random draws, so a resumed
-        run, whose eval iterators start afresh, draws the same.
+        run, whose eval iterators start afresh, draws the same. A named set's metrics get its
+        prefix (``val_eval_loss_epoch``).
         """
-        self.loss_tracker.reset()
-        with torch.no_grad(), training_rng_preserved(self._trainer.device):
-            self.progress = self._progress_events()
-            self._levels.run(
-                EVAL_EPOCH,
-                self._batches,
-                finish=functools.partial(self._finish, metric_name),
-                is_intermediate=is_intermediate,
-            )
+        for name in list(self._preparation.eval_dataloaders):
+            self._run_set(name, metric_name, is_intermediate, None)
 
-    def _batches(self) -> None:
+    def sanity_check(self, num_batches: int) -> None:
+        """Evaluate ``num_batches`` of every eval set, then put the run history back as it was.
+
+        It runs the eval step and every callback of the eval events (with ``sanity_check=True``),
+        so a broken evaluation fails before the first training epoch rather than after it. The
+        run's results do not change: no gradients, the training's random state kept, and the
+        metrics it recorded are removed.
+        """
+        history = self._trainer.run_history
+        saved = history.state_dict()
+        try:
+            for name in list(self._preparation.eval_dataloaders):
+                self._run_set(name, "sanity_eval_loss", False, num_batches)
+        finally:
+            history.load_state_dict(saved)
+
+    def _run_set(
+        self, name: str | None, metric_name: str, is_intermediate: bool, limit: int | None
+    ) -> None:
+        """Run one eval epoch of the set ``name``, with its metric prefix, at most ``limit``."""
+        trainer, preparation = self._trainer, self._preparation
+        history = trainer.run_history
+        outer_prefix = history.metric_name_prefix
+        preparation.eval_set = name
+        history.set_metric_name_prefix(outer_prefix + eval_set_prefix(name))
+        self.loss_tracker.reset()
+        try:
+            with torch.no_grad(), training_rng_preserved(trainer.device):
+                self.progress = self._progress_events()
+                self._levels.run(
+                    EVAL_EPOCH,
+                    self._batches,
+                    (limit,),
+                    finish=functools.partial(self._finish, metric_name),
+                    is_intermediate=is_intermediate,
+                    eval_set=name,
+                    sanity_check=limit is not None,
+                )
+        finally:
+            history.set_metric_name_prefix(outer_prefix)
+            preparation.eval_set = None
+
+    def _batches(self, limit: int | None) -> None:
         dataloader = self._preparation.eval_dataloader
         assert dataloader is not None
         progress = self.progress
-        with epoch_batches(dataloader, self._trainer.limit_eval_batches) as batches:
+        limits = [n for n in (limit, self._trainer.limit_eval_batches) if n is not None]
+        with epoch_batches(dataloader, min(limits, default=None)) as batches:
             run_level, eval_step = self._levels.run, self._step  # bound once
             handler = self._trainer.callback_handler
             for index, batch in enumerate(batches):

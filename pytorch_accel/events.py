@@ -61,7 +61,13 @@ What happens at each point:
   ``step`` (0-based index in the epoch).
 - ``on_eval_step_end`` fires with ``batch`` and ``batch_output``; ``on_eval_epoch_start`` and
   ``on_eval_epoch_end`` receive ``is_intermediate`` (``True`` for an evaluation started in the
-  middle of a training epoch).
+  middle of a training epoch), ``eval_set`` (the name of the set, ``None`` for the one
+  unnamed set; ``trainer.eval_set`` holds it for the step events) and ``sanity_check``
+  (``True`` for the few batches ``train(sanity_eval_batches=...)`` checks before training,
+  whose recorded metrics are then removed: skip side effects such as logging then).
+- ``on_training_run_epoch_end`` receives ``evaluated``: ``False`` when the run's eval sets
+  were not evaluated after this epoch (``train(eval_every_n_epochs=...)``), ``True``
+  otherwise (also in a run without eval sets).
 - ``on_predict_step_end`` fires with ``batch`` and ``predictions``: the batch's outputs
   gathered from every process (without the samples accelerate repeats) and moved to
   ``predict()``'s ``output_device``, the same on every process; a callback can write them

@@ -197,8 +197,16 @@ def _resolve_operand(
     return operand
 
 
+_NO_LENGTH = (
+    "the train data has no length (an IterableDataset): the run is counted in updates, so use "
+    "TOTAL_NUM_UPDATE_STEPS"
+)
 _UNAVAILABLE_REASON = {
     TrainerPlaceholderValues.EVAL_DATALOADER_LEN: "train() was called without an eval_dataset",
+    TrainerPlaceholderValues.NUM_EPOCHS: "train() was given no num_epochs and the train data "
+    "has no length, so the number of epochs is not known",
+    TrainerPlaceholderValues.NUM_UPDATE_STEPS_PER_EPOCH: _NO_LENGTH,
+    TrainerPlaceholderValues.TRAIN_DATALOADER_LEN: _NO_LENGTH,
 }
 
 

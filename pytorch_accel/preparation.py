@@ -40,7 +40,10 @@ class Preparation:
         direct_optimizer: The optimizer inside accelerate's wrapper when calling it directly is
             equivalent (see ``_direct_optimizer``), else ``None``.
         train_dataloader: The prepared train dataloader of the current run, if any.
-        eval_dataloader: The prepared eval dataloader of the current run, if any.
+        eval_dataloaders: The prepared eval dataloaders of the current run, by set name
+            (``None``: the one unnamed set); empty without an eval set.
+        eval_set: The name of the set being evaluated (``None`` when it is the unnamed one,
+            or nothing is evaluated).
         resumable: The controls of a train dataloader that can resume mid-epoch, if it can.
     """
 
@@ -50,7 +53,8 @@ class Preparation:
         self._trainable_when_wrapped: tuple[bool, ...] = ()
         self.direct_optimizer: torch.optim.Optimizer | None = None
         self.train_dataloader: DataLoader[Any] | None = None
-        self.eval_dataloader: DataLoader[Any] | None = None
+        self.eval_dataloaders: dict[str | None, DataLoader[Any]] = {}
+        self.eval_set: str | None = None
         self.resumable: ResumableLoader | None = None
 
     @property
@@ -58,12 +62,23 @@ class Preparation:
         """Whether a model and an optimizer were prepared."""
         return self._prepared != (None, None)
 
+    @property
+    def eval_dataloader(self) -> DataLoader[Any] | None:
+        """The eval dataloader of the set being evaluated, else of the first set (or ``None``)."""
+        loaders = self.eval_dataloaders
+        if not loaders:
+            return None
+        return loaders.get(self.eval_set) or next(iter(loaders.values()))
+
     def prepare(
-        self, trainer: Trainer, train_dl: DataLoader[Any] | None, eval_dl: DataLoader[Any] | None
+        self,
+        trainer: Trainer,
+        train_dl: DataLoader[Any] | None,
+        eval_dls: Mapping[str | None, DataLoader[Any]],
     ) -> None:
         """Prepare the model and optimizer (once each) and this run's dataloaders."""
         self.prepare_model_and_optimizer(trainer)
-        self.prepare_dataloaders(train_dl, eval_dl)
+        self.prepare_dataloaders(train_dl, eval_dls)
 
     def default_dl_kwargs(
         self,
@@ -119,13 +134,16 @@ class Preparation:
         self._trainable_when_wrapped = _trainable_flags(trainer.model)
 
     def prepare_dataloaders(
-        self, train_dl: DataLoader[Any] | None, eval_dl: DataLoader[Any] | None
+        self,
+        train_dl: DataLoader[Any] | None,
+        eval_dls: Mapping[str | None, DataLoader[Any]],
     ) -> None:
         """Prepare this run's dataloaders, forgetting the previous run's."""
-        _forget_dataloaders(self._accelerator, self.train_dataloader, self.eval_dataloader)
-        self.resumable = None
+        previous = (self.train_dataloader, *self.eval_dataloaders.values())
+        _forget_dataloaders(self._accelerator, *previous)
+        self.resumable, self.eval_set = None, None
         self.train_dataloader = None if train_dl is None else self._prepare_train(train_dl)
-        self.eval_dataloader = None if eval_dl is None else self._prepare(eval_dl)
+        self.eval_dataloaders = {name: self._prepare(dl) for name, dl in eval_dls.items()}
 
     @contextlib.contextmanager
     def prepared_for_prediction(self, dataloader: DataLoader[Any]) -> Iterator[DataLoader[Any]]:

@@ -14,7 +14,9 @@ the batch loop itself knows nothing of resuming.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import itertools
 import warnings
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -118,11 +120,14 @@ class EpochEntry:
         random_state: The CPU random state to set once the first remaining batch is loaded
             (mid-epoch resumes only).
         resumable: The train dataloader's skip and randomness controls, if it has them.
+        replays: Whether the batches already done are loaded again and dropped (a dataloader
+            without ``resumable`` controls, e.g. over an ``IterableDataset``).
     """
 
     batches_done: int = 0
     random_state: torch.Tensor | None = None
     resumable: ResumableLoader | None = field(default=None, repr=False)
+    replays: bool = False
 
     def restore_random_state(self) -> None:
         """Set the saved random state now (for an epoch that loads no batch)."""
@@ -140,9 +145,12 @@ class EpochEntry:
         Yields:
             The batches from ``batches_done`` on (see ``epoch_batches``).
         """
-        limit = None if limit is None else max(0, limit - self.batches_done)
+        if limit is not None and not self.replays:
+            limit = max(0, limit - self.batches_done)
         try:
             with epoch_batches(dataloader, limit) as batches:
+                if self.replays:  # in C: no Python frame per dropped batch
+                    collections.deque(itertools.islice(batches, self.batches_done), maxlen=0)
                 if self.random_state is not None:
                     batches = _restoring_after_first(batches, self.random_state)
                 yield batches
@@ -170,15 +178,20 @@ def enter_epoch(
     """
     if resume is None:
         return EpochEntry(resumable=resumable)
-    if resumable is not None:
-        resumable.dataloader.iteration = resume.rank_state["loader"]["iteration"]
+    loader: Any = trainer.train_dataloader if resumable is None else resumable.dataloader
+    if hasattr(loader, "iteration"):  # accelerate's epoch count, for set_epoch
+        loader.iteration = resume.rank_state["loader"]["iteration"]
     if resume.position.batches_done == 0:
         _prime_epoch_randomness(resume, resumable)
         return EpochEntry(resumable=resumable)
-    assert resumable is not None  # checked when the state was loaded
     restore_callback_states(trainer.callback_handler, resume.callbacks, resume.directory)
     loss_tracker.load_state_dict(resume.rank_state["loss_tracker"], trainer.device)
     restore_gradients(trainer.model, resume.rank_state["gradients"])
+    if resumable is None:  # replay the pass from its start, dropping the batches done
+        epoch_states = resume.epoch_states
+        if epoch_states is not None:
+            torch.set_rng_state(epoch_states.cpu)
+        return EpochEntry(resume.position.batches_done, resume.random_states.cpu, replays=True)
     resumable.randomness.replay = resume.epoch_states
     resumable.skip.skip_batches = resume.position.batches_done
     return EpochEntry(resume.position.batches_done, resume.random_states.cpu, resumable)

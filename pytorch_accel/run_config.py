@@ -25,7 +25,8 @@ class TrainerRunConfig:
     steps its own scheduler once per optimizer update.
 
     Attributes:
-        num_epochs: Epochs this run will execute (``max_num_train_steps`` may lower it).
+        num_epochs: Epochs this run will execute (``max_num_train_steps`` may lower it);
+            ``None`` for a run counted only in updates over data without a length.
         train_per_device_batch_size: Batch size of the train dataloader on each process.
         train_dl_kwargs: Keyword arguments the train dataloader was built with.
         eval_per_device_batch_size: Batch size of the eval dataloader on each process.
@@ -35,21 +36,26 @@ class TrainerRunConfig:
         max_grad_norm: Clip the global gradient norm to this value, or ``None``.
         train_total_batch_size: Samples per optimizer update across all processes.
         eval_total_batch_size: Samples per eval step across all processes.
-        num_update_steps_per_epoch: Optimizer updates per epoch on each process.
+        num_update_steps_per_epoch: Optimizer updates per epoch on each process (``None``
+            when the train data has no length, an ``IterableDataset``).
         num_local_update_steps_per_epoch: Same as ``num_update_steps_per_epoch`` (kept for
             pytorch-accelerated code, where the two differed).
         total_num_update_steps: Optimizer updates this run performs on each process.
         train_dataloader_len: Batches per epoch in this process's train dataloader (0 in
-            ``evaluate()``).
+            ``evaluate()``, ``None`` when it has no length).
         max_num_train_steps: The limit passed to ``train()``, or ``None``.
         is_local_process_zero: Whether this is the main process of its node.
         is_world_process_zero: Whether this is the main process of the whole run.
         is_distributed: Whether more than one process takes part.
         mixed_precision: ``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"``.
         num_processes: Number of processes taking part.
+        eval_every_n_epochs: The eval sets are evaluated after every this many epochs of the
+            run, and after its last.
+        sanity_eval_batches: Batches of each eval set evaluated before the first training
+            epoch, to check the evaluation (0: none).
     """
 
-    num_epochs: int
+    num_epochs: int | None
     train_per_device_batch_size: int
     train_dl_kwargs: dict[str, Any]
     eval_per_device_batch_size: int
@@ -58,8 +64,8 @@ class TrainerRunConfig:
     gradient_clip_value: float | None
     train_total_batch_size: int
     eval_total_batch_size: int
-    num_update_steps_per_epoch: int
-    num_local_update_steps_per_epoch: int
+    num_update_steps_per_epoch: int | None
+    num_local_update_steps_per_epoch: int | None
     max_num_train_steps: int | None
     is_local_process_zero: bool
     is_world_process_zero: bool
@@ -68,18 +74,21 @@ class TrainerRunConfig:
     num_processes: int
     max_grad_norm: float | None = None
     total_num_update_steps: int = -1
-    train_dataloader_len: int = -1
+    train_dataloader_len: int | None = -1
+    eval_every_n_epochs: int = 1
+    sanity_eval_batches: int = 0
 
     def __post_init__(self) -> None:
         """Derive the fields pytorch-accelerated did not have, when a config is built by hand."""
-        if self.train_dataloader_len < 0:
-            batches = self.num_update_steps_per_epoch * self.gradient_accumulation_steps
+        per_epoch, num_epochs = self.num_update_steps_per_epoch, self.num_epochs
+        if self.train_dataloader_len is not None and self.train_dataloader_len < 0:
+            batches = None if per_epoch is None else per_epoch * self.gradient_accumulation_steps
             object.__setattr__(self, "train_dataloader_len", batches)
         if self.total_num_update_steps < 0:
-            total = self.num_update_steps_per_epoch * self.num_epochs
+            total = None if per_epoch is None or num_epochs is None else per_epoch * num_epochs
             if self.max_num_train_steps is not None:
-                total = min(total, self.max_num_train_steps)
-            object.__setattr__(self, "total_num_update_steps", total)
+                total = min(total or self.max_num_train_steps, self.max_num_train_steps)
+            object.__setattr__(self, "total_num_update_steps", -1 if total is None else total)
 
     def to_dict(self) -> dict[str, Any]:
         """Return the fields as a dict (shallow: samplers and generators are kept as they are).
@@ -93,17 +102,43 @@ class TrainerRunConfig:
         return result
 
 
+def _num_batches(train_dataloader: Sized | None, limit: int | None) -> int | None:
+    """Batches per epoch: ``None`` for a dataloader without a length (and no limit)."""
+    try:
+        num_batches = 0 if train_dataloader is None else len(train_dataloader)
+    except TypeError:  # an IterableDataset's dataloader
+        return limit
+    return num_batches if limit is None else min(num_batches, limit)
+
+
+def _run_length(
+    updates_per_epoch: int | None, num_epochs: int | None, max_num_train_steps: int | None
+) -> tuple[int, int | None]:
+    """The run's updates and epochs; ``train()`` checked that one of the limits is given."""
+    if updates_per_epoch is None:  # a stream: counted in updates (train() required the limit)
+        assert max_num_train_steps is not None
+        return max_num_train_steps, num_epochs
+    total = max_num_train_steps if num_epochs is None else updates_per_epoch * num_epochs
+    assert total is not None
+    if max_num_train_steps is not None:
+        total = min(total, max_num_train_steps)
+        num_epochs = math.ceil(total / updates_per_epoch) if updates_per_epoch else 0
+    return total, num_epochs
+
+
 def create_run_config(
     accelerator: Accelerator,
     train_dataloader: Sized | None,
     limit_train_batches: int | None,
     dl_kwargs: tuple[Mapping[str, Any], Mapping[str, Any]],
     *,
-    num_epochs: int,
+    num_epochs: int | None,
     gradient_accumulation_steps: int = 1,
     max_num_train_steps: int | None = None,
     gradient_clip_value: float | None = None,
     max_grad_norm: float | None = None,
+    eval_every_n_epochs: int = 1,
+    sanity_eval_batches: int = 0,
 ) -> TrainerRunConfig:
     """Describe a run from its prepared dataloaders and the arguments of ``train()``.
 
@@ -113,24 +148,24 @@ def create_run_config(
         limit_train_batches: The most batches of each epoch (``Trainer.limit_train_batches``).
         dl_kwargs: The arguments the train and eval dataloaders were built with (``{}`` for
             one that was not built).
-        num_epochs: Epochs asked for; ``max_num_train_steps`` may lower it.
+        num_epochs: Epochs asked for; ``max_num_train_steps`` may lower it. ``None``: as
+            many as ``max_num_train_steps`` needs (then required).
         gradient_accumulation_steps: Micro-batches per optimizer update.
         max_num_train_steps: The most optimizer updates, or ``None``.
         gradient_clip_value: Clip each gradient element to this magnitude, or ``None``.
         max_grad_norm: Clip the global gradient norm to this value, or ``None``.
+        eval_every_n_epochs: Evaluate after every this many epochs (and the last).
+        sanity_eval_batches: Batches of each eval set to evaluate before training.
 
     Returns:
         The run config.
     """
-    num_batches = 0 if train_dataloader is None else len(train_dataloader)
-    if limit_train_batches is not None:
-        num_batches = min(num_batches, limit_train_batches)
+    num_batches = _num_batches(train_dataloader, limit_train_batches)
     train_dl_kwargs, eval_dl_kwargs = dl_kwargs
-    updates_per_epoch = math.ceil(num_batches / gradient_accumulation_steps)
-    total_updates = updates_per_epoch * num_epochs
-    if max_num_train_steps is not None:
-        total_updates = min(total_updates, max_num_train_steps)
-        num_epochs = math.ceil(total_updates / updates_per_epoch)
+    updates_per_epoch = None
+    if num_batches is not None:
+        updates_per_epoch = math.ceil(num_batches / gradient_accumulation_steps)
+    total_updates, num_epochs = _run_length(updates_per_epoch, num_epochs, max_num_train_steps)
     train_batch = train_dl_kwargs.get("batch_size") or 0
     eval_batch = eval_dl_kwargs.get("batch_size") or train_batch
     num_processes = accelerator.num_processes
@@ -155,4 +190,6 @@ def create_run_config(
         is_distributed=accelerator.distributed_type != DistributedType.NO,
         mixed_precision=str(accelerator.mixed_precision),
         num_processes=num_processes,
+        eval_every_n_epochs=eval_every_n_epochs,
+        sanity_eval_batches=sanity_eval_batches,
     )

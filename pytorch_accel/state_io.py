@@ -129,12 +129,15 @@ class TrainingStateIO:
                 "generators": list(resumable.randomness.current_states().generators),
                 "iteration": int(resumable.dataloader.iteration),
             }
-        elif mid_epoch:
-            dataloader = self._preparation.train_dataloader
-            raise RuntimeError(
-                "Trainer.save_training_state: this train dataloader cannot resume mid-epoch "
-                f"({type(dataloader).__name__}); save at epoch ends instead."
-            )
+        else:  # resumed by replaying the pass (see resume.enter_epoch)
+            pass_state = self._loop.pass_random_state
+            replay = RandomStates(pass_state, ()) if mid_epoch and pass_state is not None else None
+            iteration = getattr(self._preparation.train_dataloader, "iteration", 0)
+            loader = {
+                "epoch_states": None if replay is None else replay.to_dict(),
+                "generators": [],
+                "iteration": int(iteration),
+            }
         return {
             "loss_tracker": self._loop.loss_tracker.state_dict() if mid_epoch else None,
             "gradients": gradients(self._trainer.model),
@@ -267,19 +270,18 @@ class TrainingStateIO:
             )
         self._check_epochs_left(directory, position)
         mid_epoch = position.batches_done > 0
-        counted = int(shared["num_updates"]) > 0 and position.epoch_index < self._num_epochs()
+        num_epochs = self._num_epochs()
+        in_run = num_epochs is None or position.epoch_index < num_epochs
+        counted = int(shared["num_updates"]) > 0 and in_run
         if mid_epoch or counted:
             why = "it stopped mid-epoch" if mid_epoch else "its update count continues"
             self._check_same_batches(directory, shared["run"], why)
-        if mid_epoch and self._preparation.resumable is None:
-            raise TrainingStateError(
-                f"Trainer.train: {str(directory)!r} was saved mid-epoch, but this train "
-                "dataloader cannot resume mid-epoch."
-            )
 
     def _check_epochs_left(self, directory: Path, position: Position) -> None:
         """Raise if the saved run is past this call's ``num_epochs``; say if it is at its end."""
         done, num_epochs = position.epoch_index, self._num_epochs()
+        if num_epochs is None:  # counted in updates: no end in epochs
+            return
         if done > num_epochs:
             fail(
                 TrainingStateError,
@@ -311,7 +313,7 @@ class TrainingStateIO:
                     f"Resume {str(directory)!r} with the same train() arguments and dataset.",
                 )
 
-    def _num_epochs(self) -> int:
+    def _num_epochs(self) -> int | None:
         assert self._trainer.run_config is not None
         return self._trainer.run_config.num_epochs
 

@@ -11,6 +11,7 @@ import functools
 import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import torch
@@ -40,7 +41,7 @@ from pytorch_accel.preparation import Preparation
 from pytorch_accel.run_config import TrainerRunConfig
 from pytorch_accel.state_io import TrainingStateIO
 from pytorch_accel.steps import TrainerSteps
-from pytorch_accel.tracking import InMemoryRunHistory, LossTracker, RunHistory
+from pytorch_accel.tracking import InMemoryRunHistory, LossTracker, MetricCursor, RunHistory
 from pytorch_accel.training_loop import TrainingLoop
 
 __all__ = [
@@ -161,8 +162,25 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
 
     @property
     def eval_dataloader(self) -> DataLoader[Any] | None:
-        """The prepared eval dataloader of the current run, if any."""
+        """The prepared eval dataloader of the current run, if any.
+
+        With several named eval sets: that of the set being evaluated, else the first set's.
+        """
         return self._preparation.eval_dataloader
+
+    @property
+    def eval_dataloaders(self) -> Mapping[str | None, DataLoader[Any]]:
+        """The prepared eval dataloaders of the current run, by set name (``None``: unnamed)."""
+        return MappingProxyType(self._preparation.eval_dataloaders)
+
+    @property
+    def eval_set(self) -> str | None:
+        """The name of the eval set being evaluated (``None``: the unnamed one, or none).
+
+        Callbacks read it at the eval step events; the eval epoch events also receive it as
+        ``eval_set``.
+        """
+        return self._preparation.eval_set
 
     @property
     def train_loss_tracker(self) -> LossTracker:
@@ -216,7 +234,7 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
     def train(
         self,
         train_dataset: Any,
-        num_epochs: int,
+        num_epochs: int | None = None,
         eval_dataset: Any = None,
         per_device_batch_size: int | None = None,
         max_num_train_steps: int | None = None,
@@ -230,19 +248,26 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
         *,
         max_grad_norm: float | None = None,
         resume_from: str | os.PathLike[str] | None = None,
+        eval_every_n_epochs: int = 1,
+        sanity_eval_batches: int = 0,
     ) -> None:
         """Train for ``num_epochs`` (or ``max_num_train_steps`` updates, whichever ends first).
 
         Args:
-            train_dataset: A map-style dataset (with ``__len__``), or a ``DataLoader`` you built
-                over one (accelerate shards it; then leave ``per_device_batch_size``,
+            train_dataset: A map-style dataset (with ``__len__``) or an ``IterableDataset``
+                (then ``max_num_train_steps`` is required), or a ``DataLoader`` you built over
+                one (accelerate shards it; then leave ``per_device_batch_size``,
                 ``train_dataloader_kwargs`` and ``collate_fn`` out).
-            num_epochs: Epochs to train for in this call.
-            eval_dataset: Evaluated after every training epoch, if given: a dataset or a
-                ``DataLoader``.
+            num_epochs: Epochs (passes through the data) to train for in this call; ``None``:
+                as many as ``max_num_train_steps`` needs.
+            eval_dataset: Evaluated after training epochs, if given: a dataset or a
+                ``DataLoader``, or a mapping of set names to them, ``{"val": ..., "ood": ...}``,
+                each evaluated in turn with its metrics named ``<name>_...``
+                (``val_eval_loss_epoch``, ``ood_accuracy``).
             per_device_batch_size: Batch size on each process (train and eval), for datasets;
                 8 if not given.
-            max_num_train_steps: Stop after this many optimizer updates (per process).
+            max_num_train_steps: Stop after this many optimizer updates (per process); required
+                without ``num_epochs`` or when the train data has no length.
             gradient_accumulation_steps: Micro-batches per optimizer update.
             gradient_clip_value: Clip each gradient element to ``[-value, value]``.
             create_scheduler_fn: ``optimizer -> scheduler``, usually a ``functools.partial``
@@ -258,6 +283,11 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
                 same arguments as the saved run; or ``"latest"``: the newest complete state in
                 the ``save_dir`` of the trainer's ``SaveTrainingStateCallback``, starting
                 afresh if there is none yet.
+            eval_every_n_epochs: Evaluate after every this many epochs, and after the last.
+            sanity_eval_batches: Before the first epoch, evaluate this many batches of each
+                eval set through the eval step and every callback, so a broken evaluation
+                fails in seconds; the run's results and history are unchanged. 0 (the
+                default) skips it.
         """
         checks.check_train_arguments(locals())
         has_eval = eval_dataset is not None
@@ -265,14 +295,14 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
         self.create_scheduler_fn, self.collate_fn = create_scheduler_fn, collate_fn
         if reset_run_history:
             self.run_history.reset()
-        train_dl, eval_dl = self._dataloaders(
+        train_dl, eval_dls = self._dataloaders(
             train_dataset,
             eval_dataset,
             per_device_batch_size,
             train_dataloader_kwargs,
             eval_dataloader_kwargs,
         )
-        self._preparation.prepare(self, train_dl, eval_dl)
+        self._preparation.prepare(self, train_dl, eval_dls)
         checks.check_has_batches(
             "Trainer.train",
             self._preparation,
@@ -287,6 +317,8 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
             max_num_train_steps=max_num_train_steps,
             gradient_clip_value=gradient_clip_value,
             max_grad_norm=max_grad_norm,
+            eval_every_n_epochs=eval_every_n_epochs,
+            sanity_eval_batches=sanity_eval_batches,
         )
         self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
         self._loop.num_updates = 0
@@ -300,38 +332,64 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
         per_device_batch_size: int | None = None,
         dataloader_kwargs: Mapping[str, Any] | None = None,
         collate_fn: Callable[..., Any] | None = None,
-    ) -> None:
-        """Evaluate the model once on ``dataset``; the mean loss is recorded as ``evaluation_loss``.
+        *,
+        metric_prefix: str = "evaluation_",
+    ) -> dict[str, Any]:
+        """Evaluate the model once on ``dataset``; return what was recorded, by name.
 
-        Unlike pytorch-accelerated, this does not reset the run history: the metrics of
-        earlier training runs are kept.
+        Everything recorded meanwhile (the mean loss as ``loss``, and every callback's
+        metrics) gets ``metric_prefix``: ``evaluation_loss``, ``evaluation_accuracy``. So an
+        evaluation never adds to the series of a training run's validation metrics. Unlike
+        pytorch-accelerated, the run history is not reset: earlier metrics are kept.
 
         Args:
-            dataset: The dataset, or a ``DataLoader`` you built; defaults to the
+            dataset: A dataset or a ``DataLoader`` you built, or a mapping of set names to
+                them (each set's metrics named ``<metric_prefix><name>_...``); defaults to the
                 ``eval_dataset`` of the last ``train()``.
-            per_device_batch_size: Batch size on each process, for a dataset (default 8).
+            per_device_batch_size: Batch size on each process, for datasets (default 8).
             dataloader_kwargs: Override the ``DataLoader`` arguments.
             collate_fn: The collate function of the dataloader.
+            metric_prefix: Prepended to the names of everything recorded (``"test_"``: the
+                loss is ``test_loss``).
+
+        Returns:
+            The latest value of every metric recorded by this evaluation, by its run-history
+            name: floats, or lists for metrics with several values.
         """
         dataset = self.eval_dataset if dataset is None else dataset
         checks.check_evaluate_arguments(
-            dataset, per_device_batch_size, dataloader_kwargs, collate_fn
+            dataset, per_device_batch_size, dataloader_kwargs, collate_fn, metric_prefix
         )
         checks.check_loss_func("Trainer.evaluate", self, Trainer, with_train=False, with_eval=True)
         checks.check_trainer_settings("Trainer.evaluate", self)
-        self.collate_fn, self._train_dl_kwargs, self._eval_dl_kwargs = collate_fn, {}, {}
-        eval_dl = self._adopt("eval", dataset)
-        if eval_dl is None:
-            eval_dl = self.create_eval_dataloader(per_device_batch_size or 8, dataloader_kwargs)
-        self._preparation.prepare(self, None, eval_dl)
+        self.collate_fn, self._train_dl_kwargs = collate_fn, {}
+        batch_size = per_device_batch_size or 8
+        self._preparation.prepare(
+            self, None, self._eval_dataloaders(dataset, batch_size, dataloader_kwargs)
+        )
         checks.check_has_batches(
             "Trainer.evaluate", self._preparation, dataloader_kwargs=self._eval_dl_kwargs
         )
         self.run_config = self._preparation.run_config(
             None, ({}, self._eval_dl_kwargs), num_epochs=1
         )
-        evaluate = functools.partial(self._loop.evaluate, "evaluation_loss")
+        return self._recording(metric_prefix, self._evaluation_run)
+
+    def _evaluation_run(self) -> None:
+        evaluate = functools.partial(self._loop.evaluate, "loss")
         self._levels.run_entry_point("Trainer.evaluate", EVALUATION_RUN, evaluate)
+
+    def _recording(self, prefix: str, run: Callable[[], None]) -> dict[str, Any]:
+        """Run ``run`` with ``prefix`` added to the history's; return the metrics it recorded."""
+        history, cursor = self.run_history, MetricCursor()
+        outer = history.metric_name_prefix
+        cursor.skip_to_end(history)
+        history.set_metric_name_prefix(outer + prefix)
+        try:
+            run()
+        finally:
+            history.set_metric_name_prefix(outer)
+        return cursor.read_new(history)
 
     @checks.suggest_arguments
     def predict(

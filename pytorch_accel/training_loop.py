@@ -1,8 +1,8 @@
 """The training loop, top to bottom: run, epochs, epoch, batches, step, update.
 
     run                    training run level: start, epochs, stop handling, end
-      _epochs              for each epoch: train epoch, eval epoch, run-epoch end
-        _epoch             train epoch level, then the eval epoch
+      _epochs              the sanity evaluation if asked for; for each epoch:
+        _epoch             train epoch level, eval epochs (every N epochs), run-epoch end
           _batches         for each batch: one train step level
             _step          forward, backward, and the update at a window's end
               _update      clip, optimizer step, scheduler step, zero_grad
@@ -18,6 +18,7 @@ callback records, and where saving is allowed: between steps and between epochs 
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -60,6 +61,8 @@ class TrainingLoop:
         progress: The progress events of the current training epoch.
         resumed_from: The training state the current (or last) run resumed from, if any.
         running: Whether a training run is in progress.
+        pass_random_state: The CPU random state at the start of the current pass through a
+            train dataloader that resumes by replaying its batches (see ``resume``).
     """
 
     def __init__(
@@ -83,6 +86,7 @@ class TrainingLoop:
         self.savable: Literal["step", "epoch", "end"] | None = None
         self._epoch_index = 0
         self._finished_epochs = 0
+        self.pass_random_state: torch.Tensor | None = None
 
     # ----------------------------------------------------------------------------- the loop
 
@@ -99,22 +103,34 @@ class TrainingLoop:
         config = self._config()
         resume = self._resume
         first_epoch = 0 if resume is None else resume.enter_run(self._trainer.callback_handler)
+        if config.sanity_eval_batches and self._preparation.eval_dataloaders:
+            self._evaluation.sanity_check(config.sanity_eval_batches)
+        num_epochs = config.num_epochs  # None: over a stream, until the update budget
+        epochs = (
+            itertools.count(first_epoch) if num_epochs is None else range(first_epoch, num_epochs)
+        )
         try:
-            for epoch_index in range(first_epoch, config.num_epochs):
+            for epoch_index in epochs:
                 self._epoch_index = epoch_index
                 self._epoch()
+                if num_epochs is None and self._budget_spent():
+                    break
         finally:
-            self.savable, self._finished_epochs = "end", config.num_epochs
+            self.savable, self._finished_epochs = "end", num_epochs or self._epoch_index + 1
 
     def _epoch(self) -> None:
         self.loss_tracker.reset()
         self.progress = self._progress_events()
         self._levels.run(TRAIN_EPOCH, self._batches, finish=self._finish_epoch)
-        if self._preparation.eval_dataloader is not None:
+        evaluated = self._evaluates_after_epoch()
+        if evaluated:
             self.evaluate("eval_loss_epoch")
+        evaluated = evaluated or not self._preparation.eval_dataloaders  # False: skipped
         self.savable = "epoch"
         try:
-            self._levels.fire("training_run_epoch_end", "on_training_run_epoch_end", {})
+            self._levels.fire(
+                "training_run_epoch_end", "on_training_run_epoch_end", {"evaluated": evaluated}
+            )
         finally:  # the epoch is complete even if its last event asks to stop
             self.savable = None
             self._trainer.run_history._increment_epoch()
@@ -131,6 +147,8 @@ class TrainingLoop:
             return
         dataloader = self._preparation.train_dataloader
         assert dataloader is not None
+        if self._preparation.resumable is None:  # what a resumed pass replays
+            self.pass_random_state = torch.get_rng_state()
         try:
             with entry.batches(dataloader, self._trainer.limit_train_batches) as batches:
                 run_level, train_step = self._levels.run, self._step  # bound once
@@ -151,7 +169,7 @@ class TrainingLoop:
 
     def _step(self, plan: AccumulationPlan, batch: Any, step: int) -> dict[str, Any]:
         scale = 1.0 if plan.steps == 1 else plan.loss_scale(step)
-        if plan.steps == 1 or plan.is_update(step):
+        if plan.steps == 1 or plan.is_update(step) or self._pass_ends(plan):
             batch_output = self._forward_backward(batch, scale)
             self._update()
         else:  # inside an accumulation window: no gradient synchronisation between processes
@@ -203,6 +221,41 @@ class TrainingLoop:
         if trainer.scheduler is not None and not self._step_was_skipped():
             trainer.scheduler_step()
         trainer.optimizer_zero_grad()
+
+    def _budget_spent(self) -> bool:
+        """Whether a run counted in updates is over; a pass that yielded nothing is an error."""
+        if self.num_updates >= self._config().total_num_update_steps:
+            return True
+        if self.progress.done == 0:
+            fail(
+                ValueError,
+                "Trainer.train",
+                "train_dataset",
+                self._trainer.train_dataset,
+                "data that yields batches on every pass",
+                f"Epoch {self._epoch_index + 1} got no batch before max_num_train_steps was "
+                "reached: an IterableDataset's __iter__ must start afresh at each call (a "
+                "generator function, not a generator object).",
+            )
+        return False
+
+    def _evaluates_after_epoch(self) -> bool:
+        """Whether the eval sets are evaluated after this epoch: every N epochs, and the last."""
+        config = self._config()
+        if not self._preparation.eval_dataloaders:
+            return False
+        number = self._epoch_index + 1
+        last = number == config.num_epochs or self.num_updates >= config.total_num_update_steps
+        return last or number % config.eval_every_n_epochs == 0
+
+    def _pass_ends(self, plan: AccumulationPlan) -> bool:
+        """Whether this is the last batch of a pass through data of unknown length.
+
+        accelerate's dataloaders look one batch ahead and say so before yielding the last.
+        """
+        if plan.num_batches is not None:
+            return False
+        return bool(getattr(self._preparation.train_dataloader, "end_of_dataloader", False))
 
     def _step_was_skipped(self) -> bool:
         """Whether the gradient scaler skipped the update (only possible through the wrapper)."""

@@ -32,6 +32,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.placeholders",
             "pytorch_accel.checkpoint",
             "pytorch_accel.dataloaders",
+            "pytorch_accel.eval_sets",
             "pytorch_accel.training_state",
             "pytorch_accel.finetuning",
             "pytorch_accel.schedulers",

@@ -72,7 +72,8 @@ def test_settings_that_would_build_a_dataloader_are_refused_with_one(
     history.update_metric("kept", 1.0)
     call = getattr(trainer, entry)
     extra = {"num_epochs": 1} if entry == "train" else {}
-    match = rf"Trainer\.{entry}: {name} must be None when the data is a DataLoader"
+    data = "train_dataset" if entry == "train" else "dataset"
+    match = rf"Trainer\.{entry}: {name} must be None when {data} is a DataLoader"
     with pytest.raises(ValueError, match=match):
         call(DataLoader(DATA, batch_size=4), **extra, **kwargs)
     assert history.get_latest_metric("kept") == 1.0  # refused before anything was reset

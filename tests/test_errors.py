@@ -21,10 +21,10 @@ DATA = make_regression_dataset(16)
         (
             {"num_epochs": 0},
             ValueError,
-            r"num_epochs must be a positive int, got 0 \(int\)\. Pass num_epochs >= 1",
+            r"num_epochs must be a positive int or None, got 0 \(int\)\. Pass num_epochs >= 1",
         ),
-        ({"num_epochs": 1.5}, TypeError, r"num_epochs must be a positive int, got 1.5 \(float\)"),
-        ({"num_epochs": True}, TypeError, r"num_epochs must be a positive int, got True \(bool\)"),
+        ({"num_epochs": 1.5}, TypeError, r"num_epochs must be a positive int or None, got 1.5"),
+        ({"num_epochs": True}, TypeError, r"num_epochs must be a positive int or None, got True"),
         (
             {"per_device_batch_size": -2},
             ValueError,
@@ -90,8 +90,10 @@ def test_empty_and_unsized_datasets() -> None:
         def __iter__(self) -> Any:
             return iter(())
 
-    with pytest.raises(TypeError, match=r"train_dataset must be a map-style dataset with __len__"):
-        make_trainer().train(Stream(), num_epochs=1)
+    with pytest.raises(TypeError, match=r"eval_dataset must be a map-style dataset with __len__"):
+        make_trainer().train(DATA, num_epochs=1, eval_dataset=Stream())
+    with pytest.raises(ValueError, match=r"max_num_train_steps must be a positive int when"):
+        make_trainer().train(Stream(), num_epochs=1)  # a stream needs a budget in updates
 
 
 @pytest.mark.parametrize(

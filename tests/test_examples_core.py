@@ -107,7 +107,7 @@ def test_metrics_callback_records_accuracy_and_f1_every_epoch(
         values = history.get_metric_values(name)
         assert len(values) == 3
         assert all(0.0 <= value <= 1.0 for value in values)
-    assert {"test_accuracy", "test_f1", "test_evaluation_loss"} <= history.get_metric_names()
+    assert {"test_accuracy", "test_f1", "test_loss"} <= history.get_metric_names()
     assert history.metric_name_prefix == ""
     assert results["accuracy"] > 0.6  # chance is 0.1
     assert results == {name: history.get_latest_metric(name) for name in results}

@@ -148,6 +148,17 @@ class MetricWatch:
         history = trainer.run_history
         recorded = self.metric_name in history.get_metric_names()
         self._seen = len(history.get_metric_values(self.metric_name)) if recorded else 0
+        named = [name for name in trainer.eval_dataloaders if name is not None]
+        if self.metric_name == "eval_loss_epoch" and named:
+            fail(
+                ValueError,
+                self.where,
+                "watch_metric",
+                self.metric_name,
+                "a metric this run records",
+                "With named eval sets each set's metrics carry its name: watch e.g. "
+                f"{named[0] + '_eval_loss_epoch'!r} (sets: {', '.join(map(repr, named))}).",
+            )
         if self.metric_name.endswith("eval_loss_epoch") and trainer.eval_dataloader is None:
             fail(
                 ValueError,
@@ -159,14 +170,21 @@ class MetricWatch:
                 "or watch another metric such as 'train_loss_epoch'.",
             )
 
-    def read(self, trainer: Trainer) -> float | None:
+    def read(self, trainer: Trainer, evaluated: bool = True) -> float | None:
         """Return the value recorded this epoch, or ``None`` (with a message) if there is none.
+
+        Args:
+            trainer: The trainer.
+            evaluated: Whether the eval sets were evaluated this epoch (``False``: an epoch
+                between evaluations, where a metric not recorded yet is not an error).
 
         Raises:
             MetricNotFoundError: If the metric was never recorded, naming those that were.
         """
         history = trainer.run_history
         names = history.get_metric_names()
+        if self.metric_name not in names and not evaluated:
+            return None  # recorded at the first evaluation, after a later epoch
         if self.metric_name not in names:
             raise MetricNotFoundError(
                 f"{self.where}: watch_metric {self.metric_name!r} has not been recorded by the "

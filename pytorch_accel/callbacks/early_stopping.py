@@ -123,9 +123,11 @@ class EarlyStoppingCallback(TrainerCallback):
             self.reset()
         self._watch.start_run(trainer)
 
-    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_epoch_end(
+        self, trainer: Trainer, evaluated: bool = True, **kwargs: Any
+    ) -> None:
         """Compare the epoch's value with the best; stop once patience is exhausted."""
-        value = self._watch.read(trainer)
+        value = self._watch.read(trainer, evaluated)
         if value is None:
             return
         if self._watch.is_better(value, self.best_metric, self.early_stopping_threshold):

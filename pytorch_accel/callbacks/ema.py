@@ -191,13 +191,18 @@ class ModelEmaCallback(TrainerCallback):
                 ema_tensor.copy_(live_tensor)
         self.num_ema_updates += 1
 
-    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Evaluate the EMA weights, if asked for; save them if ``watch_metric`` improved."""
-        if self.evaluate_during_training and trainer.eval_dataloader is not None:
+    def on_training_run_epoch_end(
+        self, trainer: Trainer, evaluated: bool = True, **kwargs: Any
+    ) -> None:
+        """Evaluate the EMA weights, if asked for; save them if ``watch_metric`` improved.
+
+        The EMA weights are evaluated in the epochs the eval sets are (``evaluated``).
+        """
+        if self.evaluate_during_training and evaluated and trainer.eval_dataloader is not None:
             self.evaluate(trainer)
         if self._watch is None:
             return
-        local = self._watch.read(trainer)
+        local = self._watch.read(trainer, evaluated)
         value = None if local is None else value_of_main_process(trainer, local)
         if value is not None and self._watch.is_better(value, self.best_metric):
             self.best_metric = value

@@ -48,9 +48,12 @@ class LogMetricsCallback(TrainerCallback):
         """Log the metrics of the training epoch."""
         self._log_new(trainer)
 
-    def on_eval_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Log the metrics of the evaluation epoch."""
-        self._log_new(trainer)
+    def on_eval_epoch_end(
+        self, trainer: Trainer, sanity_check: bool = False, **kwargs: Any
+    ) -> None:
+        """Log the metrics of the evaluation epoch (not those of a sanity evaluation)."""
+        if not sanity_check:
+            self._log_new(trainer)
 
     def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         """Log metrics recorded at the end of the epoch by other callbacks."""

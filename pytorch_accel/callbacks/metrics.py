@@ -53,6 +53,10 @@ class MetricsCallback(TrainerCallback):
     The metrics are moved to ``trainer.device`` when each run starts. The callback runs at
     order ``-20``, so callbacks of the default order can read its values at the same event.
 
+    The training metrics' accumulated state is part of the training state
+    (``state_dict``), so a run resumed mid-epoch records the same training metrics as an
+    uninterrupted one. (The evaluation metrics are empty wherever a state can be saved.)
+
     Args:
         metrics: A torchmetrics ``Metric``, ``MetricCollection`` or dict of metrics.
         train: Also compute the metrics on the training steps (costs a gather per step).
@@ -102,6 +106,7 @@ class MetricsCallback(TrainerCallback):
         _no_own_sync(self.eval_metrics)
         self.train_metrics = self.eval_metrics.clone() if train else None
         self._updated = {"eval": False, "train": False}
+        self._device: torch.device | None = None
         if not train:  # not listening to training steps keeps them free of any work
             self.on_train_epoch_start = None  # type: ignore[assignment]
             self.on_train_step_end = None  # type: ignore[assignment]
@@ -120,6 +125,19 @@ class MetricsCallback(TrainerCallback):
         if self._prepare_fn is not None:
             return self._prepare_fn(batch, batch_output)
         return default_prepare(batch, batch_output)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the training metrics' accumulated state (saved in training states)."""
+        if self.train_metrics is None:
+            return {}
+        return {"train": _metric_states(self.train_metrics), "updated": self._updated["train"]}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore a state returned by ``state_dict``, on the metrics' device."""
+        if self.train_metrics is None or not state_dict:
+            return
+        _load_metric_states(self.train_metrics, state_dict["train"], self._device)
+        self._updated["train"] = bool(state_dict["updated"])
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Move the metrics to the trainer's device."""
@@ -166,6 +184,7 @@ class MetricsCallback(TrainerCallback):
         return metrics
 
     def _to_device(self, trainer: Trainer) -> None:
+        self._device = trainer.device
         for metrics in (self.eval_metrics, self.train_metrics):
             if metrics is not None:
                 metrics.to(trainer.device)
@@ -227,6 +246,43 @@ def default_prepare(batch: Any, batch_output: Mapping[str, Any]) -> tuple[Any, A
     if isinstance(outputs, torch.Tensor) and outputs.ndim >= 2 and outputs.shape[1] > 1:
         outputs = outputs.argmax(dim=1)
     return outputs, batch[1]
+
+
+def _metric_states(metrics: Metric | MetricCollection) -> dict[str, dict[str, Any]]:
+    """Return the accumulated state of each metric (``metric_state``), by its collection key."""
+    return {key: dict(metric.metric_state) for key, metric in _members(metrics, copy_state=False)}
+
+
+def _load_metric_states(
+    metrics: Metric | MetricCollection,
+    states: Mapping[str, Mapping[str, Any]],
+    device: torch.device | None,
+) -> None:
+    """Set the states returned by ``metric_states`` on ``metrics`` (moved to ``device``).
+
+    A collection's members are first given states of their own, as torchmetrics does for
+    ``items()``; metrics that share a compute group share them again at the next update.
+    """
+    for key, metric in _members(metrics, copy_state=True):
+        for name, value in states[key].items():
+            setattr(metric, name, _on_device(value, device))
+
+
+def _members(metrics: Metric | MetricCollection, *, copy_state: bool) -> list[tuple[str, Metric]]:
+    from torchmetrics import Metric, MetricCollection
+
+    if isinstance(metrics, MetricCollection):
+        members = metrics.items(keep_base=True, copy_state=copy_state)
+        return [(key, metric) for key, metric in members if isinstance(metric, Metric)]
+    return [("", metrics)]
+
+
+def _on_device(value: Any, device: torch.device | None) -> Any:
+    if device is None:
+        return value
+    if isinstance(value, list):
+        return [tensor.to(device) for tensor in value]
+    return value.to(device)
 
 
 def metric_name_of(metric: object) -> str:

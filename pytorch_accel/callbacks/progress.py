@@ -157,7 +157,7 @@ class ProgressBarCallback(TrainerCallback):
         self.pbar.set_postfix(loss=f"{value:.4g}", refresh=False)
 
     @staticmethod
-    def _open(trainer: Trainer, total: int, desc: str) -> Any:
+    def _open(trainer: Trainer, total: int | None, desc: str) -> Any:
         return tqdm(
             total=total,
             desc=desc,

@@ -159,9 +159,11 @@ class SaveBestModelCallback(TrainerCallback):
             self._forget(trainer)
         self._watch.start_run(trainer)
 
-    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_epoch_end(
+        self, trainer: Trainer, evaluated: bool = True, **kwargs: Any
+    ) -> None:
         """Save the epoch if it is a new best or, with ``save_top_k > 1``, in the top ``k``."""
-        local = self._watch.read(trainer)
+        local = self._watch.read(trainer, evaluated)
         value = value_of_main_process(trainer, float("nan") if local is None else local)
         if self._qualifies(value):
             self._save(trainer, value, trainer.run_history.current_epoch)

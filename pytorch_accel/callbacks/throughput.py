@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -58,7 +59,10 @@ class ThroughputCallback(TrainerCallback):
     data-wait fraction can read high when the host runs ahead of the device (the wait then
     overlaps device work). Time spent in intermediate evaluations (a callback calling
     ``trainer.run_eval_epoch`` inside the epoch) is left out. Order ``90``: it records before
-    ``LogMetricsCallback`` (100) logs the epoch's metrics.
+    ``LogMetricsCallback`` (100) logs the epoch's metrics. Its counts and clocks are part of
+    the training state (``state_dict``), so an epoch resumed in the middle reports the rates
+    of the whole epoch, with the time before the save counted once and the restart not at
+    all.
 
     Attributes:
         last_epoch: The raw measurements of the last epoch, or ``None`` before the first.
@@ -90,6 +94,32 @@ class ThroughputCallback(TrainerCallback):
         self._tensor_samples: torch.Tensor | None = None
         self._updates_at_start = updates
         self._in_epoch = False
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the epoch's counts and clock readings so far (saved in training states)."""
+        now = time.perf_counter()
+        samples = self._samples
+        if self._tensor_samples is not None:  # read once, at the save
+            samples += int(self._tensor_samples.sum().item())
+        return {
+            "in_epoch": self._in_epoch,
+            "seconds": now - self._epoch_start - self._paused if self._in_epoch else 0.0,
+            "wait": self._wait,
+            "steps": self._steps,
+            "samples": samples,
+            "updates_at_start": self._updates_at_start,
+        }
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Continue the counts and clocks of a state returned by ``state_dict``."""
+        if not state_dict["in_epoch"]:
+            return
+        now = time.perf_counter()
+        self._reset(now - float(state_dict["seconds"]), int(state_dict["updates_at_start"]))
+        self._in_epoch = True
+        self._wait = float(state_dict["wait"])
+        self._steps = int(state_dict["steps"])
+        self._samples = int(state_dict["samples"])
 
     def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Start the clocks and counters."""

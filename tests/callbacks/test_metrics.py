@@ -178,7 +178,8 @@ def test_metrics_move_to_the_device_and_do_not_sync_themselves() -> None:
     trainer.evaluate(classification_data(8))
     assert metric.device == trainer.device
     assert metric.distributed_available_fn() is False  # inputs are gathered already
-    assert "MulticlassAccuracy" in trainer.run_history.get_metric_names()  # the collection's key
+    # the collection's key, with evaluate()'s prefix
+    assert "evaluation_MulticlassAccuracy" in trainer.run_history.get_metric_names()
 
 
 def test_names_and_prepare_defaults() -> None:

@@ -65,9 +65,9 @@ def evaluate(samples: int, batch_size: int) -> dict[str, Any]:
     return {
         "loss": history.get_latest_metric("evaluation_loss"),
         "expected_loss": nn.functional.cross_entropy(logits, targets).item(),
-        "accuracy": history.get_latest_metric("accuracy"),
+        "accuracy": history.get_latest_metric("evaluation_accuracy"),
         "expected_accuracy": (logits.argmax(-1) == targets).float().mean().item(),
-        "samples_seen": history.get_latest_metric("samples_seen"),
+        "samples_seen": history.get_latest_metric("evaluation_samples_seen"),
         "eval_batches": len(trainer.eval_dataloader),
     }
 

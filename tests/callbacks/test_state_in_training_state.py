@@ -1,0 +1,87 @@
+"""Callbacks that accumulate across batches resume mid-epoch exactly: real training, a save in
+the middle of an epoch, a new trainer resuming from it, and the uninterrupted run to compare."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+from torchmetrics import MetricCollection
+from torchmetrics.classification import MulticlassAccuracy, MulticlassPrecision
+
+from pytorch_accel import Trainer
+from pytorch_accel.callbacks import (
+    MetricsCallback,
+    StopTrainingError,
+    ThroughputCallback,
+    TrainerCallback,
+)
+
+
+def classification_data() -> TensorDataset:
+    generator = torch.Generator().manual_seed(3)
+    inputs = torch.randn(64, 4, generator=generator)
+    return TensorDataset(inputs, (inputs[:, 0] > 0).long() + (inputs[:, 1] > 0).long())
+
+
+class SaveAtStep(TrainerCallback):
+    """Save a training state after the ``step``-th step of the run, then stop.
+
+    After the other callbacks of the step, as ``SaveTrainingStateCallback`` does.
+    """
+
+    order = 1000
+
+    def __init__(self, path: Path, step: int) -> None:
+        self.path, self.step, self.seen = path, step, 0
+
+    def on_train_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        self.seen += 1
+        if self.seen == self.step:
+            trainer.save_training_state(self.path)
+            raise StopTrainingError("")
+
+
+def run(*extra: TrainerCallback, resume_from: Path | None = None) -> tuple[Trainer, Any]:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    # accuracy and precision share torchmetrics' compute group (the same tp/fp/tn/fn states)
+    metrics = MetricsCallback(
+        MetricCollection(
+            {"acc": MulticlassAccuracy(num_classes=3), "prec": MulticlassPrecision(num_classes=3)}
+        ),
+        train=True,
+    )
+    throughput = ThroughputCallback()
+    trainer = Trainer(
+        model,
+        nn.CrossEntropyLoss(),
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        callbacks=(metrics, throughput, *extra),
+    )
+    trainer.train(
+        classification_data(),
+        num_epochs=2,
+        eval_dataset=classification_data(),
+        per_device_batch_size=8,
+        resume_from=resume_from,
+    )
+    return trainer, throughput
+
+
+@pytest.mark.parametrize("step", [3, 13])  # mid epoch 1, mid epoch 2
+def test_a_mid_epoch_resume_records_the_same_callback_metrics(tmp_path: Path, step: int) -> None:
+    uninterrupted, _ = run()
+    run(SaveAtStep(tmp_path / "state", step))
+    resumed, throughput = run(resume_from=tmp_path / "state")
+    expected = uninterrupted.run_history.state_dict()["metrics"]
+    got = resumed.run_history.state_dict()["metrics"]
+    for name in ("train_acc", "train_prec", "acc", "prec", "train_loss_epoch"):
+        assert got[name] == expected[name], name
+    assert throughput.last_epoch is not None
+    assert throughput.last_epoch.samples == 64  # the whole epoch, counted once
+    assert throughput.last_epoch.updates == 8
