@@ -56,23 +56,30 @@ class PrintProgressCallback(TrainerCallback):
         self._pending: dict[str, Any] = {}
         self._started = time.perf_counter()
         self._epoch_offset = 0
+        self._announced = True
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Log what the run will do; start collecting metrics."""
-        logger = self._start(trainer)
+        """Start collecting metrics."""
+        self._start(trainer)
         resumed = trainer.resumed_from is not None
         self._epoch_offset = 0 if resumed else trainer.run_history.current_epoch - 1
+        self._announced = False
+
+    def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Start the epoch's clock; before the run's first epoch, log what the run will do.
+
+        The announcement waits for the first epoch so that handlers added when the run
+        starts (``RunRecordCallback``'s log file) receive it.
+        """
         config = trainer.run_config
-        if config is not None:
-            logger.info(
+        if not self._announced and config is not None:
+            self._announced = True
+            get_logger().info(
                 "training: %s, %s, %d samples per update",
                 _plural(config.num_epochs, "epoch"),
                 _plural(config.total_num_update_steps, "update"),
                 config.train_total_batch_size,
             )
-
-    def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Start the epoch's clock."""
         self._started = time.perf_counter()
 
     def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
