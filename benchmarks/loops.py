@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import io
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -135,6 +136,39 @@ def pytorch_accel_trainer(model: nn.Module, default_callbacks: bool) -> Loop:
     callbacks = DEFAULT_CALLBACKS if default_callbacks else ()
     trainer = Trainer(
         model, loss_func, torch.optim.SGD(model.parameters(), lr=1e-3), callbacks=callbacks
+    )
+
+    def run(dataset: TensorDataset, batch_size: int, probe: Probe) -> None:
+        loss_func.probe = probe
+        with quiet():
+            trainer.train(dataset, num_epochs=1, per_device_batch_size=batch_size)
+
+    return run
+
+
+def pytorch_accel_step_logging(model: nn.Module, every_n_updates: int = 50) -> Loop:
+    """``pytorch_accel.Trainer`` with the default callbacks and step-level logging.
+
+    A ``TrackingCallback`` logs the step-level metrics every ``every_n_updates`` updates to
+    its step CSV file (in a temporary directory) and the epoch metrics to its CSV file; no
+    tracker, so that the row measures the logging machinery, not TensorBoard's writer.
+    """
+    import tempfile
+
+    from pytorch_accel import Trainer
+    from pytorch_accel.callbacks import TrackingCallback
+    from pytorch_accel.trainer import DEFAULT_CALLBACKS
+
+    directory = Path(tempfile.mkdtemp(prefix="bench-step-logging-"))
+    tracking = TrackingCallback(
+        log_with=(), csv_path=directory / "metrics.csv", log_every_n_updates=every_n_updates
+    )
+    loss_func = ProbedLoss()
+    trainer = Trainer(
+        model,
+        loss_func,
+        torch.optim.SGD(model.parameters(), lr=1e-3),
+        callbacks=(*DEFAULT_CALLBACKS, tracking),
     )
 
     def run(dataset: TensorDataset, batch_size: int, probe: Probe) -> None:

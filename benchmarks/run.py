@@ -41,6 +41,8 @@ from benchmarks import fresh, loops, report
 
 RESULTS = Path(__file__).parent / "results"
 WARM_UP_STEPS = 3
+LOGGING_ROW = "pytorch-accel, default callbacks + logging every 50 updates"
+DEFAULT_ROW = "pytorch-accel, default callbacks"
 # glibc adapts its mmap and trim thresholds while a program runs, which makes timings drift;
 # fixed thresholds keep every round on the same allocator behaviour.
 MALLOC_TUNABLES = "glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=1073741824"
@@ -73,6 +75,7 @@ def build_loops(make_model: Callable[[], nn.Module]) -> dict[str, loops.Loop]:
         "hand-written (control)": loops.hand_written(make_model()),
         "accelerate loop": loops.accelerate_loop(make_model()),
         "pytorch-accel, default callbacks": loops.pytorch_accel_trainer(make_model(), True),
+        LOGGING_ROW: loops.pytorch_accel_step_logging(make_model(), every_n_updates=50),
         "pytorch-accel, no callbacks": loops.pytorch_accel_trainer(make_model(), False),
         "pytorch-accelerated": loops.pytorch_accelerated_trainer(make_model()),
     }
@@ -158,6 +161,24 @@ def summarise(samples: dict[str, Samples], calls: dict[str, float]) -> list[dict
     return rows
 
 
+def paired_overhead(samples: dict[str, Samples], name: str, reference: str) -> dict[str, float]:
+    """The per-step and per-run cost of ``name`` over ``reference``, paired within rounds.
+
+    Returns:
+        The median ratio of per-step times (with its min-max), and the median extra fixed
+        cost per run in ms (where the logging points, a few steps each run, land).
+    """
+    own, ref = samples[name], samples[reference]
+    ratios = [a / b for a, b in zip(own.per_step, ref.per_step, strict=True)]
+    fixed = [(a - b) * 1e3 for a, b in zip(own.fixed, ref.fixed, strict=True)]
+    return {
+        "per_step_ratio": statistics.median(ratios),
+        "per_step_ratio_min": min(ratios),
+        "per_step_ratio_max": max(ratios),
+        "extra_fixed_ms": statistics.median(fixed),
+    }
+
+
 def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
     """A distribution-free confidence interval of the median: two order statistics.
 
@@ -199,10 +220,13 @@ def main(argv: list[str] | None = None) -> None:
             f"measuring {workload.name}: {workload.rounds} rounds x {workload.steps} steps",
             flush=True,
         )
+        samples = measure(workload)
         results[key] = {
             "name": workload.name,
-            "rows": summarise(measure(workload), count_calls(workload)),
+            "rows": summarise(samples, count_calls(workload)),
+            "logging_overhead": paired_overhead(samples, LOGGING_ROW, DEFAULT_ROW),
         }
+        print(f"{LOGGING_ROW} vs default: {results[key]['logging_overhead']}", flush=True)
     results["fresh"] = fresh.measure(rounds=2 if args.quick else 5)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "overhead.json").write_text(json.dumps(results, indent=2))

@@ -38,6 +38,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.schedulers",
             "pytorch_accel.batch_limits",
             "pytorch_accel.utils",
+            "pytorch_accel.logging_setup",
         ),
     ),
     (

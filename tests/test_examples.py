@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 import os
 import subprocess
@@ -65,8 +66,9 @@ def test_split_is_deterministic_and_works_for_tiny_subsets(example: ModuleType) 
 
 
 def test_main_returns_accuracy_well_above_chance(
-    example: ModuleType, capsys: pytest.CaptureFixture[str]
+    example: ModuleType, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="pytorch_accel")
     accuracy = example.main(["--subset", "400", "--num_epochs", "3"])
 
     assert isinstance(accuracy, float)
@@ -75,8 +77,10 @@ def test_main_returns_accuracy_well_above_chance(
     assert accuracy > 0.7
     out = capsys.readouterr().out
     assert f"final eval accuracy: {accuracy:.3f}" in out
-    for metric in ("train_loss_epoch", "eval_loss_epoch", "accuracy"):
-        assert f"\n{metric}: " in out
+    epoch_lines = [record.getMessage() for record in caplog.records if "epoch " in record.msg]
+    assert [line.split("  ")[0] for line in epoch_lines] == ["epoch 1/3", "epoch 2/3", "epoch 3/3"]
+    for metric in ("train_loss", "eval_loss", "accuracy"):  # one line per epoch, every metric
+        assert all(f"  {metric} " in line for line in epoch_lines)
 
 
 def test_run_history_has_every_metric_for_every_epoch(example: ModuleType) -> None:
@@ -122,3 +126,7 @@ def test_script_runs_end_to_end() -> None:
 
     assert result.returncode == 0, result.stderr
     assert "final eval accuracy" in result.stdout
+    # Piped: one line per epoch on stdout, and no progress bar or carriage return anywhere.
+    epoch_lines = [line for line in result.stdout.splitlines() if line.startswith("epoch ")]
+    assert [line.split("  ")[0] for line in epoch_lines] == ["epoch 1/1"]
+    assert "\r" not in result.stdout + result.stderr

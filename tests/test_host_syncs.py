@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import csv
 import functools
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,7 +14,7 @@ from helpers import make_model, make_regression_dataset, train_then_evaluate
 from torch import nn
 
 from pytorch_accel import Trainer
-from pytorch_accel.callbacks import DEFAULT_CALLBACKS, TrainerCallback
+from pytorch_accel.callbacks import DEFAULT_CALLBACKS, TrackingCallback, TrainerCallback
 
 HOST_READS = ("item", "__bool__", "__float__", "__int__", "tolist", "numpy")
 
@@ -138,3 +140,41 @@ def test_the_counter_sees_a_host_read_in_a_progress_event(counter: SyncCounter) 
     trainer.progress_interval = 0
     trainer.train(make_regression_dataset(16), num_epochs=1, per_device_batch_size=4)
     assert counter.calls == ["item"] * 3  # steps 2 to 4
+
+
+@pytest.mark.parametrize(("accumulation", "points"), [(1, 8), (3, 3)])
+def test_step_logging_reads_once_per_interval_and_never_between(
+    counter: SyncCounter, tmp_path: Path, accumulation: int, points: int
+) -> None:
+    """Logging every 4 updates: one ``tolist`` at each logging point, 0 reads on other steps."""
+
+    class ReadsPerStep(TrainerCallback):
+        order = 9_999  # inside the counting window, after everything else
+
+        def __init__(self) -> None:
+            self.reads: list[tuple[int, int]] = []  # (update count, reads in the step)
+            self._before = 0
+
+        def on_train_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
+            self._before = len(counter.calls)
+
+        def on_train_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
+            self.reads.append((trainer.num_updates, len(counter.calls) - self._before))
+
+    per_step = ReadsPerStep()
+    tracking = TrackingCallback(
+        log_with=(), csv_path=tmp_path / "metrics.csv", log_every_n_updates=4, log_grad_norm=True
+    )
+    model = make_model()
+    trainer = Trainer(
+        model,
+        nn.MSELoss(),
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        callbacks=(*DEFAULT_CALLBACKS, tracking, per_step, *probes(counter)),
+    )
+    trainer.progress_interval = 0
+    train_then_evaluate(trainer, accumulation)
+    assert counter.calls == ["tolist"] * points  # 2 epochs of 16 steps: 32 or 12 updates
+    logged = {update for update, reads in per_step.reads if reads}
+    assert logged == set(range(4, 4 * points + 1, 4))
+    assert len(list(csv.DictReader((tmp_path / "metrics_steps.csv").open()))) == points

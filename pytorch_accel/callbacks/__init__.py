@@ -17,9 +17,15 @@ from pytorch_accel.callbacks.metrics import MetricsCallback
 from pytorch_accel.callbacks.nan import TerminateOnNaNCallback
 from pytorch_accel.callbacks.plotting import PlotMetricsCallback, plot_metrics
 from pytorch_accel.callbacks.progress import PrintProgressCallback, ProgressBarCallback
+from pytorch_accel.callbacks.run_record import RunRecordCallback
 from pytorch_accel.callbacks.save_best import SaveBestModelCallback
 from pytorch_accel.callbacks.save_state import SaveTrainingStateCallback
 from pytorch_accel.callbacks.step_eval import StepBasedEvaluationCallback
+from pytorch_accel.callbacks.step_logging import (
+    DEFAULT_LOG_EVERY_N_UPDATES,
+    StepLoggingCallback,
+    StepMetrics,
+)
 from pytorch_accel.callbacks.sync_batchnorm import ConvertSyncBatchNormCallback
 from pytorch_accel.callbacks.throughput import ThroughputCallback
 from pytorch_accel.callbacks.trackers import TrackingCallback
@@ -29,6 +35,7 @@ from pytorch_accel.handler import CallbackHandler
 
 __all__ = [
     "DEFAULT_CALLBACKS",
+    "DEFAULT_LOG_EVERY_N_UPDATES",
     "EMA_METRIC_PREFIX",
     "LIMIT_BATCHES_ENV_VAR",
     "CallbackHandler",
@@ -45,9 +52,12 @@ __all__ = [
     "PlotMetricsCallback",
     "PrintProgressCallback",
     "ProgressBarCallback",
+    "RunRecordCallback",
     "SaveBestModelCallback",
     "SaveTrainingStateCallback",
     "StepBasedEvaluationCallback",
+    "StepLoggingCallback",
+    "StepMetrics",
     "StopTrainingError",
     "TerminateOnNaNCallback",
     "ThroughputCallback",

@@ -1,47 +1,65 @@
-"""The per-epoch metrics CSV file: written atomically, read back for plotting.
+"""The metrics CSV files: written atomically (or appended to), read back for plotting.
 
 Private: used by ``TrackingCallback`` (writing) and ``plot_metrics`` (reading).
 
 The format: a header row ``epoch,<metric>,<metric>,...`` with the metric names in
 alphabetical order, then one row per epoch in increasing order; a metric without a value in
-an epoch has an empty cell. Floats are written with ``repr``, so they read back exactly.
+an epoch has an empty cell. Floats are written with ``repr``, so they read back exactly. The
+step-level file is the same with a ``step`` column (the update count) instead of ``epoch``.
 """
 
 from __future__ import annotations
 
 import csv
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EPOCH_COLUMN", "read_metrics_csv", "write_metrics_csv"]
+__all__ = [
+    "EPOCH_COLUMN",
+    "STEP_COLUMN",
+    "append_metrics_row",
+    "metrics_csv_index",
+    "read_metrics_csv",
+    "write_metrics_csv",
+]
 
 EPOCH_COLUMN = "epoch"
-"""The name of the first column."""
+"""The name of the first column of the per-epoch file."""
+
+STEP_COLUMN = "step"
+"""The name of the first column of the step-level file."""
+
+_INDEX_COLUMNS = (EPOCH_COLUMN, STEP_COLUMN)
 
 
-def write_metrics_csv(rows: Mapping[int, Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:
+def write_metrics_csv(
+    rows: Mapping[int, Mapping[str, Any]],
+    path: str | os.PathLike[str],
+    index_column: str = EPOCH_COLUMN,
+) -> Path:
     """Write ``{epoch: {metric: value}}`` to ``path``, replacing the file atomically.
 
     The table goes to a temporary file in the same directory, which is then renamed over
     ``path``: a reader sees the old file or the new one, never a partial one.
 
     Args:
-        rows: The metrics of each epoch.
+        rows: The metrics of each epoch (or step).
         path: The CSV file; its directory is created if needed.
+        index_column: The name of the first column.
 
     Returns:
         The path written.
     """
     destination = Path(path)
     destination.parent.mkdir(parents=True, exist_ok=True)
-    names = sorted({name for row in rows.values() for name in row} - {EPOCH_COLUMN})
+    names = sorted({name for row in rows.values() for name in row} - {index_column})
     temporary = destination.with_name(f".{destination.name}.tmp-{os.getpid()}")
     try:
         with open(temporary, "w", newline="", encoding="utf-8") as handle:
             writer = csv.writer(handle)
-            writer.writerow([EPOCH_COLUMN, *names])
+            writer.writerow([index_column, *names])
             for epoch in sorted(rows):
                 row = rows[epoch]
                 writer.writerow([epoch, *(_cell(row.get(name)) for name in names)])
@@ -51,36 +69,61 @@ def write_metrics_csv(rows: Mapping[int, Mapping[str, Any]], path: str | os.Path
     return destination
 
 
+def append_metrics_row(
+    path: str | os.PathLike[str], index: int, row: Mapping[str, Any], names: list[str]
+) -> None:
+    """Append one row to a file written by ``write_metrics_csv`` with the columns ``names``.
+
+    Args:
+        path: The CSV file.
+        index: The first cell (the step).
+        row: The metrics of the row.
+        names: The file's metric columns, in order.
+    """
+    with open(path, "a", newline="", encoding="utf-8") as handle:
+        csv.writer(handle).writerow([index, *(_cell(row.get(name)) for name in names)])
+
+
 def read_metrics_csv(path: str | os.PathLike[str]) -> dict[str, list[tuple[int, float]]]:
     """Read a metrics CSV file into ``{metric: [(epoch, value), ...]}`` (numeric cells only).
 
     Args:
-        path: A file written by ``write_metrics_csv`` (or any CSV with an ``epoch`` column).
+        path: A file written by ``write_metrics_csv`` (or any CSV with an ``epoch`` column),
+            or the step-level file (a ``step`` column: the pairs are then ``(step, value)``).
 
     Returns:
         The numeric values of each metric column, in file order; empty and non-numeric
         cells are skipped.
 
     Raises:
-        ValueError: If the file has no ``epoch`` column.
+        ValueError: If the file has neither an ``epoch`` nor a ``step`` column.
     """
     with open(path, newline="", encoding="utf-8") as handle:
         reader = csv.DictReader(handle)
-        if reader.fieldnames is None or EPOCH_COLUMN not in reader.fieldnames:
+        index = metrics_csv_index(reader.fieldnames)
+        if index is None or reader.fieldnames is None:
             raise ValueError(
                 f"read_metrics_csv: {os.fspath(path)!r} has no {EPOCH_COLUMN!r} column; "
                 "pass a file written by TrackingCallback."
             )
         series: dict[str, list[tuple[int, float]]] = {
-            name: [] for name in reader.fieldnames if name != EPOCH_COLUMN
+            name: [] for name in reader.fieldnames if name != index
         }
         for row in reader:
-            epoch = int(row[EPOCH_COLUMN])
+            epoch = int(row[index])
             for name, points in series.items():
                 value = _number(row.get(name))
                 if value is not None:
                     points.append((epoch, value))
     return series
+
+
+def metrics_csv_index(fieldnames: Sequence[str] | None) -> str | None:
+    """The index column of a metrics file's header: ``epoch``, ``step`` or ``None``."""
+    for name in _INDEX_COLUMNS:
+        if fieldnames is not None and name in fieldnames:
+            return name
+    return None
 
 
 def _cell(value: Any) -> Any:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.callbacks._console import format_metrics
+from pytorch_accel.logging_setup import get_logger, setup_logging
 from pytorch_accel.tracking import MetricCursor
 
 if TYPE_CHECKING:
@@ -38,10 +41,12 @@ class LogMetricsCallback(TrainerCallback):
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Mark everything already recorded as logged."""
+        setup_logging()
         self._mark_all_seen(trainer)
 
     def on_evaluation_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Mark everything already recorded as logged."""
+        setup_logging()
         self._mark_all_seen(trainer)
 
     def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
@@ -70,8 +75,9 @@ class LogMetricsCallback(TrainerCallback):
             trainer: The trainer.
             metrics: The latest value of each newly recorded metric.
         """
-        for name, value in metrics.items():
-            trainer.print(f"\n{name}: {value}")
+        logger = get_logger()
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("metrics: %s", format_metrics(metrics))
 
     def _log_new(self, trainer: Trainer) -> None:
         new = self._cursor.read_new(trainer.run_history)

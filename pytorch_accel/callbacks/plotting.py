@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import os
@@ -11,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from pytorch_accel._validation import fail
 from pytorch_accel.callback import TrainerCallback
-from pytorch_accel.callbacks._metrics_csv import read_metrics_csv
+from pytorch_accel.callbacks._metrics_csv import STEP_COLUMN, metrics_csv_index, read_metrics_csv
 from pytorch_accel.tracking import RunHistory
 
 if TYPE_CHECKING:
@@ -36,7 +38,8 @@ def plot_metrics(
 
     From a run history, the i-th value of each metric is drawn at epoch i (right for the
     metrics recorded once per epoch, as the trainer's losses and the catalogue's callbacks
-    do); from a CSV file written by ``TrackingCallback``, at its ``epoch`` column. Only
+    do); from a CSV file written by ``TrackingCallback``, at its ``epoch`` column (or, for
+    the step-level file, its ``step`` column: the update count). Only
     numeric values are drawn. The image is written atomically, in the format of ``path``'s
     suffix (PNG for ``.png``). matplotlib is imported here, not with the package, and drawn
     without pyplot, so no window opens and the global backend is untouched.
@@ -61,7 +64,7 @@ def plot_metrics(
         ```
     """
     figure_class = _figure_class()
-    series = _series(source)
+    series, x_label = _series(source)
     if metric_names is not None:
         wanted = list(metric_names)
         series = {name: series.get(name, []) for name in wanted}
@@ -71,23 +74,27 @@ def plot_metrics(
             "plot_metrics: there is no numeric metric to draw. Record metrics in the run "
             "history, or check metric_names against the recorded names."
         )
-    figure = _draw(figure_class, series)
+    figure = _draw(figure_class, series, x_label)
     return _save(figure, Path(path))
 
 
 class PlotMetricsCallback(TrainerCallback):
-    """Write a PNG of the run history's metric curves at the end of each training run.
+    """Write a PNG of the run history's metric curves after each epoch and at the end of a run.
 
-    Written by the main process, at ``on_training_run_end`` (also after an early stop), with
-    ``plot_metrics``. Needs matplotlib (``pip install "pytorch-accel[plot]"``), checked when
+    Written by the main process with ``plot_metrics``, at each ``on_training_run_epoch_end``
+    (so the curves can be watched as the run goes; ``every_epoch=False`` draws only at the
+    end) and at ``on_training_run_end`` (also after an early stop). Each drawing replaces the
+    file atomically. Needs matplotlib (``pip install "pytorch-accel[plot]"``), checked when
     the callback is created. Order ``100``: it runs after the callbacks that record metrics.
 
     Args:
         path: The image file to write.
         metric_names: The metrics to draw; all numeric ones by default.
+        every_epoch: Also draw after each epoch, not only at the end of the run.
 
     Raises:
         ImportError: If matplotlib is not installed.
+        TypeError: If ``every_epoch`` is not a bool.
 
     Example:
         ```python
@@ -103,13 +110,33 @@ class PlotMetricsCallback(TrainerCallback):
         self,
         path: str | os.PathLike[str] = "metrics.png",
         metric_names: Iterable[str] | None = None,
+        every_epoch: bool = True,
     ) -> None:
         _figure_class()  # fail now, not after hours of training
+        if not isinstance(every_epoch, bool):
+            fail(
+                TypeError,
+                "PlotMetricsCallback",
+                "every_epoch",
+                every_epoch,
+                "a bool",
+                "Pass every_epoch=False to draw only at the end of the run.",
+            )
         self.path = Path(path)
         self.metric_names = None if metric_names is None else list(metric_names)
+        self.every_epoch = every_epoch
+
+    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Draw the curves so far, if ``every_epoch``."""
+        if self.every_epoch:
+            with contextlib.suppress(ValueError):  # metric_names not recorded yet: later
+                self._draw(trainer)
 
     def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
         """Draw the curves, if any metric was recorded."""
+        self._draw(trainer)
+
+    def _draw(self, trainer: Trainer) -> None:
         if trainer.accelerator.is_main_process and trainer.run_history.get_metric_names():
             plot_metrics(trainer.run_history, self.path, self.metric_names)
 
@@ -122,16 +149,19 @@ def _figure_class() -> type[Figure]:
     return Figure
 
 
-def _series(source: RunHistory | str | os.PathLike[str]) -> Series:
+def _series(source: RunHistory | str | os.PathLike[str]) -> tuple[Series, str]:
     if not isinstance(source, RunHistory):
-        return read_metrics_csv(source)
+        with open(source, newline="", encoding="utf-8") as handle:
+            header = handle.readline().strip().split(",")
+        x_label = "update" if metrics_csv_index(header) == STEP_COLUMN else "epoch"
+        return read_metrics_csv(source), x_label
     series: Series = {}
     for name in sorted(source.get_metric_names()):
         values = [_number(value) for value in source.get_metric_values(name)]
         series[name] = [
             (epoch, value) for epoch, value in enumerate(values, start=1) if value is not None
         ]
-    return series
+    return series, "epoch"
 
 
 def _number(value: Any) -> float | None:
@@ -142,16 +172,16 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def _draw(figure_class: type[Figure], series: Series) -> Figure:
+def _draw(figure_class: type[Figure], series: Series, x_label: str) -> Figure:
     columns = min(3, len(series))
     rows = math.ceil(len(series) / columns)
     figure = figure_class(figsize=(4.0 * columns, 3.0 * rows), layout="constrained")
     axes = figure.subplots(rows, columns, squeeze=False).flatten()
     for ax, (name, points) in zip(axes, series.items(), strict=False):
         epochs, values = zip(*points, strict=True)
-        ax.plot(epochs, values, marker="o")
+        ax.plot(epochs, values, marker="o" if len(epochs) <= 50 else None)
         ax.set_title(name)
-        ax.set_xlabel("epoch")
+        ax.set_xlabel(x_label)
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
     for ax in axes[len(series) :]:

@@ -1,14 +1,19 @@
-"""Progress output: run and epoch messages, and tqdm progress bars."""
+"""Progress output: one line per epoch through the package's logger, and tqdm progress bars."""
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm.auto import tqdm
 
-from pytorch_accel._validation import check_positive_int
+from pytorch_accel._validation import check_positive_int, fail
 from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.callbacks._console import SEPARATOR, format_metrics, loss_first
+from pytorch_accel.logging_setup import get_logger, setup_logging
+from pytorch_accel.tracking import MetricCursor
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer
@@ -17,9 +22,25 @@ __all__ = ["PrintProgressCallback", "ProgressBarCallback"]
 
 
 class PrintProgressCallback(TrainerCallback):
-    """Print a line at the start and end of each run and at the start of each epoch.
+    """Log one compact line per epoch, through the ``pytorch_accel`` logger, on the main process.
 
-    Prints once per node, through ``trainer.print``.
+    For example::
+
+        training: 8 epochs, 360 updates, 32 samples per update
+        epoch 1/8  train_loss 1.046  eval_loss 0.3012  accuracy 0.9083  (1.2 s)
+
+    Each epoch's line holds every metric recorded in the run history during that epoch
+    (training, evaluation and what other callbacks recorded, whatever their names), the
+    losses first, with 4 significant digits, names without their ``_epoch`` suffix; then the
+    epoch's wall-clock time (training and evaluation). An ``evaluate()`` run logs one
+    ``evaluation ...`` line. A run stopped inside an epoch logs what that epoch recorded, with
+    ``(stopped)``. The lines go through ``logging.getLogger("pytorch_accel")`` at ``INFO``
+    (see ``pytorch_accel.logging_setup``): silence them with
+    ``logging.getLogger("pytorch_accel").setLevel(logging.WARNING)``, or add a handler to send
+    them elsewhere. Order ``100``: it reads the metrics after the callbacks that record them.
+
+    The name is pytorch-accelerated's, whose callback printed "Starting epoch N" and similar
+    messages; ported code that lists it gets this output.
 
     Example:
         ```python
@@ -27,31 +48,98 @@ class PrintProgressCallback(TrainerCallback):
         ```
     """
 
+    order = 100
     may_stop_training = False
 
+    def __init__(self) -> None:
+        self._cursor = MetricCursor()
+        self._pending: dict[str, Any] = {}
+        self._started = time.perf_counter()
+        self._epoch_offset = 0
+        self._announced = True
+
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Announce the training run."""
-        trainer.print("\nStarting training run")
+        """Start collecting metrics."""
+        self._start(trainer)
+        resumed = trainer.resumed_from is not None
+        self._epoch_offset = 0 if resumed else trainer.run_history.current_epoch - 1
+        self._announced = False
 
     def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Announce the epoch."""
-        trainer.print(f"\nStarting epoch {trainer.run_history.current_epoch}")
+        """Start the epoch's clock; before the run's first epoch, log what the run will do.
 
-    def on_eval_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Announce the evaluation epoch."""
-        trainer.print("\nStarting eval epoch")
+        The announcement waits for the first epoch so that handlers added when the run
+        starts (``RunRecordCallback``'s log file) receive it.
+        """
+        config = trainer.run_config
+        if not self._announced and config is not None:
+            self._announced = True
+            epochs = "" if config.num_epochs is None else _plural(config.num_epochs, "epoch") + ", "
+            get_logger().info(
+                "training: %s%s, %d samples per update",
+                epochs,
+                _plural(config.total_num_update_steps, "update"),
+                config.train_total_batch_size,
+            )
+        self._started = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Collect the training epoch's metrics."""
+        self._collect(trainer)
+
+    def on_eval_epoch_end(
+        self, trainer: Trainer, sanity_check: bool = False, **kwargs: Any
+    ) -> None:
+        """Collect the evaluation epoch's metrics (a sanity evaluation's are removed again)."""
+        if not sanity_check:
+            self._collect(trainer)
+
+    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Log the epoch's line."""
+        self._collect(trainer)
+        config = trainer.run_config
+        epochs = None if config is None else config.num_epochs
+        total = "" if epochs is None else f"/{self._epoch_offset + epochs}"  # None: a stream
+        self._emit(trainer, f"epoch {trainer.run_history.current_epoch}{total}")
 
     def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Announce the end of the training run."""
-        trainer.print("Finishing training run")
+        """Log what an epoch stopped early recorded."""
+        self._collect(trainer)
+        if self._pending:
+            epoch = trainer.run_history.current_epoch
+            self._emit(trainer, f"epoch {epoch} (stopped)")
 
     def on_evaluation_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Announce the evaluation run."""
-        trainer.print("\nStarting evaluation run")
+        """Start collecting the evaluation's metrics."""
+        self._start(trainer)
 
     def on_evaluation_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Announce the end of the evaluation run."""
-        trainer.print("Finishing evaluation run")
+        """Log the evaluation's line."""
+        self._collect(trainer)
+        self._emit(trainer, "evaluation")
+
+    def _start(self, trainer: Trainer) -> logging.Logger:
+        self._cursor.skip_to_end(trainer.run_history)
+        self._pending = {}
+        self._started = time.perf_counter()
+        return setup_logging()
+
+    def _collect(self, trainer: Trainer) -> None:
+        new = self._cursor.read_new(trainer.run_history)
+        for name in loss_first(new):
+            self._pending[name] = new[name]
+
+    def _emit(self, trainer: Trainer, head: str) -> None:
+        pending, self._pending = self._pending, {}
+        if not trainer.accelerator.is_main_process:
+            return
+        seconds = time.perf_counter() - self._started
+        parts = [head, format_metrics(pending), f"({seconds:.1f} s)"]
+        get_logger().info(SEPARATOR.join(part for part in parts if part))
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 class ProgressBarCallback(TrainerCallback):
@@ -78,9 +166,19 @@ class ProgressBarCallback(TrainerCallback):
     block). On the CPU there is no device to wait for and the value is read directly; on
     other devices (MPS, XPU, ...) the read synchronises, once per refresh.
 
+    The bars are drawn only where they help: on the main process, and, by default, only when
+    standard error is a terminal (or in a notebook), so that output piped to a file carries no
+    carriage-return clutter. They disappear when their epoch ends (``leave=False``), leaving
+    the one line per epoch of ``PrintProgressCallback``.
+
     Args:
         loss_update_interval: Refresh the running loss at most once every this many training
             steps, or ``None`` (the default) to show it only at the end of each epoch.
+        show: ``None`` (the default): show the bars only on a terminal (tqdm's
+            ``disable=None``); ``True``: always; ``False``: never.
+
+    Raises:
+        TypeError: If ``show`` is not ``None`` or a bool.
 
     Example:
         ```python
@@ -91,11 +189,21 @@ class ProgressBarCallback(TrainerCallback):
 
     may_stop_training = False
 
-    def __init__(self, loss_update_interval: int | None = None) -> None:
+    def __init__(self, loss_update_interval: int | None = None, show: bool | None = None) -> None:
         check_positive_int(
             "ProgressBarCallback", "loss_update_interval", loss_update_interval, allow_none=True
         )
+        if show is not None and not isinstance(show, bool):
+            fail(
+                TypeError,
+                "ProgressBarCallback",
+                "show",
+                show,
+                "None, True or False",
+                "Pass show=None to show the bars only on a terminal.",
+            )
         self.loss_update_interval = loss_update_interval
+        self.show = show
         self.pbar: Any = None
         self.eval_pbar: Any = None
         self._pending: tuple[torch.Tensor, Any] | None = None  # (pinned copy, CUDA event)
@@ -156,14 +264,11 @@ class ProgressBarCallback(TrainerCallback):
     def _show_loss(self, value: float) -> None:
         self.pbar.set_postfix(loss=f"{value:.4g}", refresh=False)
 
-    @staticmethod
-    def _open(trainer: Trainer, total: int | None, desc: str) -> Any:
-        return tqdm(
-            total=total,
-            desc=desc,
-            disable=not trainer.accelerator.is_local_main_process,
-            dynamic_ncols=True,
-        )
+    def _open(self, trainer: Trainer, total: int | None, desc: str) -> Any:
+        disable = None if self.show is None else not self.show  # None: tqdm checks for a TTY
+        if not trainer.accelerator.is_local_main_process:
+            disable = True
+        return tqdm(total=total, desc=desc, disable=disable, dynamic_ncols=True, leave=False)
 
 
 def _advance(bar: Any, steps_done: int) -> None:

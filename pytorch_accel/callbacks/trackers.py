@@ -11,8 +11,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from pytorch_accel._validation import callable_name, check_mapping, fail
-from pytorch_accel.callback import TrainerCallback
-from pytorch_accel.callbacks._metrics_csv import write_metrics_csv
+from pytorch_accel.callbacks._console import format_metrics
+from pytorch_accel.callbacks._metrics_csv import (
+    STEP_COLUMN,
+    append_metrics_row,
+    write_metrics_csv,
+)
+from pytorch_accel.callbacks.step_logging import DEFAULT_LOG_EVERY_N_UPDATES, StepLoggingCallback
+from pytorch_accel.logging_setup import get_logger
 from pytorch_accel.tracking import MetricCursor
 
 if TYPE_CHECKING:
@@ -25,8 +31,8 @@ __all__ = ["TrackingCallback", "hparams_of"]
 _INSTALL_HINTS = {"tensorboard": 'pip install "pytorch-accel[tracking]"'}
 
 
-class TrackingCallback(TrainerCallback):
-    """Log metrics to accelerate's experiment trackers (TensorBoard, W&B, ...) and a CSV file.
+class TrackingCallback(StepLoggingCallback):
+    """Log metrics to accelerate's experiment trackers (TensorBoard, W&B, ...) and CSV files.
 
     The trainer's ``Accelerator`` is created without ``log_with``, so this callback creates
     the trackers itself, on the main process only, from the names accelerate knows
@@ -41,6 +47,15 @@ class TrackingCallback(TrainerCallback):
     evaluation run (step = the number of epochs trained so far). A run stopped inside an epoch
     sends that epoch's metrics at its end. Trackers get the numeric values; the CSV file gets
     every value.
+
+    Step-level metrics (a ``StepLoggingCallback``): every ``log_every_n_updates`` optimizer
+    updates (50 by default) and at the end of the run, ``train_loss_step`` (the mean over the
+    interval), ``lr`` (or ``lr_group_<i>``), ``grad_norm`` (with ``log_grad_norm=True``),
+    ``samples_per_second`` and, on CUDA or XPU, ``max_memory_allocated_gb`` go to every
+    tracker with step = the update count of the run (``trainer.num_updates``), and to a
+    second CSV file beside ``csv_path``, ``<stem>_steps.csv`` (a ``step`` column, one row per
+    logging point, appended to). Between logging points nothing is read on the host; at each,
+    one read (see ``StepMetrics``).
 
     The CSV file (``csv_path``, on the main process) has one row per epoch: an ``epoch``
     column, then one column per metric in alphabetical order, empty where a metric has no
@@ -58,9 +73,13 @@ class TrackingCallback(TrainerCallback):
         init_kwargs: Keyword arguments per tracker name, e.g.
             ``{"tensorboard": {"flush_secs": 30}}``.
         config: Extra hyperparameters stored with the run config (flattened likewise).
+        log_every_n_updates: The step-level logging interval, in optimizer updates; ``None``
+            for epoch-level metrics only.
+        log_grad_norm: Also log the gradient norm at each step-level logging point.
 
     Raises:
-        ValueError: If a tracker name is unknown.
+        ValueError: If a tracker name is unknown, or ``log_every_n_updates`` is not a
+            positive int.
         ImportError: If the package of a named tracker is not installed.
 
     Example:
@@ -86,7 +105,10 @@ class TrackingCallback(TrainerCallback):
         csv_path: str | os.PathLike[str] | None = "metrics.csv",
         init_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
         config: Mapping[str, Any] | None = None,
+        log_every_n_updates: int | None = DEFAULT_LOG_EVERY_N_UPDATES,
+        log_grad_norm: bool = False,
     ) -> None:
+        super().__init__(log_every_n_updates, log_grad_norm)
         self.log_with = _check_trackers(log_with)
         _check_strings(project_name, logging_dir, csv_path)
         check_mapping("TrackingCallback", "init_kwargs", init_kwargs)
@@ -98,11 +120,23 @@ class TrackingCallback(TrainerCallback):
         self.config = dict(config or {})
         self.trackers: list[GeneralTracker] = []
         self._rows: dict[int, dict[str, Any]] = {}
+        self._step_columns: list[str] = []
+        self._step_rows: dict[int, dict[str, float]] = {}
         self._cursor = MetricCursor()
 
+    @property
+    def step_csv_path(self) -> Path | None:
+        """The step-level CSV file: ``<stem>_steps.csv`` beside ``csv_path`` (``None`` if none)."""
+        if self.csv_path is None or self.step_metrics is None:
+            return None
+        path = self.csv_path
+        return path.with_name(f"{path.stem}_steps{path.suffix or '.csv'}")
+
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Start the trackers and store the run config."""
+        """Start the trackers and store the run config; start the first step interval."""
         self._start(trainer)
+        self._step_columns, self._step_rows = [], {}
+        super().on_training_run_start(trainer)
 
     def on_evaluation_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Start the trackers and store the run config."""
@@ -113,14 +147,59 @@ class TrackingCallback(TrainerCallback):
         self._log_new(trainer, trainer.run_history.current_epoch)
 
     def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Send what a stopped epoch recorded, then finish the trackers."""
+        """Send what a stopped epoch recorded and the last step interval; finish the trackers."""
         self._log_new(trainer, trainer.run_history.current_epoch)
+        super().on_training_run_end(trainer)
         self._finish()
 
     def on_evaluation_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
         """Send the evaluation's metrics, at step = the epochs trained so far; finish."""
         self._log_new(trainer, trainer.run_history.current_epoch - 1)
         self._finish()
+
+    def log_step(self, trainer: Trainer, metrics: dict[str, float], step: int) -> None:
+        """Send one step-level logging point to the trackers and the step CSV (main process).
+
+        Args:
+            trainer: The trainer.
+            metrics: The metrics, by name (see ``StepMetrics``).
+            step: The update count of the run.
+        """
+        if not trainer.accelerator.is_main_process:
+            return
+        for tracker in self.trackers:
+            tracker.log(metrics, step=step)
+        path = self.step_csv_path
+        if path is not None:
+            self._write_step_row(path, step, metrics)
+        get_logger().debug("update %d: %s", step, format_metrics(metrics))
+
+    def log_images(self, images: Mapping[str, Any], step: int, **kwargs: Any) -> None:
+        """Send images to the trackers that take them (TensorBoard, W&B, Aim, ...).
+
+        Call it while a run is going (the trackers are open from the start to the end of each
+        ``train()`` and ``evaluate()``), e.g. from a callback's ``on_eval_epoch_end``. On
+        processes other than the main one there are no trackers, and it does nothing.
+
+        Args:
+            images: Tag -> images, in the form the trackers take: for TensorBoard a batch
+                (``(N, C, H, W)`` tensor or array, values in ``[0, 1]``, or see
+                ``SummaryWriter.add_images`` and its ``dataformats``).
+            step: The x-axis value, e.g. ``trainer.run_history.current_epoch``.
+            **kwargs: Passed to each tracker's ``log_images``.
+        """
+        for tracker in self.trackers:
+            if callable(getattr(tracker, "log_images", None)):
+                tracker.log_images(dict(images), step=step, **kwargs)
+
+    def _write_step_row(self, path: Path, step: int, metrics: dict[str, float]) -> None:
+        """Append the row; start the file afresh when the run starts or a column appears."""
+        self._step_rows[step] = metrics
+        if self._step_columns and set(metrics) <= set(self._step_columns) and path.exists():
+            append_metrics_row(path, step, metrics, self._step_columns)
+            return
+        self._step_columns = sorted({name for row in self._step_rows.values() for name in row})
+        write_metrics_csv(self._step_rows, path, index_column=STEP_COLUMN)
 
     def create_trackers(self) -> list[GeneralTracker]:
         """Create the trackers of ``log_with`` (on the main process, at each run's start).

@@ -30,6 +30,8 @@ def factories() -> dict[str, Callable[[], Any]]:
         "LimitEvalStepsCallback": lambda: cb.LimitEvalStepsCallback(num_eval_steps=1),
         "MetricsCallback": lambda: cb.MetricsCallback(MeanAbsoluteError(), name="mae"),
         "TrackingCallback": cb.TrackingCallback,
+        "StepLoggingCallback": lambda: cb.StepLoggingCallback(log_every_n_updates=3),
+        "RunRecordCallback": lambda: cb.RunRecordCallback("record", {"lr": 0.05}),
         "PlotMetricsCallback": cb.PlotMetricsCallback,
         "ThroughputCallback": cb.ThroughputCallback,
         "SaveTrainingStateCallback": lambda: cb.SaveTrainingStateCallback(save_every_n_steps=3),

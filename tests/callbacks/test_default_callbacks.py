@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -40,8 +41,9 @@ def test_default_callbacks_are_the_documented_classes() -> None:
 
 
 def test_default_callbacks_survive_two_train_calls_and_evaluate(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="pytorch_accel")
     model = make_model()
     trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.05))
     trainer.train(
@@ -49,14 +51,20 @@ def test_default_callbacks_survive_two_train_calls_and_evaluate(
     )
     trainer.train(make_regression_dataset(16), num_epochs=1, reset_run_history=False)
     trainer.evaluate(make_regression_dataset(8))
-    out = capsys.readouterr()
-    assert out.out.count("Starting training run") == 2
-    assert out.out.count("Starting epoch") == 3
-    assert "Starting evaluation run" in out.out
-    assert out.out.count("train_loss_epoch:") == 3
-    assert out.out.count("eval_loss_epoch:") == 2
-    assert out.out.count("evaluation_loss:") == 1
-    assert "2/2" in out.err  # the tqdm bar of 16 samples in batches of 8
+    lines = [record.getMessage() for record in caplog.records if record.name == "pytorch_accel"]
+    history = trainer.run_history
+    train_losses = history.get_metric_values("train_loss_epoch")
+    eval_losses = history.get_metric_values("eval_loss_epoch")
+    assert [line.rsplit("  (", 1)[0] for line in lines] == [
+        "training: 2 epochs, 4 updates, 8 samples per update",
+        f"epoch 1/2  train_loss {train_losses[0]:.4g}  eval_loss {eval_losses[0]:.4g}",
+        f"epoch 2/2  train_loss {train_losses[1]:.4g}  eval_loss {eval_losses[1]:.4g}",
+        "training: 1 epoch, 2 updates, 8 samples per update",  # epochs continue the history
+        f"epoch 3/3  train_loss {train_losses[2]:.4g}",
+        f"evaluation  evaluation_loss {history.get_latest_metric('evaluation_loss'):.4g}",
+    ]
+    assert all(line.endswith(" s)") for line in lines if line.startswith(("epoch", "eval")))
+    assert capsys.readouterr().err == ""  # no progress bar where stderr is not a terminal
 
 
 class DeviceRecordingLoss(nn.Module):
@@ -140,15 +148,21 @@ def test_terminate_on_nan_rejects_a_bad_interval() -> None:
 
 
 def test_progress_bar_counts_steps_on_the_main_process(capsys: pytest.CaptureFixture[str]) -> None:
-    trainer = make_trainer(callbacks=(ProgressBarCallback,))
+    bar = ProgressBarCallback(show=True)
+    trainer = make_trainer(callbacks=(bar,))
     trainer.train(
         make_regression_dataset(24), num_epochs=1, eval_dataset=make_regression_dataset(8)
     )
+    assert (bar.pbar.n, bar.pbar.total, bar.eval_pbar.n, bar.eval_pbar.total) == (3, 3, 1, 1)
     err = capsys.readouterr().err
-    assert "train: 100%" in err
-    assert "3/3" in err
-    assert "eval: 100%" in err
-    assert "1/1" in err
+    assert "train:" in err
+    assert "eval:" in err
+    assert err.endswith("\r")  # the bars are cleared when their epoch ends (leave=False)
+
+
+def test_progress_bar_rejects_a_bad_show() -> None:
+    with pytest.raises(TypeError, match=r"show must be None, True or False, got 'yes'"):
+        ProgressBarCallback(show="yes")  # type: ignore[arg-type]
 
 
 def test_log_metrics_logs_each_metric_once_at_the_end_of_its_phase() -> None:

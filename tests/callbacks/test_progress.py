@@ -30,8 +30,13 @@ class PostfixLog(TrainerCallback):
         self.bar = bar
         self.postfixes: list[str | None] = []
 
+        self.at_epoch_end: list[str | None] = []
+
     def on_train_progress(self, trainer: Trainer, **kwargs: Any) -> None:
         self.postfixes.append(self.bar.pbar.postfix)
+
+    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        self.at_epoch_end.append(self.bar.pbar.postfix)  # the bar is closed, its postfix kept
 
 
 def reporting_every_step(trainer: Trainer) -> Trainer:
@@ -42,21 +47,21 @@ def reporting_every_step(trainer: Trainer) -> Trainer:
 def test_by_default_the_loss_is_shown_at_epoch_ends_only(
     host_reads: HostReads, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    bar = ProgressBarCallback()
+    bar = ProgressBarCallback(show=True)
     log = PostfixLog(bar)
     trainer = reporting_every_step(make_trainer(callbacks=(bar, log, *host_reads.callbacks)))
     trainer.train(make_regression_dataset(32), num_epochs=2, per_device_batch_size=4)
     assert host_reads.calls == []
     assert log.postfixes[:8] == [None] * 8  # nothing during the first epoch
-    err = capsys.readouterr().err
-    for loss in trainer.run_history.get_metric_values("train_loss_epoch"):
-        assert f"loss={loss:.4g}" in err
+    assert log.at_epoch_end == [
+        f"loss={loss:.4g}" for loss in trainer.run_history.get_metric_values("train_loss_epoch")
+    ]
 
 
 def test_an_interval_reads_the_running_loss_once_per_interval_only(
     host_reads: HostReads,
 ) -> None:
-    bar = ProgressBarCallback(loss_update_interval=3)
+    bar = ProgressBarCallback(loss_update_interval=3, show=True)
     log = PostfixLog(bar)
     model = make_model()
     trainer = Trainer(
@@ -87,7 +92,7 @@ def test_bad_interval_names_the_fix() -> None:
 
 @pytest.mark.cuda
 def test_on_cuda_the_loss_is_copied_without_waiting() -> None:
-    bar = ProgressBarCallback(loss_update_interval=2)
+    bar = ProgressBarCallback(loss_update_interval=2, show=True)
     log = PostfixLog(bar)
     trainer = reporting_every_step(make_trainer(callbacks=(bar, log)))
     assert trainer.device.type == "cuda"
@@ -120,7 +125,7 @@ class CountLog(TrainerCallback):
 
 
 def test_fast_steps_reach_the_bar_in_strides_and_the_epoch_end_is_exact() -> None:
-    bar = ProgressBarCallback()
+    bar = ProgressBarCallback(show=True)
     log = CountLog(bar)
     trainer = make_trainer(callbacks=(bar, log))
     trainer.train(make_regression_dataset(256), num_epochs=1, per_device_batch_size=4)
@@ -130,7 +135,7 @@ def test_fast_steps_reach_the_bar_in_strides_and_the_epoch_end_is_exact() -> Non
 
 
 def test_slow_steps_reach_the_bar_one_by_one() -> None:
-    bar = ProgressBarCallback()
+    bar = ProgressBarCallback(show=True)
     log = CountLog(bar, sleep=0.06)  # slower than the trainer's 0.05 s progress interval
     trainer = make_trainer(callbacks=(bar, log))
     trainer.train(make_regression_dataset(16), num_epochs=1, per_device_batch_size=4)
@@ -143,3 +148,11 @@ def test_the_default_callbacks_listen_to_no_per_step_event() -> None:
     trainer = make_trainer(callbacks=get_default_callbacks())
     assert per_step.isdisjoint(trainer.callback_handler.active_events)
     assert {"on_train_progress", "on_eval_progress"} <= trainer.callback_handler.active_events
+
+
+def test_bars_are_off_where_stderr_is_not_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    bar = ProgressBarCallback()  # show=None: tqdm checks for a terminal
+    trainer = make_trainer(callbacks=(bar,))
+    trainer.train(make_regression_dataset(16), num_epochs=1, per_device_batch_size=4)
+    assert bar.pbar.disable
+    assert capsys.readouterr().err == ""

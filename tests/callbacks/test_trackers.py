@@ -147,14 +147,19 @@ def test_a_custom_tracker_gets_config_metrics_per_epoch_and_a_stopped_epoch(
     trainer = make_trainer(callbacks=(tracking, StopAtStep(step=1)))
     trainer.train(make_regression_dataset(32), num_epochs=3, per_device_batch_size=8)
     kinds = [kind for kind, _ in tracker.calls]
-    assert kinds == ["start", "config", "log", "log", "finish"]
+    assert kinds == ["start", "config", "log", "log", "log", "finish"]
     config = tracker.calls[1][1]
     assert config["num_epochs"] == 3
     assert all(isinstance(value, bool | int | float | str) for value in config.values())
     losses = trainer.run_history.get_metric_values("train_loss_epoch")
     assert tracker.calls[2][1] == (1, {"train_loss_epoch": losses[0]})
     assert tracker.calls[3][1] == (2, {"train_loss_epoch": losses[1]})  # the stopped epoch
+    step, step_metrics = tracker.calls[4][1]  # the step-level point at the end of the run
+    assert step == trainer.num_updates == 6  # 4 updates, then 2 in the stopped epoch
+    assert step_metrics["train_loss_step"] == pytest.approx((4 * losses[0] + 2 * losses[1]) / 6)
+    assert step_metrics["lr"] == 0.05
     assert [row["epoch"] for row in read_csv(tmp_path / "m.csv")] == ["1", "2"]
+    assert [row["step"] for row in read_csv(tmp_path / "m_steps.csv")] == ["6"]
 
 
 def test_non_numeric_metrics_go_to_the_csv_only(tmp_path: Path) -> None:

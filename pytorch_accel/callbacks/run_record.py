@@ -1,0 +1,220 @@
+"""A record of every run: one directory with its config, environment, model, log and metrics."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytorch_accel._validation import check_mapping, fail
+from pytorch_accel.callbacks._run_info import (
+    environment,
+    jsonable,
+    model_summary,
+    model_summary_text,
+    run_configuration,
+)
+from pytorch_accel.callbacks.step_logging import DEFAULT_LOG_EVERY_N_UPDATES
+from pytorch_accel.callbacks.trackers import TrackingCallback
+from pytorch_accel.logging_setup import get_logger, setup_logging
+
+if TYPE_CHECKING:
+    from accelerate.tracking import GeneralTracker
+
+    from pytorch_accel.trainer import Trainer
+
+__all__ = ["RUN_RECORD_FILES", "RunRecordCallback"]
+
+RUN_RECORD_FILES = {
+    "config": "config.json",
+    "hyperparameters": "hyperparameters.json",
+    "environment": "environment.json",
+    "model_summary": "model_summary.json",
+    "model_summary_text": "model_summary.txt",
+    "log": "train.log",
+    "metrics": "metrics.csv",
+    "step_metrics": "metrics_steps.csv",
+    "plot": "metrics.png",
+    "step_plot": "metrics_steps.png",
+}
+"""The files of a run record, by role (``tensorboard/`` holds the TensorBoard run)."""
+
+_LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
+
+
+class RunRecordCallback(TrackingCallback):
+    """Keep a record of each training run in ``directory``: what ran, where, and how it went.
+
+    When ``train()`` starts, the main process writes (each file replaced atomically):
+
+    - ``config.json``: the run config (``train()``'s arguments as the trainer holds them:
+      epochs, batch sizes, accumulation, clipping, ...), the rest that the trainer exposes
+      (scheduler factory, collate function, resume point, data set sizes) and the trainer's
+      parts (model, loss, optimizer with its parameter groups' settings, scheduler, callbacks);
+    - ``hyperparameters.json``: ``hyperparameters``, as given;
+    - ``environment.json``: Python, platform, torch / accelerate / pytorch_accel versions,
+      devices and processes, the ``accelerate config`` file and ``ACCELERATE_*`` variables,
+      the git commit of the script's repository (and whether it was modified), the command
+      line;
+    - ``model_summary.json`` and ``model_summary.txt``: parameters per top-level module,
+      trainable and frozen, and the model's ``repr``.
+
+    During the run: ``train.log`` receives the ``pytorch_accel`` logger's lines (the epoch
+    lines, and anything else logged there, with a time stamp; appended to by later runs);
+    ``metrics.csv`` (one row per epoch) and ``metrics_steps.csv`` (every
+    ``log_every_n_updates`` updates) grow as in ``TrackingCallback``, which this callback is;
+    ``metrics.png`` and ``metrics_steps.png`` are redrawn at each epoch end when matplotlib is
+    installed; the trackers (``tensorboard/`` by default, when tensorboard is installed)
+    receive the run config and the hyper-parameters, as hyper-parameters, and the metrics.
+
+    Nothing is written by the other processes. A later ``train()`` rewrites the record's
+    files (the log file is appended to): give each run its own directory to keep several.
+    Order ``110``: after the console's epoch line, which the log file then holds.
+
+    Args:
+        directory: The record's directory (created if needed).
+        hyperparameters: The user's hyper-parameters (any JSON-like mapping).
+        log_with: Trackers as in ``TrackingCallback``; ``None`` (the default): TensorBoard if
+            it is installed, else none.
+        log_every_n_updates: The step-level logging interval (default 50); ``None``: none.
+        log_grad_norm: Also log the gradient norm at each step-level logging point.
+        plot: Draw the metric curves at each epoch end; ``None`` (the default): if matplotlib
+            is installed.
+
+    Raises:
+        TypeError: If ``directory`` is not a path or ``hyperparameters`` not a mapping.
+        ImportError: If ``plot=True`` and matplotlib is not installed.
+
+    Example:
+        ```python
+        record = RunRecordCallback(f"runs/{time.strftime('%Y%m%d-%H%M%S')}",
+                                   hyperparameters={"lr": lr, "batch_size": 32})
+        trainer = Trainer(model, loss_func, optimizer, callbacks=(*DEFAULT_CALLBACKS, record))
+        ```
+    """
+
+    order = 110
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        hyperparameters: Mapping[str, Any] | None = None,
+        *,
+        log_with: str | GeneralTracker | Iterable[str | GeneralTracker] | None = None,
+        log_every_n_updates: int | None = DEFAULT_LOG_EVERY_N_UPDATES,
+        log_grad_norm: bool = False,
+        plot: bool | None = None,
+    ) -> None:
+        if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
+            fail(TypeError, "RunRecordCallback", "directory", directory, "a path", "Pass 'runs/1'.")
+        check_mapping("RunRecordCallback", "hyperparameters", hyperparameters)
+        self.directory = Path(directory)
+        self.hyperparameters = dict(hyperparameters or {})
+        super().__init__(
+            _default_trackers() if log_with is None else log_with,
+            project_name="tensorboard",
+            logging_dir=self.directory,
+            csv_path=self.directory / RUN_RECORD_FILES["metrics"],
+            config=self.hyperparameters,
+            log_every_n_updates=log_every_n_updates,
+            log_grad_norm=log_grad_norm,
+        )
+        self.plot = _check_plot(plot)
+        self._log_handler: logging.Handler | None = None
+
+    def path(self, role: str) -> Path:
+        """The path of one of the record's files (a key of ``RUN_RECORD_FILES``)."""
+        return self.directory / RUN_RECORD_FILES[role]
+
+    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Write the record's description of the run; open the log file."""
+        if trainer.accelerator.is_main_process:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._open_log()
+            self._write_description(trainer)
+        super().on_training_run_start(trainer)
+
+    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Send the epoch's metrics; redraw the curves."""
+        super().on_training_run_epoch_end(trainer)
+        if self.plot and trainer.accelerator.is_main_process:
+            self._draw()
+
+    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Send the last metrics, redraw the curves and close the log file."""
+        super().on_training_run_end(trainer)
+        if self.plot and trainer.accelerator.is_main_process:
+            self._draw()
+        self._close_log()
+
+    def _write_description(self, trainer: Trainer) -> None:
+        model = trainer.get_model()
+        summary = model_summary(model)
+        _write_json(self.path("config"), run_configuration(trainer))
+        _write_json(self.path("hyperparameters"), jsonable(self.hyperparameters))
+        _write_json(self.path("environment"), environment(trainer))
+        _write_json(self.path("model_summary"), summary)
+        _write_text(self.path("model_summary_text"), model_summary_text(summary, model))
+        get_logger().info("run record: %s", self.directory)
+
+    def _open_log(self) -> None:
+        self._close_log()
+        logger = setup_logging()
+        handler = logging.FileHandler(self.path("log"), encoding="utf-8")
+        handler.setFormatter(logging.Formatter(_LOG_FORMAT))
+        logger.addHandler(handler)
+        self._log_handler = handler
+
+    def _close_log(self) -> None:
+        handler, self._log_handler = self._log_handler, None
+        if handler is not None:
+            get_logger().removeHandler(handler)
+            handler.close()
+
+    def _draw(self) -> None:
+        from pytorch_accel.callbacks.plotting import plot_metrics
+
+        for source, image in (("metrics", "plot"), ("step_metrics", "step_plot")):
+            if self.path(source).exists():
+                with contextlib.suppress(ValueError):  # nothing numeric to draw yet
+                    plot_metrics(self.path(source), self.path(image))
+
+
+def _default_trackers() -> tuple[str, ...]:
+    from accelerate.tracking import get_available_trackers
+
+    available = {str(getattr(kind, "value", kind)) for kind in get_available_trackers()}
+    return ("tensorboard",) if "tensorboard" in available else ()
+
+
+def _check_plot(plot: object) -> bool:
+    if plot is not None and not isinstance(plot, bool):
+        fail(TypeError, "RunRecordCallback", "plot", plot, "None or a bool", "Pass plot=None.")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        if plot:
+            raise ImportError(
+                'RunRecordCallback: plot=True needs matplotlib: pip install "pytorch-accel[plot]",'
+                " or pass plot=None to draw only where it is installed."
+            ) from None
+        return False
+    return plot is not False
+
+
+def _write_json(path: Path, value: Any) -> None:
+    _write_text(path, json.dumps(value, indent=2, sort_keys=False) + "\n")
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Write through a temporary file renamed over ``path``."""
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        temporary.write_text(text, encoding="utf-8")
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)

@@ -1,0 +1,294 @@
+"""Step-level metrics every N optimizer updates: loss, learning rates, gradient norm, speed.
+
+``StepMetrics`` collects them; ``StepLoggingCallback`` logs them (to the console by default);
+``TrackingCallback`` builds on it to send them to the experiment trackers and a CSV file.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from pytorch_accel._validation import check_positive_int, fail
+from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.callbacks._console import SEPARATOR, format_metrics
+from pytorch_accel.logging_setup import get_logger, setup_logging
+
+if TYPE_CHECKING:
+    from pytorch_accel.trainer import Trainer
+
+__all__ = ["DEFAULT_LOG_EVERY_N_UPDATES", "StepLoggingCallback", "StepMetrics"]
+
+DEFAULT_LOG_EVERY_N_UPDATES = 50
+"""The default logging interval, in optimizer updates (HF's ``logging_steps`` and Lightning's
+``log_every_n_steps`` default to 500 and 50)."""
+
+
+class StepMetrics:
+    """Collects the metrics of each logging interval on the device and reads them once.
+
+    Nothing is read on the host between logging points: the interval's loss is the difference
+    of the trainer's on-device running sum (``trainer.train_loss_tracker``) between two points,
+    carried over epoch ends; the learning rates are Python numbers in the optimizer's
+    parameter groups (a tensor learning rate is read with the rest); the gradient norm, when
+    asked for, is that of the update at the logging point (``trainer.grad_norm`` when
+    ``train(max_grad_norm=...)`` computes it, else computed then on the device). At each
+    logging point everything is stacked into one tensor, summed across processes with one
+    collective when there are several, and read with one ``tolist()``.
+
+    The metrics, by name:
+
+    - ``train_loss_step``: the sample-weighted mean training loss over the interval, over
+      every process.
+    - ``lr`` (one parameter group), or ``lr_group_0``, ``lr_group_1``, ...: the learning rate
+      the update at the logging point used.
+    - ``grad_norm``: the total gradient norm of that update, before clipping (if asked for).
+    - ``samples_per_second``: the interval's samples, over every process, per second of wall
+      clock, without the evaluations run inside it.
+    - ``max_memory_allocated_gb``: the peak memory allocated on this process's accelerator
+      since the program started (or since its peak was last reset), on CUDA and XPU.
+
+    Args:
+        every_n_updates: The interval, in optimizer updates.
+        log_grad_norm: Whether to include ``grad_norm``.
+    """
+
+    def __init__(self, every_n_updates: int, log_grad_norm: bool) -> None:
+        self.every_n_updates = every_n_updates
+        self.log_grad_norm = log_grad_norm
+        self._reset_interval(time.perf_counter(), 0)
+        self._seen: tuple[torch.Tensor | None, int | torch.Tensor] = (None, 0)
+        self._pause_start: float | None = None
+
+    def _reset_interval(self, now: float, updates: int) -> None:
+        self._loss: torch.Tensor | None = None
+        self._count: int | torch.Tensor = 0
+        self._grad_norm: torch.Tensor | None = None
+        self._clock = now
+        self._paused = 0.0
+        self._logged_at = updates
+
+    def start_run(self, trainer: Trainer) -> None:
+        """Start the first interval (at ``on_training_run_start``)."""
+        self._reset_interval(time.perf_counter(), trainer.num_updates)
+        self._seen = (None, 0)
+
+    def start_epoch(self) -> None:
+        """The trainer's running loss starts again from zero (at ``on_train_epoch_start``)."""
+        self._seen = (None, 0)
+
+    def end_epoch(self, trainer: Trainer) -> None:
+        """Carry the epoch's part of the interval over (at ``on_train_epoch_end``)."""
+        self._take(trainer)
+
+    def pause(self) -> None:
+        """Stop the clock, for an evaluation inside the interval."""
+        self._pause_start = time.perf_counter()
+
+    def resume(self) -> None:
+        """Start the clock again after an evaluation."""
+        if self._pause_start is not None:
+            self._paused += time.perf_counter() - self._pause_start
+            self._pause_start = None
+
+    def is_due(self, trainer: Trainer, ahead: int = 0) -> bool:
+        """Whether update ``num_updates + ahead`` is a logging point."""
+        return (trainer.num_updates + ahead) % self.every_n_updates == 0
+
+    def before_update(self, trainer: Trainer) -> None:
+        """Keep the gradient norm of an update at a logging point (``on_optimizer_step_start``)."""
+        if self.log_grad_norm and self.is_due(trainer, ahead=1):
+            norm = trainer.grad_norm
+            self._grad_norm = norm if norm is not None else _total_norm(trainer.model)
+
+    def read(self, trainer: Trainer) -> dict[str, float] | None:
+        """Read the interval's metrics (one host read) and start the next interval.
+
+        Every process must call it at the same update: several processes combine their
+        values with one collective.
+
+        Returns:
+            The metrics, or ``None`` if no update was made since the last read.
+        """
+        if trainer.num_updates == self._logged_at:
+            return None
+        self._take(trainer)
+        lrs = [group["lr"] for group in trainer.optimizer.param_groups]
+        values = self._read_on_host(trainer, lrs)
+        seconds = time.perf_counter() - self._clock - self._paused
+        loss_sum, count = values[0], values[1]
+        metrics = {"train_loss_step": loss_sum / count if count else math.nan}
+        tensor_lrs = iter(values[3 if self._grad_norm is not None else 2 :])
+        host_lrs = [next(tensor_lrs) if isinstance(lr, torch.Tensor) else lr for lr in lrs]
+        metrics.update(_lr_names(host_lrs))
+        if self._grad_norm is not None:
+            metrics["grad_norm"] = values[2]
+        metrics["samples_per_second"] = count / seconds if seconds > 0 else math.nan
+        memory = _max_memory_allocated_gb(trainer.device)
+        if memory is not None:
+            metrics["max_memory_allocated_gb"] = memory
+        self._reset_interval(time.perf_counter(), trainer.num_updates)
+        return metrics
+
+    def _take(self, trainer: Trainer) -> None:
+        """Add what the running loss gained since it was last seen to the interval (on device)."""
+        tracker = trainer.train_loss_tracker
+        total = tracker.total_loss
+        if total is None:
+            return
+        count = tracker.running_count
+        seen_total, seen_count = self._seen
+        gained = total if seen_total is None else total - seen_total
+        self._loss = gained if self._loss is None else self._loss + gained
+        self._count = self._count + (count - seen_count)
+        self._seen = (total, count)
+
+    def _read_on_host(self, trainer: Trainer, lrs: list[Any]) -> list[float]:
+        """Stack the interval's device values, combine them across processes, read them once."""
+        device = trainer.device
+        dtype = torch.float32 if device.type == "mps" else torch.float64
+        parts: list[Any] = [0.0 if self._loss is None else self._loss, self._count]
+        if self._grad_norm is not None:
+            parts.append(self._grad_norm)
+        parts += [lr for lr in lrs if isinstance(lr, torch.Tensor)]
+        packed = torch.stack([torch.as_tensor(part).to(device, dtype) for part in parts])
+        processes = trainer.accelerator.num_processes
+        if processes > 1:
+            packed = trainer.accelerator.reduce(packed, reduction="sum")
+            packed[2:] /= processes  # the same on every process: their mean
+        values: list[float] = packed.tolist()  # the one host read of the interval
+        return values
+
+
+def _total_norm(model: torch.nn.Module) -> torch.Tensor | None:
+    """The 2-norm of all gradients together, on the device, or ``None`` without gradients."""
+    norms = [
+        torch.linalg.vector_norm(parameter.grad.detach())
+        for parameter in model.parameters()
+        if parameter.grad is not None
+    ]
+    return torch.linalg.vector_norm(torch.stack(norms)) if norms else None
+
+
+def _lr_names(lrs: list[float]) -> dict[str, float]:
+    if len(lrs) == 1:
+        return {"lr": float(lrs[0])}
+    return {f"lr_group_{index}": float(lr) for index, lr in enumerate(lrs)}
+
+
+def _max_memory_allocated_gb(device: torch.device) -> float | None:
+    """The peak memory allocated on ``device`` in GiB, where torch tracks it (CUDA, XPU)."""
+    if device.type not in ("cuda", "xpu"):
+        return None
+    module = getattr(torch, device.type)
+    return float(module.max_memory_allocated(device)) / 2**30
+
+
+class StepLoggingCallback(TrainerCallback):
+    """Log step-level metrics every ``log_every_n_updates`` optimizer updates (see ``StepMetrics``).
+
+    Every ``log_every_n_updates`` updates, and once more at the end of a training run for the
+    updates since the last logging point, it calls ``log_step(trainer, metrics, step)`` with
+    ``step`` the update count of the run (``trainer.num_updates``). By default that logs one
+    line on the ``pytorch_accel`` logger (``update 50/360  train_loss_step 0.4121  lr 0.001
+    ...``); override ``log_step`` to send the metrics elsewhere. ``TrackingCallback`` is one:
+    it sends them to the experiment trackers and a CSV file.
+
+    Between logging points it reads nothing on the host; at each, one host read and, with
+    several processes, one collective (every process must run the callback). Order ``100``.
+
+    Args:
+        log_every_n_updates: The logging interval in optimizer updates (default 50); ``None``
+            logs nothing.
+        log_grad_norm: Also log the gradient norm of the update at each logging point.
+
+    Raises:
+        ValueError: If ``log_every_n_updates`` is not a positive int.
+        TypeError: If ``log_grad_norm`` is not a bool.
+
+    Example:
+        ```python
+        step_logging = StepLoggingCallback(log_every_n_updates=100)
+        trainer = Trainer(model, loss_func, optimizer,
+                          callbacks=(*DEFAULT_CALLBACKS, step_logging))
+        ```
+    """
+
+    order = 100
+    may_stop_training = False
+
+    def __init__(
+        self,
+        log_every_n_updates: int | None = DEFAULT_LOG_EVERY_N_UPDATES,
+        log_grad_norm: bool = False,
+    ) -> None:
+        where = type(self).__name__
+        check_positive_int(where, "log_every_n_updates", log_every_n_updates, allow_none=True)
+        if not isinstance(log_grad_norm, bool):
+            fail(TypeError, where, "log_grad_norm", log_grad_norm, "a bool", "Pass True or False.")
+        self.step_metrics = (
+            None if log_every_n_updates is None else StepMetrics(log_every_n_updates, log_grad_norm)
+        )
+
+    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Start the first interval."""
+        setup_logging()
+        if self.step_metrics is not None:
+            self.step_metrics.start_run(trainer)
+
+    def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Follow the trainer's running loss into the new epoch."""
+        if self.step_metrics is not None:
+            self.step_metrics.start_epoch()
+
+    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Carry the epoch's part of the interval over."""
+        if self.step_metrics is not None:
+            self.step_metrics.end_epoch(trainer)
+
+    def on_eval_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Stop the interval's clock during evaluations."""
+        if self.step_metrics is not None:
+            self.step_metrics.pause()
+
+    def on_eval_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Start the interval's clock again."""
+        if self.step_metrics is not None:
+            self.step_metrics.resume()
+
+    def on_optimizer_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Keep the gradient norm of an update at a logging point."""
+        if self.step_metrics is not None:
+            self.step_metrics.before_update(trainer)
+
+    def on_optimizer_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Log the interval's metrics at each logging point."""
+        steps = self.step_metrics
+        if steps is not None and steps.is_due(trainer):
+            self._log(trainer, steps)
+
+    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Log the updates since the last logging point."""
+        if self.step_metrics is not None:
+            self._log(trainer, self.step_metrics)
+
+    def log_step(self, trainer: Trainer, metrics: dict[str, float], step: int) -> None:
+        """Log one logging point's metrics; override to send them elsewhere.
+
+        Called on every process; the default logs one line, on the main process.
+
+        Args:
+            trainer: The trainer.
+            metrics: The metrics, by name (see ``StepMetrics``).
+            step: The update count of the run (``trainer.num_updates``).
+        """
+        total = trainer.run_config.total_num_update_steps if trainer.run_config else step
+        get_logger().info(SEPARATOR.join([f"update {step}/{total}", format_metrics(metrics)]))
+
+    def _log(self, trainer: Trainer, steps: StepMetrics) -> None:
+        metrics = steps.read(trainer)
+        if metrics is not None:
+            self.log_step(trainer, metrics, trainer.num_updates)
