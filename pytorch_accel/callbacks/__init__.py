@@ -22,6 +22,7 @@ from pytorch_accel.callbacks.save_state import SaveTrainingStateCallback
 from pytorch_accel.callbacks.step_eval import StepBasedEvaluationCallback
 from pytorch_accel.callbacks.sync_batchnorm import ConvertSyncBatchNormCallback
 from pytorch_accel.callbacks.throughput import ThroughputCallback
+from pytorch_accel.callbacks.time_budget import TimeBudgetCallback
 from pytorch_accel.callbacks.trackers import TrackingCallback
 from pytorch_accel.callbacks.wsd_checkpoint import WSDCheckpointCallback
 from pytorch_accel.errors import CallbackMethodNotImplementedError, StopTrainingError
@@ -51,6 +52,7 @@ __all__ = [
     "StopTrainingError",
     "TerminateOnNaNCallback",
     "ThroughputCallback",
+    "TimeBudgetCallback",
     "TrackingCallback",
     "TrainerCallback",
     "WSDCheckpointCallback",

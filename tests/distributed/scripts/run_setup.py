@@ -1,0 +1,60 @@
+"""Run set-up across processes: a time budget over on one rank only stops every rank together."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate.state import AcceleratorState, GradientState
+from common import flat_params, report_and_exit
+from helpers import make_model, make_regression_dataset
+from torch import nn
+
+from pytorch_accel import Trainer
+from pytorch_accel.callbacks import SaveTrainingStateCallback, TimeBudgetCallback
+from pytorch_accel.training_state import find_training_states
+
+RANK = int(os.environ["RANK"])
+SETTINGS: dict[str, Any] = {"num_epochs": 2, "per_device_batch_size": 4}
+
+
+def trainer(*callbacks: Any) -> Trainer:
+    AcceleratorState._reset_state(reset_partial_state=False)
+    GradientState._reset_state()
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    return Trainer(model, nn.MSELoss(), optimizer, callbacks=callbacks)
+
+
+def time_budget(out_dir: Path) -> dict[str, Any]:
+    """Rank 1 is over budget at once, rank 0 never: both stop after update 2, then resume."""
+    dataset = make_regression_dataset(64)
+    reference = trainer()
+    reference.train(dataset, **SETTINGS)
+    save_dir = out_dir / "states"
+    saver = SaveTrainingStateCallback(save_dir, preemption_signals=())
+    budget = TimeBudgetCallback(1e-9 if RANK == 1 else 3600.0, check_every_n_steps=2)
+    first = trainer(saver, budget)
+    first.train(dataset, **SETTINGS)
+    stopped = {"updates": first.num_updates, "stopped": budget.stopped}
+    stopped["states"] = [path.name for path in find_training_states(save_dir)]
+    resumed = trainer(SaveTrainingStateCallback(save_dir, preemption_signals=()))
+    resumed.train(dataset, **SETTINGS, resume_from="latest")
+    return {
+        **stopped,
+        "resumed_from": str(resumed.resumed_from),
+        "resumed_equals_reference": flat_params(resumed.model) == flat_params(reference.model),
+        "updates_after_resume": resumed.num_updates,
+    }
+
+
+def main() -> None:
+    out_dir = Path(sys.argv[1])
+    report_and_exit({"time_budget": time_budget(out_dir)})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""Run set-up over 2 processes: what one rank decides, every rank does at the same step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from launcher import Launch, launch
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory: pytest.TempPathFactory) -> Launch:
+    outcome = launch("run_setup.py", out_dir=tmp_path_factory.mktemp("run_setup"))
+    assert outcome.returncode == 0, outcome.output[-4000:]
+    assert len(outcome.ranks) == 2
+    return outcome
+
+
+def test_a_time_budget_over_on_one_rank_stops_both_at_the_same_step(result: Launch) -> None:
+    for rank in result.ranks:
+        outcome: dict[str, Any] = rank["time_budget"]
+        assert outcome["updates"] == 2  # the first check, on both ranks
+        assert outcome["stopped"] is True
+        assert outcome["states"] == ["time-limit-00000002"]
+
+
+def test_the_state_it_saved_resumes_to_the_uninterrupted_run(result: Launch) -> None:
+    for rank in result.ranks:
+        outcome: dict[str, Any] = rank["time_budget"]
+        assert outcome["resumed_from"].endswith("time-limit-00000002")
+        assert outcome["resumed_equals_reference"] is True
