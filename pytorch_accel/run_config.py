@@ -47,6 +47,14 @@ class TrainerRunConfig:
         is_distributed: Whether more than one process takes part.
         mixed_precision: ``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"``.
         num_processes: Number of processes taking part.
+        seed: The seed ``train(seed=...)`` applied (before the process index with
+            ``seed_per_rank``), or ``None``.
+        seed_per_rank: Whether each process was seeded with ``seed + process_index``.
+        deterministic: Whether ``train(deterministic=True)`` turned on deterministic mode.
+        cudnn_benchmark: What ``train(cudnn_benchmark=...)`` set, or ``None`` (left as it was).
+        auto_scale_lr: The base batch size the learning rates were scaled from (``train(
+            auto_scale_lr=...)``), or ``None``.
+        lr_scale_factor: ``train_total_batch_size / auto_scale_lr`` (1.0 without scaling).
     """
 
     num_epochs: int
@@ -69,6 +77,12 @@ class TrainerRunConfig:
     max_grad_norm: float | None = None
     total_num_update_steps: int = -1
     train_dataloader_len: int = -1
+    seed: int | None = None
+    seed_per_rank: bool = False
+    deterministic: bool = False
+    cudnn_benchmark: bool | None = None
+    auto_scale_lr: int | None = None
+    lr_scale_factor: float = 1.0
 
     def __post_init__(self) -> None:
         """Derive the fields pytorch-accelerated did not have, when a config is built by hand."""

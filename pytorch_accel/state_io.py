@@ -30,6 +30,7 @@ from pytorch_accel.resume import (
     gradients,
 )
 from pytorch_accel.run_config import TrainerRunConfig
+from pytorch_accel.run_setup import recorded
 from pytorch_accel.training_loop import TrainingLoop
 from pytorch_accel.training_state import (
     TrainingStateError,
@@ -115,6 +116,7 @@ class TrainingStateIO:
             "history": history,
             "scheduler": None if trainer.scheduler is None else trainer.scheduler.state_dict(),
             "callbacks": callback_states(trainer.callback_handler.callbacks),
+            "run_setup": recorded(config),
         }
 
     def _rank_state(self, position: Position) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from pytorch_accel.placeholders import (
 from pytorch_accel.prediction_loop import PredictionLoop
 from pytorch_accel.preparation import Preparation
 from pytorch_accel.run_config import TrainerRunConfig
+from pytorch_accel.run_setup import RunSetup
 from pytorch_accel.state_io import TrainingStateIO
 from pytorch_accel.steps import TrainerSteps
 from pytorch_accel.tracking import InMemoryRunHistory, LossTracker, RunHistory
@@ -230,6 +231,11 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
         *,
         max_grad_norm: float | None = None,
         resume_from: str | os.PathLike[str] | None = None,
+        seed: int | None = None,
+        seed_per_rank: bool = False,
+        deterministic: bool = False,
+        cudnn_benchmark: bool | None = None,
+        auto_scale_lr: int | None = None,
     ) -> None:
         """Train for ``num_epochs`` (or ``max_num_train_steps`` updates, whichever ends first).
 
@@ -258,8 +264,19 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
                 same arguments as the saved run; or ``"latest"``: the newest complete state in
                 the ``save_dir`` of the trainer's ``SaveTrainingStateCallback``, starting
                 afresh if there is none yet.
+            seed: Seed ``random``, NumPy and torch before anything draws (see the Run set-up
+                page); recorded in the run config and training states.
+            seed_per_rank: Seed each process with ``seed + process_index``.
+            deterministic: Use deterministic algorithms (torch, cuDNN, cuBLAS); ``False``
+                leaves torch's settings as they are.
+            cudnn_benchmark: Set ``torch.backends.cudnn.benchmark``; ``None`` leaves it.
+            auto_scale_lr: A base batch size: scale the optimizer's learning rates by the
+                global batch size (processes x per-device batch x accumulation) over it, once
+                per run (mmengine's ``auto_scale_lr``).
         """
         checks.check_train_arguments(locals())
+        setup = RunSetup(seed, seed_per_rank, deterministic, cudnn_benchmark, auto_scale_lr)
+        setup.apply_randomness(self._accelerator)
         has_eval = eval_dataset is not None
         checks.check_loss_func("Trainer.train", self, Trainer, with_train=True, with_eval=has_eval)
         self.create_scheduler_fn, self.collate_fn = create_scheduler_fn, collate_fn
@@ -288,6 +305,7 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
             gradient_clip_value=gradient_clip_value,
             max_grad_norm=max_grad_norm,
         )
+        self.run_config = setup.finish(self.run_config, self.optimizer)
         self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
         self._loop.num_updates = 0
         self.optimizer.zero_grad()  # a stop inside an accumulation window leaves gradients behind

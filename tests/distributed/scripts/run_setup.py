@@ -1,4 +1,4 @@
-"""Run set-up across processes: a time budget over on one rank only stops every rank together."""
+"""Run set-up across processes: a time budget over on one rank only, per-rank seeds, LR scaling."""
 
 from __future__ import annotations
 
@@ -51,9 +51,32 @@ def time_budget(out_dir: Path) -> dict[str, Any]:
     }
 
 
+def seeding_and_scaling() -> dict[str, Any]:
+    """Per-rank seeds differ by the process index; the LR scales with 2 processes."""
+    per_rank = trainer()
+    per_rank.train(make_regression_dataset(32), **SETTINGS, seed=5, seed_per_rank=True)
+    per_rank_seed = torch.initial_seed()
+    shared = trainer()
+    shared.train(make_regression_dataset(32), **SETTINGS, seed=5)
+    shared_seed = torch.initial_seed()
+    scaled = trainer()
+    scaled.train(
+        make_regression_dataset(32), **SETTINGS, gradient_accumulation_steps=2, auto_scale_lr=8
+    )
+    assert scaled.run_config is not None
+    return {
+        "per_rank_seed": per_rank_seed,
+        "shared_seed": shared_seed,
+        "lr": scaled.optimizer.param_groups[0]["lr"],
+        "factor": scaled.run_config.lr_scale_factor,
+    }
+
+
 def main() -> None:
     out_dir = Path(sys.argv[1])
-    report_and_exit({"time_budget": time_budget(out_dir)})
+    report_and_exit(
+        {"time_budget": time_budget(out_dir), "seeding_and_scaling": seeding_and_scaling()}
+    )
 
 
 if __name__ == "__main__":

@@ -29,3 +29,14 @@ def test_the_state_it_saved_resumes_to_the_uninterrupted_run(result: Launch) -> 
         outcome: dict[str, Any] = rank["time_budget"]
         assert outcome["resumed_from"].endswith("time-limit-00000002")
         assert outcome["resumed_equals_reference"] is True
+
+
+def test_per_rank_seeds_add_the_process_index_and_the_lr_scales_with_processes(
+    result: Launch,
+) -> None:
+    for index, rank in enumerate(result.ranks):
+        outcome: dict[str, Any] = rank["seeding_and_scaling"]
+        assert outcome["per_rank_seed"] == 5 + index
+        assert outcome["shared_seed"] == 5
+        assert outcome["factor"] == 2.0  # 2 processes x 4 per device x 2 accumulated / 8
+        assert outcome["lr"] == pytest.approx(0.1)
