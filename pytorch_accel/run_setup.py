@@ -8,9 +8,10 @@ rates and records the set-up in the run config. ``recorded`` is what a training 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -22,8 +23,10 @@ from pytorch_accel.run_config import TrainerRunConfig
 
 __all__ = [
     "CUBLAS_WORKSPACE_CONFIG",
+    "ResumeParts",
     "RunSetup",
     "check_run_setup_arguments",
+    "optimizer_not_loaded",
     "recorded",
     "scale_learning_rates",
 ]
@@ -89,6 +92,39 @@ class RunSetup:
         return dataclasses.replace(config, **values, lr_scale_factor=factor)
 
 
+@dataclasses.dataclass(frozen=True)
+class ResumeParts:
+    """Which parts of a training state a resumed ``train()`` loads besides weights and position.
+
+    Attributes:
+        optimizer: Load the optimizer's state (``False``: keep the trainer's optimizer as it is,
+            e.g. a fresh one of another type, for fine-tuning from a training state).
+        scheduler: Load the scheduler's state (``False``: the scheduler starts afresh).
+    """
+
+    optimizer: bool = True
+    scheduler: bool = True
+
+
+@contextlib.contextmanager
+def optimizer_not_loaded(accelerator: Accelerator, skip: bool) -> Iterator[None]:
+    """Hide the optimizers from ``accelerator.load_state`` inside the block, if ``skip``.
+
+    accelerate loads every optimizer it prepared; hidden, the trainer's optimizer keeps its
+    state and may differ from the saved one (another type, other parameter groups).
+    """
+    registered = getattr(accelerator, "_optimizers", None)
+    if not skip or not isinstance(registered, list):
+        yield
+        return
+    saved = list(registered)
+    registered.clear()
+    try:
+        yield
+    finally:
+        registered[:] = saved
+
+
 def scale_learning_rates(
     optimizer: torch.optim.Optimizer, total_batch_size: int, base_batch_size: int
 ) -> float:
@@ -137,19 +173,7 @@ def recorded(config: TrainerRunConfig | None) -> dict[str, Any]:
 
 def check_run_setup_arguments(where: str, arguments: Mapping[str, Any]) -> None:
     """Check the run set-up arguments of ``train()`` (from its ``locals()``)."""
-    seed = arguments["seed"]
-    if seed is not None:
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            fail(TypeError, where, "seed", seed, "an int or None", "Pass e.g. seed=42.")
-        if not 0 <= seed < 2**32 - 2**16:
-            fail(
-                ValueError,
-                where,
-                "seed",
-                seed,
-                f"in [0, {2**32 - 2**16})",
-                "NumPy takes 32-bit seeds (and seed_per_rank adds the process index).",
-            )
+    _check_seed(where, arguments["seed"])
     for name in ("seed_per_rank", "deterministic"):
         if not isinstance(arguments[name], bool):
             fail(TypeError, where, name, arguments[name], "True or False", f"Pass {name}=True.")
@@ -165,6 +189,41 @@ def check_run_setup_arguments(where: str, arguments: Mapping[str, Any]) -> None:
             "False or None with deterministic=True",
             "cuDNN's benchmark picks algorithms by timing, which is not deterministic.",
         )
-    if arguments["seed_per_rank"] and seed is None:
+    if arguments["seed_per_rank"] and arguments["seed"] is None:
         fail(ValueError, where, "seed_per_rank", True, "False without a seed", "Pass seed=...")
     check_positive_int(where, "auto_scale_lr", arguments["auto_scale_lr"], allow_none=True)
+    _check_resume_parts(where, arguments)
+
+
+def _check_resume_parts(where: str, arguments: Mapping[str, Any]) -> None:
+    """Check ``resume_optimizer`` and ``resume_scheduler``: bools, ``False`` only to resume."""
+    for name in ("resume_optimizer", "resume_scheduler"):
+        value = arguments[name]
+        if not isinstance(value, bool):
+            fail(TypeError, where, name, value, "True or False", f"Pass {name}=False.")
+        if not value and arguments["resume_from"] is None:
+            fail(
+                ValueError,
+                where,
+                name,
+                value,
+                "True without resume_from",
+                "It chooses what a resumed run loads: pass resume_from=..., or leave it out.",
+            )
+
+
+def _check_seed(where: str, seed: object) -> None:
+    """Check that ``seed`` is ``None`` or an int NumPy accepts (after adding a process index)."""
+    if seed is None:
+        return
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        fail(TypeError, where, "seed", seed, "an int or None", "Pass e.g. seed=42.")
+    if not 0 <= seed < 2**32 - 2**16:
+        fail(
+            ValueError,
+            where,
+            "seed",
+            seed,
+            f"in [0, {2**32 - 2**16})",
+            "NumPy takes 32-bit seeds (and seed_per_rank adds the process index).",
+        )

@@ -38,7 +38,7 @@ from pytorch_accel.placeholders import (
 from pytorch_accel.prediction_loop import PredictionLoop
 from pytorch_accel.preparation import Preparation
 from pytorch_accel.run_config import TrainerRunConfig
-from pytorch_accel.run_setup import RunSetup
+from pytorch_accel.run_setup import ResumeParts, RunSetup
 from pytorch_accel.state_io import TrainingStateIO
 from pytorch_accel.steps import TrainerSteps
 from pytorch_accel.tracking import InMemoryRunHistory, LossTracker, RunHistory
@@ -236,6 +236,8 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
         deterministic: bool = False,
         cudnn_benchmark: bool | None = None,
         auto_scale_lr: int | None = None,
+        resume_optimizer: bool = True,
+        resume_scheduler: bool = True,
     ) -> None:
         """Train for ``num_epochs`` (or ``max_num_train_steps`` updates, whichever ends first).
 
@@ -273,6 +275,10 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
             auto_scale_lr: A base batch size: scale the optimizer's learning rates by the
                 global batch size (processes x per-device batch x accumulation) over it, once
                 per run (mmengine's ``auto_scale_lr``).
+            resume_optimizer: With ``resume_from``: load the optimizer's saved state;
+                ``False`` keeps this trainer's optimizer (fine-tuning from a training state).
+            resume_scheduler: With ``resume_from``: load the scheduler's saved state;
+                ``False`` starts the scheduler afresh.
         """
         checks.check_train_arguments(locals())
         setup = RunSetup(seed, seed_per_rank, deterministic, cudnn_benchmark, auto_scale_lr)
@@ -309,7 +315,8 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
         self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
         self._loop.num_updates = 0
         self.optimizer.zero_grad()  # a stop inside an accumulation window leaves gradients behind
-        self._loop.run(self._states.resume_point(resume_from))
+        parts = ResumeParts(optimizer=resume_optimizer, scheduler=resume_scheduler)
+        self._loop.run(self._states.resume_point(resume_from, parts))
 
     @checks.suggest_arguments
     def evaluate(
