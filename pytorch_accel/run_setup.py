@@ -19,6 +19,7 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 
 from pytorch_accel._validation import check_positive_int, fail
+from pytorch_accel.failing_batches import FailingBatchGuard, SkipFailingBatches, skip_policy
 from pytorch_accel.run_config import TrainerRunConfig
 
 __all__ = [
@@ -58,6 +59,7 @@ class RunSetup:
             cuBLAS workspace setting (``False`` leaves torch's settings as they are).
         cudnn_benchmark: Set ``torch.backends.cudnn.benchmark`` (``None``: leave it).
         auto_scale_lr: Scale the learning rates by the global batch size over this.
+        skip_failing_batches: The policy for training batches that fail, or ``None``.
     """
 
     seed: int | None = None
@@ -65,6 +67,20 @@ class RunSetup:
     deterministic: bool = False
     cudnn_benchmark: bool | None = None
     auto_scale_lr: int | None = None
+    skip_failing_batches: SkipFailingBatches | None = None
+
+    @classmethod
+    def from_arguments(cls, arguments: Mapping[str, Any]) -> RunSetup:
+        """Collect the set-up from the (checked) arguments of ``train()``, its ``locals()``."""
+        names = [field.name for field in dataclasses.fields(cls)]
+        values = {name: arguments[name] for name in names}
+        policy = skip_policy("Trainer.train", values["skip_failing_batches"])
+        return cls(**{**values, "skip_failing_batches": policy})
+
+    def failing_batch_guard(self, num_processes: int) -> FailingBatchGuard | None:
+        """A new guard for this run's training batches, if a policy was given."""
+        policy = self.skip_failing_batches
+        return None if policy is None else FailingBatchGuard(policy, num_processes)
 
     def apply_randomness(self, accelerator: Accelerator) -> None:
         """Set the determinism flags, then seed every generator (before anything draws)."""
@@ -193,6 +209,7 @@ def check_run_setup_arguments(where: str, arguments: Mapping[str, Any]) -> None:
         fail(ValueError, where, "seed_per_rank", True, "False without a seed", "Pass seed=...")
     check_positive_int(where, "auto_scale_lr", arguments["auto_scale_lr"], allow_none=True)
     _check_resume_parts(where, arguments)
+    skip_policy(where, arguments["skip_failing_batches"])
 
 
 def _check_resume_parts(where: str, arguments: Mapping[str, Any]) -> None:

@@ -27,6 +27,7 @@ from pytorch_accel.data_inputs import TrainerDataLoaders
 from pytorch_accel.distributed import StopAgreement, needs_cpu_distributed
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.evaluation_loop import EvaluationLoop
+from pytorch_accel.failing_batches import SkipFailingBatches
 from pytorch_accel.handler import CallbackHandler, CallbackLike
 from pytorch_accel.levels import EVALUATION_RUN, Levels
 from pytorch_accel.persistence import TrainerPersistence
@@ -238,6 +239,7 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
         auto_scale_lr: int | None = None,
         resume_optimizer: bool = True,
         resume_scheduler: bool = True,
+        skip_failing_batches: int | SkipFailingBatches | None = None,
     ) -> None:
         """Train for ``num_epochs`` (or ``max_num_train_steps`` updates, whichever ends first).
 
@@ -279,9 +281,12 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
                 ``False`` keeps this trainer's optimizer (fine-tuning from a training state).
             resume_scheduler: With ``resume_from``: load the scheduler's saved state;
                 ``False`` starts the scheduler afresh.
+            skip_failing_batches: Skip training batches whose ``calculate_train_batch_loss``
+                raises out-of-memory, or which are empty, up to this many (an int), or as a
+                ``SkipFailingBatches`` says; agreed across processes. ``None``: fail at once.
         """
         checks.check_train_arguments(locals())
-        setup = RunSetup(seed, seed_per_rank, deterministic, cudnn_benchmark, auto_scale_lr)
+        setup = RunSetup.from_arguments(locals())
         setup.apply_randomness(self._accelerator)
         has_eval = eval_dataset is not None
         checks.check_loss_func("Trainer.train", self, Trainer, with_train=True, with_eval=has_eval)
@@ -312,6 +317,7 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
             max_grad_norm=max_grad_norm,
         )
         self.run_config = setup.finish(self.run_config, self.optimizer)
+        self._loop.failing_batches = setup.failing_batch_guard(self._accelerator.num_processes)
         self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
         self._loop.num_updates = 0
         self.optimizer.zero_grad()  # a stop inside an accumulation window leaves gradients behind

@@ -53,6 +53,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.prediction_loop",
             "pytorch_accel.training_loop",
             "pytorch_accel.state_io",
+            "pytorch_accel.failing_batches",
             "pytorch_accel.run_setup",
         ),
     ),

@@ -40,3 +40,11 @@ def test_per_rank_seeds_add_the_process_index_and_the_lr_scales_with_processes(
         assert outcome["shared_seed"] == 5
         assert outcome["factor"] == 2.0  # 2 processes x 4 per device x 2 accumulated / 8
         assert outcome["lr"] == pytest.approx(0.1)
+
+
+def test_a_batch_failing_on_one_rank_is_skipped_by_both_without_a_hang(result: Launch) -> None:
+    first, second = (rank["failing_batch"] for rank in result.ranks)
+    assert first["updates"] == second["updates"] == 15  # 2 epochs x 8 steps, one skipped
+    assert first["skipped"] == second["skipped"] == [1, 0]
+    assert first["params"] == second["params"]  # the replicas stayed in step
+    assert "Skipped training batch 1 of at most 2" in result.output

@@ -1,4 +1,4 @@
-"""Run set-up across processes: a time budget over on one rank only, per-rank seeds, LR scaling."""
+"""Run set-up across processes: a time budget or a failing batch on one rank only, seeds, LR."""
 
 from __future__ import annotations
 
@@ -72,10 +72,43 @@ def seeding_and_scaling() -> dict[str, Any]:
     }
 
 
+class OutOfMemoryOnRankOne(nn.Module):
+    """Runs out of memory in its 3rd forward pass, on rank 1 only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model, self.calls = make_model(), 0
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if RANK == 1 and self.calls == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated, rank 1)")
+        return self.model(inputs)  # type: ignore[no-any-return]
+
+
+def failing_batch() -> dict[str, Any]:
+    """A batch fails on rank 1 only: both ranks skip that step, and nobody hangs."""
+    AcceleratorState._reset_state(reset_partial_state=False)
+    GradientState._reset_state()
+    model = OutOfMemoryOnRankOne()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    guarded = Trainer(model, nn.MSELoss(), optimizer, callbacks=())
+    guarded.train(make_regression_dataset(64), **SETTINGS, skip_failing_batches=2)
+    return {
+        "updates": guarded.num_updates,
+        "skipped": guarded.run_history.get_metric_values("train_skipped_batches"),
+        "params": flat_params(guarded.model),
+    }
+
+
 def main() -> None:
     out_dir = Path(sys.argv[1])
     report_and_exit(
-        {"time_budget": time_budget(out_dir), "seeding_and_scaling": seeding_and_scaling()}
+        {
+            "time_budget": time_budget(out_dir),
+            "seeding_and_scaling": seeding_and_scaling(),
+            "failing_batch": failing_batch(),
+        }
     )
 
 
