@@ -25,6 +25,7 @@ from pytorch_accel._compat import trainer_module_attribute as __getattr__  # noq
 from pytorch_accel.callbacks.defaults import DEFAULT_CALLBACKS, with_environment_callbacks
 from pytorch_accel.data_inputs import TrainerDataLoaders
 from pytorch_accel.distributed import StopAgreement, needs_cpu_distributed
+from pytorch_accel.dry_run import run_dry_or_overfit
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.evaluation_loop import EvaluationLoop
 from pytorch_accel.failing_batches import SkipFailingBatches
@@ -74,6 +75,9 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
             accumulation window follow it. For quick debug runs; see ``LimitBatchesCallback``.
         limit_eval_batches: Use at most this many batches of each evaluation epoch, read when
             the epoch starts.
+        dry_run_dir: During ``train(dry_run=...)``, the temporary directory the dry run writes
+            to (``None`` otherwise): a callback that writes files elsewhere than a ``path``,
+            ``*_path`` or ``*_dir`` attribute should write under it then.
         progress_interval: Seconds below which the progress events (``on_train_progress``,
             ``on_eval_progress``) double the steps between them, 0.05 by default; 0 fires them
             after every step. Read when each epoch starts.
@@ -116,6 +120,7 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
         self.limit_train_batches: int | None = None
         self.limit_eval_batches: int | None = None
         self.progress_interval: float = 0.05
+        self.dry_run_dir: Path | None = None
         self._levels = Levels(self, agreement)
         self._preparation = Preparation(self._accelerator)
         self._evaluation = EvaluationLoop(self, self._levels, self._preparation)
@@ -240,6 +245,8 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
         resume_optimizer: bool = True,
         resume_scheduler: bool = True,
         skip_failing_batches: int | SkipFailingBatches | None = None,
+        dry_run: bool | int = False,
+        overfit_batches: int | None = None,
     ) -> None:
         """Train for ``num_epochs`` (or ``max_num_train_steps`` updates, whichever ends first).
 
@@ -284,8 +291,15 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
             skip_failing_batches: Skip training batches whose ``calculate_train_batch_loss``
                 raises out-of-memory, or which are empty, up to this many (an int), or as a
                 ``SkipFailingBatches`` says; agreed across processes. ``None``: fail at once.
+            dry_run: Check the whole set-up instead of training: ``True`` (2) or N batches of
+                training and evaluation through every callback, with a save and a load of the
+                training state, in a temporary directory; weights, optimizer, scheduler, run
+                history and callback files are left as they were.
+            overfit_batches: Train (and evaluate) on the first N batches only, in order.
         """
         checks.check_train_arguments(locals())
+        if run_dry_or_overfit(self, locals()):
+            return
         setup = RunSetup.from_arguments(locals())
         setup.apply_randomness(self._accelerator)
         has_eval = eval_dataset is not None

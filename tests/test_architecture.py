@@ -66,6 +66,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.persistence",
             "pytorch_accel.steps",
             "pytorch_accel.data_inputs",
+            "pytorch_accel.dry_run",
             "pytorch_accel.trainer",
             "pytorch_accel.timm_trainer",
         ),

@@ -48,3 +48,8 @@ def test_a_batch_failing_on_one_rank_is_skipped_by_both_without_a_hang(result: L
     assert first["skipped"] == second["skipped"] == [1, 0]
     assert first["params"] == second["params"]  # the replicas stayed in step
     assert "Skipped training batch 1 of at most 2" in result.output
+
+
+def test_a_dry_run_in_two_processes_leaves_nothing_behind(result: Launch) -> None:
+    for rank in result.ranks:
+        assert rank["dry_run"] == {"updates": 2, "unchanged": True, "user_dir_exists": False}

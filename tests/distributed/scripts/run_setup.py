@@ -101,6 +101,19 @@ def failing_batch() -> dict[str, Any]:
     }
 
 
+def dry_run(out_dir: Path) -> dict[str, Any]:
+    """A dry run in 2 processes: one temporary directory for both, nothing of the user's."""
+    save_dir = out_dir / "dry-states"
+    checked = trainer(SaveTrainingStateCallback(save_dir, save_every_n_steps=1))
+    before = flat_params(checked.model)
+    checked.train(make_regression_dataset(64), **SETTINGS, dry_run=True)
+    return {
+        "updates": checked.num_updates,
+        "unchanged": flat_params(checked.model) == before,
+        "user_dir_exists": save_dir.exists(),
+    }
+
+
 def main() -> None:
     out_dir = Path(sys.argv[1])
     report_and_exit(
@@ -108,6 +121,7 @@ def main() -> None:
             "time_budget": time_budget(out_dir),
             "seeding_and_scaling": seeding_and_scaling(),
             "failing_batch": failing_batch(),
+            "dry_run": dry_run(out_dir),
         }
     )
 
