@@ -26,6 +26,7 @@ __all__ = [
     "CUBLAS_WORKSPACE_CONFIG",
     "ResumeParts",
     "RunSetup",
+    "bare_compiled_models",
     "check_run_setup_arguments",
     "optimizer_not_loaded",
     "recorded",
@@ -120,6 +121,28 @@ class ResumeParts:
 
     optimizer: bool = True
     scheduler: bool = True
+
+
+@contextlib.contextmanager
+def bare_compiled_models(accelerator: Accelerator) -> Iterator[None]:
+    """Let ``accelerator.save_state``/``load_state`` see compiled models without the wrapper.
+
+    accelerate saves the modules it was given: a model compiled by hand
+    (``torch.compile(model)``, an ``OptimizedModule``) would be saved with ``_orig_mod.`` in
+    every key, and such a state would not load into an uncompiled model (nor a state with clean
+    keys into it). Inside the block the registered compiled models are replaced by the modules
+    they wrap, which share their parameters; the registrations are put back afterwards.
+    """
+    registered = getattr(accelerator, "_models", None)
+    if not isinstance(registered, list):
+        yield
+        return
+    saved = list(registered)
+    registered[:] = [getattr(model, "_orig_mod", model) for model in registered]
+    try:
+        yield
+    finally:
+        registered[:] = saved
 
 
 @contextlib.contextmanager

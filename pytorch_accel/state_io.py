@@ -30,7 +30,12 @@ from pytorch_accel.resume import (
     gradients,
 )
 from pytorch_accel.run_config import TrainerRunConfig
-from pytorch_accel.run_setup import ResumeParts, optimizer_not_loaded, recorded
+from pytorch_accel.run_setup import (
+    ResumeParts,
+    bare_compiled_models,
+    optimizer_not_loaded,
+    recorded,
+)
 from pytorch_accel.training_loop import TrainingLoop
 from pytorch_accel.training_state import (
     TrainingStateError,
@@ -87,7 +92,8 @@ class TrainingStateIO:
         accelerator.wait_for_everyone()
         self._register()
         try:
-            accelerator.save_state(str(temporary))
+            with bare_compiled_models(accelerator):  # no _orig_mod. in the saved keys
+                accelerator.save_state(str(temporary))
             rank_state = self._rank_state(self._saving)
             torch.save(rank_state, temporary / rank_state_name(accelerator.process_index))
             accelerator.wait_for_everyone()
@@ -184,7 +190,8 @@ class TrainingStateIO:
         if check is not None:
             check(self._read_saved_trainer_state(directory, where))
         try:
-            accelerator.load_state(str(directory))
+            with bare_compiled_models(accelerator):
+                accelerator.load_state(str(directory))
         except (RuntimeError, ValueError, KeyError) as error:
             raise TrainingStateError(
                 f"{where}: {str(directory)!r} does not fit this trainer's model or optimizer: "
