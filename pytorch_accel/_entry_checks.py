@@ -29,7 +29,9 @@ from pytorch_accel._validation import (
 )
 from pytorch_accel.dataloaders import merge_dataloader_kwargs
 from pytorch_accel.distributed import check_world_size
+from pytorch_accel.dry_run import check_dry_run_arguments
 from pytorch_accel.eval_sets import named_eval_sets
+from pytorch_accel.run_setup import check_run_setup_arguments
 from pytorch_accel.tracking import RunHistory
 
 if TYPE_CHECKING:
@@ -180,6 +182,8 @@ def check_train_arguments(arguments: Mapping[str, Any]) -> None:
     check_callable(where, "collate_fn", arguments["collate_fn"], "Pass a function or None.")
     for name in ("train_dataloader_kwargs", "eval_dataloader_kwargs"):
         check_mapping(where, name, arguments[name])
+    check_run_setup_arguments(where, arguments)
+    check_dry_run_arguments(where, arguments)
 
 
 def check_eval_data(where: str, name: str, data: object, **settings: object) -> None:

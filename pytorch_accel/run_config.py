@@ -53,6 +53,14 @@ class TrainerRunConfig:
             run, and after its last.
         sanity_eval_batches: Batches of each eval set evaluated before the first training
             epoch, to check the evaluation (0: none).
+        seed: The seed ``train(seed=...)`` applied (before the process index with
+            ``seed_per_rank``), or ``None``.
+        seed_per_rank: Whether each process was seeded with ``seed + process_index``.
+        deterministic: Whether ``train(deterministic=True)`` turned on deterministic mode.
+        cudnn_benchmark: What ``train(cudnn_benchmark=...)`` set, or ``None`` (left as it was).
+        auto_scale_lr: The base batch size the learning rates were scaled from (``train(
+            auto_scale_lr=...)``), or ``None``.
+        lr_scale_factor: ``train_total_batch_size / auto_scale_lr`` (1.0 without scaling).
     """
 
     num_epochs: int | None
@@ -77,6 +85,12 @@ class TrainerRunConfig:
     train_dataloader_len: int | None = -1
     eval_every_n_epochs: int = 1
     sanity_eval_batches: int = 0
+    seed: int | None = None
+    seed_per_rank: bool = False
+    deterministic: bool = False
+    cudnn_benchmark: bool | None = None
+    auto_scale_lr: int | None = None
+    lr_scale_factor: float = 1.0
 
     def __post_init__(self) -> None:
         """Derive the fields pytorch-accelerated did not have, when a config is built by hand."""

@@ -30,6 +30,12 @@ from pytorch_accel.resume import (
     gradients,
 )
 from pytorch_accel.run_config import TrainerRunConfig
+from pytorch_accel.run_setup import (
+    ResumeParts,
+    bare_compiled_models,
+    optimizer_not_loaded,
+    recorded,
+)
 from pytorch_accel.training_loop import TrainingLoop
 from pytorch_accel.training_state import (
     TrainingStateError,
@@ -86,7 +92,8 @@ class TrainingStateIO:
         accelerator.wait_for_everyone()
         self._register()
         try:
-            accelerator.save_state(str(temporary))
+            with bare_compiled_models(accelerator):  # no _orig_mod. in the saved keys
+                accelerator.save_state(str(temporary))
             rank_state = self._rank_state(self._saving)
             torch.save(rank_state, temporary / rank_state_name(accelerator.process_index))
             accelerator.wait_for_everyone()
@@ -115,6 +122,7 @@ class TrainingStateIO:
             "history": history,
             "scheduler": None if trainer.scheduler is None else trainer.scheduler.state_dict(),
             "callbacks": callback_states(trainer.callback_handler.callbacks),
+            "run_setup": recorded(config),
         }
 
     def _rank_state(self, position: Position) -> dict[str, Any]:
@@ -185,7 +193,8 @@ class TrainingStateIO:
         if check is not None:
             check(self._read_saved_trainer_state(directory, where))
         try:
-            accelerator.load_state(str(directory))
+            with bare_compiled_models(accelerator):
+                accelerator.load_state(str(directory))
         except (RuntimeError, ValueError, KeyError) as error:
             raise TrainingStateError(
                 f"{where}: {str(directory)!r} does not fit this trainer's model or optimizer: "
@@ -197,15 +206,19 @@ class TrainingStateIO:
         rank_file = directory / rank_state_name(accelerator.process_index)
         return shared, load_pickled(rank_file, where)
 
-    def resume_point(self, resume_from: str | os.PathLike[str] | None) -> ResumePoint | None:
-        """Load the state to resume from (if any) and check that it fits this run."""
+    def resume_point(
+        self, resume_from: str | os.PathLike[str] | None, parts: ResumeParts | None = None
+    ) -> ResumePoint | None:
+        """Load the state to resume from (if any, with ``parts``); check that it fits this run."""
+        parts = parts or ResumeParts()
         if resume_from is None:
             return None
         directory = self._resume_directory(resume_from)
         if directory is None:
             return None
-        check = functools.partial(self._check_resumable, directory)
-        shared, rank_state = self.load(directory, "Trainer.train", check)
+        check = functools.partial(self._check_resumable, directory, parts.scheduler)
+        with optimizer_not_loaded(self._trainer.accelerator, skip=not parts.optimizer):
+            shared, rank_state = self.load(directory, "Trainer.train", check)
         random_states = RandomStates(
             torch.get_rng_state(), tuple(rank_state["loader"]["generators"])
         )
@@ -213,7 +226,7 @@ class TrainingStateIO:
         trainer = self._trainer
         trainer.run_history.load_state_dict(shared["history"])
         self._loop.num_updates = int(shared["num_updates"])
-        if trainer.scheduler is not None:
+        if trainer.scheduler is not None and parts.scheduler:
             trainer.scheduler.load_state_dict(shared["scheduler"])
         epoch = trainer.run_history.current_epoch
         trainer.print(f"Resuming from {str(directory)!r} (epoch {epoch}).")
@@ -252,13 +265,15 @@ class TrainingStateIO:
             raise TrainingStateError(f"{where}: {str(directory)!r} holds no trainer state.")
         return shared
 
-    def _check_resumable(self, directory: Path, shared: Mapping[str, Any]) -> None:
+    def _check_resumable(
+        self, directory: Path, with_scheduler: bool, shared: Mapping[str, Any]
+    ) -> None:
         """Raise if the saved run cannot continue as this ``train()`` call is set up."""
         trainer = self._trainer
         assert trainer.run_config is not None
         position = Position.from_dict(shared["position"])
         saved_scheduler = shared["scheduler"] is not None
-        if saved_scheduler != (trainer.scheduler is not None):
+        if with_scheduler and saved_scheduler != (trainer.scheduler is not None):
             fail(
                 TrainingStateError,
                 "Trainer.train",

@@ -26,8 +26,10 @@ from pytorch_accel._compat import trainer_module_attribute as __getattr__  # noq
 from pytorch_accel.callbacks.defaults import DEFAULT_CALLBACKS, with_environment_callbacks
 from pytorch_accel.data_inputs import TrainerDataLoaders
 from pytorch_accel.distributed import StopAgreement, needs_cpu_distributed
+from pytorch_accel.dry_run import run_dry_or_overfit
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.evaluation_loop import EvaluationLoop
+from pytorch_accel.failing_batches import SkipFailingBatches
 from pytorch_accel.handler import CallbackHandler, CallbackLike
 from pytorch_accel.levels import EVALUATION_RUN, Levels
 from pytorch_accel.persistence import TrainerPersistence
@@ -39,6 +41,7 @@ from pytorch_accel.placeholders import (
 from pytorch_accel.prediction_loop import PredictionLoop
 from pytorch_accel.preparation import Preparation
 from pytorch_accel.run_config import TrainerRunConfig
+from pytorch_accel.run_setup import ResumeParts, RunSetup
 from pytorch_accel.state_io import TrainingStateIO
 from pytorch_accel.steps import TrainerSteps
 from pytorch_accel.tracking import InMemoryRunHistory, LossTracker, MetricCursor, RunHistory
@@ -73,6 +76,9 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
             accumulation window follow it. For quick debug runs; see ``LimitBatchesCallback``.
         limit_eval_batches: Use at most this many batches of each evaluation epoch, read when
             the epoch starts.
+        dry_run_dir: During ``train(dry_run=...)``, the temporary directory the dry run writes
+            to (``None`` otherwise): a callback that writes files elsewhere than a ``path``,
+            ``*_path`` or ``*_dir`` attribute should write under it then.
         progress_interval: Seconds below which the progress events (``on_train_progress``,
             ``on_eval_progress``) double the steps between them, 0.05 by default; 0 fires them
             after every step. Read when each epoch starts.
@@ -115,6 +121,7 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
         self.limit_train_batches: int | None = None
         self.limit_eval_batches: int | None = None
         self.progress_interval: float = 0.05
+        self.dry_run_dir: Path | None = None
         self._levels = Levels(self, agreement)
         self._preparation = Preparation(self._accelerator)
         self._evaluation = EvaluationLoop(self, self._levels, self._preparation)
@@ -250,6 +257,16 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
         resume_from: str | os.PathLike[str] | None = None,
         eval_every_n_epochs: int = 1,
         sanity_eval_batches: int = 0,
+        seed: int | None = None,
+        seed_per_rank: bool = False,
+        deterministic: bool = False,
+        cudnn_benchmark: bool | None = None,
+        auto_scale_lr: int | None = None,
+        resume_optimizer: bool = True,
+        resume_scheduler: bool = True,
+        skip_failing_batches: int | SkipFailingBatches | None = None,
+        dry_run: bool | int = False,
+        overfit_batches: int | None = None,
     ) -> None:
         """Train for ``num_epochs`` (or ``max_num_train_steps`` updates, whichever ends first).
 
@@ -288,8 +305,33 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
                 eval set through the eval step and every callback, so a broken evaluation
                 fails in seconds; the run's results and history are unchanged. 0 (the
                 default) skips it.
+            seed: Seed ``random``, NumPy and torch before anything draws (see the Run set-up
+                page); recorded in the run config and training states.
+            seed_per_rank: Seed each process with ``seed + process_index``.
+            deterministic: Use deterministic algorithms (torch, cuDNN, cuBLAS); ``False``
+                leaves torch's settings as they are.
+            cudnn_benchmark: Set ``torch.backends.cudnn.benchmark``; ``None`` leaves it.
+            auto_scale_lr: A base batch size: scale the optimizer's learning rates by the
+                global batch size (processes x per-device batch x accumulation) over it, once
+                per run (mmengine's ``auto_scale_lr``).
+            resume_optimizer: With ``resume_from``: load the optimizer's saved state;
+                ``False`` keeps this trainer's optimizer (fine-tuning from a training state).
+            resume_scheduler: With ``resume_from``: load the scheduler's saved state;
+                ``False`` starts the scheduler afresh.
+            skip_failing_batches: Skip training batches whose ``calculate_train_batch_loss``
+                raises out-of-memory, or which are empty, up to this many (an int), or as a
+                ``SkipFailingBatches`` says; agreed across processes. ``None``: fail at once.
+            dry_run: Check the whole set-up instead of training: ``True`` (2) or N batches of
+                training and evaluation through every callback, with a save and a load of the
+                training state, in a temporary directory; weights, optimizer, scheduler, run
+                history and callback files are left as they were.
+            overfit_batches: Train (and evaluate) on the first N batches only, in order.
         """
         checks.check_train_arguments(locals())
+        if run_dry_or_overfit(self, locals()):
+            return
+        setup = RunSetup.from_arguments(locals())
+        setup.apply_randomness(self._accelerator)
         has_eval = eval_dataset is not None
         checks.check_loss_func("Trainer.train", self, Trainer, with_train=True, with_eval=has_eval)
         self.create_scheduler_fn, self.collate_fn = create_scheduler_fn, collate_fn
@@ -320,10 +362,13 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
             eval_every_n_epochs=eval_every_n_epochs,
             sanity_eval_batches=sanity_eval_batches,
         )
+        self.run_config = setup.finish(self.run_config, self.optimizer)
+        self._loop.failing_batches = setup.failing_batch_guard(self._accelerator.num_processes)
         self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
         self._loop.num_updates = 0
         self.optimizer.zero_grad()  # a stop inside an accumulation window leaves gradients behind
-        self._loop.run(self._states.resume_point(resume_from))
+        parts = ResumeParts(optimizer=resume_optimizer, scheduler=resume_scheduler)
+        self._loop.run(self._states.resume_point(resume_from, parts))
 
     @checks.suggest_arguments
     def evaluate(

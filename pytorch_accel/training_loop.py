@@ -32,6 +32,7 @@ from pytorch_accel._validation import (
 )
 from pytorch_accel.accumulation import AccumulationPlan
 from pytorch_accel.evaluation_loop import EvaluationLoop
+from pytorch_accel.failing_batches import SKIPPED_OUTPUT, FailingBatchGuard
 from pytorch_accel.levels import TRAIN_EPOCH, TRAIN_STEP, TRAIN_STEP_EVENTS, TRAINING_RUN, Levels
 from pytorch_accel.preparation import Preparation
 from pytorch_accel.progress_events import ProgressEvents
@@ -87,6 +88,7 @@ class TrainingLoop:
         self._epoch_index = 0
         self._finished_epochs = 0
         self.pass_random_state: torch.Tensor | None = None
+        self.failing_batches: FailingBatchGuard | None = None  # train(skip_failing_batches=)
 
     # ----------------------------------------------------------------------------- the loop
 
@@ -171,7 +173,8 @@ class TrainingLoop:
         scale = 1.0 if plan.steps == 1 else plan.loss_scale(step)
         if plan.steps == 1 or plan.is_update(step) or self._pass_ends(plan):
             batch_output = self._forward_backward(batch, scale)
-            self._update()
+            if self.failing_batches is None or self.failing_batches.end_window():
+                self._update()
         else:  # inside an accumulation window: no gradient synchronisation between processes
             trainer = self._trainer
             with trainer.accelerator.no_sync(trainer.model):
@@ -183,9 +186,15 @@ class TrainingLoop:
     def _forward_backward(self, batch: Any, scale: float) -> dict[str, Any]:
         """Compute the batch's loss, track it, and back-propagate it scaled by ``scale``."""
         trainer = self._trainer
-        batch_output = check_batch_output(
-            trainer.calculate_train_batch_loss(batch), "calculate_train_batch_loss"
-        )
+        if self.failing_batches is None:
+            batch_output = check_batch_output(
+                trainer.calculate_train_batch_loss(batch), "calculate_train_batch_loss"
+            )
+        else:  # skip_failing_batches: a batch that failed on any process is skipped by all
+            guarded = self.failing_batches.forward(trainer, batch)
+            if guarded is None:
+                return dict(SKIPPED_OUTPUT)
+            batch_output = guarded
         loss = batch_output["loss"]
         self.loss_tracker.update(loss, batch_output["batch_size"])
         handler = trainer.callback_handler  # an event nobody listens to costs one set look-up
@@ -270,6 +279,8 @@ class TrainingLoop:
         trainer.run_history.update_metric(
             "train_loss_epoch", self.loss_tracker.reduce(trainer.accelerator)
         )
+        if self.failing_batches is not None:
+            self.failing_batches.finish_epoch(trainer)
 
     # --------------------------------------------------------------------- seams and helpers
 

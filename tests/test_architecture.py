@@ -55,6 +55,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.prediction_loop",
             "pytorch_accel.training_loop",
             "pytorch_accel.state_io",
+            "pytorch_accel.failing_batches",
+            "pytorch_accel.run_setup",
         ),
     ),
     (
@@ -66,6 +68,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.persistence",
             "pytorch_accel.steps",
             "pytorch_accel.data_inputs",
+            "pytorch_accel.dry_run",
             "pytorch_accel.trainer",
             "pytorch_accel.timm_trainer",
         ),

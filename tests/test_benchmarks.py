@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks import loops, run
 
 
@@ -21,3 +23,13 @@ def test_each_loop_trains_its_own_model() -> None:
     loops.pytorch_accel_trainer(model, True)(loops.mlp_data(16), 8, loops.no_probe)
     after = list(model.parameters())
     assert all(not old.equal(new) for old, new in zip(before, after, strict=True))
+
+
+@pytest.mark.slow
+def test_the_compile_benchmark_loops_call_the_probe_once_per_step() -> None:
+    from benchmarks import compile as compile_benchmark
+
+    for build in (compile_benchmark.hand_compiled, compile_benchmark.trainer_compiled):
+        calls: list[None] = []
+        build(loops.make_mlp())(loops.mlp_data(4 * 8), 8, lambda calls=calls: calls.append(None))
+        assert len(calls) == 4, build.__name__

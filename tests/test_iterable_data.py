@@ -227,3 +227,16 @@ def test_evaluating_every_n_updates_over_a_stream() -> None:
     history = trainer.run_history
     assert len(history.get_metric_values("intermediate_eval_loss")) == 3
     assert len(history.get_metric_values("eval_loss_epoch")) == 1  # after the run's one pass
+
+
+def test_a_dry_run_over_a_stream_and_no_overfitting_one() -> None:
+    trainer = make_trainer(make_model())
+    before = clone_params(trainer.model)
+    trainer.train(Endless(), max_num_train_steps=100, per_device_batch_size=4, dry_run=True)
+    assert all(torch.equal(a, b) for a, b in zip(before, clone_params(trainer.model), strict=True))
+    with pytest.raises(
+        ValueError,
+        match=r"overfit_batches must be None when train_dataset is an "
+        r"IterableDataset",
+    ):
+        trainer.train(Stream(), max_num_train_steps=4, overfit_batches=2)

@@ -28,6 +28,7 @@ from pytorch_accel.callbacks.step_logging import (
 )
 from pytorch_accel.callbacks.sync_batchnorm import ConvertSyncBatchNormCallback
 from pytorch_accel.callbacks.throughput import ThroughputCallback
+from pytorch_accel.callbacks.time_budget import TimeBudgetCallback
 from pytorch_accel.callbacks.trackers import TrackingCallback
 from pytorch_accel.callbacks.wsd_checkpoint import WSDCheckpointCallback
 from pytorch_accel.errors import CallbackMethodNotImplementedError, StopTrainingError
@@ -61,6 +62,7 @@ __all__ = [
     "StopTrainingError",
     "TerminateOnNaNCallback",
     "ThroughputCallback",
+    "TimeBudgetCallback",
     "TrackingCallback",
     "TrainerCallback",
     "WSDCheckpointCallback",

@@ -155,6 +155,8 @@ class MetricsCallback(TrainerCallback):
         self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
     ) -> None:
         """Update the training metrics with the step's gathered predictions."""
+        if batch_output.get("skipped"):  # train(skip_failing_batches=...): no predictions
+            return
         self._update(trainer, "train", batch, batch_output)
 
     def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:

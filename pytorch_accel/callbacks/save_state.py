@@ -43,7 +43,8 @@ class SaveTrainingStateCallback(TrainerCallback):
 
     Names: ``updates-<n>`` (every ``save_every_n_steps`` optimizer updates, counted per
     ``train()`` call), ``epoch-<n>`` (every ``save_every_n_epochs`` epochs, numbered as in the
-    run history), ``preempted-<n>`` and ``final`` (when training ends, unless preempted).
+    run history), ``preempted-<n>``, ``time-limit-<n>`` (``TimeBudgetCallback``, through
+    ``save_to_resume``) and ``final`` (when training ends, unless preempted or interrupted).
 
     On a preemption signal (SIGTERM by default; add ``signal.SIGUSR1`` for SLURM's
     ``--signal=USR1@90``) the current step is finished, a state is saved, the run stops
@@ -98,12 +99,13 @@ class SaveTrainingStateCallback(TrainerCallback):
         self._previous: dict[int, _SignalHandler] = {}
         self._updates_seen = 0
         self._group: Any = None
+        self._interrupted = False
 
     # ------------------------------------------------------------------------ events
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Repair and clear what killed saves left, and install the signal handlers."""
-        self.preempted_by, self._received = None, None
+        self.preempted_by, self._received, self._interrupted = None, None, False
         self._updates_seen = trainer.num_updates
         trainer.accelerator.wait_for_everyone()  # every process has loaded what it resumed from
         if trainer.accelerator.is_main_process:
@@ -136,7 +138,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         """Restore the signal handlers; save ``final``; exit after a preemption if asked to."""
         self._restore_handlers()
         if self.preempted_by is None:
-            if self.save_at_end:
+            if self.save_at_end and not self._interrupted:
                 self._save(trainer, "final")
             return
         if self.exit_on_preemption:
@@ -144,6 +146,23 @@ class SaveTrainingStateCallback(TrainerCallback):
             raise SystemExit(0)
 
     # ------------------------------------------------------------------------ saving
+
+    def save_to_resume(self, trainer: Trainer, prefix: str) -> Path:
+        """Save ``<prefix>-<updates>`` for a run that stops to be resumed; skip ``final``.
+
+        For callbacks that stop a run that is not finished (``TimeBudgetCallback``): the state
+        they save here is the newest, so ``resume_from="latest"`` continues from it. Call it on
+        every process, from ``on_train_step_end`` or ``on_training_run_epoch_end``.
+
+        Args:
+            trainer: The trainer.
+            prefix: The name of the state before its update count, e.g. ``"time-limit"``.
+
+        Returns:
+            The directory of the saved state.
+        """
+        self._interrupted = True
+        return self._save(trainer, f"{prefix}-{trainer.num_updates:08d}")
 
     def _save(self, trainer: Trainer, name: str) -> Path:
         path = trainer.save_training_state(self.save_dir / name)
@@ -234,4 +253,4 @@ _UNCATCHABLE = frozenset({signal.SIGKILL, signal.SIGSTOP})
 
 def _is_state_name(name: str) -> bool:
     """Whether ``name`` is one this callback gives the states it saves."""
-    return re.fullmatch(r"(updates|epoch|preempted)-\d+|final", name) is not None
+    return re.fullmatch(r"(updates|epoch|preempted|time-limit)-\d+|final", name) is not None

@@ -35,6 +35,7 @@ def factories() -> dict[str, Callable[[], Any]]:
         "PlotMetricsCallback": cb.PlotMetricsCallback,
         "ThroughputCallback": cb.ThroughputCallback,
         "SaveTrainingStateCallback": lambda: cb.SaveTrainingStateCallback(save_every_n_steps=3),
+        "TimeBudgetCallback": lambda: cb.TimeBudgetCallback(max_time=3600),
     }
 
 

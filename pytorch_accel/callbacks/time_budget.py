@@ -1,0 +1,144 @@
+"""Stop training cleanly after a wall-clock budget, on every process at the same step."""
+
+from __future__ import annotations
+
+import datetime
+import math
+import numbers
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from pytorch_accel._validation import check_positive_int, fail
+from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.callbacks.save_state import SaveTrainingStateCallback
+from pytorch_accel.errors import StopTrainingError
+
+if TYPE_CHECKING:
+    from pytorch_accel.trainer import Trainer
+
+__all__ = ["TimeBudgetCallback"]
+
+
+class TimeBudgetCallback(TrainerCallback):
+    """Stop ``train()`` once ``max_time`` has passed since it started (Lightning's ``max_time``).
+
+    The clock starts at ``on_training_run_start`` of every ``train()`` call (a resumed run gets
+    a fresh budget: the budget is that of one job). It is read after every
+    ``check_every_n_steps``-th step and after every epoch (with its evaluation); when it is
+    over, the run stops there through the usual stop events (``trainer.stopped_by`` says why).
+    A step or an evaluation in progress is finished first, so the run overruns the budget by at
+    most one step (or one eval epoch): leave that margin below a cluster's limit.
+
+    With several processes, the processes agree at each check whether any of them is over
+    (one small all-reduce over gloo per check), so all stop after the same step, and the
+    collectives of the next step never wait for a process that stopped.
+
+    If a ``SaveTrainingStateCallback`` is among the trainer's callbacks, a training state
+    ``time-limit-<updates>`` is saved in its ``save_dir`` before stopping (and no ``final``),
+    so ``train(..., resume_from="latest")`` continues the run where the budget ended it.
+
+    This callback runs after the others of each event (``order = 1001``, after
+    ``SaveTrainingStateCallback``), so the state it saves includes what they did.
+
+    Args:
+        max_time: The budget: seconds, or a ``datetime.timedelta``.
+        check_every_n_steps: Read the clock (and agree across processes) every n-th step.
+
+    Attributes:
+        elapsed: Seconds since the current (or last) ``train()`` started, at the last check.
+        stopped: Whether the budget stopped the last run.
+    """
+
+    order = 1001
+
+    def __init__(self, max_time: float | datetime.timedelta, check_every_n_steps: int = 1) -> None:
+        where = "TimeBudgetCallback"
+        self.max_time = _seconds(where, max_time)
+        check_positive_int(where, "check_every_n_steps", check_every_n_steps)
+        self.check_every_n_steps = check_every_n_steps
+        self.elapsed = 0.0
+        self.stopped = False
+        self._started = 0.0
+        self._steps = 0
+        self._group: Any = None
+
+    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Start the clock (and, with several processes, the group that agrees on it)."""
+        self._steps, self.elapsed, self.stopped = 0, 0.0, False
+        if trainer.accelerator.num_processes > 1 and self._group is None:
+            self._group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
+        self._started = time.monotonic()
+
+    def on_train_step_end(
+        self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
+    ) -> None:
+        """Stop if the budget is over, every ``check_every_n_steps`` steps."""
+        self._steps += 1
+        if self._steps % self.check_every_n_steps == 0:
+            self._check(trainer)
+
+    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Stop if the budget is over (the epoch and its evaluation are done)."""
+        self._check(trainer)
+
+    def _check(self, trainer: Trainer) -> None:
+        self.elapsed = time.monotonic() - self._started
+        over = self.elapsed >= self.max_time
+        if trainer.accelerator.num_processes > 1:
+            over = _any_process(over, self._group)
+        if not over:
+            return
+        self.stopped = True
+        saved = ""
+        saver = _saver(trainer)
+        if saver is not None:
+            path = saver.save_to_resume(trainer, "time-limit")
+            saved = f"; the training state was saved to {str(path)!r}"
+        raise StopTrainingError(
+            f"Time budget of {self.max_time:g} s reached after {trainer.num_updates} updates"
+            f"{saved}."
+        )
+
+
+def _saver(trainer: Trainer) -> SaveTrainingStateCallback | None:
+    """The trainer's ``SaveTrainingStateCallback``, unless it is already saving a preemption."""
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, SaveTrainingStateCallback):
+            return callback if callback.preempted_by is None else None
+    return None
+
+
+def _any_process(flag: bool, group: Any) -> bool:
+    value = torch.tensor([int(flag)], dtype=torch.int32)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
+    return bool(value[0])
+
+
+def _seconds(where: str, max_time: object) -> float:
+    """``max_time`` in seconds, checked to be a finite positive duration."""
+    if isinstance(max_time, datetime.timedelta):
+        seconds = max_time.total_seconds()
+    else:
+        if isinstance(max_time, bool) or not isinstance(max_time, numbers.Real):
+            fail(
+                TypeError,
+                where,
+                "max_time",
+                max_time,
+                "seconds or a datetime.timedelta",
+                "Pass e.g. max_time=datetime.timedelta(hours=23, minutes=30), or 3600.",
+            )
+        seconds = float(max_time)
+    if not (math.isfinite(seconds) and seconds > 0):
+        fail(
+            ValueError,
+            where,
+            "max_time",
+            max_time,
+            "a finite duration > 0",
+            "Pass the wall-clock time the run may take, e.g. 3600 for an hour.",
+        )
+    return seconds

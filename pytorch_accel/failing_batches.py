@@ -1,0 +1,189 @@
+"""Skipping training batches whose forward pass fails, or which are empty (opt-in).
+
+``SkipFailingBatches`` is the policy ``train(skip_failing_batches=...)`` takes; the training
+loop asks a ``FailingBatchGuard`` for each batch's output. The guard runs
+``calculate_train_batch_loss``, catching the policy's exceptions (out-of-memory by default),
+and with several processes agrees with the others whether any of them failed (one small
+all-reduce per step, only when the policy is on), so every process skips the same batches and
+none waits in the backward pass's collectives for one that skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from pytorch_accel._validation import check_batch_output, check_positive_int, fail
+
+if TYPE_CHECKING:
+    from pytorch_accel.trainer import Trainer
+
+__all__ = [
+    "SKIPPED_METRIC",
+    "SKIPPED_OUTPUT",
+    "FailingBatchGuard",
+    "SkipFailingBatches",
+    "is_empty_batch",
+    "skip_policy",
+]
+
+SKIPPED_METRIC = "train_skipped_batches"
+"""The run-history metric of the batches skipped in each training epoch."""
+
+SKIPPED_OUTPUT: Mapping[str, Any] = {"skipped": True, "loss": None, "batch_size": 0}
+"""The ``batch_output`` that ``on_train_step_end`` receives for a skipped batch."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SkipFailingBatches:
+    """Skip a training batch whose ``calculate_train_batch_loss`` raises, or which is empty.
+
+    Attributes:
+        max_skipped: The most batches one ``train()`` call may skip; one more raises a
+            ``RuntimeError`` from the last batch's error.
+        exceptions: The exception types that skip a batch (out-of-memory by default: any other
+            error still fails at once).
+        skip_empty: Skip a batch with no samples (its first tensor has 0 rows, or it is an
+            empty container).
+    """
+
+    max_skipped: int = 10
+    exceptions: tuple[type[BaseException], ...] = (torch.OutOfMemoryError,)
+    skip_empty: bool = True
+
+    def __post_init__(self) -> None:
+        where = "SkipFailingBatches"
+        check_positive_int(where, "max_skipped", self.max_skipped)
+        if not isinstance(self.exceptions, tuple) or not all(
+            isinstance(kind, type) and issubclass(kind, Exception) for kind in self.exceptions
+        ):
+            fail(
+                TypeError,
+                where,
+                "exceptions",
+                self.exceptions,
+                "a tuple of Exception classes",
+                "Pass e.g. exceptions=(torch.OutOfMemoryError, ValueError).",
+            )
+        if not isinstance(self.skip_empty, bool):
+            fail(TypeError, where, "skip_empty", self.skip_empty, "True or False", "Pass True.")
+
+
+def skip_policy(where: str, value: object) -> SkipFailingBatches | None:
+    """Return the policy ``train(skip_failing_batches=value)`` asks for (an int: the limit)."""
+    if value is None or isinstance(value, SkipFailingBatches):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int):
+        fail(
+            TypeError,
+            where,
+            "skip_failing_batches",
+            value,
+            "None, an int (the most batches to skip) or a SkipFailingBatches",
+            "Pass e.g. skip_failing_batches=10, or SkipFailingBatches(max_skipped=10, ...).",
+        )
+    check_positive_int(where, "skip_failing_batches", value)
+    return SkipFailingBatches(max_skipped=value)
+
+
+class FailingBatchGuard:
+    """Runs the forward pass of each training batch under a ``SkipFailingBatches`` policy.
+
+    Args:
+        policy: What to skip, and how many.
+        num_processes: Processes taking part; with more than one they agree on every skip.
+
+    Attributes:
+        skipped: Batches skipped so far in this ``train()`` call.
+        skipped_in_epoch: Batches skipped in the current epoch.
+    """
+
+    def __init__(self, policy: SkipFailingBatches, num_processes: int) -> None:
+        self.policy = policy
+        self.skipped = 0
+        self.skipped_in_epoch = 0
+        self._window_contributed = False
+        self._agree = num_processes > 1
+        self._group: Any = None
+        if self._agree and dist.get_backend() != "gloo":
+            self._group = dist.new_group(backend="gloo")
+
+    def forward(self, trainer: Trainer, batch: Any) -> dict[str, Any] | None:
+        """Return the batch's output, or ``None`` when every process skips this batch.
+
+        Raises:
+            RuntimeError: When more than ``max_skipped`` batches were skipped (from the error).
+        """
+        error: BaseException | None = None
+        output = None
+        if self.policy.skip_empty and is_empty_batch(batch):
+            error = RuntimeError("the batch is empty")
+        else:
+            try:
+                output = trainer.calculate_train_batch_loss(batch)
+            except self.policy.exceptions as raised:
+                error = raised
+        failed = error is not None
+        if self._agree:
+            failed = _any_process(failed, self._group)
+        if not failed:
+            self._window_contributed = True
+            return check_batch_output(output, "calculate_train_batch_loss")
+        del output
+        self._skip(trainer, error)
+        return None
+
+    def _skip(self, trainer: Trainer, error: BaseException | None) -> None:
+        """Count a skipped batch, say why, and free what the failed step held."""
+        self.skipped += 1
+        self.skipped_in_epoch += 1
+        reason = "another process failed" if error is None else f"{type(error).__name__}: {error}"
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        if self.skipped > self.policy.max_skipped:
+            raise RuntimeError(
+                f"Trainer.train: {self.skipped} training batches failed, more than "
+                f"skip_failing_batches allows ({self.policy.max_skipped}); the last: {reason}."
+            ) from error
+        trainer.print(
+            f"Skipped training batch {self.skipped} of at most {self.policy.max_skipped} "
+            f"(update {trainer.num_updates}): {reason}"
+        )
+
+    def end_window(self) -> bool:
+        """Whether a batch of the accumulation window that ends here was not skipped.
+
+        The loop updates only then: a window whose batches were all skipped has no gradients.
+        """
+        contributed, self._window_contributed = self._window_contributed, False
+        return contributed
+
+    def finish_epoch(self, trainer: Trainer) -> None:
+        """Record the epoch's skipped batches in the run history and start counting afresh."""
+        trainer.run_history.update_metric(SKIPPED_METRIC, self.skipped_in_epoch)
+        self.skipped_in_epoch = 0
+
+
+def is_empty_batch(batch: Any) -> bool:
+    """Whether ``batch`` holds no samples: an empty container, or a first tensor with 0 rows."""
+    if isinstance(batch, torch.Tensor):
+        return batch.ndim > 0 and batch.shape[0] == 0
+    if isinstance(batch, Mapping):
+        values = list(batch.values())
+    elif isinstance(batch, (list, tuple)):
+        values = list(batch)
+    else:
+        return False
+    if not values:
+        return True
+    return is_empty_batch(values[0])
+
+
+def _any_process(flag: bool, group: Any) -> bool:
+    value = torch.tensor([int(flag)], dtype=torch.int32)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
+    return bool(value[0])

@@ -1,0 +1,269 @@
+"""Run set-up that ``train()`` does before the loop: seeding, determinism, scaling the LR.
+
+``RunSetup`` holds the arguments of one ``train()`` call. ``apply_randomness`` runs first in
+``train()``, before any dataset, dataloader or sampler draws a random number; ``finish`` runs
+once the run config is known (it needs the global batch size), scales the optimizer's learning
+rates and records the set-up in the run config. ``recorded`` is what a training state keeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+
+from pytorch_accel._validation import check_positive_int, fail
+from pytorch_accel.failing_batches import FailingBatchGuard, SkipFailingBatches, skip_policy
+from pytorch_accel.run_config import TrainerRunConfig
+
+__all__ = [
+    "CUBLAS_WORKSPACE_CONFIG",
+    "ResumeParts",
+    "RunSetup",
+    "bare_compiled_models",
+    "check_run_setup_arguments",
+    "optimizer_not_loaded",
+    "recorded",
+    "scale_learning_rates",
+]
+
+CUBLAS_WORKSPACE_CONFIG = ":4096:8"
+"""The cuBLAS workspace setting that makes cuBLAS deterministic (set unless already set)."""
+
+UNSCALED_LR = "unscaled_lr"
+"""The parameter-group key holding the learning rate before ``auto_scale_lr`` scaling."""
+
+_RECORDED = (
+    "seed",
+    "seed_per_rank",
+    "deterministic",
+    "cudnn_benchmark",
+    "auto_scale_lr",
+    "lr_scale_factor",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSetup:
+    """The run set-up arguments of one ``train()`` call (see ``Trainer.train``).
+
+    Attributes:
+        seed: Seed ``random``, NumPy and torch (all devices) with it, or ``None`` to leave them.
+        seed_per_rank: Add the process index to the seed, so each process draws differently.
+        deterministic: Turn on deterministic algorithms, cuDNN's deterministic mode and the
+            cuBLAS workspace setting (``False`` leaves torch's settings as they are).
+        cudnn_benchmark: Set ``torch.backends.cudnn.benchmark`` (``None``: leave it).
+        auto_scale_lr: Scale the learning rates by the global batch size over this.
+        skip_failing_batches: The policy for training batches that fail, or ``None``.
+    """
+
+    seed: int | None = None
+    seed_per_rank: bool = False
+    deterministic: bool = False
+    cudnn_benchmark: bool | None = None
+    auto_scale_lr: int | None = None
+    skip_failing_batches: SkipFailingBatches | None = None
+
+    @classmethod
+    def from_arguments(cls, arguments: Mapping[str, Any]) -> RunSetup:
+        """Collect the set-up from the (checked) arguments of ``train()``, its ``locals()``."""
+        names = [field.name for field in dataclasses.fields(cls)]
+        values = {name: arguments[name] for name in names}
+        policy = skip_policy("Trainer.train", values["skip_failing_batches"])
+        return cls(**{**values, "skip_failing_batches": policy})
+
+    def failing_batch_guard(self, num_processes: int) -> FailingBatchGuard | None:
+        """A new guard for this run's training batches, if a policy was given."""
+        policy = self.skip_failing_batches
+        return None if policy is None else FailingBatchGuard(policy, num_processes)
+
+    def apply_randomness(self, accelerator: Accelerator) -> None:
+        """Set the determinism flags, then seed every generator (before anything draws)."""
+        if self.deterministic:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
+            torch.use_deterministic_algorithms(True)
+            torch.backends.cudnn.deterministic = True
+            torch.backends.cudnn.benchmark = False
+        if self.cudnn_benchmark is not None:
+            torch.backends.cudnn.benchmark = self.cudnn_benchmark
+        if self.seed is not None:
+            seed = self.seed + (accelerator.process_index if self.seed_per_rank else 0)
+            set_seed(seed)
+
+    def finish(
+        self, config: TrainerRunConfig, optimizer: torch.optim.Optimizer
+    ) -> TrainerRunConfig:
+        """Scale the learning rates (if asked) and return ``config`` with the set-up recorded."""
+        factor = 1.0
+        if self.auto_scale_lr is not None:
+            factor = scale_learning_rates(
+                optimizer, config.train_total_batch_size, self.auto_scale_lr
+            )
+        values = {name: getattr(self, name) for name in _RECORDED[:-1]}
+        return dataclasses.replace(config, **values, lr_scale_factor=factor)
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumeParts:
+    """Which parts of a training state a resumed ``train()`` loads besides weights and position.
+
+    Attributes:
+        optimizer: Load the optimizer's state (``False``: keep the trainer's optimizer as it is,
+            e.g. a fresh one of another type, for fine-tuning from a training state).
+        scheduler: Load the scheduler's state (``False``: the scheduler starts afresh).
+    """
+
+    optimizer: bool = True
+    scheduler: bool = True
+
+
+@contextlib.contextmanager
+def bare_compiled_models(accelerator: Accelerator) -> Iterator[None]:
+    """Let ``accelerator.save_state``/``load_state`` see compiled models without the wrapper.
+
+    accelerate saves the modules it was given: a model compiled by hand
+    (``torch.compile(model)``, an ``OptimizedModule``) would be saved with ``_orig_mod.`` in
+    every key, and such a state would not load into an uncompiled model (nor a state with clean
+    keys into it). Inside the block the registered compiled models are replaced by the modules
+    they wrap, which share their parameters; the registrations are put back afterwards.
+    """
+    registered = getattr(accelerator, "_models", None)
+    if not isinstance(registered, list):
+        yield
+        return
+    saved = list(registered)
+    registered[:] = [getattr(model, "_orig_mod", model) for model in registered]
+    try:
+        yield
+    finally:
+        registered[:] = saved
+
+
+@contextlib.contextmanager
+def optimizer_not_loaded(accelerator: Accelerator, skip: bool) -> Iterator[None]:
+    """Hide the optimizers from ``accelerator.load_state`` inside the block, if ``skip``.
+
+    accelerate loads every optimizer it prepared; hidden, the trainer's optimizer keeps its
+    state and may differ from the saved one (another type, other parameter groups).
+    """
+    registered = getattr(accelerator, "_optimizers", None)
+    if not skip or not isinstance(registered, list):
+        yield
+        return
+    saved = list(registered)
+    registered.clear()
+    try:
+        yield
+    finally:
+        registered[:] = saved
+
+
+def scale_learning_rates(
+    optimizer: torch.optim.Optimizer, total_batch_size: int, base_batch_size: int
+) -> float:
+    """Set each group's ``lr`` to its unscaled value times ``total / base``; return the factor.
+
+    The unscaled value is kept in the group (``unscaled_lr``, from ``initial_lr`` if a scheduler
+    recorded one, else ``lr``) the first time, and every later call scales that value again, so
+    repeated ``train()`` calls never compound the factor. A scheduler's ``initial_lr`` is
+    scaled too, so a scheduler created afterwards starts from the scaled rate.
+
+    Args:
+        optimizer: The optimizer whose parameter groups are scaled.
+        total_batch_size: Samples per optimizer update over all processes.
+        base_batch_size: The batch size the learning rates were chosen for.
+
+    Returns:
+        The factor ``total_batch_size / base_batch_size``.
+
+    Raises:
+        ValueError: If the total batch size is unknown (a dataloader with a batch sampler).
+    """
+    if total_batch_size <= 0:
+        fail(
+            ValueError,
+            "Trainer.train",
+            "auto_scale_lr",
+            base_batch_size,
+            "None when the train batch size is unknown (a DataLoader with a batch_sampler)",
+            "Scale the learning rates yourself, or build the DataLoader with batch_size=.",
+        )
+    factor = total_batch_size / base_batch_size
+    for group in optimizer.param_groups:
+        unscaled = float(group.setdefault(UNSCALED_LR, group.get("initial_lr", group["lr"])))
+        group["lr"] = unscaled * factor
+        if "initial_lr" in group:
+            group["initial_lr"] = unscaled * factor
+    return factor
+
+
+def recorded(config: TrainerRunConfig | None) -> dict[str, Any]:
+    """The run set-up a training state records (from the run config)."""
+    if config is None:
+        return {}
+    return {name: getattr(config, name) for name in _RECORDED}
+
+
+def check_run_setup_arguments(where: str, arguments: Mapping[str, Any]) -> None:
+    """Check the run set-up arguments of ``train()`` (from its ``locals()``)."""
+    _check_seed(where, arguments["seed"])
+    for name in ("seed_per_rank", "deterministic"):
+        if not isinstance(arguments[name], bool):
+            fail(TypeError, where, name, arguments[name], "True or False", f"Pass {name}=True.")
+    benchmark = arguments["cudnn_benchmark"]
+    if benchmark is not None and not isinstance(benchmark, bool):
+        fail(TypeError, where, "cudnn_benchmark", benchmark, "True, False or None", "Pass True.")
+    if benchmark and arguments["deterministic"]:
+        fail(
+            ValueError,
+            where,
+            "cudnn_benchmark",
+            benchmark,
+            "False or None with deterministic=True",
+            "cuDNN's benchmark picks algorithms by timing, which is not deterministic.",
+        )
+    if arguments["seed_per_rank"] and arguments["seed"] is None:
+        fail(ValueError, where, "seed_per_rank", True, "False without a seed", "Pass seed=...")
+    check_positive_int(where, "auto_scale_lr", arguments["auto_scale_lr"], allow_none=True)
+    _check_resume_parts(where, arguments)
+    skip_policy(where, arguments["skip_failing_batches"])
+
+
+def _check_resume_parts(where: str, arguments: Mapping[str, Any]) -> None:
+    """Check ``resume_optimizer`` and ``resume_scheduler``: bools, ``False`` only to resume."""
+    for name in ("resume_optimizer", "resume_scheduler"):
+        value = arguments[name]
+        if not isinstance(value, bool):
+            fail(TypeError, where, name, value, "True or False", f"Pass {name}=False.")
+        if not value and arguments["resume_from"] is None:
+            fail(
+                ValueError,
+                where,
+                name,
+                value,
+                "True without resume_from",
+                "It chooses what a resumed run loads: pass resume_from=..., or leave it out.",
+            )
+
+
+def _check_seed(where: str, seed: object) -> None:
+    """Check that ``seed`` is ``None`` or an int NumPy accepts (after adding a process index)."""
+    if seed is None:
+        return
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        fail(TypeError, where, "seed", seed, "an int or None", "Pass e.g. seed=42.")
+    if not 0 <= seed < 2**32 - 2**16:
+        fail(
+            ValueError,
+            where,
+            "seed",
+            seed,
+            f"in [0, {2**32 - 2**16})",
+            "NumPy takes 32-bit seeds (and seed_per_rank adds the process index).",
+        )
