@@ -129,7 +129,8 @@ class MetricWatch:
 
     A value is new when the metric gained a value since the last read. A metric never
     recorded is an error naming the recorded ones; a metric not recorded again this epoch is
-    skipped with a message (for metrics recorded less often than every epoch).
+    skipped: silently in an epoch the trainer did not evaluate (``eval_every_n_epochs``), else
+    with a message (for metrics a callback records less often than every epoch).
 
     Args:
         where: The callback's name, for messages.
@@ -194,10 +195,11 @@ class MetricWatch:
             )
         values = history.get_metric_values(self.metric_name)
         if len(values) <= self._seen:
-            trainer.print(
-                f"{self.where}: {self.metric_name} has no new value in epoch "
-                f"{history.current_epoch}; this epoch is not compared."
-            )
+            if evaluated:  # an epoch without evaluation is skipped as a matter of course
+                trainer.print(
+                    f"{self.where}: {self.metric_name} has no new value in epoch "
+                    f"{history.current_epoch}; this epoch is not compared."
+                )
             return None
         self._seen = len(values)
         return self._as_float(values[-1])
