@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -12,7 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from pytorch_accel import Trainer
-from pytorch_accel.callbacks import TrainerCallback
+from pytorch_accel.callbacks import StopTrainingError, TrainerCallback
 from pytorch_accel.events import BUILTIN_EVENTS, PROGRESS_EVENTS
 
 
@@ -211,3 +213,33 @@ def wait_for_text(path: Path, timeout: float = 120) -> str:
             return text
         time.sleep(0.02)
     raise AssertionError(f"{path} did not appear within {timeout} s")
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def load_example(name: str) -> ModuleType:
+    """Import ``examples/<name>.py`` by path (the examples are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(f"examples_{name}", EXAMPLES / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class SaveAtStep(TrainerCallback):
+    """Save a training state after the run's ``step``-th step, then stop the run.
+
+    ``order = 1000`` by default: after the other callbacks of the step, as
+    ``SaveTrainingStateCallback`` saves, so every callback's state includes the step.
+    """
+
+    def __init__(self, path: Path, step: int, order: int = 1000) -> None:
+        self.path, self.step, self.seen, self.order = path, step, 0, order
+
+    def on_train_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        self.seen += 1
+        if self.seen == self.step:
+            trainer.save_training_state(self.path)
+            raise StopTrainingError("")

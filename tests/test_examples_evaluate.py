@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
-
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "evaluate_and_predict.py"
+from helpers import load_example
 
 
 @pytest.fixture(scope="module")
 def example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("examples_evaluate_and_predict", EXAMPLE)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("evaluate_and_predict")
 
 
 def test_two_eval_sets_then_evaluate_and_predict(example: ModuleType, tmp_path: Path) -> None:

@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from helpers import load_example
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "log_sample_predictions.py"
 
 
 @pytest.fixture(scope="module")
 def example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("examples_log_sample_predictions", EXAMPLE)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("log_sample_predictions")
 
 
 def test_sample_predictions_reach_tensorboard_once_per_epoch(

@@ -11,12 +11,18 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import clone_params, make_model, make_regression_dataset, make_trainer
+from helpers import (
+    SaveAtStep,
+    clone_params,
+    make_model,
+    make_regression_dataset,
+    make_trainer,
+)
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset
 
 from pytorch_accel import TrainerPlaceholderValues
-from pytorch_accel.callbacks import StepBasedEvaluationCallback, StopTrainingError, TrainerCallback
+from pytorch_accel.callbacks import StepBasedEvaluationCallback, TrainerCallback
 from pytorch_accel.trainer import Trainer
 
 DATA = make_regression_dataset(24)  # 6 batches of 4 per pass
@@ -173,21 +179,6 @@ def test_a_stream_that_runs_dry_is_named() -> None:
         r"every pass.*Epoch 2 got no batch",
     ):
         trainer.train(Stream(passes=1), max_num_train_steps=20, per_device_batch_size=4)
-
-
-class SaveAtStep(TrainerCallback):
-    """Save a training state after the run's ``step``-th step, then stop (after the others)."""
-
-    order = 1000
-
-    def __init__(self, path: Path, step: int) -> None:
-        self.path, self.step, self.seen = path, step, 0
-
-    def on_train_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        self.seen += 1
-        if self.seen == self.step:
-            trainer.save_training_state(self.path)
-            raise StopTrainingError("")
 
 
 def stream_run(*callbacks: TrainerCallback, resume_from: Path | None = None) -> Trainer:

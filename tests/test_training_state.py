@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import clone_params, make_model, make_trainer
+from helpers import SaveAtStep, clone_params, make_model, make_trainer
 from torch import nn
 from torch.utils.data import TensorDataset
 
@@ -20,7 +20,6 @@ from pytorch_accel import Trainer
 from pytorch_accel.callbacks import (
     EarlyStoppingCallback,
     SaveTrainingStateCallback,
-    StopTrainingError,
     TrainerCallback,
 )
 from pytorch_accel.training_state import (
@@ -46,17 +45,6 @@ def rewrite(state: Path, name: str, data: bytes) -> None:
     (state / name).write_bytes(data)
     (state / MANIFEST_NAME).unlink()
     write_manifest(state, {"world_size": 1, "saved_at_ns": 0})
-
-
-class SaveAtStep(TrainerCallback):
-    def __init__(self, path: Path, step: int) -> None:
-        self.path, self.step, self.seen = path, step, 0
-
-    def on_train_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        self.seen += 1
-        if self.seen == self.step:
-            trainer.save_training_state(self.path)
-            raise StopTrainingError("")
 
 
 # ----------------------------------------------------------------------------- saving

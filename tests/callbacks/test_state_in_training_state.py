@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import SaveAtStep
 from torch import nn
 from torch.utils.data import TensorDataset
 from torchmetrics import MetricCollection
@@ -16,7 +17,6 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassPrecision
 from pytorch_accel import Trainer
 from pytorch_accel.callbacks import (
     MetricsCallback,
-    StopTrainingError,
     ThroughputCallback,
     TrainerCallback,
 )
@@ -26,24 +26,6 @@ def classification_data() -> TensorDataset:
     generator = torch.Generator().manual_seed(3)
     inputs = torch.randn(64, 4, generator=generator)
     return TensorDataset(inputs, (inputs[:, 0] > 0).long() + (inputs[:, 1] > 0).long())
-
-
-class SaveAtStep(TrainerCallback):
-    """Save a training state after the ``step``-th step of the run, then stop.
-
-    After the other callbacks of the step, as ``SaveTrainingStateCallback`` does.
-    """
-
-    order = 1000
-
-    def __init__(self, path: Path, step: int) -> None:
-        self.path, self.step, self.seen = path, step, 0
-
-    def on_train_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        self.seen += 1
-        if self.seen == self.step:
-            trainer.save_training_state(self.path)
-            raise StopTrainingError("")
 
 
 def run(*extra: TrainerCallback, resume_from: Path | None = None) -> tuple[Trainer, Any]:
