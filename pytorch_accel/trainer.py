@@ -494,12 +494,13 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
     def run_eval_epoch(
         self, metric_name: str = "intermediate_eval_loss", is_intermediate: bool = True
     ) -> None:
-        """Run one evaluation epoch of the current run's eval set, from inside ``train()``.
+        """Run one evaluation epoch of each of the current run's eval sets, inside ``train()``.
 
         For callbacks that evaluate between epochs (every N updates, or the EMA weights). The
         eval events fire with ``is_intermediate``; the loss is recorded as ``metric_name`` (with
-        the run history's prefix); the training loss of the epoch in progress is not touched,
-        and the model is put back in train mode if it was in it. Every process must call it.
+        the run history's prefix, and a named set's); the training loss of the epoch in
+        progress is not touched, and the model is put back in train mode if it was in it.
+        Every process must call it.
 
         Args:
             metric_name: The run-history name of the epoch's mean loss.
