@@ -31,6 +31,7 @@ from accelerate.utils import broadcast_object_list
 from torch.utils.data import DataLoader, IterableDataset, Subset
 
 from pytorch_accel._validation import check_positive_int, fail
+from pytorch_accel.logging_setup import get_logger
 from pytorch_accel.tracking import InMemoryRunHistory
 
 if TYPE_CHECKING:
@@ -117,7 +118,7 @@ def run_dry(trainer: Trainer, arguments: Mapping[str, Any]) -> None:
             trainer.train(**settings)
             trainer.save_training_state(directory / "training_state")
             trainer.load_training_state(directory / "training_state")
-        trainer.print(f"Dry run passed: {trainer.run_history.get_metric_names()} recorded.")
+        get_logger().info(f"Dry run passed: {trainer.run_history.get_metric_names()} recorded.")
 
 
 def run_overfit(trainer: Trainer, arguments: Mapping[str, Any]) -> None:

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from pytorch_accel._validation import check_batch_output, check_positive_int, fail
+from pytorch_accel.logging_setup import get_logger
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer
@@ -149,7 +150,7 @@ class FailingBatchGuard:
                 f"Trainer.train: {self.skipped} training batches failed, more than "
                 f"skip_failing_batches allows ({self.policy.max_skipped}); the last: {reason}."
             ) from error
-        trainer.print(
+        get_logger().info(
             f"Skipped training batch {self.skipped} of at most {self.policy.max_skipped} "
             f"(update {trainer.num_updates}): {reason}"
         )

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 from pytorch_accel._validation import shape_mismatches_raise
 from pytorch_accel.distributed import StopAgreement
 from pytorch_accel.errors import StopTrainingError
+from pytorch_accel.logging_setup import get_logger, setup_logging
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer
@@ -110,6 +111,8 @@ class Levels:
 
         ``stopped_by`` is cleared first and holds the stop that ended the run, if one did;
         a loss that broadcasts targets of another shape raises (``shape_mismatches_raise``).
+        The package's logger is set up first (``setup_logging``), for the messages of the loop
+        and the callbacks.
 
         Args:
             where: The entry point, for messages (``"Trainer.train"``).
@@ -118,6 +121,7 @@ class Levels:
             args: Passed to ``body``.
         """
         self.stopped_by = None
+        setup_logging()  # the loop's and the callbacks' messages go through the package's logger
         with shape_mismatches_raise(where):
             self.run(level, body, args)
 
@@ -200,7 +204,7 @@ class Levels:
     def _announce_stop(self, error: StopTrainingError) -> None:
         trainer = self._trainer
         if str(error):
-            trainer.print(str(error))
+            get_logger().info(str(error))
         trainer.callback_handler.call_event_while_stopping(
             "on_stop_training_error", trainer, error=error
         )

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from pytorch_accel._validation import fail
+from pytorch_accel.logging_setup import get_logger
 from pytorch_accel.preparation import Preparation
 from pytorch_accel.resumable_loader import RandomStates
 from pytorch_accel.resume import (
@@ -229,7 +230,7 @@ class TrainingStateIO:
         if trainer.scheduler is not None and parts.scheduler:
             trainer.scheduler.load_state_dict(shared["scheduler"])
         epoch = trainer.run_history.current_epoch
-        trainer.print(f"Resuming from {str(directory)!r} (epoch {epoch}).")
+        get_logger().info(f"Resuming from {str(directory)!r} (epoch {epoch}).")
         return ResumePoint(directory, position, shared["callbacks"], rank_state, random_states)
 
     def _resume_directory(self, resume_from: str | os.PathLike[str]) -> Path | None:
@@ -253,7 +254,7 @@ class TrainingStateIO:
             )
         latest = latest_training_state(save_dirs[0])
         if latest is None:
-            trainer.print(f"No training state in {str(save_dirs[0])!r} yet: starting afresh.")
+            get_logger().info(f"No training state in {str(save_dirs[0])!r} yet: starting afresh.")
         return latest
 
     def _read_saved_trainer_state(self, directory: Path, where: str) -> dict[str, Any]:
@@ -308,7 +309,7 @@ class TrainingStateIO:
                 "more to continue it.",
             )
         if done == num_epochs:
-            self._trainer.print(
+            get_logger().info(
                 f"{str(directory)!r} is the end of a run of {num_epochs} epochs: nothing is left "
                 "to train (pass a larger num_epochs to continue it)."
             )

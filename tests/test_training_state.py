@@ -472,7 +472,7 @@ def test_an_epoch_end_resume_with_another_batch_size_is_refused(
 
 
 def test_resuming_past_num_epochs_is_refused_and_at_the_end_says_so(
-    tmp_path: Path, regression_dataset: TensorDataset, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, regression_dataset: TensorDataset, caplog: pytest.LogCaptureFixture
 ) -> None:
     trainer = make_trainer()
     trainer.train(regression_dataset, num_epochs=2, per_device_batch_size=8)
@@ -484,4 +484,4 @@ def test_resuming_past_num_epochs_is_refused_and_at_the_end_says_so(
     make_trainer().train(
         regression_dataset, num_epochs=2, per_device_batch_size=8, resume_from=tmp_path / "done"
     )
-    assert "nothing is left to train" in capsys.readouterr().out
+    assert "nothing is left to train" in caplog.text

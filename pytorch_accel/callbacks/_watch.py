@@ -15,6 +15,7 @@ import torch
 from accelerate.utils import broadcast
 
 from pytorch_accel._validation import fail
+from pytorch_accel.logging_setup import get_logger
 from pytorch_accel.tracking import MetricNotFoundError
 
 if TYPE_CHECKING:
@@ -196,7 +197,7 @@ class MetricWatch:
         values = history.get_metric_values(self.metric_name)
         if len(values) <= self._seen:
             if evaluated:  # an epoch without evaluation is skipped as a matter of course
-                trainer.print(
+                get_logger().info(
                     f"{self.where}: {self.metric_name} has no new value in epoch "
                     f"{history.current_epoch}; this epoch is not compared."
                 )

@@ -15,6 +15,7 @@ from pytorch_accel.callbacks._watch import (
     resolve_direction,
 )
 from pytorch_accel.errors import StopTrainingError
+from pytorch_accel.logging_setup import get_logger
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer
@@ -136,8 +137,8 @@ class EarlyStoppingCallback(TrainerCallback):
             self.early_stopping_patience_counter = 0
             return
         self.early_stopping_patience_counter += 1
-        trainer.print(
-            f"\nEarlyStoppingCallback: {self.watch_metric} = {value} is no improvement on "
+        get_logger().info(
+            f"EarlyStoppingCallback: {self.watch_metric} = {value} is no improvement on "
             f"{self.best_metric} (epoch {self.best_metric_epoch}) by more than "
             f"{self.early_stopping_threshold}: {self.early_stopping_patience_counter}/"
             f"{self.early_stopping_patience} epochs without improvement."

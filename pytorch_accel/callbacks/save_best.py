@@ -17,6 +17,7 @@ from pytorch_accel.callbacks._watch import (
     resolve_direction,
     value_of_main_process,
 )
+from pytorch_accel.logging_setup import get_logger
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer
@@ -173,13 +174,13 @@ class SaveBestModelCallback(TrainerCallback):
         if not self.load_saved_checkpoint:
             return
         if self.best_metric is None:
-            trainer.print(
-                f"\nSaveBestModelCallback: no checkpoint was saved (no completed epoch with a "
+            get_logger().info(
+                f"SaveBestModelCallback: no checkpoint was saved (no completed epoch with a "
                 f"value of {self.watch_metric}); the model keeps its last weights."
             )
             return
-        trainer.print(
-            f"\nLoading the best checkpoint {str(self.save_path)!r}: {self.watch_metric} = "
+        get_logger().info(
+            f"Loading the best checkpoint {str(self.save_path)!r}: {self.watch_metric} = "
             f"{self.best_metric} in epoch {self.best_metric_epoch}."
         )
         trainer.load_checkpoint(

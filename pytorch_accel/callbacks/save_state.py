@@ -19,6 +19,7 @@ from pytorch_accel._validation import check_positive_int, fail
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks._watch import check_bool, check_path
 from pytorch_accel.errors import StopTrainingError
+from pytorch_accel.logging_setup import get_logger
 from pytorch_accel.training_state import (
     find_training_states,
     remove_training_state,
@@ -142,7 +143,9 @@ class SaveTrainingStateCallback(TrainerCallback):
                 self._save(trainer, "final")
             return
         if self.exit_on_preemption:
-            trainer.print(f"Exiting after {self.preempted_by.name}: resume with the saved state.")
+            get_logger().info(
+                f"Exiting after {self.preempted_by.name}: resume with the saved state."
+            )
             raise SystemExit(0)
 
     # ------------------------------------------------------------------------ saving

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytorch_accel._validation import check_positive_int, fail
 from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.logging_setup import get_logger
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer
@@ -75,5 +76,5 @@ class StepBasedEvaluationCallback(TrainerCallback):
         if updates == self._last_evaluated or updates % self.eval_every_n_steps:
             return
         self._last_evaluated = updates
-        trainer.print(f"\nEvaluating after {updates} optimizer updates")
+        get_logger().info(f"Evaluating after {updates} optimizer updates")
         trainer.run_eval_epoch()  # keeps the training's random state and train mode

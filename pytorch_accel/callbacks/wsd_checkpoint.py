@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytorch_accel._validation import fail
 from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.logging_setup import get_logger
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer
@@ -93,7 +94,7 @@ class WSDCheckpointCallback(TrainerCallback):
         if self.initial_checkpoint is not None:
             loaded = trainer.load_checkpoint(self.initial_checkpoint)
             self.last_checkpoint_step = loaded.get("step")
-            trainer.print(f"Loaded WSD checkpoint {str(self.initial_checkpoint)!r}")
+            get_logger().info(f"Loaded WSD checkpoint {str(self.initial_checkpoint)!r}")
 
     def on_train_step_end(
         self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
@@ -120,7 +121,7 @@ class WSDCheckpointCallback(TrainerCallback):
         )
         self.saved_checkpoints.append(path)
         self.last_checkpoint_step = step
-        trainer.print(f"Saved {checkpoint_type} checkpoint after update {step}: {path}")
+        get_logger().info(f"Saved {checkpoint_type} checkpoint after update {step}: {path}")
 
 
 def _check_path(name: str, path: object) -> None:

@@ -106,22 +106,22 @@ def test_nan_is_never_an_improvement() -> None:
     assert completed == 1
 
 
-def test_a_metric_not_recorded_again_is_not_compared(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_metric_not_recorded_again_is_not_compared(caplog: pytest.LogCaptureFixture) -> None:
     completed, stopper = epochs_run([1.0, None, 0.5, None, 0.495], early_stopping_patience=1)
     assert completed == 5
     assert (stopper.best_metric, stopper.early_stopping_patience_counter) == (0.5, 1)
-    assert capsys.readouterr().out.count("score has no new value in epoch") == 2
+    assert caplog.text.count("score has no new value in epoch") == 2
 
 
 def test_stops_a_real_run_whose_eval_loss_does_not_improve(
-    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     recorder = RecordingCallback()
     trainer = make_trainer(lr=0.0, callbacks=(EarlyStoppingCallback(), recorder))
     trainer.train(TRAIN, num_epochs=5, eval_dataset=EVAL, per_device_batch_size=8)
     assert recorder.events.count("on_training_run_epoch_end") == 2
     assert recorder.events[-2:] == ["on_stop_training_error", "on_training_run_end"]
-    out = capsys.readouterr().out
+    out = caplog.text
     assert "1/1 epochs without improvement" in out
     assert "Stopping training early: eval_loss_epoch has not improved by more than 0.01" in out
 

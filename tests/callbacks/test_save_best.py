@@ -140,7 +140,7 @@ def test_nan_is_never_saved(tmp_path: Path) -> None:
 
 
 def test_no_checkpoint_before_the_first_epoch_end_is_not_an_error(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     class StopAtSecondStep(TrainerCallback):
         def on_train_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
@@ -151,7 +151,7 @@ def test_no_checkpoint_before_the_first_epoch_end_is_not_an_error(
     trainer = make_trainer(callbacks=(StopAtSecondStep(), saver))
     trainer.train(make_regression_dataset(32), num_epochs=2, eval_dataset=EVAL)
     assert files(tmp_path) == []
-    assert "no checkpoint was saved" in capsys.readouterr().out
+    assert "no checkpoint was saved" in caplog.text
 
 
 def test_saves_the_last_epoch_before_early_stopping_ends_the_run(tmp_path: Path) -> None:
