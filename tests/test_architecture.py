@@ -65,6 +65,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel",
             "pytorch_accel._compat",
             "pytorch_accel._entry_checks",
+            "pytorch_accel._data_checks",
             "pytorch_accel.persistence",
             "pytorch_accel.steps",
             "pytorch_accel.data_inputs",
