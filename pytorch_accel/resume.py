@@ -17,7 +17,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
-import warnings
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,11 +26,12 @@ import torch
 from torch import nn
 
 from pytorch_accel.batch_iteration import epoch_batches
-from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.callback_states import PER_PROCESS, restore_callback_states
 from pytorch_accel.resumable_loader import RandomStates, ResumableLoader
 from pytorch_accel.tracking import LossTracker
 
 if TYPE_CHECKING:
+    from pytorch_accel.callback import TrainerCallback
     from pytorch_accel.handler import CallbackHandler
     from pytorch_accel.trainer import Trainer
 
@@ -40,10 +40,8 @@ __all__ = [
     "EpochEntry",
     "Position",
     "ResumePoint",
-    "callback_states",
     "enter_epoch",
     "gradients",
-    "restore_callback_states",
     "restore_gradients",
 ]
 
@@ -107,8 +105,15 @@ class ResumePoint:
         epoch's start event (which may reset per-epoch state).
         """
         if self.position.batches_done == 0:
-            restore_callback_states(handler, self.callbacks, self.directory)
+            self.restore_callbacks(handler)
         return self.position.epoch_index
+
+    def restore_callbacks(self, callbacks: Iterable[TrainerCallback]) -> None:
+        """Load the callbacks' shared states, then this process's own ones."""
+        restore_callback_states(callbacks, self.callbacks, self.directory)
+        per_process = self.rank_state.get("callbacks")
+        if per_process is not None:  # states saved before per-process states existed lack it
+            restore_callback_states(callbacks, per_process, self.directory, PER_PROCESS)
 
 
 @dataclass(frozen=True)
@@ -184,7 +189,7 @@ def enter_epoch(
     if resume.position.batches_done == 0:
         _prime_epoch_randomness(resume, resumable)
         return EpochEntry(resumable=resumable)
-    restore_callback_states(trainer.callback_handler, resume.callbacks, resume.directory)
+    resume.restore_callbacks(trainer.callback_handler)
     loss_tracker.load_state_dict(resume.rank_state["loss_tracker"], trainer.device)
     restore_gradients(trainer.model, resume.rank_state["gradients"])
     if resumable is None:  # replay the pass from its start, dropping the batches done
@@ -249,56 +254,6 @@ class CheckpointedTrainerState:
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Keep a loaded state until the trainer applies it."""
         self.loaded = dict(state_dict)
-
-
-def _callback_keys(callbacks: Iterable[TrainerCallback]) -> dict[str, TrainerCallback]:
-    """Key each stateful callback by class name (``Name#2`` for a second one of a class)."""
-    keys: dict[str, TrainerCallback] = {}
-    for callback in callbacks:
-        if not (
-            callable(getattr(callback, "state_dict", None))
-            and callable(getattr(callback, "load_state_dict", None))
-        ):
-            continue
-        name = type(callback).__name__
-        key, count = name, 1
-        while key in keys:
-            count += 1
-            key = f"{name}#{count}"
-        keys[key] = callback
-    return keys
-
-
-def callback_states(callbacks: Iterable[TrainerCallback]) -> dict[str, Any]:
-    """Return the state of every callback with ``state_dict`` and ``load_state_dict``."""
-    return {key: callback.state_dict() for key, callback in _callback_keys(callbacks).items()}  # type: ignore[attr-defined]
-
-
-def restore_callback_states(
-    callbacks: Iterable[TrainerCallback], states: Mapping[str, Any], source: Path
-) -> None:
-    """Load each saved callback state into the callback with the same key.
-
-    A saved state without a matching callback, or a stateful callback without a saved state,
-    is reported with a warning (the callback starts fresh; nothing else is affected).
-    """
-    keyed = _callback_keys(callbacks)
-    for key, state in states.items():
-        callback = keyed.pop(key, None)
-        if callback is None:
-            warnings.warn(
-                f"The training state {str(source)!r} holds the state of a {key} callback that "
-                "this trainer does not have; it is ignored.",
-                stacklevel=3,
-            )
-            continue
-        callback.load_state_dict(state)  # type: ignore[attr-defined]
-    for key in keyed:
-        warnings.warn(
-            f"The training state {str(source)!r} has no state for the {key} callback; it "
-            "starts fresh.",
-            stacklevel=3,
-        )
 
 
 def gradients(model: nn.Module) -> list[torch.Tensor | None] | None:

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from pytorch_accel._validation import fail
+from pytorch_accel.callback_states import PER_PROCESS, callback_states
 from pytorch_accel.logging_setup import get_logger
 from pytorch_accel.preparation import Preparation
 from pytorch_accel.resumable_loader import RandomStates
@@ -27,7 +28,6 @@ from pytorch_accel.resume import (
     CheckpointedTrainerState,
     Position,
     ResumePoint,
-    callback_states,
     gradients,
 )
 from pytorch_accel.run_config import TrainerRunConfig
@@ -149,6 +149,7 @@ class TrainingStateIO:
             }
         return {
             "loss_tracker": self._loop.loss_tracker.state_dict() if mid_epoch else None,
+            "callbacks": callback_states(self._trainer.callback_handler.callbacks, PER_PROCESS),
             "gradients": gradients(self._trainer.model),
             "loader": loader,
         }
@@ -359,14 +360,15 @@ def _resume_relevant(config: TrainerRunConfig) -> dict[str, Any]:
 
 def _check_saved_states_load_safely(directory: Path) -> None:
     """Raise if a trainer or callback state just saved could not be loaded with weights_only."""
-    for path in sorted(directory.glob("custom_checkpoint_*.pkl")):
+    paths = [*directory.glob("custom_checkpoint_*.pkl"), *directory.glob("trainer_rank_*.pt")]
+    for path in sorted(paths):
         try:
             load_pickled(path, "Trainer.save_training_state")
         except TrainingStateError as error:
             raise TypeError(
                 "Trainer.save_training_state: the trainer state (scheduler, run history or a "
-                "callback's state_dict) holds objects that cannot be loaded safely; keep "
-                f"state_dicts to tensors, numbers, strings and containers. {error}"
+                "callback's state_dict or rank_state_dict) holds objects that cannot be loaded "
+                f"safely; keep them to tensors, numbers, strings and containers. {error}"
             ) from error
 
 

@@ -25,6 +25,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.errors",
             "pytorch_accel.events",
             "pytorch_accel.callback",
+            "pytorch_accel.callback_states",
             "pytorch_accel.handler",
             "pytorch_accel.distributed",
             "pytorch_accel.tracking",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -62,6 +63,7 @@ class StepMetrics:
         self._reset_interval(time.perf_counter(), 0)
         self._seen: tuple[torch.Tensor | None, int | torch.Tensor] = (None, 0)
         self._pause_start: float | None = None
+        self._device: torch.device | None = None
 
     def _reset_interval(self, now: float, updates: int) -> None:
         self._loss: torch.Tensor | None = None
@@ -75,6 +77,32 @@ class StepMetrics:
         """Start the first interval (at ``on_training_run_start``)."""
         self._reset_interval(time.perf_counter(), trainer.num_updates)
         self._seen = (None, 0)
+        self._device = trainer.device
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return this process's part of the interval so far, for a training state."""
+        seen_total, seen_count = self._seen
+        return {
+            "loss": self._loss,
+            "count": self._count,
+            "seen_total": seen_total,
+            "seen_count": seen_count,
+            "logged_at": self._logged_at,
+            "seconds": time.perf_counter() - self._clock - self._paused,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue the interval of a state returned by ``state_dict`` (after ``start_run``).
+
+        The trainer's running loss is restored to what it was at the save right after, so
+        what the interval gains from it is counted once.
+        """
+        device = self._device
+        self._loss = _on(state["loss"], device)
+        self._count = _on(state["count"], device)
+        self._seen = (_on(state["seen_total"], device), _on(state["seen_count"], device))
+        self._logged_at = int(state["logged_at"])
+        self._clock, self._paused = time.perf_counter() - float(state["seconds"]), 0.0
 
     def start_epoch(self) -> None:
         """The trainer's running loss starts again from zero (at ``on_train_epoch_start``)."""
@@ -163,6 +191,11 @@ class StepMetrics:
         return values
 
 
+def _on(value: Any, device: torch.device | None) -> Any:
+    """``value`` on ``device`` if it is a tensor (a loaded state is on the CPU)."""
+    return value.to(device) if isinstance(value, torch.Tensor) and device is not None else value
+
+
 def _total_norm(model: torch.nn.Module) -> torch.Tensor | None:
     """The 2-norm of all gradients together, on the device, or ``None`` without gradients."""
     norms = [
@@ -232,6 +265,19 @@ class StepLoggingCallback(TrainerCallback):
         self.step_metrics = (
             None if log_every_n_updates is None else StepMetrics(log_every_n_updates, log_grad_norm)
         )
+
+    def rank_state_dict(self) -> dict[str, Any]:
+        """Return this process's part of the logging interval (saved in training states).
+
+        A run resumed in the middle of an interval then logs the same interval values as an
+        uninterrupted run.
+        """
+        return {} if self.step_metrics is None else self.step_metrics.state_dict()
+
+    def load_rank_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue the interval of a state returned by ``rank_state_dict``."""
+        if self.step_metrics is not None and state:
+            self.step_metrics.load_state_dict(state)
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Start the first interval."""

@@ -60,9 +60,9 @@ class ThroughputCallback(TrainerCallback):
     overlaps device work). Time spent in intermediate evaluations (a callback calling
     ``trainer.run_eval_epoch`` inside the epoch) is left out. Order ``90``: it records before
     ``LogMetricsCallback`` (100) logs the epoch's metrics. Its counts and clocks are part of
-    the training state (``state_dict``), so an epoch resumed in the middle reports the rates
-    of the whole epoch, with the time before the save counted once and the restart not at
-    all.
+    the training state (``rank_state_dict``, one per process), so an epoch resumed in the
+    middle reports the rates of the whole epoch, with the time before the save counted once
+    and the restart not at all.
 
     Attributes:
         last_epoch: The raw measurements of the last epoch, or ``None`` before the first.
@@ -95,8 +95,8 @@ class ThroughputCallback(TrainerCallback):
         self._updates_at_start = updates
         self._in_epoch = False
 
-    def state_dict(self) -> dict[str, Any]:
-        """Return the epoch's counts and clock readings so far (saved in training states)."""
+    def rank_state_dict(self) -> dict[str, Any]:
+        """Return this process's counts and clock readings so far (saved in training states)."""
         now = time.perf_counter()
         samples = self._samples
         if self._tensor_samples is not None:  # read once, at the save
@@ -110,8 +110,8 @@ class ThroughputCallback(TrainerCallback):
             "updates_at_start": self._updates_at_start,
         }
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Continue the counts and clocks of a state returned by ``state_dict``."""
+    def load_rank_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Continue the counts and clocks of a state returned by ``rank_state_dict``."""
         if not state_dict["in_epoch"]:
             return
         now = time.perf_counter()

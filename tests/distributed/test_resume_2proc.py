@@ -68,6 +68,11 @@ def test_two_processes_resume_inside_an_accumulation_window_bitwise(
         tmp_path / "second", "--save-dir", str(save_dir), "--resume-from", str(save_dir / "state")
     )
     assert_same_runs(resumed, uninterrupted)
+    for mine, reference in zip(resumed, uninterrupted, strict=True):
+        # each process's part of the logging interval in progress at the save is its own
+        logged = mine["step_losses"]
+        assert logged
+        assert logged == {update: reference["step_losses"][update] for update in logged}
 
 
 def test_sigterm_to_one_process_saves_the_same_step_on_both_and_exits_0(

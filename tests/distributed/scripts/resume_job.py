@@ -28,6 +28,7 @@ from pytorch_accel.callbacks import (
     EarlyStoppingCallback,
     ModelEmaCallback,
     SaveTrainingStateCallback,
+    StepLoggingCallback,
     TrainerCallback,
 )
 
@@ -97,11 +98,23 @@ def parse() -> argparse.Namespace:
     return parser.parse_args()
 
 
+class StepLosses(StepLoggingCallback):
+    """The interval loss of every update (a per-process state: each rank's running sums)."""
+
+    def __init__(self) -> None:
+        super().__init__(log_every_n_updates=1)
+        self.losses: dict[str, float] = {}
+
+    def log_step(self, trainer: Trainer, metrics: dict[str, float], step: int) -> None:
+        self.losses[str(step)] = metrics["train_loss_step"]
+
+
 def callbacks(args: argparse.Namespace) -> list[TrainerCallback]:
     chosen: list[Any] = [
         *DEFAULT_CALLBACKS,
         EarlyStoppingCallback(early_stopping_patience=50),
         ModelEmaCallback(decay=0.9),
+        StepLosses(),
     ]
     if args.save_dir is not None:
         chosen.append(
@@ -161,6 +174,9 @@ def main() -> None:
             "num_updates": trainer.num_updates,
             "resumed_from": None if trainer.resumed_from is None else str(trainer.resumed_from),
             "ema": ema_weights(trainer),
+            "step_losses": next(
+                cb for cb in trainer.callback_handler if isinstance(cb, StepLosses)
+            ).losses,
             "device": trainer.device.type,
         }
     )
