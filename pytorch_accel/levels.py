@@ -162,6 +162,8 @@ class Levels:
         several processes, a stop is agreed on by all of them before anyone moves on, so they
         all stop at the same point and no collective is left waiting; a stop that was already
         agreed on in a nested event (an evaluation run by a callback) goes on unwinding at once.
+        An event without a hook whose only listeners that may stop agree on their stops
+        themselves (``agreed_stop_events``) costs no exchange: their stop is raised as it is.
         """
         handler = self._trainer.callback_handler
         if hook is not None:
@@ -179,6 +181,8 @@ class Levels:
             agreement.request(stop)
         if hook is not None or handler.may_stop(event):
             agreement.agree()
+        elif stop is not None and handler.agrees_on_stops(event):
+            agreement.adopt(stop)  # raised on every process at once by a self-agreeing listener
 
     def _dispatch(
         self, hook: str | None, event: str, kwargs: dict[str, Any]

@@ -12,12 +12,10 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
-
 from pytorch_accel._validation import check_positive_int, fail
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks._watch import check_bool, check_path
+from pytorch_accel.distributed import LaggedFlag, agreement_group
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.training_state import (
     find_training_states,
@@ -51,8 +49,12 @@ class SaveTrainingStateCallback(TrainerCallback):
     through the usual stop events, and the process exits with status 0 (``SystemExit(0)``
     after ``on_training_run_end``) unless ``exit_on_preemption=False``, in which case
     ``train()`` returns. A second signal while the first is handled ends the process at once.
-    With several processes, the processes agree after every step whether any received the
-    signal (one small all-reduce over gloo per step), so they all save the same step.
+    With several processes, the processes agree whether any received the signal without
+    blocking a step: each step's end starts a small asynchronous all-reduce over gloo that the
+    next step's end reads (by then it has completed in the background), and every epoch's end
+    agrees at once. All processes read the same answer at the same step, so they all save the
+    same step: the step after the signal's (or the epoch's end), with no collective per step
+    that any process waits on.
 
     This callback runs after the others of each event (``order = 1000``), so a state saved at
     the end of a step or an epoch includes what they did in that event.
@@ -69,6 +71,7 @@ class SaveTrainingStateCallback(TrainerCallback):
 
     order = 1000
     saves_training_states = True
+    agreed_stop_events = frozenset({"on_train_step_end", "on_training_run_epoch_end"})
 
     def __init__(
         self,
@@ -99,6 +102,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         self._previous: dict[int, _SignalHandler] = {}
         self._updates_seen = 0
         self._group: Any = None
+        self._signal_flag: LaggedFlag | None = None
         self._interrupted = False
 
     # ------------------------------------------------------------------------ events
@@ -110,16 +114,18 @@ class SaveTrainingStateCallback(TrainerCallback):
         trainer.accelerator.wait_for_everyone()  # every process has loaded what it resumed from
         if trainer.accelerator.is_main_process:
             tidy_save_dir(self.save_dir, _is_state_name)
-        multi_process = trainer.accelerator.num_processes > 1
-        if self.preemption_signals and multi_process and self._group is None:
-            self._group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
+        self._signal_flag = None
+        if self.preemption_signals and trainer.accelerator.num_processes > 1:
+            if self._group is None:
+                self._group = agreement_group()
+            self._signal_flag = LaggedFlag(self._group)
         self._install_handlers()
 
     def on_train_step_end(
         self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
     ) -> None:
         """Save on a preemption signal, or every ``save_every_n_steps`` updates."""
-        self._handle_preemption(trainer)
+        self._handle_preemption(trainer, at_epoch_end=False)
         updates = trainer.num_updates
         every = self.save_every_n_steps
         if every is not None and updates != self._updates_seen and updates % every == 0:
@@ -128,7 +134,7 @@ class SaveTrainingStateCallback(TrainerCallback):
 
     def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         """Save on a preemption signal, or every ``save_every_n_epochs`` epochs."""
-        self._handle_preemption(trainer)
+        self._handle_preemption(trainer, at_epoch_end=True)
         epoch = trainer.run_history.current_epoch
         every = self.save_every_n_epochs
         if every is not None and epoch % every == 0:
@@ -137,6 +143,9 @@ class SaveTrainingStateCallback(TrainerCallback):
     def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
         """Restore the signal handlers; save ``final``; exit after a preemption if asked to."""
         self._restore_handlers()
+        if self._signal_flag is not None:
+            self._signal_flag.finish()  # an exchange a stop left open, started on every process
+            self._signal_flag = None
         if self.preempted_by is None:
             if self.save_at_end and not self._interrupted:
                 self._save(trainer, "final")
@@ -172,13 +181,13 @@ class SaveTrainingStateCallback(TrainerCallback):
         trainer.accelerator.wait_for_everyone()
         return path
 
-    def _handle_preemption(self, trainer: Trainer) -> None:
+    def _handle_preemption(self, trainer: Trainer, at_epoch_end: bool) -> None:
         """If any process received a preemption signal, save and stop (on every process)."""
         if not self.preemption_signals:
             return
         received = self._received
-        if trainer.accelerator.num_processes > 1:
-            received = _max_over_processes(received or 0, self._group) or None
+        if self._signal_flag is not None:
+            received = self._agreed_signal(self._signal_flag, received or 0, at_epoch_end)
         if received is None:
             return
         self.preempted_by = signal.Signals(received)
@@ -187,6 +196,20 @@ class SaveTrainingStateCallback(TrainerCallback):
             f"Preempted by {self.preempted_by.name}: the training state was saved to "
             f"{str(path)!r}; resume with train(..., resume_from='latest')."
         )
+
+    @staticmethod
+    def _agreed_signal(flag: LaggedFlag, received: int, at_epoch_end: bool) -> int | None:
+        """The signal any process received, as agreed by all (the same on every process).
+
+        At a step's end: what the exchange started at the step before says, then a new
+        exchange starts unless that one ends the run. At an epoch's end: agreed at once.
+        """
+        if at_epoch_end:
+            return flag.settle(received) or None
+        agreed = flag.finish()
+        if not agreed:
+            flag.start(received)
+        return agreed or None
 
     # ------------------------------------------------------------------------ signals
 
@@ -214,12 +237,6 @@ class SaveTrainingStateCallback(TrainerCallback):
             signal.raise_signal(signum)
             return
         self._received = signum
-
-
-def _max_over_processes(value: int, group: Any) -> int:
-    flag = torch.tensor([value], dtype=torch.int64)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
-    return int(flag[0])
 
 
 def _check_signals(where: str, signals: Iterable[int]) -> tuple[int, ...]:
