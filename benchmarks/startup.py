@@ -4,7 +4,8 @@ Each round starts new Python processes, as a user's script does:
 
 - one imports ``torch`` and ``accelerate``, then ``pytorch_accel`` and its callbacks, and
   times each step with ``time.perf_counter``: the second figure is the import's extra cost;
-- one builds a hand-written loop (its optimizer), another a ``Trainer`` (default callbacks);
+- one builds a hand-written loop (its optimizer), another a ``Trainer`` (default callbacks),
+  both after a first optimizer (which imports ``torch._dynamo``, about a second, in both);
   each then runs a 4-step epoch of the tiny MLP three times, timing each call. Both import
   the same modules first, so the calls' difference is the trainer's fixed cost per
   ``train()`` call (its per-step cost, about 0.015 ms per step on this model, is in it too):
@@ -47,6 +48,7 @@ CALLS = textwrap.dedent(
     torch.set_num_threads(1)
     from benchmarks import loops
     model, data = loops.make_mlp(), loops.mlp_data(32 * 4)
+    torch.optim.SGD(model.parameters(), lr=1e-3)  # the first optimizer imports torch._dynamo
     start = time.perf_counter()
     run = {build}
     built = time.perf_counter()
