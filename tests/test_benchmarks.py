@@ -83,6 +83,6 @@ def test_the_two_process_training_suite_runs() -> None:
 
     samples = suites.launch("train-2", quick=True)
     loops_measured = samples["training"]
-    assert list(loops_measured)[0] == "hand-written DDP"
+    assert next(iter(loops_measured)) == "hand-written DDP"
     assert "pytorch-accel, + preemption handling" in loops_measured
     assert all(len(sample["per_batch"]) == 2 for sample in loops_measured.values())
