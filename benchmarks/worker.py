@@ -16,6 +16,7 @@ import json
 import os
 import random
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -142,6 +143,12 @@ def main(argv: list[str] | None = None) -> None:
     if pipelines.world_size() > 1:
         dist.barrier()
         dist.destroy_process_group()
+    # End without finalising the interpreter: a gloo worker thread may still release tensors
+    # then, when it can no longer take the GIL, which aborts the process (see
+    # tests/distributed/scripts/common.py). Everything was written and flushed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
