@@ -144,6 +144,8 @@ class LaggedFlag:
     it has long completed in gloo's background thread) and returns the agreed value. Every
     process reads the same value at the same step, so all act on it together. ``settle``
     agrees on a flag at once (blocking), for points where a save or a stop happens anyway.
+    A ``pace`` rides along with each flag (its maximum is ``agreed_pace`` after ``finish``),
+    so the processes can also agree on when to exchange next.
 
     Args:
         group: The gloo process group (``agreement_group()``).
@@ -152,28 +154,34 @@ class LaggedFlag:
     def __init__(self, group: Any) -> None:
         self._group = group
         self._work: Any = None
-        self._value = torch.zeros(1, dtype=torch.int64)
+        self._value = torch.zeros(2, dtype=torch.int64)
+        self.agreed_pace = 0
 
     @property
     def pending(self) -> bool:
         """Whether an exchange was started and not yet finished."""
         return self._work is not None
 
-    def start(self, flag: int) -> None:
-        """Start agreeing on ``flag`` (finishing the exchange before, if one is pending)."""
+    def start(self, flag: int, pace: int = 0) -> None:
+        """Start agreeing on ``flag`` and ``pace`` (finishing a pending exchange first)."""
         self.finish()
-        self._value = torch.tensor([flag], dtype=torch.int64)
+        self._value = torch.tensor([flag, pace], dtype=torch.int64)
         self._work = dist.all_reduce(
             self._value, op=dist.ReduceOp.MAX, group=self._group, async_op=True
         )
 
     def finish(self) -> int:
-        """Wait for the pending exchange; return its agreed value (0 if none was pending)."""
+        """Wait for the pending exchange; return its agreed flag (0 if none was pending).
+
+        ``agreed_pace`` is then the exchange's agreed pace (0 if none was pending).
+        """
         work, self._work = self._work, None
         if work is None:
+            self.agreed_pace = 0
             return 0
         work.wait()
-        return int(self._value[0])
+        flag, self.agreed_pace = (int(value) for value in self._value.tolist())
+        return flag
 
     def settle(self, flag: int) -> int:
         """Finish the pending exchange, then agree on ``flag`` at once; return the maximum."""

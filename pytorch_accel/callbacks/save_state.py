@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import threading
+import time
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytorch_accel._validation import check_positive_int, fail
 from pytorch_accel.callback import TrainerCallback
-from pytorch_accel.callbacks._watch import check_bool, check_path
+from pytorch_accel.callbacks._watch import check_bool, check_non_negative_number, check_path
 from pytorch_accel.distributed import LaggedFlag, agreement_group
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.training_state import (
@@ -50,11 +51,11 @@ class SaveTrainingStateCallback(TrainerCallback):
     after ``on_training_run_end``) unless ``exit_on_preemption=False``, in which case
     ``train()`` returns. A second signal while the first is handled ends the process at once.
     With several processes, the processes agree whether any received the signal without
-    blocking a step: each step's end starts a small asynchronous all-reduce over gloo that the
-    next step's end reads (by then it has completed in the background), and every epoch's end
-    agrees at once. All processes read the same answer at the same step, so they all save the
-    same step: the step after the signal's (or the epoch's end), with no collective per step
-    that any process waits on.
+    blocking a step: about every ``preemption_check_interval`` seconds (counted in steps that
+    the processes agree on), a step's end starts a small asynchronous all-reduce over gloo
+    that a later step's end reads (by then it has completed in the background), and every
+    epoch's end agrees at once. All processes read the same answer at the same step, so they
+    all save the same step, at most about twice the interval (and a step) after the signal.
 
     This callback runs after the others of each event (``order = 1000``), so a state saved at
     the end of a step or an epoch includes what they did in that event.
@@ -67,6 +68,8 @@ class SaveTrainingStateCallback(TrainerCallback):
         max_checkpoints: Keep only the newest this many states (deleted by the main process).
         preemption_signals: Signals that save a state and stop; ``()`` installs no handler.
         exit_on_preemption: Exit the process with status 0 after a preemption.
+        preemption_check_interval: With several processes, about how many seconds pass
+            between two agreements on a signal (at least one step; ``0``: after every step).
     """
 
     order = 1000
@@ -82,6 +85,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         max_checkpoints: int | None = None,
         preemption_signals: Iterable[int] = (signal.SIGTERM,),
         exit_on_preemption: bool = True,
+        preemption_check_interval: float = 0.25,
     ) -> None:
         where = "SaveTrainingStateCallback"
         check_path(where, "save_dir", save_dir, directory=True)
@@ -90,6 +94,8 @@ class SaveTrainingStateCallback(TrainerCallback):
         check_bool(where, "save_at_end", save_at_end)
         check_positive_int(where, "max_checkpoints", max_checkpoints, allow_none=True)
         check_bool(where, "exit_on_preemption", exit_on_preemption)
+        check_non_negative_number(where, "preemption_check_interval", preemption_check_interval)
+        self.preemption_check_interval = float(preemption_check_interval)
         self.save_dir = Path(save_dir)
         self.save_every_n_epochs = save_every_n_epochs
         self.save_every_n_steps = save_every_n_steps
@@ -103,6 +109,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         self._updates_seen = 0
         self._group: Any = None
         self._signal_flag: LaggedFlag | None = None
+        self._pace = _Pace()
         self._interrupted = False
 
     # ------------------------------------------------------------------------ events
@@ -119,6 +126,7 @@ class SaveTrainingStateCallback(TrainerCallback):
             if self._group is None:
                 self._group = agreement_group()
             self._signal_flag = LaggedFlag(self._group)
+            self._pace = _Pace()
         self._install_handlers()
 
     def on_train_step_end(
@@ -197,18 +205,23 @@ class SaveTrainingStateCallback(TrainerCallback):
             f"{str(path)!r}; resume with train(..., resume_from='latest')."
         )
 
-    @staticmethod
-    def _agreed_signal(flag: LaggedFlag, received: int, at_epoch_end: bool) -> int | None:
+    def _agreed_signal(self, flag: LaggedFlag, received: int, at_epoch_end: bool) -> int | None:
         """The signal any process received, as agreed by all (the same on every process).
 
-        At a step's end: what the exchange started at the step before says, then a new
-        exchange starts unless that one ends the run. At an epoch's end: agreed at once.
+        At an exchange point (every ``_Pace.every`` steps, a number all processes agreed on):
+        what the exchange started at the point before says, then a new exchange starts, with
+        this process's proposal for the next number of steps, unless that one ends the run.
+        At an epoch's end: agreed at once.
         """
         if at_epoch_end:
             return flag.settle(received) or None
+        proposal = self._pace.step(self.preemption_check_interval)
+        if proposal is None:
+            return None
         agreed = flag.finish()
+        self._pace.every = max(1, flag.agreed_pace)
         if not agreed:
-            flag.start(received)
+            flag.start(received, proposal)
         return agreed or None
 
     # ------------------------------------------------------------------------ signals
@@ -237,6 +250,34 @@ class SaveTrainingStateCallback(TrainerCallback):
             signal.raise_signal(signum)
             return
         self._received = signum
+
+
+class _Pace:
+    """Counts steps to the next exchange point; proposes how many steps make ``seconds``.
+
+    ``every`` is only ever set to a number all processes agreed on, and every process counts
+    the same steps, so all reach each exchange point at the same step.
+    """
+
+    def __init__(self) -> None:
+        self.every = 1
+        self._steps = 0
+        self._since = time.monotonic()
+
+    def step(self, seconds: float) -> int | None:
+        """Count a step; at an exchange point, return the proposal for the next, else None."""
+        self._steps += 1
+        if self._steps < self.every:
+            return None
+        now = time.monotonic()
+        step_seconds = (now - self._since) / self._steps
+        self._steps, self._since = 0, now
+        if seconds <= 0:
+            return 1
+        return max(1, min(_MAX_STEPS_BETWEEN_CHECKS, int(seconds / max(step_seconds, 1e-9))))
+
+
+_MAX_STEPS_BETWEEN_CHECKS = 10_000
 
 
 def _check_signals(where: str, signals: Iterable[int]) -> tuple[int, ...]:

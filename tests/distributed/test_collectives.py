@@ -1,10 +1,11 @@
 """Collectives per training step, eval batch and predict batch, counted in two real processes.
 
 DDP's gradient all-reduce is its own (issued from C++, not counted). By default the trainer
-adds no collective per step; preemption handling and a time budget agree without blocking
-(one asynchronous all-reduce per step, read a step later); a user callback that may stop
-after every step costs one blocking all-reduce per step. Evaluation gathers nothing per batch,
-prediction gathers once per batch.
+adds no collective per step; preemption handling agrees without blocking, about every 0.25 s
+(one asynchronous all-reduce, read at the next exchange point; after every step with
+``preemption_check_interval=0``), and so does a time budget at each check; a user callback
+that may stop after every step costs one blocking all-reduce per step. Evaluation gathers
+nothing per batch, prediction gathers once per batch.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> Launch:
     [
         ("default", NO_COLLECTIVE),
         ("early_stopping", NO_COLLECTIVE),
-        ("preemption", ONE_ASYNC),
+        ("preemption_every_step", ONE_ASYNC),
         ("time_budget", ONE_ASYNC),
         ("may_stop_every_step", ONE_BLOCKING),
     ],
@@ -48,7 +49,8 @@ def test_collectives_per_training_step(
 
 
 @pytest.mark.parametrize(
-    "scenario", ["default", "early_stopping", "preemption", "time_budget", "may_stop_every_step"]
+    "scenario",
+    ["default", "early_stopping", "preemption", "time_budget", "may_stop_every_step"],
 )
 def test_no_collective_per_eval_batch_and_one_gather_per_predict_batch(
     result: Launch, scenario: str
@@ -59,6 +61,14 @@ def test_no_collective_per_eval_batch_and_one_gather_per_predict_batch(
         assert all(batch == NO_COLLECTIVE for batch in counted["eval"])
         assert len(counted["predict"]) == 4
         assert all(batch == ONE_BLOCKING for batch in counted["predict"])
+
+
+def test_preemption_handling_paces_its_exchanges(result: Launch) -> None:
+    """About every 0.25 s: on these millisecond steps, a few asynchronous exchanges in all."""
+    for rank in result.ranks:
+        steps = rank["preemption"]["train"]
+        assert all(step["blocking"] == 0 and step["async"] <= 1 for step in steps), steps
+        assert 1 <= sum(step["async"] for step in steps) <= 4, steps
 
 
 def test_a_signal_on_one_process_stops_both_at_the_same_step(result: Launch) -> None:

@@ -133,7 +133,9 @@ def preempted_on_one_rank(save_dir: Path) -> dict[str, Any]:
     AcceleratorState._reset_state(reset_partial_state=False)
     GradientState._reset_state()
     model = make_model()
-    saver = SaveTrainingStateCallback(save_dir, save_at_end=False, exit_on_preemption=False)
+    saver = SaveTrainingStateCallback(
+        save_dir, save_at_end=False, exit_on_preemption=False, preemption_check_interval=0
+    )
     trainer = Trainer(
         model,
         nn.MSELoss(),
@@ -161,14 +163,17 @@ def scenario(callbacks: tuple[Any, ...]) -> dict[str, Any]:
         callbacks=(*DEFAULT_CALLBACKS, *callbacks, Phases()),
     )
     COUNTER.marks = []
+    before = len(COUNTER.calls)
     trainer.train(
         make_regression_dataset(64),
         num_epochs=2,
         eval_dataset=make_regression_dataset(40),
         per_device_batch_size=4,
     )
+    per_train_call = len(COUNTER.calls) - before
     trainer.predict(make_regression_dataset(40), per_device_batch_size=4)
     return {
+        "per_train_call": per_train_call,  # all of them, for the record (2 epochs, 2 evals)
         "train": COUNTER.per_batch("train1") + COUNTER.per_batch("train2"),
         "eval": COUNTER.per_batch("eval1") + COUNTER.per_batch("eval2"),
         "predict": COUNTER.per_batch("predict"),
@@ -182,6 +187,13 @@ def main() -> None:
     results = {
         "default": scenario(()),
         "preemption": scenario((SaveTrainingStateCallback(out_dir / "states", save_at_end=False),)),
+        "preemption_every_step": scenario(
+            (
+                SaveTrainingStateCallback(
+                    out_dir / "every", save_at_end=False, preemption_check_interval=0
+                ),
+            )
+        ),
         "early_stopping": scenario((EarlyStoppingCallback(early_stopping_patience=50),)),
         "time_budget": scenario((TimeBudgetCallback(3600.0),)),
         "may_stop_every_step": scenario((MayStopEveryStep(),)),
