@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from benchmarks import fresh, loops, run
+from benchmarks import fresh, loops, run, stats
 
 BASELINE = "hand-compiled loop"
 
@@ -101,7 +101,7 @@ def summarise(samples: dict[str, list[float]]) -> list[dict[str, Any]]:
                 "loop": name,
                 "per_step_us": statistics.median(values) * 1e6,
                 "ratio": statistics.median(ratios),
-                "ratio_ci95": run.median_interval(ratios),
+                "ratio_ci95": stats.median_interval(ratios),
             }
         )
     return rows

@@ -29,7 +29,61 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append(
             f"| {name} | {values['median_s']:.2f} | {values['min_s']:.2f}-{values['max_s']:.2f} |"
         )
+    lines.append("")
+    lines += suites_markdown(results.get("suites", {}))
     return "\n".join(lines) + "\n"
+
+
+def suites_markdown(suites: dict[str, Any]) -> list[str]:
+    """Render each paired suite as a table, and the start-up figures."""
+    lines: list[str] = []
+    for key, suite in suites.items():
+        if key == "startup":
+            lines += _startup_table(suite)
+            continue
+        lines += [
+            f"### {suite['name']}",
+            "",
+            "| loop | per batch (ms) | per-batch ratio [95% CI] (min-max) | whole-call ratio "
+            "[95% CI] | extra fixed per call (ms) [95% CI] |",
+            "| --- | ---: | ---: | ---: | ---: |",
+        ]
+        for row in suite["rows"]:
+            lines.append(
+                f"| {row['loop']} | {row['per_batch_ms']:.2f} | {_ratio(row['ratio'], True)} "
+                f"| {_ratio(row['whole_ratio'], False)} | {_ms(row['extra_fixed_ms'])} |"
+            )
+        lines.append("")
+    return lines
+
+
+def _ratio(values: dict[str, Any], with_range: bool) -> str:
+    low, high = values["ci95"]
+    text = f"{values['median']:.3f} [{low:.3f}, {high:.3f}]"
+    if with_range:
+        text += f" ({values['range'][0]:.3f}-{values['range'][1]:.3f})"
+    return text
+
+
+def _ms(values: dict[str, Any]) -> str:
+    low, high = values["ci95"]
+    return f"{values['median']:+.2f} [{low:+.2f}, {high:+.2f}]"
+
+
+def _startup_table(figures: dict[str, Any]) -> list[str]:
+    lines = [
+        "### Start-up, fresh processes (wall ms, bytecode cached)",
+        "",
+        "| figure | median [95% CI] | min-max |",
+        "| --- | ---: | ---: |",
+    ]
+    for name, values in figures.items():
+        low, high = values["ci95"]
+        lines.append(
+            f"| {name} | {values['median']:.2f} [{low:.2f}, {high:.2f}] "
+            f"| {values['range'][0]:.2f}-{values['range'][1]:.2f} |"
+        )
+    return [*lines, ""]
 
 
 def _workload_table(workload: dict[str, Any]) -> list[str]:
@@ -73,6 +127,8 @@ def chart(results: dict[str, Any], path: Path) -> bool:
     except ImportError:
         return False
     keys = [key for key in ("tiny", "medium") if key in results]
+    if not keys:
+        return True
     figure, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 3.5), squeeze=False)
     for axis, key in zip(axes[0], keys, strict=True):
         rows = results[key]["rows"]
@@ -87,6 +143,38 @@ def chart(results: dict[str, Any], path: Path) -> bool:
         axis.invert_yaxis()
         axis.set_xlabel("extra CPU time per step over the hand-written loop (µs)")
         axis.set_title(results[key]["name"])
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return True
+
+
+def suites_chart(suites: dict[str, Any], path: Path) -> bool:
+    """Draw each suite's per-batch ratios with their 95% intervals; False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    keys = [key for key in suites if key != "startup"]
+    if not keys:
+        return True
+    figure, axes = plt.subplots(len(keys), 1, figsize=(8, 2.2 * len(keys)), squeeze=False)
+    for axis, key in zip(axes[:, 0], keys, strict=True):
+        rows = suites[key]["rows"]
+        medians = [row["ratio"]["median"] for row in rows]
+        errors = [
+            [row["ratio"]["median"] - row["ratio"]["ci95"][0] for row in rows],
+            [row["ratio"]["ci95"][1] - row["ratio"]["median"] for row in rows],
+        ]
+        axis.barh([row["loop"] for row in rows], medians, xerr=errors, color="#4c72b0")
+        axis.axvline(1.0, color="black", linewidth=0.8)
+        axis.set_xlim(min(0.9, *medians), max(1.1, *medians))
+        axis.invert_yaxis()
+        axis.set_title(suites[key]["name"], fontsize=8)
+    axes[-1, 0].set_xlabel("per-batch time / hand-written (median, 95% CI)")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

@@ -13,9 +13,12 @@ Method (see docs/performance.md):
   copy of the hand-written loop is the raw-vs-raw control that shows the noise floor.
 - Python calls per step are counted (deterministically) with ``sys.setprofile``.
 - Import time and a whole run are measured in fresh processes.
+- The suites of ``benchmarks.suites`` pair the trainer against hand-written loops in 2
+  processes (DDP training), in evaluation and prediction (1 and 2 processes), over an image
+  folder with loader workers, and at start-up (import, ``train()`` fixed cost).
 
-Results go to ``benchmarks/results/``: ``overhead.md`` (table), ``overhead.json`` and, when
-matplotlib is installed, ``overhead.png``.
+Results go to ``benchmarks/results/``: ``overhead.md`` (tables), ``overhead.json`` and, when
+matplotlib is installed, ``overhead.png`` (one process) and ``suites.png`` (the suites).
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import os
 import random
 import statistics
@@ -32,12 +34,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from benchmarks import fresh, loops, report
+from benchmarks import fresh, loops, report, suites
+from benchmarks.stats import median_interval
 
 RESULTS = Path(__file__).parent / "results"
 WARM_UP_STEPS = 3
@@ -179,20 +183,6 @@ def paired_overhead(samples: dict[str, Samples], name: str, reference: str) -> d
     }
 
 
-def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
-    """A distribution-free confidence interval of the median: two order statistics.
-
-    The number of values below the median is binomial(n, 1/2); the interval runs between the
-    order statistics that bound its central ``confidence`` (normal approximation).
-    """
-    ordered = sorted(values)
-    n = len(ordered)
-    half_width = statistics.NormalDist().inv_cdf(0.5 + confidence / 2) * math.sqrt(n) / 2
-    low = max(0, math.floor(n / 2 - half_width) - 1)
-    high = min(n - 1, math.ceil(n / 2 + half_width))
-    return ordered[low], ordered[high]
-
-
 WORKLOADS = {
     "tiny": Workload("tiny MLP, batch 32", loops.make_mlp, loops.mlp_data, 32, 100, 150),
     "medium": Workload("medium CNN, batch 32", loops.make_cnn, loops.cnn_data, 32, 16, 40),
@@ -202,7 +192,8 @@ WORKLOADS = {
 def main(argv: list[str] | None = None) -> None:
     """Run the chosen workloads and the fresh-process figures; write the results."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--suites", nargs="*", default=list(suites.ALL), choices=suites.ALL)
     parser.add_argument("--quick", action="store_true", help="fewer rounds, for a smoke test")
     args = parser.parse_args(argv)
     if os.environ.get("GLIBC_TUNABLES") != MALLOC_TUNABLES:
@@ -211,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.executable, [sys.executable, "-m", "benchmarks.run", *sys.argv[1:]], environment
         )
     torch.set_num_threads(1)
-    results: dict[str, object] = {"machine": fresh.machine_description()}
+    results: dict[str, Any] = {"machine": fresh.machine_description()}
     for key in args.workloads:
         workload = WORKLOADS[key]
         if args.quick:
@@ -228,12 +219,14 @@ def main(argv: list[str] | None = None) -> None:
         }
         print(f"{LOGGING_ROW} vs default: {results[key]['logging_overhead']}", flush=True)
     results["fresh"] = fresh.measure(rounds=2 if args.quick else 5)
+    results["suites"] = suites.measure(args.suites, args.quick)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "overhead.json").write_text(json.dumps(results, indent=2))
     markdown = report.markdown(results)
     (RESULTS / "overhead.md").write_text(markdown)
     print(markdown)
     chart = report.chart(results, RESULTS / "overhead.png")
+    chart = report.suites_chart(results["suites"], RESULTS / "suites.png") and chart
     print(f"results in {RESULTS}" + ("" if chart else " (install matplotlib for the chart)"))
 
 

@@ -30,6 +30,10 @@ class TrainerCallback:
             multi-process run the processes agree on stopping after each event that has a
             listener which may stop; callbacks that never stop set this to ``False`` to save
             that exchange.
+        agreed_stop_events: Events in which this callback raises ``StopTrainingError`` only
+            on every process at once, because it agrees across processes itself (e.g. with
+            ``pytorch_accel.distributed.LaggedFlag``). The trainer adds no exchange of its own
+            for them, so they cost no collective where nothing else may stop.
 
     Example:
         ```python
@@ -42,6 +46,7 @@ class TrainerCallback:
     order: ClassVar[int] = 0
     custom_events: ClassVar[tuple[str, ...]] = ()
     may_stop_training: ClassVar[bool] = True
+    agreed_stop_events: ClassVar[frozenset[str]] = frozenset()
 
     def on_init_end(self, trainer: Trainer, **kwargs: Any) -> None:
         """Called at the end of ``Trainer.__init__``."""

@@ -1,4 +1,9 @@
-"""Multi-process support: CPU fallback, world-size checks, and agreeing on a stop."""
+"""Multi-process support: CPU fallback, world-size checks, and agreeing on a stop.
+
+Agreeing costs one small all-reduce over gloo. ``StopAgreement`` blocks on it, at the points
+where a listener may stop; ``LaggedFlag`` starts it at one step and reads it at a later one, so
+a check that runs at every step (a preemption signal, a time budget) blocks no step.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,9 @@ import torch.distributed as dist
 from pytorch_accel.errors import StopTrainingError
 
 __all__ = [
+    "LaggedFlag",
     "StopAgreement",
+    "agreement_group",
     "check_world_size",
     "launcher_world_size",
     "needs_cpu_distributed",
@@ -104,6 +111,84 @@ class StopAgreement:
     def agreed(self, error: StopTrainingError) -> bool:
         """Whether ``error`` is the stop every process already agreed on (and is raising)."""
         return error is self._agreed
+
+    def adopt(self, error: StopTrainingError) -> None:
+        """Raise ``error``, a stop that every process raises at this point by itself.
+
+        For stops raised only by callbacks that agree across processes on their own
+        (``TrainerCallback.agreed_stop_events``): no exchange is needed, and nested events
+        that see the stop unwind at once.
+
+        Raises:
+            StopTrainingError: ``error``.
+        """
+        self._pending = None
+        self._agreed = error
+        raise error
+
+
+def agreement_group() -> Any:
+    """Return the process group for small agreements: gloo, so no GPU stream is synchronised.
+
+    The default group when it is gloo (``None``), else a new gloo group. Call it on every
+    process, at the same point (creating a group is a collective).
+    """
+    return dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
+
+
+class LaggedFlag:
+    """Agrees across processes on a flag without blocking: started at one step, read later.
+
+    ``start`` launches an asynchronous all-reduce (the maximum over processes) of a local
+    flag; ``finish``, called on every process at the same later point, waits for it (by then
+    it has long completed in gloo's background thread) and returns the agreed value. Every
+    process reads the same value at the same step, so all act on it together. ``settle``
+    agrees on a flag at once (blocking), for points where a save or a stop happens anyway.
+    A ``pace`` rides along with each flag (its maximum is ``agreed_pace`` after ``finish``),
+    so the processes can also agree on when to exchange next.
+
+    Args:
+        group: The gloo process group (``agreement_group()``).
+    """
+
+    def __init__(self, group: Any) -> None:
+        self._group = group
+        self._work: Any = None
+        self._value = torch.zeros(2, dtype=torch.int64)
+        self.agreed_pace = 0
+
+    @property
+    def pending(self) -> bool:
+        """Whether an exchange was started and not yet finished."""
+        return self._work is not None
+
+    def start(self, flag: int, pace: int = 0) -> None:
+        """Start agreeing on ``flag`` and ``pace`` (finishing a pending exchange first)."""
+        self.finish()
+        self._value = torch.tensor([flag, pace], dtype=torch.int64)
+        self._work = dist.all_reduce(
+            self._value, op=dist.ReduceOp.MAX, group=self._group, async_op=True
+        )
+
+    def finish(self) -> int:
+        """Wait for the pending exchange; return its agreed flag (0 if none was pending).
+
+        ``agreed_pace`` is then the exchange's agreed pace (0 if none was pending).
+        """
+        work, self._work = self._work, None
+        if work is None:
+            self.agreed_pace = 0
+            return 0
+        work.wait()
+        flag, self.agreed_pace = (int(value) for value in self._value.tolist())
+        return flag
+
+    def settle(self, flag: int) -> int:
+        """Finish the pending exchange, then agree on ``flag`` at once; return the maximum."""
+        earlier = self.finish()
+        value = torch.tensor([flag], dtype=torch.int64)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self._group)
+        return max(earlier, int(value[0]))
 
 
 def remove_padding(padded_tensor: torch.Tensor, pad_value: float) -> torch.Tensor:

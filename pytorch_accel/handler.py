@@ -47,6 +47,7 @@ class CallbackHandler:
         self._callbacks: list[TrainerCallback] = []
         self._listeners: dict[str, tuple[Callable[..., Any], ...]] = {}
         self._stoppable: frozenset[str] = frozenset()
+        self._self_agreeing: frozenset[str] = frozenset()
         self.active_events: frozenset[str] = frozenset()
         for event in events:
             self._add_event(event)
@@ -128,6 +129,15 @@ class CallbackHandler:
         training with ``may_stop_training = False``.
         """
         return event in self._stoppable
+
+    def agrees_on_stops(self, event: str) -> bool:
+        """Return whether a listener of ``event`` agrees across processes on its own stops.
+
+        Such listeners (``TrainerCallback.agreed_stop_events``) raise ``StopTrainingError`` on
+        every process at once, so a stop raised in the event needs no exchange when no other
+        listener may stop (``may_stop``).
+        """
+        return event in self._self_agreeing
 
     def call_event(self, event: str, *args: Any, **kwargs: Any) -> None:
         """Call ``event`` on every callback that defines it, in order.
@@ -280,9 +290,17 @@ class CallbackHandler:
             event
             for event in self._events
             if any(
-                getattr(callback, "may_stop_training", True) and _overrides(callback, event)
+                getattr(callback, "may_stop_training", True)
+                and event not in getattr(callback, "agreed_stop_events", ())
+                and _overrides(callback, event)
                 for callback in self._callbacks
             )
+        )
+        self._self_agreeing = frozenset(
+            event
+            for callback in self._callbacks
+            for event in getattr(callback, "agreed_stop_events", ())
+            if _overrides(callback, event)
         )
 
 

@@ -166,6 +166,10 @@ class Levels:
         several processes, a stop is agreed on by all of them before anyone moves on, so they
         all stop at the same point and no collective is left waiting; a stop that was already
         agreed on in a nested event (an evaluation run by a callback) goes on unwinding at once.
+        The exchange happens after an event whose hook is overridden (the trainer's own hooks
+        never stop) or that has a listener which may stop; one whose only listeners that may
+        stop agree on their stops themselves (``agreed_stop_events``) costs no exchange: their
+        stop is raised as it is.
         """
         handler = self._trainer.callback_handler
         if hook is not None:
@@ -181,8 +185,21 @@ class Levels:
             return
         if stop is not None:
             agreement.request(stop)
-        if hook is not None or handler.may_stop(event):
+        if (hook is not None and self._hook_may_stop(hook)) or handler.may_stop(event):
             agreement.agree()
+        elif stop is not None and handler.agrees_on_stops(event):
+            agreement.adopt(stop)  # raised on every process at once by a self-agreeing listener
+
+    def _hook_may_stop(self, hook: str) -> bool:
+        """Whether the trainer's ``hook`` may raise ``StopTrainingError``.
+
+        The trainer's own hooks are no-ops or mode switches, which never stop; a hook that a
+        subclass (or the instance) overrides may.
+        """
+        trainer = self._trainer
+        if hook in vars(trainer):
+            return True
+        return sum(1 for klass in type(trainer).__mro__ if hook in vars(klass)) > 1
 
     def _dispatch(
         self, hook: str | None, event: str, kwargs: dict[str, Any]

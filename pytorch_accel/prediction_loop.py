@@ -6,7 +6,8 @@
 
 With several processes each batch's outputs are gathered with ``gather_for_metrics``, which
 drops the samples accelerate repeats to complete the last round of batches, so every sample
-appears exactly once, in the order of the (unshuffled) dataloader.
+appears exactly once, in the order of the (unshuffled) dataloader; with one process nothing
+is gathered.
 """
 
 from __future__ import annotations
@@ -83,7 +84,12 @@ class PredictionLoop:
 
     def _step(self, batch: Any, output_device: str | torch.device | None) -> dict[str, Any]:
         outputs = self._trainer.calculate_predict_batch(batch)
-        gathered = self._trainer.accelerator.gather_for_metrics(outputs)
+        accelerator = self._trainer.accelerator
+        # one process has nothing to gather (accelerate would still all-gather over a group of
+        # one under a launcher), and no repeated samples to drop
+        gathered = (
+            accelerator.gather_for_metrics(outputs) if accelerator.num_processes > 1 else outputs
+        )
         if output_device is not None:
             gathered = send_to_device(gathered, output_device)
         if self._outputs is not None:

@@ -304,6 +304,12 @@ def test_preemption_signals_that_cannot_be_caught(signum: int) -> None:
         SaveTrainingStateCallback(preemption_signals=(signal.SIGTERM, signum))
 
 
+@pytest.mark.parametrize("interval", [-1.0, float("nan"), "soon"])
+def test_a_preemption_check_interval_that_is_no_duration(interval: Any) -> None:
+    with pytest.raises((TypeError, ValueError), match=r"preemption_check_interval"):
+        SaveTrainingStateCallback(preemption_check_interval=interval)
+
+
 @pytest.mark.parametrize("callback", [EarlyStoppingCallback, SaveBestModelCallback])
 def test_watching_a_score_without_a_direction_warns(callback: Any) -> None:
     with pytest.warns(UserWarning, match=r"watching 'accuracy' as lower-is-better"):

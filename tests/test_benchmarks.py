@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from benchmarks import loops, run
@@ -33,3 +35,54 @@ def test_the_compile_benchmark_loops_call_the_probe_once_per_step() -> None:
         calls: list[None] = []
         build(loops.make_mlp())(loops.mlp_data(4 * 8), 8, lambda calls=calls: calls.append(None))
         assert len(calls) == 4, build.__name__
+
+
+def test_every_suite_loop_calls_the_probe_once_per_batch(tmp_path: Path) -> None:
+    """The loops of the 2-process, evaluation, prediction and image-folder suites (1 process)."""
+    from benchmarks import pipelines
+
+    data = pipelines.regression_data(4 * 8)
+    images = pipelines.image_dataset(pipelines.image_folder(tmp_path / "images", 16, 8))
+    callbacks = pipelines.default_callbacks(preemption=True)
+    built = {
+        "train": pipelines.hand_written_train(loops.make_cnn(), data, 8),
+        "trainer train": pipelines.trainer_train(loops.make_cnn(), data, 8, callbacks),
+        "evaluate": pipelines.hand_written_evaluate(loops.make_cnn(), data, 8),
+        "predict": pipelines.hand_written_predict(loops.make_cnn(), data, 8),
+        "trainer evaluate": pipelines.trainer_inference(loops.make_cnn(), data, 8, False),
+        "trainer predict": pipelines.trainer_inference(loops.make_cnn(), data, 8, True),
+        "images": pipelines.hand_written_images(pipelines.make_classifier(), images, 8),
+        "trainer images": pipelines.trainer_images(pipelines.make_classifier(), images, 8),
+    }
+    for name, run_once in built.items():
+        calls: list[None] = []
+        run_once(lambda calls=calls: calls.append(None))
+        assert len(calls) == 4, name  # 32 samples (images: 16, 2 epochs) in batches of 8
+
+
+def test_the_suites_summarise_paired_rounds() -> None:
+    from benchmarks import report, suites
+
+    samples = {
+        "group": {
+            "base": {"per_batch": [1.0, 2.0, 1.0], "fixed": [0.1] * 3, "whole": [2.0] * 3},
+            "other": {"per_batch": [1.1, 2.2, 1.1], "fixed": [0.2] * 3, "whole": [2.2] * 3},
+        }
+    }
+    rows = suites.summarise(samples)
+    assert [row["loop"] for row in rows] == ["base", "other"]
+    assert rows[1]["ratio"]["median"] == pytest.approx(1.1)
+    assert rows[1]["extra_fixed_ms"]["median"] == pytest.approx(100.0)
+    table = report.suites_markdown({"x": {"name": "X", "rows": rows}})
+    assert "| other | 1100.00 | 1.100 [1.100, 1.100] (1.100-1.100) |" in "\n".join(table)
+
+
+def test_the_two_process_training_suite_runs() -> None:
+    """The DDP suite in 2 real processes, in its quick form (2 rounds of 4 steps)."""
+    from benchmarks import suites
+
+    samples = suites.launch("train-2", quick=True)
+    loops_measured = samples["training"]
+    assert next(iter(loops_measured)) == "hand-written DDP"
+    assert "pytorch-accel, + preemption handling" in loops_measured
+    assert all(len(sample["per_batch"]) == 2 for sample in loops_measured.values())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import itertools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -178,3 +179,46 @@ def test_step_logging_reads_once_per_interval_and_never_between(
     logged = {update for update, reads in per_step.reads if reads}
     assert logged == set(range(4, 4 * points + 1, 4))
     assert len(list(csv.DictReader((tmp_path / "metrics_steps.csv").open()))) == points
+
+
+def test_evaluation_and_prediction_read_no_tensor_per_batch(counter: SyncCounter) -> None:
+    """Every host read between two consecutive eval (or predict) batches, default callbacks.
+
+    A forward pre-hook marks each batch, so the window covers the whole loop between two
+    forwards (loading, the step, gathering, events), not only the step's events.
+    """
+    phase = ["setup"]
+    marks: list[tuple[str, int]] = []
+
+    class Phases(TrainerCallback):
+        may_stop_training = False
+
+        def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+            phase[0] = "train"
+
+        def on_eval_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+            phase[0] = f"eval{len(marks)}"  # each eval epoch a phase of its own
+
+        def on_predict_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+            phase[0] = "predict"
+
+    model = make_model()
+    model.register_forward_pre_hook(lambda *args: marks.append((phase[0], len(counter.calls))))
+    trainer = Trainer(
+        model,
+        nn.MSELoss(),
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        callbacks=(*DEFAULT_CALLBACKS, Phases()),
+    )
+    counter.active = True
+    train_then_evaluate(trainer, 1)
+    predictions = trainer.predict(make_regression_dataset(32), per_device_batch_size=4)
+    counter.active = False
+    assert predictions.shape == (32, 1)
+    per_batch: dict[str, list[list[str]]] = {"eval": [], "predict": []}
+    for (first, start), (second, end) in itertools.pairwise(marks):
+        if first == second and first != "train":
+            per_batch[first.rstrip("0123456789")].append(counter.calls[start:end])
+    assert len(per_batch["eval"]) == 3 * 7  # 3 eval epochs of 8 batches
+    assert len(per_batch["predict"]) == 7
+    assert all(reads == [] for reads in per_batch["eval"] + per_batch["predict"]), per_batch

@@ -6,18 +6,17 @@ import os
 import re
 import signal
 import threading
+import time
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
-
 from pytorch_accel._validation import check_positive_int, fail
 from pytorch_accel.callback import TrainerCallback
-from pytorch_accel.callbacks._watch import check_bool, check_path
+from pytorch_accel.callbacks._watch import check_bool, check_non_negative_number, check_path
+from pytorch_accel.distributed import LaggedFlag, agreement_group
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.logging_setup import get_logger
 from pytorch_accel.training_state import (
@@ -52,8 +51,12 @@ class SaveTrainingStateCallback(TrainerCallback):
     through the usual stop events, and the process exits with status 0 (``SystemExit(0)``
     after ``on_training_run_end``) unless ``exit_on_preemption=False``, in which case
     ``train()`` returns. A second signal while the first is handled ends the process at once.
-    With several processes, the processes agree after every step whether any received the
-    signal (one small all-reduce over gloo per step), so they all save the same step.
+    With several processes, the processes agree whether any received the signal without
+    blocking a step: about every ``preemption_check_interval`` seconds (counted in steps that
+    the processes agree on), a step's end starts a small asynchronous all-reduce over gloo
+    that a later step's end reads (by then it has completed in the background), and every
+    epoch's end agrees at once. All processes read the same answer at the same step, so they
+    all save the same step, at most about twice the interval (and a step) after the signal.
 
     This callback runs after the others of each event (``order = 1000``), so a state saved at
     the end of a step or an epoch includes what they did in that event.
@@ -66,10 +69,13 @@ class SaveTrainingStateCallback(TrainerCallback):
         max_checkpoints: Keep only the newest this many states (deleted by the main process).
         preemption_signals: Signals that save a state and stop; ``()`` installs no handler.
         exit_on_preemption: Exit the process with status 0 after a preemption.
+        preemption_check_interval: With several processes, about how many seconds pass
+            between two agreements on a signal (at least one step; ``0``: after every step).
     """
 
     order = 1000
     saves_training_states = True
+    agreed_stop_events = frozenset({"on_train_step_end", "on_training_run_epoch_end"})
 
     def __init__(
         self,
@@ -80,6 +86,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         max_checkpoints: int | None = None,
         preemption_signals: Iterable[int] = (signal.SIGTERM,),
         exit_on_preemption: bool = True,
+        preemption_check_interval: float = 0.25,
     ) -> None:
         where = "SaveTrainingStateCallback"
         check_path(where, "save_dir", save_dir, directory=True)
@@ -88,6 +95,8 @@ class SaveTrainingStateCallback(TrainerCallback):
         check_bool(where, "save_at_end", save_at_end)
         check_positive_int(where, "max_checkpoints", max_checkpoints, allow_none=True)
         check_bool(where, "exit_on_preemption", exit_on_preemption)
+        check_non_negative_number(where, "preemption_check_interval", preemption_check_interval)
+        self.preemption_check_interval = float(preemption_check_interval)
         self.save_dir = Path(save_dir)
         self.save_every_n_epochs = save_every_n_epochs
         self.save_every_n_steps = save_every_n_steps
@@ -100,6 +109,8 @@ class SaveTrainingStateCallback(TrainerCallback):
         self._previous: dict[int, _SignalHandler] = {}
         self._updates_seen = 0
         self._group: Any = None
+        self._signal_flag: LaggedFlag | None = None
+        self._pace = _Pace()
         self._interrupted = False
 
     # ------------------------------------------------------------------------ events
@@ -111,16 +122,19 @@ class SaveTrainingStateCallback(TrainerCallback):
         trainer.accelerator.wait_for_everyone()  # every process has loaded what it resumed from
         if trainer.accelerator.is_main_process:
             tidy_save_dir(self.save_dir, _is_state_name)
-        multi_process = trainer.accelerator.num_processes > 1
-        if self.preemption_signals and multi_process and self._group is None:
-            self._group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
+        self._signal_flag = None
+        if self.preemption_signals and trainer.accelerator.num_processes > 1:
+            if self._group is None:
+                self._group = agreement_group()
+            self._signal_flag = LaggedFlag(self._group)
+            self._pace = _Pace()
         self._install_handlers()
 
     def on_train_step_end(
         self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
     ) -> None:
         """Save on a preemption signal, or every ``save_every_n_steps`` updates."""
-        self._handle_preemption(trainer)
+        self._handle_preemption(trainer, at_epoch_end=False)
         updates = trainer.num_updates
         every = self.save_every_n_steps
         if every is not None and updates != self._updates_seen and updates % every == 0:
@@ -129,7 +143,7 @@ class SaveTrainingStateCallback(TrainerCallback):
 
     def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         """Save on a preemption signal, or every ``save_every_n_epochs`` epochs."""
-        self._handle_preemption(trainer)
+        self._handle_preemption(trainer, at_epoch_end=True)
         epoch = trainer.run_history.current_epoch
         every = self.save_every_n_epochs
         if every is not None and epoch % every == 0:
@@ -138,6 +152,9 @@ class SaveTrainingStateCallback(TrainerCallback):
     def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
         """Restore the signal handlers; save ``final``; exit after a preemption if asked to."""
         self._restore_handlers()
+        if self._signal_flag is not None:
+            self._signal_flag.finish()  # an exchange a stop left open, started on every process
+            self._signal_flag = None
         if self.preempted_by is None:
             if self.save_at_end and not self._interrupted:
                 self._save(trainer, "final")
@@ -175,13 +192,13 @@ class SaveTrainingStateCallback(TrainerCallback):
         trainer.accelerator.wait_for_everyone()
         return path
 
-    def _handle_preemption(self, trainer: Trainer) -> None:
+    def _handle_preemption(self, trainer: Trainer, at_epoch_end: bool) -> None:
         """If any process received a preemption signal, save and stop (on every process)."""
         if not self.preemption_signals:
             return
         received = self._received
-        if trainer.accelerator.num_processes > 1:
-            received = _max_over_processes(received or 0, self._group) or None
+        if self._signal_flag is not None:
+            received = self._agreed_signal(self._signal_flag, received or 0, at_epoch_end)
         if received is None:
             return
         self.preempted_by = signal.Signals(received)
@@ -190,6 +207,25 @@ class SaveTrainingStateCallback(TrainerCallback):
             f"Preempted by {self.preempted_by.name}: the training state was saved to "
             f"{str(path)!r}; resume with train(..., resume_from='latest')."
         )
+
+    def _agreed_signal(self, flag: LaggedFlag, received: int, at_epoch_end: bool) -> int | None:
+        """The signal any process received, as agreed by all (the same on every process).
+
+        At an exchange point (every ``_Pace.every`` steps, a number all processes agreed on):
+        what the exchange started at the point before says, then a new exchange starts, with
+        this process's proposal for the next number of steps, unless that one ends the run.
+        At an epoch's end: agreed at once.
+        """
+        if at_epoch_end:
+            return flag.settle(received) or None
+        proposal = self._pace.step(self.preemption_check_interval)
+        if proposal is None:
+            return None
+        agreed = flag.finish()
+        self._pace.every = max(1, flag.agreed_pace)
+        if not agreed:
+            flag.start(received, proposal)
+        return agreed or None
 
     # ------------------------------------------------------------------------ signals
 
@@ -219,10 +255,32 @@ class SaveTrainingStateCallback(TrainerCallback):
         self._received = signum
 
 
-def _max_over_processes(value: int, group: Any) -> int:
-    flag = torch.tensor([value], dtype=torch.int64)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
-    return int(flag[0])
+class _Pace:
+    """Counts steps to the next exchange point; proposes how many steps make ``seconds``.
+
+    ``every`` is only ever set to a number all processes agreed on, and every process counts
+    the same steps, so all reach each exchange point at the same step.
+    """
+
+    def __init__(self) -> None:
+        self.every = 1
+        self._steps = 0
+        self._since = time.monotonic()
+
+    def step(self, seconds: float) -> int | None:
+        """Count a step; at an exchange point, return the proposal for the next, else None."""
+        self._steps += 1
+        if self._steps < self.every:
+            return None
+        now = time.monotonic()
+        step_seconds = (now - self._since) / self._steps
+        self._steps, self._since = 0, now
+        if seconds <= 0:
+            return 1
+        return max(1, min(_MAX_STEPS_BETWEEN_CHECKS, int(seconds / max(step_seconds, 1e-9))))
+
+
+_MAX_STEPS_BETWEEN_CHECKS = 10_000
 
 
 def _check_signals(where: str, signals: Iterable[int]) -> tuple[int, ...]:

@@ -8,12 +8,10 @@ import numbers
 import time
 from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
-
 from pytorch_accel._validation import check_positive_int, fail
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks.save_state import SaveTrainingStateCallback
+from pytorch_accel.distributed import LaggedFlag, agreement_group
 from pytorch_accel.errors import StopTrainingError
 
 if TYPE_CHECKING:
@@ -32,9 +30,12 @@ class TimeBudgetCallback(TrainerCallback):
     A step or an evaluation in progress is finished first, so the run overruns the budget by at
     most one step (or one eval epoch): leave that margin below a cluster's limit.
 
-    With several processes, the processes agree at each check whether any of them is over
-    (one small all-reduce over gloo per check), so all stop after the same step, and the
-    collectives of the next step never wait for a process that stopped.
+    With several processes, the processes agree at each check whether any of them is over,
+    so all stop after the same step, and the collectives of the next step never wait for a
+    process that stopped. No step waits for that agreement: the clock is read one step before
+    each check and a small asynchronous all-reduce over gloo started, which the check reads
+    (by then it has completed in the background); at an epoch's end they agree at once. A run
+    of several processes may so overrun the budget by one more step.
 
     If a ``SaveTrainingStateCallback`` is among the trainer's callbacks, a training state
     ``time-limit-<updates>`` is saved in its ``save_dir`` before stopping (and no ``final``),
@@ -53,6 +54,7 @@ class TimeBudgetCallback(TrainerCallback):
     """
 
     order = 1001
+    agreed_stop_events = frozenset({"on_train_step_end", "on_training_run_epoch_end"})
 
     def __init__(self, max_time: float | datetime.timedelta, check_every_n_steps: int = 1) -> None:
         where = "TimeBudgetCallback"
@@ -64,12 +66,16 @@ class TimeBudgetCallback(TrainerCallback):
         self._started = 0.0
         self._steps = 0
         self._group: Any = None
+        self._over: LaggedFlag | None = None
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Start the clock (and, with several processes, the group that agrees on it)."""
         self._steps, self.elapsed, self.stopped = 0, 0.0, False
-        if trainer.accelerator.num_processes > 1 and self._group is None:
-            self._group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
+        self._over = None
+        if trainer.accelerator.num_processes > 1:
+            if self._group is None:
+                self._group = agreement_group()
+            self._over = LaggedFlag(self._group)
         self._started = time.monotonic()
 
     def on_train_step_end(
@@ -77,18 +83,34 @@ class TimeBudgetCallback(TrainerCallback):
     ) -> None:
         """Stop if the budget is over, every ``check_every_n_steps`` steps."""
         self._steps += 1
-        if self._steps % self.check_every_n_steps == 0:
-            self._check(trainer)
+        every, flag = self.check_every_n_steps, self._over
+        if flag is None:
+            if self._steps % every == 0:
+                self._stop_if(trainer, self._read_clock())
+            return
+        if self._steps % every == 0:
+            self._stop_if(trainer, bool(flag.finish()))  # read one step before, on every process
+        if (self._steps + 1) % every == 0:
+            flag.start(int(self._read_clock()))
 
     def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         """Stop if the budget is over (the epoch and its evaluation are done)."""
-        self._check(trainer)
+        over = self._read_clock()
+        if self._over is not None:
+            over = bool(self._over.settle(int(over)))
+        self._stop_if(trainer, over)
 
-    def _check(self, trainer: Trainer) -> None:
+    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Finish an exchange a stop left open (it was started on every process)."""
+        if self._over is not None:
+            self._over.finish()
+            self._over = None
+
+    def _read_clock(self) -> bool:
         self.elapsed = time.monotonic() - self._started
-        over = self.elapsed >= self.max_time
-        if trainer.accelerator.num_processes > 1:
-            over = _any_process(over, self._group)
+        return self.elapsed >= self.max_time
+
+    def _stop_if(self, trainer: Trainer, over: bool) -> None:
         if not over:
             return
         self.stopped = True
@@ -109,12 +131,6 @@ def _saver(trainer: Trainer) -> SaveTrainingStateCallback | None:
         if isinstance(callback, SaveTrainingStateCallback):
             return callback if callback.preempted_by is None else None
     return None
-
-
-def _any_process(flag: bool, group: Any) -> bool:
-    value = torch.tensor([int(flag)], dtype=torch.int32)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
-    return bool(value[0])
 
 
 def _seconds(where: str, max_time: object) -> float:

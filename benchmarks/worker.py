@@ -1,0 +1,155 @@
+"""One process of a paired benchmark in a process group: ``torchrun ... -m benchmarks.worker``.
+
+Every process builds the same loops (``benchmarks.pipelines``) in the same order, then runs
+interleaved rounds in the same new random order each round, after a barrier before each loop,
+so the processes run each loop together, as in a real job. A loop's per-batch cost is the wall
+time between two probes (with several processes a step includes waiting for the slowest one,
+which is a real cost), the median of its round; its fixed cost is the call's wall time minus
+its batches. Round 0 is a warm-up. Process 0 writes every loop's per-round figures as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from benchmarks import loops, pipelines
+
+WARM_UP_BATCHES = 2
+Groups = dict[str, dict[str, pipelines.Run]]  # group -> loop name -> loop; the first is the base
+
+
+def build(suite: str, scale: float) -> Groups:
+    """The loops of ``suite``, grouped by what they are paired against (first of each group)."""
+    world = pipelines.world_size()
+    if suite == "train":
+        return {"training": _training(int(16 * scale), world)}
+    if suite == "inference":
+        return _inference(int(16 * scale), world)
+    if suite == "images":
+        return {"image folder": _images(int(256 * scale))}
+    raise ValueError(f"benchmarks.worker: unknown suite {suite!r}; use train, inference, images.")
+
+
+def _training(steps: int, world: int) -> dict[str, pipelines.Run]:
+    data = pipelines.regression_data(32 * steps * world)
+    make = loops.make_cnn
+    return {
+        "hand-written DDP": pipelines.hand_written_train(make(), data, 32),
+        "hand-written DDP (control)": pipelines.hand_written_train(make(), data, 32),
+        "pytorch-accel, default callbacks": pipelines.trainer_train(
+            make(), data, 32, pipelines.default_callbacks()
+        ),
+        "pytorch-accel, + preemption handling": pipelines.trainer_train(
+            make(), data, 32, pipelines.default_callbacks(preemption=True)
+        ),
+    }
+
+
+def _inference(batches: int, world: int) -> Groups:
+    data = pipelines.regression_data(64 * batches * world)
+    make = loops.make_cnn
+    groups: Groups = {}
+    for kind, hand_written in (
+        ("evaluate", pipelines.hand_written_evaluate),
+        ("predict", pipelines.hand_written_predict),
+    ):
+        groups[kind] = {
+            f"hand-written {kind}": hand_written(make(), data, 64),
+            f"hand-written {kind} (control)": hand_written(make(), data, 64),
+            f"pytorch-accel {kind}": pipelines.trainer_inference(
+                make(), data, 64, predict=kind == "predict"
+            ),
+        }
+    return groups
+
+
+def _images(num_images: int) -> dict[str, pipelines.Run]:
+    root = pipelines.image_folder(Path(tempfile.mkdtemp(prefix="bench-images-")), num_images, 16)
+    data = pipelines.image_dataset(root)
+    make = pipelines.make_classifier
+    return {
+        "hand-written, careful loader": pipelines.hand_written_images(make(), data, 32),
+        "hand-written, careful loader (control)": pipelines.hand_written_images(make(), data, 32),
+        "pytorch-accel, default loader": pipelines.trainer_images(make(), data, 32),
+    }
+
+
+def time_call(run: pipelines.Run) -> tuple[float, float, float]:
+    """Return (median seconds per batch, fixed seconds, whole seconds) of one call."""
+    stamps: list[float] = []
+    if pipelines.world_size() > 1:
+        dist.barrier()
+    start = time.perf_counter()
+    run(lambda: stamps.append(time.perf_counter()))
+    total = time.perf_counter() - start
+    gaps = [later - earlier for earlier, later in itertools.pairwise(stamps)]
+    per_batch = statistics.median(gaps[WARM_UP_BATCHES:] or gaps)
+    return per_batch, total - len(stamps) * per_batch, total
+
+
+def measure(groups: Groups, rounds: int) -> dict[str, dict[str, dict[str, list[float]]]]:
+    """Interleaved rounds of every loop of every group; round 0 is a warm-up."""
+    flat: dict[str, tuple[str, Callable[[pipelines.Probe], None]]] = {
+        name: (group, run) for group, runs in groups.items() for name, run in runs.items()
+    }
+    samples: dict[str, dict[str, dict[str, list[float]]]] = {
+        group: {name: {"per_batch": [], "fixed": [], "whole": []} for name in runs}
+        for group, runs in groups.items()
+    }
+    order = list(flat)
+    shuffler = random.Random(0)  # the same order on every process
+    for round_index in range(rounds + 1):
+        shuffler.shuffle(order)
+        for name in order:
+            group, run = flat[name]
+            per_batch, fixed, whole = time_call(run)
+            if round_index > 0:
+                sample = samples[group][name]
+                sample["per_batch"].append(per_batch)
+                sample["fixed"].append(fixed)
+                sample["whole"].append(whole)
+    return samples
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Build the suite's loops, measure them, and write process 0's figures to ``--out``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", required=True)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--scale", type=float, default=1.0, help="data size, 1 = the default")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from accelerate import PartialState
+
+        PartialState(cpu=True)  # the gloo group the trainers and the DDP loops share
+    samples = measure(build(args.suite, args.scale), args.rounds)
+    if int(os.environ.get("RANK", "0")) == 0:
+        args.out.write_text(json.dumps(samples))
+    if pipelines.world_size() > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    # End without finalising the interpreter: a gloo worker thread may still release tensors
+    # then, when it can no longer take the GIL, which aborts the process (see
+    # tests/distributed/scripts/common.py). Everything was written and flushed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
