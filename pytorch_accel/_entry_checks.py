@@ -33,6 +33,7 @@ from pytorch_accel._validation import (
     check_callable,
     check_mapping,
     check_non_negative_number,
+    check_optimizer,
     check_positive_int,
     check_positive_number,
     fail,
@@ -86,16 +87,8 @@ def check_constructor_arguments(
             "Pass callbacks=() for none, or leave it out for DEFAULT_CALLBACKS.",
         )
     check_callable(where, "loss_func", loss_func, "Pass e.g. torch.nn.CrossEntropyLoss().")
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        fail(
-            TypeError,
-            where,
-            "optimizer",
-            optimizer,
-            "a torch.optim.Optimizer",
-            "Pass e.g. torch.optim.AdamW(model.parameters(), lr=1e-3).",
-        )
-    _check_optimizer_fits(model, optimizer)
+    fix = "Pass e.g. torch.optim.AdamW(model.parameters(), lr=1e-3)."
+    _check_optimizer_fits(model, check_optimizer(where, "optimizer", optimizer, fix))
     if run_history is not None and not isinstance(run_history, RunHistory):
         fail(
             TypeError,

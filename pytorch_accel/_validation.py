@@ -19,6 +19,7 @@ __all__ = [
     "check_callable",
     "check_mapping",
     "check_non_negative_number",
+    "check_optimizer",
     "check_positive_int",
     "check_positive_number",
     "check_sized_dataset",
@@ -115,6 +116,26 @@ def check_non_negative_number(where: str, name: str, value: object, fix: str) ->
         fail(TypeError, where, name, value, expected, fix)
     if not float(value) >= 0:
         fail(ValueError, where, name, value, expected, fix)
+
+
+def check_optimizer(where: str, name: str, value: object, fix: str) -> torch.optim.Optimizer:
+    """Check that ``value`` is a ``torch.optim.Optimizer``, and return it as one.
+
+    Args:
+        where: The entry point, for the message.
+        name: The argument name.
+        value: The value to check.
+        fix: How to fix the call.
+
+    Returns:
+        ``value``.
+
+    Raises:
+        TypeError: If it is not an optimizer.
+    """
+    if not isinstance(value, torch.optim.Optimizer):
+        fail(TypeError, where, name, value, "a torch.optim.Optimizer", fix)
+    return value
 
 
 def check_callable(where: str, name: str, value: object, fix: str) -> None:

@@ -7,7 +7,6 @@ Each example trains for a few seconds in this process, with network connections 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
 import os
 import socket
@@ -20,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 from accelerate.state import AcceleratorState, GradientState
-from helpers import make_image_folder, run_process_group, succeeded
+from helpers import load_example, make_image_folder, run_process_group, succeeded
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO_ROOT / "examples"
@@ -59,15 +58,6 @@ def _no_network(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(socket, "create_connection", refuse)
 
 
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"examples_{name}", EXAMPLES / f"{name}.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _spy_on_train(monkeypatch: pytest.MonkeyPatch, module: ModuleType) -> list[Any]:
     """Make `module.train` record what it returns, so a test can call `main` and inspect it."""
     results: list[Any] = []
@@ -92,7 +82,7 @@ def _accuracy(model: torch.nn.Module, dataset: Any) -> float:
 
 @pytest.fixture(scope="module")
 def metrics_example() -> ModuleType:
-    return _load("train_with_metrics_in_callback")
+    return load_example("train_with_metrics_in_callback")
 
 
 def test_metrics_callback_records_accuracy_and_f1_every_epoch(
@@ -138,7 +128,7 @@ def test_metrics_callback_values_match_a_direct_computation(metrics_example: Mod
 
 @pytest.fixture(scope="module")
 def custom_step_example() -> ModuleType:
-    return _load("custom_training_step")
+    return load_example("custom_training_step")
 
 
 def test_model_computing_its_own_loss_learns(
@@ -189,7 +179,7 @@ def test_trainer_reads_loss_and_logits_from_objects_and_dicts(
 
 @pytest.fixture(scope="module")
 def accumulation_example() -> ModuleType:
-    return _load("gradient_accumulation")
+    return load_example("gradient_accumulation")
 
 
 def test_effective_batch_size_and_clipping(accumulation_example: ModuleType) -> None:
@@ -231,7 +221,7 @@ def test_effective_batch_size_follows_the_options(
 
 @pytest.fixture(scope="module")
 def transfer_example() -> ModuleType:
-    return _load("transfer_learning")
+    return load_example("transfer_learning")
 
 
 @pytest.fixture(scope="module")
@@ -294,7 +284,7 @@ def test_transfer_learning_replaces_sequential_heads(transfer_example: ModuleTyp
 
 @pytest.fixture(scope="module")
 def distributed_example() -> ModuleType:
-    return _load("distributed")
+    return load_example("distributed")
 
 
 def test_distributed_example_in_one_process_writes_a_checkpoint(

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import torch
 
-from pytorch_accel._validation import fail
+from pytorch_accel._validation import check_optimizer, fail
 from pytorch_accel.placeholders import PlaceholderExpression, TrainerPlaceholderValues
 from pytorch_accel.schedulers._checks import check_count, check_non_negative
 
@@ -88,15 +88,12 @@ class LRWarmupScheduler:
         warmup_lr: float | None = None,
     ) -> None:
         where = "LRWarmupScheduler"
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            fail(
-                TypeError,
-                where,
-                "optimizer",
-                optimizer,
-                "a torch.optim.Optimizer",
-                "Pass the optimizer, or use LRWarmupScheduler.create_scheduler_fn(...).",
-            )
+        check_optimizer(
+            where,
+            "optimizer",
+            optimizer,
+            "Pass the optimizer, or use LRWarmupScheduler.create_scheduler_fn(...).",
+        )
         _check_settings(where, scheduler, warmup_steps, mode, warmup_factor, warmup_lr)
         check_count(where, "warmup_steps", warmup_steps, minimum=0, resolved=True)
         self.optimizer = optimizer
