@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
-import sys
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import TensorDataset
 
 from benchmarks import fresh, loops, run, stats
 
@@ -31,21 +29,8 @@ BASELINE = "hand-compiled loop"
 
 
 def hand_compiled(model: nn.Module) -> loops.Loop:
-    """Plain PyTorch around ``torch.compile(model)``."""
-    compiled = torch.compile(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    loss_func = loops.ProbedLoss()
-
-    def train(dataset: TensorDataset, batch_size: int, probe: loops.Probe) -> None:
-        loss_func.probe = probe
-        compiled.train()
-        for inputs, targets in DataLoader(dataset, batch_size=batch_size, shuffle=True):
-            loss = loss_func(compiled(inputs), targets)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-
-    return train
+    """The hand-written loop of ``benchmarks.loops`` around ``torch.compile(model)``."""
+    return loops.hand_written(torch.compile(model))
 
 
 def trainer_compiled(model: nn.Module) -> loops.Loop:
@@ -141,10 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--quick", action="store_true", help="fewer rounds, for a smoke test")
     args = parser.parse_args(argv)
-    if os.environ.get("GLIBC_TUNABLES") != run.MALLOC_TUNABLES:
-        environment = {**os.environ, "GLIBC_TUNABLES": run.MALLOC_TUNABLES, "OMP_NUM_THREADS": "1"}
-        command = [sys.executable, "-m", "benchmarks.compile", *sys.argv[1:]]
-        os.execve(sys.executable, command, environment)
+    run.run_with_tuned_malloc("benchmarks.compile")
     torch.set_num_threads(1)
     results: dict[str, Any] = {"machine": fresh.machine_description()}
     for key in args.workloads:

@@ -189,6 +189,17 @@ WORKLOADS = {
 }
 
 
+def run_with_tuned_malloc(module: str) -> None:
+    """Run ``python -m module`` again with ``MALLOC_TUNABLES`` and one thread, unless it is.
+
+    Replaces the current process (``os.execve``), keeping its command-line arguments.
+    """
+    if os.environ.get("GLIBC_TUNABLES") == MALLOC_TUNABLES:
+        return
+    environment = {**os.environ, "GLIBC_TUNABLES": MALLOC_TUNABLES, "OMP_NUM_THREADS": "1"}
+    os.execve(sys.executable, [sys.executable, "-m", module, *sys.argv[1:]], environment)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the chosen workloads and the fresh-process figures; write the results."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -196,11 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--suites", nargs="*", default=list(suites.ALL), choices=suites.ALL)
     parser.add_argument("--quick", action="store_true", help="fewer rounds, for a smoke test")
     args = parser.parse_args(argv)
-    if os.environ.get("GLIBC_TUNABLES") != MALLOC_TUNABLES:
-        environment = {**os.environ, "GLIBC_TUNABLES": MALLOC_TUNABLES, "OMP_NUM_THREADS": "1"}
-        os.execve(
-            sys.executable, [sys.executable, "-m", "benchmarks.run", *sys.argv[1:]], environment
-        )
+    run_with_tuned_malloc("benchmarks.run")
     torch.set_num_threads(1)
     results: dict[str, Any] = {"machine": fresh.machine_description()}
     for key in args.workloads:

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 __all__ = ["TRAINER_MODULE_NAMES", "PortedTrainerAttributes", "trainer_module_attribute"]
 
 TRAINER_MODULE_NAMES = (
+    "DEFAULT_CALLBACKS",
     "LogMetricsCallback",
     "MoveModulesToDeviceCallback",
     "PrintProgressCallback",

@@ -7,7 +7,7 @@ the fix, before anything is prepared.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sized
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler
@@ -18,7 +18,7 @@ from pytorch_accel._validation import (
     check_sized_dataset,
     fail,
 )
-from pytorch_accel.dataloaders import merge_dataloader_kwargs
+from pytorch_accel.dataloaders import merge_dataloader_kwargs, num_batches
 from pytorch_accel.eval_sets import named_eval_sets
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ def check_has_batches(where: str, preparation: Preparation, **dl_kwargs: Mapping
     for name, kwargs in dl_kwargs.items():
         train = "train" in name
         loaders = [preparation.train_dataloader] if train else preparation.eval_dataloaders.values()
-        if any(loader is not None and _length(loader) == 0 for loader in loaders):
+        if any(loader is not None and num_batches(loader) == 0 for loader in loaders):
             fail(
                 ValueError,
                 where,
@@ -138,14 +138,6 @@ def check_has_batches(where: str, preparation: Preparation, **dl_kwargs: Mapping
                 "settings that give at least one batch per process",
                 "Check batch_sampler, drop_last and the batch size against the dataset size.",
             )
-
-
-def _length(loader: Sized) -> int | None:
-    """The dataloader's number of batches, ``None`` when it has none (an IterableDataset)."""
-    try:
-        return len(loader)
-    except TypeError:
-        return None
 
 
 def check_data(where: str, name: str, data: object, *, streams: bool = False) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sized
 from typing import Any
 
 import torch
@@ -13,6 +13,7 @@ __all__ = [
     "default_dataloader_kwargs",
     "default_num_workers",
     "merge_dataloader_kwargs",
+    "num_batches",
     "seed_worker",
     "worker_init_fn",
 ]
@@ -46,6 +47,17 @@ def default_num_workers(dataset: object, num_local_processes: int) -> int:
         return 0
     per_process = _available_cpus() // max(1, num_local_processes)
     return max(0, min(_MAX_DEFAULT_WORKERS, per_process - 1))
+
+
+def num_batches(dataloader: Sized) -> int | None:
+    """Return the dataloader's batches per epoch, or ``None`` when it has no length.
+
+    A dataloader over an ``IterableDataset`` defines ``__len__`` but raises ``TypeError``.
+    """
+    try:
+        return len(dataloader)
+    except TypeError:
+        return None
 
 
 def seed_worker(worker_id: int) -> None:

@@ -66,9 +66,9 @@ class Preparation:
     def eval_dataloader(self) -> DataLoader[Any] | None:
         """The eval dataloader of the set being evaluated, else of the first set (or ``None``)."""
         loaders = self.eval_dataloaders
-        if not loaders:
-            return None
-        return loaders.get(self.eval_set) or next(iter(loaders.values()))
+        if self.eval_set in loaders:  # no truth test: that would ask each loader its length
+            return loaders[self.eval_set]
+        return next(iter(loaders.values()), None)
 
     def prepare(
         self,

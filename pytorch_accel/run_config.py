@@ -10,6 +10,8 @@ from typing import Any
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
 
+from pytorch_accel.dataloaders import num_batches
+
 __all__ = ["TrainerRunConfig", "create_run_config"]
 
 
@@ -118,11 +120,10 @@ class TrainerRunConfig:
 
 def _num_batches(train_dataloader: Sized | None, limit: int | None) -> int | None:
     """Batches per epoch: ``None`` for a dataloader without a length (and no limit)."""
-    try:
-        num_batches = 0 if train_dataloader is None else len(train_dataloader)
-    except TypeError:  # an IterableDataset's dataloader
+    batches = 0 if train_dataloader is None else num_batches(train_dataloader)
+    if batches is None:  # an IterableDataset's dataloader
         return limit
-    return num_batches if limit is None else min(num_batches, limit)
+    return batches if limit is None else min(batches, limit)
 
 
 def _run_length(
@@ -174,11 +175,11 @@ def create_run_config(
     Returns:
         The run config.
     """
-    num_batches = _num_batches(train_dataloader, limit_train_batches)
+    batches = _num_batches(train_dataloader, limit_train_batches)
     train_dl_kwargs, eval_dl_kwargs = dl_kwargs
     updates_per_epoch = None
-    if num_batches is not None:
-        updates_per_epoch = math.ceil(num_batches / gradient_accumulation_steps)
+    if batches is not None:
+        updates_per_epoch = math.ceil(batches / gradient_accumulation_steps)
     total_updates, num_epochs = _run_length(updates_per_epoch, num_epochs, max_num_train_steps)
     train_batch = train_dl_kwargs.get("batch_size") or 0
     eval_batch = eval_dl_kwargs.get("batch_size") or train_batch
@@ -197,7 +198,7 @@ def create_run_config(
         num_update_steps_per_epoch=updates_per_epoch,
         num_local_update_steps_per_epoch=updates_per_epoch,
         total_num_update_steps=total_updates,
-        train_dataloader_len=num_batches,
+        train_dataloader_len=batches,
         max_num_train_steps=max_num_train_steps,
         is_local_process_zero=accelerator.is_local_main_process,
         is_world_process_zero=accelerator.is_main_process,

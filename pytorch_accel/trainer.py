@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -23,7 +23,6 @@ from torch.utils.data import DataLoader
 from pytorch_accel import _entry_checks as checks
 from pytorch_accel._compat import PortedTrainerAttributes
 from pytorch_accel._compat import trainer_module_attribute as __getattr__  # noqa: F401
-from pytorch_accel.callbacks.defaults import DEFAULT_CALLBACKS, with_environment_callbacks
 from pytorch_accel.data_inputs import TrainerDataLoaders
 from pytorch_accel.distributed import StopAgreement, needs_cpu_distributed
 from pytorch_accel.dry_run import run_dry_or_overfit
@@ -47,12 +46,27 @@ from pytorch_accel.steps import TrainerSteps
 from pytorch_accel.tracking import InMemoryRunHistory, LossTracker, MetricCursor, RunHistory
 from pytorch_accel.training_loop import TrainingLoop
 
-__all__ = [
-    "DEFAULT_CALLBACKS",
+__all__ = [  # DEFAULT_CALLBACKS and the other ported names: served by __getattr__ (_compat)
     "Trainer",
     "TrainerPlaceholderValues",
     "replace_trainer_placeholder_values",
 ]
+
+
+class _DefaultCallbacks:
+    """``DEFAULT_CALLBACKS``, read when a trainer is created: the default of ``callbacks``.
+
+    The facade reaches the callback catalogue only when a trainer is built (here and in
+    ``Trainer._create_callback_handler``), never when this module is imported.
+    """
+
+    def __iter__(self) -> Iterator[CallbackLike]:
+        from pytorch_accel.callbacks.defaults import DEFAULT_CALLBACKS
+
+        return iter(DEFAULT_CALLBACKS)
+
+    def __repr__(self) -> str:
+        return "DEFAULT_CALLBACKS"
 
 
 class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTrainerAttributes):
@@ -98,7 +112,7 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
         model: nn.Module,
         loss_func: Callable[..., torch.Tensor] | None,
         optimizer: torch.optim.Optimizer,
-        callbacks: Iterable[CallbackLike] = DEFAULT_CALLBACKS,
+        callbacks: Iterable[CallbackLike] = _DefaultCallbacks(),
         run_history: RunHistory | None = None,
     ) -> None:
         checks.check_constructor_arguments(model, loss_func, optimizer, callbacks, run_history)
@@ -135,6 +149,8 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
 
         A ``LimitBatchesCallback`` is added if ``PYTORCH_ACCEL_LIMIT_BATCHES`` is set.
         """
+        from pytorch_accel.callbacks.defaults import with_environment_callbacks
+
         return CallbackHandler(with_environment_callbacks(callbacks), events=self.custom_events)
 
     def _create_accelerator(self) -> Accelerator:

@@ -171,7 +171,12 @@ class TrainingLoop:
 
     def _step(self, plan: AccumulationPlan, batch: Any, step: int) -> dict[str, Any]:
         scale = 1.0 if plan.steps == 1 else plan.loss_scale(step)
-        if plan.steps == 1 or plan.is_update(step) or self._pass_ends(plan):
+        # a pass of unknown length (a stream) ends its last window where the data ends
+        if (
+            plan.steps == 1
+            or plan.is_update(step)
+            or (plan.num_batches is None and self._at_end_of_data())
+        ):
             batch_output = self._forward_backward(batch, scale)
             if self.failing_batches is None or self.failing_batches.end_window():
                 self._update()
@@ -257,13 +262,11 @@ class TrainingLoop:
         last = number == config.num_epochs or self.num_updates >= config.total_num_update_steps
         return last or number % config.eval_every_n_epochs == 0
 
-    def _pass_ends(self, plan: AccumulationPlan) -> bool:
-        """Whether this is the last batch of a pass through data of unknown length.
+    def _at_end_of_data(self) -> bool:
+        """Whether this is the train dataloader's last batch of the pass.
 
         accelerate's dataloaders look one batch ahead and say so before yielding the last.
         """
-        if plan.num_batches is not None:
-            return False
         return bool(getattr(self._preparation.train_dataloader, "end_of_dataloader", False))
 
     def _step_was_skipped(self) -> bool:

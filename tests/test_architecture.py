@@ -78,8 +78,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("catalogue", ("pytorch_accel.callbacks",)),
 )
 
-# The one place the facade reaches into the catalogue: the default callbacks (also served, for
-# ported code, from the trainer module by _compat).
+# The one place the facade reaches into the catalogue: the default callbacks, imported when a
+# trainer is created, never at import time (also served, for ported code, from the trainer
+# module by _compat).
 WIRING = {
     ("pytorch_accel.trainer", "pytorch_accel.callbacks.defaults"),
     ("pytorch_accel._compat", "pytorch_accel.callbacks.defaults"),

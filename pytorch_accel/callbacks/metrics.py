@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
+from accelerate.utils import send_to_device
 
 from pytorch_accel._validation import check_callable, fail
 from pytorch_accel.callback import TrainerCallback
@@ -266,8 +267,9 @@ def _load_metric_states(
     ``items()``; metrics that share a compute group share them again at the next update.
     """
     for key, metric in _members(metrics, copy_state=True):
-        for name, value in states[key].items():
-            setattr(metric, name, _on_device(value, device))
+        state = states[key] if device is None else send_to_device(states[key], device)
+        for name, value in state.items():
+            setattr(metric, name, value)
 
 
 def _members(metrics: Metric | MetricCollection, *, copy_state: bool) -> list[tuple[str, Metric]]:
@@ -277,14 +279,6 @@ def _members(metrics: Metric | MetricCollection, *, copy_state: bool) -> list[tu
         members = metrics.items(keep_base=True, copy_state=copy_state)
         return [(key, metric) for key, metric in members if isinstance(metric, Metric)]
     return [("", metrics)]
-
-
-def _on_device(value: Any, device: torch.device | None) -> Any:
-    if device is None:
-        return value
-    if isinstance(value, list):
-        return [tensor.to(device) for tensor in value]
-    return value.to(device)
 
 
 def metric_name_of(metric: object) -> str:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
+from accelerate.utils import send_to_device
 
 from pytorch_accel._validation import check_positive_int, fail
 from pytorch_accel.callback import TrainerCallback
@@ -97,10 +98,9 @@ class StepMetrics:
         The trainer's running loss is restored to what it was at the save right after, so
         what the interval gains from it is counted once.
         """
-        device = self._device
-        self._loss = _on(state["loss"], device)
-        self._count = _on(state["count"], device)
-        self._seen = (_on(state["seen_total"], device), _on(state["seen_count"], device))
+        state = send_to_device(state, self._device)  # loaded on the CPU
+        self._loss, self._count = state["loss"], state["count"]
+        self._seen = (state["seen_total"], state["seen_count"])
         self._logged_at = int(state["logged_at"])
         self._clock, self._paused = time.perf_counter() - float(state["seconds"]), 0.0
 
@@ -189,11 +189,6 @@ class StepMetrics:
             packed[2:] /= processes  # the same on every process: their mean
         values: list[float] = packed.tolist()  # the one host read of the interval
         return values
-
-
-def _on(value: Any, device: torch.device | None) -> Any:
-    """``value`` on ``device`` if it is a tensor (a loaded state is on the CPU)."""
-    return value.to(device) if isinstance(value, torch.Tensor) and device is not None else value
 
 
 def _total_norm(model: torch.nn.Module) -> torch.Tensor | None:

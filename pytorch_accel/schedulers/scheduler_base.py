@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from pytorch_accel._validation import fail
+from pytorch_accel._validation import check_optimizer, fail
 
 __all__ = ["SchedulerBase", "StatefulSchedulerBase"]
 
@@ -52,8 +52,7 @@ class SchedulerBase(ABC):
 
     def __init__(self, optimizer: torch.optim.Optimizer, param_group_field: str = "lr") -> None:
         where = type(self).__name__
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            fail(TypeError, where, "optimizer", optimizer, "a torch.optim.Optimizer", _FIX_OPT)
+        check_optimizer(where, "optimizer", optimizer, _FIX_OPT)
         if not isinstance(param_group_field, str):
             fail(TypeError, where, "param_group_field", param_group_field, "a str", _FIX_FIELD)
         self.optimizer = optimizer
