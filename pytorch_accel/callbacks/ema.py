@@ -233,14 +233,9 @@ class ModelEmaCallback(TrainerCallback):
         Every process must call it. The model's weights and the run history's prefix are
         restored afterwards, also when the evaluation raises.
         """
-        history = trainer.run_history
-        prefix = history.metric_name_prefix
-        with self.swapped_into(trainer):
-            history.set_metric_name_prefix(EMA_METRIC_PREFIX)
-            try:
-                trainer.run_eval_epoch(metric_name="eval_loss_epoch", is_intermediate=False)
-            finally:
-                history.set_metric_name_prefix(prefix)
+        prefixed = trainer.run_history.prefixed(EMA_METRIC_PREFIX, replace=True)
+        with self.swapped_into(trainer), prefixed:
+            trainer.run_eval_epoch(metric_name="eval_loss_epoch", is_intermediate=False)
 
     @contextlib.contextmanager
     def swapped_into(self, trainer: Trainer) -> Iterator[None]:
