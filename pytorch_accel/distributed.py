@@ -91,14 +91,15 @@ class AgreedFlag:
 
     The one primitive by which processes agree on what changes the course of a run: the
     trainer's stop at its agreement points, a skipped failing batch, a preemption signal, a
-    time budget. ``settle`` agrees at once (one blocking all-reduce over gloo, so no GPU stream
-    is synchronised), at points where every process waits anyway (an epoch's or a run's end,
-    a stop); ``start`` launches the exchange at one step and ``finish``, called on every
-    process at the same later point, reads it (by then it has long completed in gloo's
-    background thread), so a check that runs at every step blocks no step. Every process
-    reads the same value at the same point, so all act on it together. A ``pace`` rides along
-    with each lagged exchange (its maximum is ``agreed_pace`` after ``finish``), so the
-    processes can also agree on when to exchange next.
+    time budget, a watched metric (``main_value``: the main process's value). ``settle``
+    agrees at once (one blocking all-reduce over gloo, so no GPU stream is synchronised), at
+    points where every process waits anyway (an epoch's or a run's end, a stop); ``start``
+    launches the exchange at one step and ``finish``, called on every process at the same
+    later point, reads it (by then it has long completed in gloo's background thread), so a
+    check that runs at every step blocks no step. Every process reads the same value at the
+    same point, so all act on it together. A ``pace`` rides along with each lagged exchange
+    (its maximum is ``agreed_pace`` after ``finish``), so the processes can also agree on when
+    to exchange next.
 
     Args:
         group: The gloo process group (``agreement_group()``); by default one is created
@@ -143,6 +144,17 @@ class AgreedFlag:
         value = torch.tensor([flag], dtype=torch.int64)
         dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self._group)
         return max(earlier, int(value[0]))
+
+    def main_value(self, value: float) -> float:
+        """Finish the pending exchange, then return the main process's ``value`` on every one.
+
+        For callbacks that decide on a metric recorded per process (save a checkpoint, a
+        collective, or not): every process must decide as the main process does.
+        """
+        self.finish()
+        shared = torch.tensor([value], dtype=torch.float64)
+        dist.broadcast(shared, src=0, group=self._group)
+        return float(shared[0])
 
 
 LaggedFlag = AgreedFlag

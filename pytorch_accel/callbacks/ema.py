@@ -19,7 +19,6 @@ from pytorch_accel.callbacks._watch import (
     check_metric_name,
     check_path,
     resolve_direction,
-    value_of_main_process,
 )
 from pytorch_accel.utils import ModelEma
 
@@ -203,7 +202,7 @@ class ModelEmaCallback(TrainerCallback):
         if self._watch is None:
             return
         local = self._watch.read(trainer, evaluated)
-        value = None if local is None else value_of_main_process(trainer, local)
+        value = None if local is None else self._watch.main_value(local)
         if value is not None and self._watch.is_better(value, self.best_metric):
             self.best_metric = value
             self._save(trainer)
