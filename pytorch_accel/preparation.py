@@ -35,8 +35,7 @@ class Preparation:
     """The accelerate-prepared objects of one trainer.
 
     The run's prepared dataloaders are kept in the trainer's ``TrainerState`` (read here as
-    ``train_dataloader``, ``eval_dataloaders``, ``eval_dataloader``, ``eval_set`` and
-    ``resumable``).
+    ``train_dataloader``, ``eval_dataloaders``, ``eval_dataloader`` and ``resumable``).
 
     Args:
         accelerator: The trainer's accelerator.
