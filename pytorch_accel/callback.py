@@ -32,7 +32,7 @@ class TrainerCallback:
             that exchange.
         agreed_stop_events: Events in which this callback raises ``StopTrainingError`` only
             on every process at once, because it agrees across processes itself (e.g. with
-            ``pytorch_accel.distributed.LaggedFlag``). The trainer adds no exchange of its own
+            ``pytorch_accel.distributed.AgreedFlag``). The trainer adds no exchange of its own
             for them, so they cost no collective where nothing else may stop.
 
     Example:

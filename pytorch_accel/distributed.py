@@ -1,8 +1,11 @@
-"""Multi-process support: CPU fallback, world-size checks, and agreeing on a stop.
+"""Multi-process support: CPU fallback, world-size checks, and agreeing across processes.
 
-Agreeing costs one small all-reduce over gloo. ``StopAgreement`` blocks on it, at the points
-where a listener may stop; ``LaggedFlag`` starts it at one step and reads it at a later one, so
-a check that runs at every step (a preemption signal, a time budget) blocks no step.
+Processes agree with one primitive, ``AgreedFlag``: one small all-reduce over gloo, either
+blocking (``settle``: at an epoch's or a run's end, where the trainer agrees on a stop) or
+started at one step and read at a later one (``start``/``finish``: a check that runs at every
+step, such as a preemption signal or a time budget, blocks no step). A callback stops training
+by raising ``StopTrainingError``; the trainer agrees on it at fixed points (see
+``pytorch_accel._loop``), a callback that agrees itself uses an ``AgreedFlag``.
 """
 
 from __future__ import annotations
@@ -13,11 +16,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pytorch_accel.errors import StopTrainingError
-
 __all__ = [
+    "AgreedFlag",
     "LaggedFlag",
-    "StopAgreement",
     "agreement_group",
     "check_world_size",
     "launcher_world_size",
@@ -73,60 +74,6 @@ def check_world_size(num_processes: int) -> None:
         )
 
 
-class StopAgreement:
-    """Makes every process stop at the same point when any one raises StopTrainingError.
-
-    Each process records a stop locally with ``request``; at an agreement point every
-    process calls ``agree``, which all-reduces the flag over a CPU (gloo) group, so no GPU
-    stream is synchronised, and raises on every process if any requested a stop.
-    """
-
-    def __init__(self) -> None:
-        self._pending: StopTrainingError | None = None
-        self._agreed: StopTrainingError | None = None
-        self._group: Any = None
-        if dist.get_backend() != "gloo":
-            self._group = dist.new_group(backend="gloo")
-
-    def request(self, error: StopTrainingError) -> None:
-        """Record a stop raised on this process (the first one wins)."""
-        if self._pending is None:
-            self._pending = error
-
-    def agree(self) -> None:
-        """Raise StopTrainingError on every process if any process requested a stop.
-
-        Raises:
-            StopTrainingError: The local request, or one naming that another process asked.
-        """
-        flag = torch.tensor([0 if self._pending is None else 1], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
-        if flag[0] == 0:
-            return
-        error = self._pending or StopTrainingError("Stopping: another process requested it.")
-        self._pending = None
-        self._agreed = error
-        raise error
-
-    def agreed(self, error: StopTrainingError) -> bool:
-        """Whether ``error`` is the stop every process already agreed on (and is raising)."""
-        return error is self._agreed
-
-    def adopt(self, error: StopTrainingError) -> None:
-        """Raise ``error``, a stop that every process raises at this point by itself.
-
-        For stops raised only by callbacks that agree across processes on their own
-        (``TrainerCallback.agreed_stop_events``): no exchange is needed, and nested events
-        that see the stop unwind at once.
-
-        Raises:
-            StopTrainingError: ``error``.
-        """
-        self._pending = None
-        self._agreed = error
-        raise error
-
-
 def agreement_group() -> Any:
     """Return the process group for small agreements: gloo, so no GPU stream is synchronised.
 
@@ -136,23 +83,31 @@ def agreement_group() -> Any:
     return dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
 
 
-class LaggedFlag:
-    """Agrees across processes on a flag without blocking: started at one step, read later.
+_NEW_GROUP: Any = object()
 
-    ``start`` launches an asynchronous all-reduce (the maximum over processes) of a local
-    flag; ``finish``, called on every process at the same later point, waits for it (by then
-    it has long completed in gloo's background thread) and returns the agreed value. Every
-    process reads the same value at the same step, so all act on it together. ``settle``
-    agrees on a flag at once (blocking), for points where a save or a stop happens anyway.
-    A ``pace`` rides along with each flag (its maximum is ``agreed_pace`` after ``finish``),
-    so the processes can also agree on when to exchange next.
+
+class AgreedFlag:
+    """A flag that every process reads the same: the maximum of the processes' flags.
+
+    The one primitive by which processes agree on what changes the course of a run: the
+    trainer's stop at its agreement points, a skipped failing batch, a preemption signal, a
+    time budget, a watched metric (``main_value``: the main process's value). ``settle``
+    agrees at once (one blocking all-reduce over gloo, so no GPU stream is synchronised), at
+    points where every process waits anyway (an epoch's or a run's end, a stop); ``start``
+    launches the exchange at one step and ``finish``, called on every process at the same
+    later point, reads it (by then it has long completed in gloo's background thread), so a
+    check that runs at every step blocks no step. Every process reads the same value at the
+    same point, so all act on it together. A ``pace`` rides along with each lagged exchange
+    (its maximum is ``agreed_pace`` after ``finish``), so the processes can also agree on when
+    to exchange next.
 
     Args:
-        group: The gloo process group (``agreement_group()``).
+        group: The gloo process group (``agreement_group()``); by default one is created
+            (call it then on every process at the same point).
     """
 
-    def __init__(self, group: Any) -> None:
-        self._group = group
+    def __init__(self, group: Any = _NEW_GROUP) -> None:
+        self._group = agreement_group() if group is _NEW_GROUP else group
         self._work: Any = None
         self._value = torch.zeros(2, dtype=torch.int64)
         self.agreed_pace = 0
@@ -189,6 +144,21 @@ class LaggedFlag:
         value = torch.tensor([flag], dtype=torch.int64)
         dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self._group)
         return max(earlier, int(value[0]))
+
+    def main_value(self, value: float) -> float:
+        """Finish the pending exchange, then return the main process's ``value`` on every one.
+
+        For callbacks that decide on a metric recorded per process (save a checkpoint, a
+        collective, or not): every process must decide as the main process does.
+        """
+        self.finish()
+        shared = torch.tensor([value], dtype=torch.float64)
+        dist.broadcast(shared, src=0, group=self._group)
+        return float(shared[0])
+
+
+LaggedFlag = AgreedFlag
+"""The name ``AgreedFlag`` had when it only agreed lagged (kept for callbacks that use it)."""
 
 
 def remove_padding(padded_tensor: torch.Tensor, pad_value: float) -> torch.Tensor:

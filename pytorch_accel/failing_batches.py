@@ -3,9 +3,9 @@
 ``SkipFailingBatches`` is the policy ``train(skip_failing_batches=...)`` takes; the training
 loop asks a ``FailingBatchGuard`` for each batch's output. The guard runs
 ``calculate_train_batch_loss``, catching the policy's exceptions (out-of-memory by default),
-and with several processes agrees with the others whether any of them failed (one small
-all-reduce per step, only when the policy is on), so every process skips the same batches and
-none waits in the backward pass's collectives for one that skipped.
+and with several processes agrees with the others whether any of them failed (one blocking
+``AgreedFlag`` exchange per step, only when the policy is on), so every process skips the same
+batches and none waits in the backward pass's collectives for one that skipped.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 
 from pytorch_accel._validation import check_batch_output, check_positive_int, fail
+from pytorch_accel.distributed import AgreedFlag
 from pytorch_accel.logging_setup import get_logger
 
 if TYPE_CHECKING:
@@ -108,10 +108,7 @@ class FailingBatchGuard:
         self.skipped = 0
         self.skipped_in_epoch = 0
         self._window_contributed = False
-        self._agree = num_processes > 1
-        self._group: Any = None
-        if self._agree and dist.get_backend() != "gloo":
-            self._group = dist.new_group(backend="gloo")
+        self._any_failed = AgreedFlag() if num_processes > 1 else None
 
     def forward(self, trainer: Trainer, batch: Any) -> dict[str, Any] | None:
         """Return the batch's output, or ``None`` when every process skips this batch.
@@ -129,8 +126,8 @@ class FailingBatchGuard:
             except self.policy.exceptions as raised:
                 error = raised
         failed = error is not None
-        if self._agree:
-            failed = _any_process(failed, self._group)
+        if self._any_failed is not None:
+            failed = bool(self._any_failed.settle(int(failed)))
         if not failed:
             self._window_contributed = True
             return check_batch_output(output, "calculate_train_batch_loss")
@@ -182,9 +179,3 @@ def is_empty_batch(batch: Any) -> bool:
     if not values:
         return True
     return is_empty_batch(values[0])
-
-
-def _any_process(flag: bool, group: Any) -> bool:
-    value = torch.tensor([int(flag)], dtype=torch.int32)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
-    return bool(value[0])

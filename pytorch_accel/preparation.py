@@ -25,6 +25,7 @@ from pytorch_accel.resumable_loader import ResumableLoader, make_resumable
 from pytorch_accel.run_config import TrainerRunConfig, create_run_config
 
 if TYPE_CHECKING:
+    from pytorch_accel._state import TrainerState
     from pytorch_accel.trainer import Trainer
 
 __all__ = ["Preparation", "num_local_processes"]
@@ -33,42 +34,49 @@ __all__ = ["Preparation", "num_local_processes"]
 class Preparation:
     """The accelerate-prepared objects of one trainer.
 
+    The run's prepared dataloaders are kept in the trainer's ``TrainerState`` (read here as
+    ``train_dataloader``, ``eval_dataloaders``, ``eval_dataloader`` and ``resumable``).
+
     Args:
         accelerator: The trainer's accelerator.
+        state: The trainer's state, which holds the prepared dataloaders.
 
     Attributes:
         direct_optimizer: The optimizer inside accelerate's wrapper when calling it directly is
             equivalent (see ``_direct_optimizer``), else ``None``.
-        train_dataloader: The prepared train dataloader of the current run, if any.
-        eval_dataloaders: The prepared eval dataloaders of the current run, by set name
-            (``None``: the one unnamed set); empty without an eval set.
-        eval_set: The name of the set being evaluated (``None`` when it is the unnamed one,
-            or nothing is evaluated).
-        resumable: The controls of a train dataloader that can resume mid-epoch, if it can.
     """
 
-    def __init__(self, accelerator: Accelerator) -> None:
+    def __init__(self, accelerator: Accelerator, state: TrainerState) -> None:
         self._accelerator = accelerator
+        self._state = state
         self._prepared: tuple[object, object] = (None, None)
         self._trainable_when_wrapped: tuple[bool, ...] = ()
         self.direct_optimizer: torch.optim.Optimizer | None = None
-        self.train_dataloader: DataLoader[Any] | None = None
-        self.eval_dataloaders: dict[str | None, DataLoader[Any]] = {}
-        self.eval_set: str | None = None
-        self.resumable: ResumableLoader | None = None
+
+    @property
+    def train_dataloader(self) -> DataLoader[Any] | None:
+        """The prepared train dataloader of the current run, if any."""
+        return self._state.train_dataloader
+
+    @property
+    def eval_dataloaders(self) -> dict[str | None, DataLoader[Any]]:
+        """The prepared eval dataloaders of the current run, by set name."""
+        return self._state.eval_dataloaders
+
+    @property
+    def eval_dataloader(self) -> DataLoader[Any] | None:
+        """The eval dataloader of the set being evaluated, else of the first set (or ``None``)."""
+        return self._state.eval_dataloader
+
+    @property
+    def resumable(self) -> ResumableLoader | None:
+        """The controls of a train dataloader that can resume mid-epoch, if it can."""
+        return self._state.resumable
 
     @property
     def has_model(self) -> bool:
         """Whether a model and an optimizer were prepared."""
         return self._prepared != (None, None)
-
-    @property
-    def eval_dataloader(self) -> DataLoader[Any] | None:
-        """The eval dataloader of the set being evaluated, else of the first set (or ``None``)."""
-        loaders = self.eval_dataloaders
-        if self.eval_set in loaders:  # no truth test: that would ask each loader its length
-            return loaders[self.eval_set]
-        return next(iter(loaders.values()), None)
 
     def prepare(
         self,
@@ -139,11 +147,12 @@ class Preparation:
         eval_dls: Mapping[str | None, DataLoader[Any]],
     ) -> None:
         """Prepare this run's dataloaders, forgetting the previous run's."""
-        previous = (self.train_dataloader, *self.eval_dataloaders.values())
+        state = self._state
+        previous = (state.train_dataloader, *state.eval_dataloaders.values())
         _forget_dataloaders(self._accelerator, *previous)
-        self.resumable, self.eval_set = None, None
-        self.train_dataloader = None if train_dl is None else self._prepare_train(train_dl)
-        self.eval_dataloaders = {name: self._prepare(dl) for name, dl in eval_dls.items()}
+        state.resumable, state.eval_set = None, None
+        state.train_dataloader = None if train_dl is None else self._prepare_train(train_dl)
+        state.eval_dataloaders = {name: self._prepare(dl) for name, dl in eval_dls.items()}
 
     @contextlib.contextmanager
     def prepared_for_prediction(self, dataloader: DataLoader[Any]) -> Iterator[DataLoader[Any]]:
@@ -157,15 +166,13 @@ class Preparation:
     def _prepare_train(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
         """Prepare the train dataloader as one that can resume mid-epoch, where accelerate can."""
         prepared = self._prepare(dataloader)
-        self.resumable = make_resumable(prepared)
-        if self.resumable is None:
+        resumable = self._state.resumable = make_resumable(prepared)
+        if resumable is None:
             return prepared
         registered = getattr(self._accelerator, "_dataloaders", None)
         if isinstance(registered, list):  # accelerate's save_state looks at the loaders it knows
-            registered[:] = [
-                self.resumable.dataloader if dl is prepared else dl for dl in registered
-            ]
-        return self.resumable.dataloader  # type: ignore[no-any-return]
+            registered[:] = [resumable.dataloader if dl is prepared else dl for dl in registered]
+        return resumable.dataloader  # type: ignore[no-any-return]
 
     def _prepare(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
         """Shard the dataloader across processes; move batches only if the device is not the CPU.

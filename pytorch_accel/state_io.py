@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from pytorch_accel._state import TrainerState
 from pytorch_accel._validation import fail
 from pytorch_accel.callback_states import PER_PROCESS, callback_states
 from pytorch_accel.logging_setup import get_logger
@@ -37,7 +38,6 @@ from pytorch_accel.run_setup import (
     optimizer_not_loaded,
     recorded,
 )
-from pytorch_accel.training_loop import TrainingLoop
 from pytorch_accel.training_state import (
     TrainingStateError,
     complete_state,
@@ -62,10 +62,10 @@ class TrainingStateIO:
     Args:
         trainer: Whose model, optimizer, scheduler, history and callbacks are saved.
         preparation: Its prepared objects (the model is prepared before a save or load).
-        loop: Its training loop: position, update count, running loss.
+        loop: Its ``TrainerState``: position, update count, running loss.
     """
 
-    def __init__(self, trainer: Trainer, preparation: Preparation, loop: TrainingLoop) -> None:
+    def __init__(self, trainer: Trainer, preparation: Preparation, loop: TrainerState) -> None:
         self._trainer, self._preparation, self._loop = trainer, preparation, loop
         self._checkpointed = CheckpointedTrainerState(self._shared_state)
         self._registered = False
@@ -148,7 +148,7 @@ class TrainingStateIO:
                 "iteration": int(iteration),
             }
         return {
-            "loss_tracker": self._loop.loss_tracker.state_dict() if mid_epoch else None,
+            "loss_tracker": self._loop.train_loss_tracker.state_dict() if mid_epoch else None,
             "callbacks": callback_states(self._trainer.callback_handler.callbacks, PER_PROCESS),
             "gradients": gradients(self._trainer.model),
             "loader": loader,

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -11,7 +12,19 @@ import torch
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
-__all__ = ["InMemoryRunHistory", "LossTracker", "MetricCursor", "MetricNotFoundError", "RunHistory"]
+__all__ = [
+    "InMemoryRunHistory",
+    "LossTracker",
+    "MetricCursor",
+    "MetricNotFoundError",
+    "RunHistory",
+    "reduction_dtype",
+]
+
+
+def reduction_dtype(device: torch.device) -> torch.dtype:
+    """The dtype to sum metrics in on ``device``: float64, or float32 on MPS (which has none)."""
+    return torch.float32 if device.type == "mps" else torch.float64
 
 
 class MetricNotFoundError(KeyError, ValueError):
@@ -65,6 +78,22 @@ class RunHistory(ABC):
     def delete_metric(self, metric_name: str) -> None:
         """Delete every value of ``metric_name``."""
 
+    @contextlib.contextmanager
+    def prefixed(self, prefix: str, *, replace: bool = False) -> Iterator[None]:
+        """Record under ``prefix`` inside the block, then restore the prefix (also on errors).
+
+        Args:
+            prefix: Added after the current prefix (``val_`` inside ``evaluation_``: metrics
+                named ``evaluation_val_...``).
+            replace: Use ``prefix`` alone instead of adding it to the current one.
+        """
+        outer = self.metric_name_prefix
+        self.set_metric_name_prefix(prefix if replace else outer + prefix)
+        try:
+            yield
+        finally:
+            self.set_metric_name_prefix(outer)
+
     @property
     @abstractmethod
     def current_epoch(self) -> int:
@@ -93,15 +122,11 @@ class RunHistory(ABC):
         Args:
             state_dict: The dict returned by ``state_dict()``.
         """
-        prefix = self.metric_name_prefix
         self.reset()
-        self.set_metric_name_prefix("")
-        try:
+        with self.prefixed("", replace=True):
             for name, values in state_dict["metrics"].items():
                 for value in values:
                     self.update_metric(name, value)
-        finally:
-            self.set_metric_name_prefix(prefix)
         self._set_epoch(int(state_dict["current_epoch"]))
 
 
@@ -339,7 +364,7 @@ class LossTracker:
             The mean loss over all samples seen by all processes (``nan`` if none).
         """
         device = accelerator.device
-        dtype = torch.float32 if device.type == "mps" else torch.float64
+        dtype = reduction_dtype(device)
         total = torch.zeros((), device=device) if self.total_loss is None else self.total_loss
         count = torch.as_tensor(self.running_count, device=device)
         totals = torch.stack([total.to(device, dtype), count.to(dtype)])

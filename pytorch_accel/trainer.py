@@ -7,7 +7,6 @@ surface (checkpoints and training states from ``persistence.TrainerPersistence``
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -23,28 +22,26 @@ from torch.utils.data import DataLoader
 from pytorch_accel import _entry_checks as checks
 from pytorch_accel._compat import PortedTrainerAttributes
 from pytorch_accel._compat import trainer_module_attribute as __getattr__  # noqa: F401
+from pytorch_accel._loop import Loop
+from pytorch_accel._state import TrainerState
 from pytorch_accel.data_inputs import TrainerDataLoaders
-from pytorch_accel.distributed import StopAgreement, needs_cpu_distributed
+from pytorch_accel.distributed import needs_cpu_distributed
 from pytorch_accel.dry_run import run_dry_or_overfit
 from pytorch_accel.errors import StopTrainingError
-from pytorch_accel.evaluation_loop import EvaluationLoop
 from pytorch_accel.failing_batches import SkipFailingBatches
 from pytorch_accel.handler import CallbackHandler, CallbackLike
-from pytorch_accel.levels import EVALUATION_RUN, Levels
 from pytorch_accel.persistence import TrainerPersistence
 from pytorch_accel.placeholders import (
     TrainerPlaceholderValues,
     check_resolved,
     replace_trainer_placeholder_values,
 )
-from pytorch_accel.prediction_loop import PredictionLoop
 from pytorch_accel.preparation import Preparation
 from pytorch_accel.run_config import TrainerRunConfig
 from pytorch_accel.run_setup import ResumeParts, RunSetup
 from pytorch_accel.state_io import TrainingStateIO
 from pytorch_accel.steps import TrainerSteps
 from pytorch_accel.tracking import InMemoryRunHistory, LossTracker, MetricCursor, RunHistory
-from pytorch_accel.training_loop import TrainingLoop
 
 __all__ = [  # DEFAULT_CALLBACKS and the other ported names: served by __getattr__ (_compat)
     "Trainer",
@@ -123,7 +120,6 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
         self.run_history: RunHistory = run_history or InMemoryRunHistory()
         self._accelerator = self._create_accelerator()
         checks.check_accelerator(self._accelerator)
-        agreement = StopAgreement() if self._accelerator.num_processes > 1 else None
         self.scheduler: Any = None
         self.create_scheduler_fn: Callable[[torch.optim.Optimizer], Any] | None = None
         self.collate_fn: Callable[..., Any] | None = None
@@ -136,12 +132,10 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
         self.limit_eval_batches: int | None = None
         self.progress_interval: float = 0.05
         self.dry_run_dir: Path | None = None
-        self._levels = Levels(self, agreement)
-        self._preparation = Preparation(self._accelerator)
-        self._evaluation = EvaluationLoop(self, self._levels, self._preparation)
-        self._loop = TrainingLoop(self, self._levels, self._preparation, self._evaluation)
-        self._states = TrainingStateIO(self, self._preparation, self._loop)
-        self._prediction = PredictionLoop(self, self._levels)
+        self._state = TrainerState()
+        self._preparation = Preparation(self._accelerator, self._state)
+        self._loop = Loop(self, self._state, self._preparation)
+        self._states = TrainingStateIO(self, self._preparation, self._state)
         self.callback_handler.call_event("on_init_end", self)
 
     def _create_callback_handler(self, callbacks: Iterable[CallbackLike]) -> CallbackHandler:
@@ -181,7 +175,7 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
     @property
     def train_dataloader(self) -> DataLoader[Any] | None:
         """The prepared train dataloader of the current run (``None`` in ``evaluate()``)."""
-        return self._preparation.train_dataloader
+        return self._state.train_dataloader
 
     @property
     def eval_dataloader(self) -> DataLoader[Any] | None:
@@ -189,12 +183,12 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
 
         With several named eval sets: that of the set being evaluated, else the first set's.
         """
-        return self._preparation.eval_dataloader
+        return self._state.eval_dataloader
 
     @property
     def eval_dataloaders(self) -> Mapping[str | None, DataLoader[Any]]:
         """The prepared eval dataloaders of the current run, by set name (``None``: unnamed)."""
-        return MappingProxyType(self._preparation.eval_dataloaders)
+        return MappingProxyType(self._state.eval_dataloaders)
 
     @property
     def eval_set(self) -> str | None:
@@ -203,17 +197,17 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
         Callbacks read it at the eval step events; the eval epoch events also receive it as
         ``eval_set``.
         """
-        return self._preparation.eval_set
+        return self._state.eval_set
 
     @property
     def train_loss_tracker(self) -> LossTracker:
         """The on-device tracker of the current training epoch's loss."""
-        return self._loop.loss_tracker
+        return self._state.train_loss_tracker
 
     @property
     def eval_loss_tracker(self) -> LossTracker:
         """The on-device tracker of the current evaluation epoch's loss."""
-        return self._evaluation.loss_tracker
+        return self._state.eval_loss_tracker
 
     @property
     def num_updates(self) -> int:
@@ -223,26 +217,26 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
         step of the k-th update sees ``k`` (1-based). Assigning it (as pytorch-accelerated's
         timm examples do) sets what it reads; the loop keeps its own count.
         """
-        return self._loop.visible_num_updates
+        return self._state.visible_num_updates
 
     @num_updates.setter
     def num_updates(self, value: int | None) -> None:
-        self._loop.assign_num_updates(value)
+        self._state.assign_num_updates(value)
 
     @property
     def is_training(self) -> bool:
         """Whether ``train()`` is running (for callbacks that also serve ``evaluate()``)."""
-        return self._loop.running
+        return self._state.running
 
     @property
     def stopped_by(self) -> StopTrainingError | None:
         """The ``StopTrainingError`` that ended the last run early (``None``: it ran to its end)."""
-        return self._levels.stopped_by
+        return self._state.stopped_by
 
     @property
     def resumed_from(self) -> Path | None:
         """The training state the current (or last) ``train()`` resumed from, if any."""
-        return self._loop.resumed_from
+        return self._state.resumed_from
 
     @property
     def grad_norm(self) -> torch.Tensor | None:
@@ -251,7 +245,7 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
         Set when ``train(max_grad_norm=...)`` clips by norm (``None`` otherwise). Reading its
         value (``.item()``) synchronises with the device, so log it at an interval.
         """
-        return self._loop.grad_norm
+        return self._state.grad_norm
 
     @checks.suggest_arguments
     def train(
@@ -379,12 +373,12 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
             sanity_eval_batches=sanity_eval_batches,
         )
         self.run_config = setup.finish(self.run_config, self.optimizer)
-        self._loop.failing_batches = setup.failing_batch_guard(self._accelerator.num_processes)
+        self._state.failing_batches = setup.failing_batch_guard(self._accelerator.num_processes)
         self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
-        self._loop.num_updates = 0
+        self._state.num_updates = 0
         self.optimizer.zero_grad()  # a stop inside an accumulation window leaves gradients behind
         parts = ResumeParts(optimizer=resume_optimizer, scheduler=resume_scheduler)
-        self._loop.run(self._states.resume_point(resume_from, parts))
+        self._loop.train(self._states.resume_point(resume_from, parts))
 
     @checks.suggest_arguments
     def evaluate(
@@ -434,22 +428,10 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
         self.run_config = self._preparation.run_config(
             None, ({}, self._eval_dl_kwargs), num_epochs=1
         )
-        return self._recording(metric_prefix, self._evaluation_run)
-
-    def _evaluation_run(self) -> None:
-        evaluate = functools.partial(self._loop.evaluate, "loss")
-        self._levels.run_entry_point("Trainer.evaluate", EVALUATION_RUN, evaluate)
-
-    def _recording(self, prefix: str, run: Callable[[], None]) -> dict[str, Any]:
-        """Run ``run`` with ``prefix`` added to the history's; return the metrics it recorded."""
         history, cursor = self.run_history, MetricCursor()
-        outer = history.metric_name_prefix
         cursor.skip_to_end(history)
-        history.set_metric_name_prefix(outer + prefix)
-        try:
-            run()
-        finally:
-            history.set_metric_name_prefix(outer)
+        with history.prefixed(metric_prefix):
+            self._loop.evaluate()
         return cursor.read_new(history)
 
     @checks.suggest_arguments
@@ -491,7 +473,7 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
         )
         self._preparation.prepare_model_and_optimizer(self)
         with self._preparation.prepared_for_prediction(loader) as prepared:
-            return self._prediction.run(prepared, output_device, keep_outputs)
+            return self._loop.predict(prepared, output_device, keep_outputs)
 
     def create_scheduler(self) -> Any:
         """Create the scheduler from ``create_scheduler_fn``, resolving its placeholders.
@@ -526,3 +508,30 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
             ValueError: If the current run has no eval set.
         """
         self._loop.run_eval_epoch(metric_name, is_intermediate)
+
+    def _run_train_epoch(self, train_dl: DataLoader[Any] | None) -> bool:
+        """Run one training epoch over ``train_dl``: its events, batches, steps and updates.
+
+        The loop calls it for every epoch of ``train()``; override it (calling ``super()``)
+        as in pytorch-accelerated to wrap an epoch.
+
+        Returns:
+            Whether the run's updates (``max_num_train_steps``) are all done.
+        """
+        return self._loop.train_epoch(train_dl)
+
+    def _run_eval_epoch(
+        self, valid_dl: DataLoader[Any], is_training: bool = True, is_intermediate: bool = False
+    ) -> None:
+        """Run one evaluation epoch over ``valid_dl``: its events, batches and mean loss.
+
+        The loop calls it for each eval set (without gradients, with its metric prefix), in
+        ``train()`` and ``evaluate()``; override it (calling ``super()``) as in
+        pytorch-accelerated to wrap an eval epoch.
+
+        Args:
+            valid_dl: The prepared dataloader of the eval set.
+            is_training: Whether it runs inside ``train()`` (``is_training`` tells as well).
+            is_intermediate: Passed to the eval epoch events.
+        """
+        self._loop.eval_epoch(valid_dl, is_intermediate)

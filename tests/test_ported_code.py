@@ -363,3 +363,30 @@ def test_a_checkpoint_saved_by_pytorch_accelerated_loads(tmp_path: Path) -> None
     assert trainer.optimizer.state_dict()["state"][0]["step"] == 8
     assert trainer.scheduler.total_num_updates == 8
     assert trainer.scheduler.num_updates == saved["scheduler_state_dict"]["num_updates"] + 1
+
+
+def test_the_epoch_loops_can_be_overridden_as_in_that_library() -> None:
+    """Subclasses override ``_run_train_epoch`` and ``_run_eval_epoch`` and call ``super()``."""
+    calls: list[tuple[str, Any]] = []
+
+    class EpochTrainer(Trainer):
+        def _run_train_epoch(self, train_dl: Any) -> Any:
+            calls.append(("train", train_dl is self.train_dataloader))
+            return super()._run_train_epoch(train_dl)
+
+        def _run_eval_epoch(
+            self, valid_dl: Any, is_training: bool = True, is_intermediate: bool = False
+        ) -> None:
+            calls.append(("eval", is_training))
+            super()._run_eval_epoch(valid_dl, is_training, is_intermediate)
+
+    model = make_model()
+    trainer = EpochTrainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.01), [])
+    dataset = make_regression_dataset(16)
+    trainer.train(dataset, num_epochs=2, eval_dataset=dataset, per_device_batch_size=4)
+    trainer.evaluate(dataset)
+    assert calls == [("train", True), ("eval", True)] * 2 + [("eval", False)]
+    history = trainer.run_history
+    assert len(history.get_metric_values("train_loss_epoch")) == 2
+    assert len(history.get_metric_values("eval_loss_epoch")) == 2
+    assert len(history.get_metric_values("evaluation_loss")) == 1

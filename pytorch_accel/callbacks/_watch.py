@@ -12,9 +12,9 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
-from accelerate.utils import broadcast
 
 from pytorch_accel._validation import fail
+from pytorch_accel.distributed import AgreedFlag, agreement_group
 from pytorch_accel.logging_setup import get_logger
 from pytorch_accel.tracking import MetricNotFoundError
 
@@ -27,7 +27,6 @@ __all__ = [
     "check_metric_name",
     "check_non_negative_number",
     "check_path",
-    "value_of_main_process",
 ]
 
 
@@ -113,18 +112,6 @@ def resolve_direction(where: str, metric_name: str, greater_is_better: bool | No
     return False
 
 
-def value_of_main_process(trainer: Trainer, value: float) -> float:
-    """Return the main process's ``value`` on every process (one broadcast; none alone).
-
-    Callbacks that call collectives (``save_checkpoint``) depending on a metric must decide
-    the same way on every process, even for a metric recorded per process.
-    """
-    if trainer.accelerator.num_processes == 1:
-        return value
-    tensor = torch.tensor([value], dtype=torch.float64, device=trainer.device)
-    return float(broadcast(tensor, from_process=0).item())
-
-
 class MetricWatch:
     """Reads one run-history metric at each epoch end and compares its values.
 
@@ -144,9 +131,18 @@ class MetricWatch:
         self.metric_name = metric_name
         self.greater_is_better = greater_is_better
         self._seen = 0
+        self._group: Any = None
+        self._agreement: AgreedFlag | None = None
 
     def start_run(self, trainer: Trainer) -> None:
-        """Note the values already recorded; fail now if an eval loss is watched without evals."""
+        """Note the values already recorded; fail now if an eval loss is watched without evals.
+
+        With several processes it also makes the ``AgreedFlag`` that ``main_value`` uses
+        (its process group once per watch: every process starts the run at the same point).
+        """
+        if trainer.accelerator.num_processes > 1 and self._agreement is None:
+            self._group = agreement_group()
+            self._agreement = AgreedFlag(self._group)
         history = trainer.run_history
         recorded = self.metric_name in history.get_metric_names()
         self._seen = len(history.get_metric_values(self.metric_name)) if recorded else 0
@@ -171,6 +167,14 @@ class MetricWatch:
                 "It is recorded only with an eval set: pass train(..., eval_dataset=...), "
                 "or watch another metric such as 'train_loss_epoch'.",
             )
+
+    def main_value(self, value: float) -> float:
+        """Return the main process's ``value`` on every process (one exchange; none alone).
+
+        Callbacks that call collectives (``save_checkpoint``) depending on a metric must decide
+        the same way on every process, even for a metric recorded per process.
+        """
+        return value if self._agreement is None else self._agreement.main_value(value)
 
     def read(self, trainer: Trainer, evaluated: bool = True) -> float | None:
         """Return the value recorded this epoch, or ``None`` (with a message) if there is none.

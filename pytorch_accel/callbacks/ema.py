@@ -19,7 +19,6 @@ from pytorch_accel.callbacks._watch import (
     check_metric_name,
     check_path,
     resolve_direction,
-    value_of_main_process,
 )
 from pytorch_accel.utils import ModelEma
 
@@ -203,7 +202,7 @@ class ModelEmaCallback(TrainerCallback):
         if self._watch is None:
             return
         local = self._watch.read(trainer, evaluated)
-        value = None if local is None else value_of_main_process(trainer, local)
+        value = None if local is None else self._watch.main_value(local)
         if value is not None and self._watch.is_better(value, self.best_metric):
             self.best_metric = value
             self._save(trainer)
@@ -233,14 +232,9 @@ class ModelEmaCallback(TrainerCallback):
         Every process must call it. The model's weights and the run history's prefix are
         restored afterwards, also when the evaluation raises.
         """
-        history = trainer.run_history
-        prefix = history.metric_name_prefix
-        with self.swapped_into(trainer):
-            history.set_metric_name_prefix(EMA_METRIC_PREFIX)
-            try:
-                trainer.run_eval_epoch(metric_name="eval_loss_epoch", is_intermediate=False)
-            finally:
-                history.set_metric_name_prefix(prefix)
+        prefixed = trainer.run_history.prefixed(EMA_METRIC_PREFIX, replace=True)
+        with self.swapped_into(trainer), prefixed:
+            trainer.run_eval_epoch(metric_name="eval_loss_epoch", is_intermediate=False)
 
     @contextlib.contextmanager
     def swapped_into(self, trainer: Trainer) -> Iterator[None]:

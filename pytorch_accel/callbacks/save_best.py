@@ -15,7 +15,6 @@ from pytorch_accel.callbacks._watch import (
     check_metric_name,
     check_path,
     resolve_direction,
-    value_of_main_process,
 )
 from pytorch_accel.logging_setup import get_logger
 
@@ -165,7 +164,7 @@ class SaveBestModelCallback(TrainerCallback):
     ) -> None:
         """Save the epoch if it is a new best or, with ``save_top_k > 1``, in the top ``k``."""
         local = self._watch.read(trainer, evaluated)
-        value = value_of_main_process(trainer, float("nan") if local is None else local)
+        value = self._watch.main_value(float("nan") if local is None else local)
         if self._qualifies(value):
             self._save(trainer, value, trainer.run_history.current_epoch)
 

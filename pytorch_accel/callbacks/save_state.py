@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pytorch_accel._validation import check_positive_int, fail
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks._watch import check_bool, check_non_negative_number, check_path
-from pytorch_accel.distributed import LaggedFlag, agreement_group
+from pytorch_accel.distributed import AgreedFlag, agreement_group
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.logging_setup import get_logger
 from pytorch_accel.training_state import (
@@ -109,7 +109,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         self._previous: dict[int, _SignalHandler] = {}
         self._updates_seen = 0
         self._group: Any = None
-        self._signal_flag: LaggedFlag | None = None
+        self._signal_flag: AgreedFlag | None = None
         self._pace = _Pace()
         self._interrupted = False
 
@@ -126,7 +126,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         if self.preemption_signals and trainer.accelerator.num_processes > 1:
             if self._group is None:
                 self._group = agreement_group()
-            self._signal_flag = LaggedFlag(self._group)
+            self._signal_flag = AgreedFlag(self._group)
             self._pace = _Pace()
         self._install_handlers()
 
@@ -208,7 +208,7 @@ class SaveTrainingStateCallback(TrainerCallback):
             f"{str(path)!r}; resume with train(..., resume_from='latest')."
         )
 
-    def _agreed_signal(self, flag: LaggedFlag, received: int, at_epoch_end: bool) -> int | None:
+    def _agreed_signal(self, flag: AgreedFlag, received: int, at_epoch_end: bool) -> int | None:
         """The signal any process received, as agreed by all (the same on every process).
 
         At an exchange point (every ``_Pace.every`` steps, a number all processes agreed on):

@@ -18,6 +18,7 @@ from pytorch_accel._validation import check_positive_int, fail
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks._console import SEPARATOR, format_metrics
 from pytorch_accel.logging_setup import get_logger, setup_logging
+from pytorch_accel.tracking import reduction_dtype
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer
@@ -177,7 +178,7 @@ class StepMetrics:
     def _read_on_host(self, trainer: Trainer, lrs: list[Any]) -> list[float]:
         """Stack the interval's device values, combine them across processes, read them once."""
         device = trainer.device
-        dtype = torch.float32 if device.type == "mps" else torch.float64
+        dtype = reduction_dtype(device)
         parts: list[Any] = [0.0 if self._loss is None else self._loss, self._count]
         if self._grad_norm is not None:
             parts.append(self._grad_norm)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.tracking import reduction_dtype
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer
@@ -185,7 +186,7 @@ class ThroughputCallback(TrainerCallback):
         if trainer.accelerator.num_processes == 1 and local is None:
             return self._samples, seconds, wait_fraction
         device = trainer.device
-        dtype = torch.float32 if device.type == "mps" else torch.float64
+        dtype = reduction_dtype(device)
         stats = torch.tensor([float(self._samples), seconds, wait_fraction], dtype=dtype)
         stats = stats.to(device)
         if local is not None:

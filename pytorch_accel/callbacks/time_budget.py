@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from pytorch_accel._validation import check_positive_int, fail
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks.save_state import SaveTrainingStateCallback
-from pytorch_accel.distributed import LaggedFlag, agreement_group
+from pytorch_accel.distributed import AgreedFlag, agreement_group
 from pytorch_accel.errors import StopTrainingError
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ class TimeBudgetCallback(TrainerCallback):
         self._started = 0.0
         self._steps = 0
         self._group: Any = None
-        self._over: LaggedFlag | None = None
+        self._over: AgreedFlag | None = None
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Start the clock (and, with several processes, the group that agrees on it)."""
@@ -75,7 +75,7 @@ class TimeBudgetCallback(TrainerCallback):
         if trainer.accelerator.num_processes > 1:
             if self._group is None:
                 self._group = agreement_group()
-            self._over = LaggedFlag(self._group)
+            self._over = AgreedFlag(self._group)
         self._started = time.monotonic()
 
     def on_train_step_end(

@@ -1,0 +1,789 @@
+"""The loop, top to bottom: the training run, the evaluation run and prediction.
+
+    train                  training run level: start, epochs, stop handling, end
+      _epochs              the sanity evaluation if asked for; for each epoch:
+        _epoch             Trainer._run_train_epoch, eval epochs (every N epochs), run-epoch end
+          train_epoch      train epoch level: for each batch, one train step level
+            _train_step    forward, backward, and the update at a window's end
+              _update      clip, optimizer step, scheduler step, zero_grad
+    evaluate               evaluation run level: the eval epochs
+      eval_epochs          for each eval set: Trainer._run_eval_epoch, named after the set
+        eval_epoch         eval epoch level: for each batch, one eval step level
+    predict                predict run level: for each batch, one predict step level, gathered
+
+Every level (a run, an epoch, a step) fires its start and end events through one helper,
+``_with_events``, so its two events cannot drift apart, also when a ``StopTrainingError``
+ends the run early: a step does not complete, an epoch fires its end and lets the stop unwind,
+a run announces the stop and ends. Firing an event runs the trainer's hook of the same name
+(``training_run_start`` for ``on_training_run_start``, where the trainer has one), then every
+callback that listens. The step methods and hooks are the trainer's, and so are the two epoch
+methods pytorch-accelerated users override (``Trainer._run_train_epoch``,
+``Trainer._run_eval_epoch``), so a subclass customises the loop without touching it.
+
+The stop rule: a hook or callback raises ``StopTrainingError``. With several processes they
+agree on it at fixed points with one ``AgreedFlag`` (a blocking exchange after an event with
+a listener, or an overridden hook, that may stop); listeners that agree on their stops
+themselves (``TrainerCallback.agreed_stop_events``, with a lagged ``AgreedFlag``) cost none.
+What changes during a run lives in the trainer's ``TrainerState`` (``pytorch_accel._state``):
+counters, the position a training state saved from a callback records, where saving is
+allowed (between steps and between epochs only). A resumed run enters at two seams
+(``ResumePoint.enter_run`` and ``enter_epoch``); nothing in the batch loop resumes.
+
+With several processes accelerate completes the last round of eval and predict batches with
+repeated samples: their eval loss is left out and ``gather_for_metrics`` drops their
+predictions, so every sample counts exactly once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from accelerate.utils import concatenate, send_to_device, slice_tensors
+
+from pytorch_accel._state import TrainerState
+from pytorch_accel._validation import (
+    check_batch_output,
+    explain_backward_failure,
+    fail,
+    shape_mismatches_raise,
+)
+from pytorch_accel.batch_iteration import epoch_batches
+from pytorch_accel.distributed import AgreedFlag
+from pytorch_accel.errors import StopTrainingError
+from pytorch_accel.eval_sets import eval_set_prefix
+from pytorch_accel.failing_batches import SKIPPED_OUTPUT
+from pytorch_accel.logging_setup import get_logger, setup_logging
+from pytorch_accel.preparation import Preparation
+from pytorch_accel.resume import EpochEntry, ResumePoint, enter_epoch
+from pytorch_accel.run_config import TrainerRunConfig
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
+
+    from pytorch_accel.handler import CallbackHandler
+    from pytorch_accel.trainer import Trainer
+
+__all__ = ["AccumulationPlan", "Loop", "ProgressEvents", "training_rng_preserved"]
+
+_LEVELS = (
+    "training_run",
+    "evaluation_run",
+    "predict_run",
+    "train_epoch",
+    "eval_epoch",
+    "train_step",
+    "eval_step",
+    "predict_step",
+)
+_EVENTS = {level: (f"on_{level}_start", f"on_{level}_end") for level in _LEVELS}
+"""Each level's start and end events."""
+_HOOKED = frozenset({"training_run", "evaluation_run", "train_epoch", "eval_epoch"})
+"""The levels whose events also run a trainer hook (``train_epoch_start``, ...)."""
+
+# a step whose two events nobody listens to runs without its level: there is nothing to fire
+_TRAIN_STEP_EVENTS = frozenset(_EVENTS["train_step"])
+_EVAL_STEP_EVENTS = frozenset(_EVENTS["eval_step"])
+_PREDICT_STEP_EVENTS = frozenset(_EVENTS["predict_step"])
+
+
+class Loop:
+    """Runs a trainer's training runs, evaluation runs and predictions.
+
+    Args:
+        trainer: Whose step methods, hooks, callbacks and run config the loop uses.
+        state: Where the loop keeps what changes during a run.
+        preparation: The accelerate-prepared objects (for ``direct_optimizer``).
+
+    Attributes:
+        state: The trainer's ``TrainerState``.
+    """
+
+    def __init__(self, trainer: Trainer, state: TrainerState, preparation: Preparation) -> None:
+        self._trainer, self.state, self._preparation = trainer, state, preparation
+        multiple = trainer.accelerator.num_processes > 1
+        self._agreement = AgreedFlag() if multiple else None  # the trainer's stop agreement
+        self._train_progress = self._eval_progress = self._progress("on_train_progress")
+        self._outputs: list[Any] | None = None
+
+    # ---------------------------------------------------------------------- the training run
+
+    def train(self, resume: ResumePoint | None) -> None:
+        """Run a training run, continuing ``resume`` if given."""
+        state = self.state
+        state.resume, state.running = resume, True
+        state.resumed_from = None if resume is None else resume.directory
+        try:
+            self._entry_point("Trainer.train", "training_run", self._epochs)
+        finally:
+            state.running, state.resume, state.savable = False, None, None
+
+    def _epochs(self) -> None:
+        config, state = self._config(), self.state
+        resume = state.resume
+        first_epoch = 0 if resume is None else resume.enter_run(self._trainer.callback_handler)
+        if config.sanity_eval_batches and state.eval_dataloaders:
+            self.sanity_check(config.sanity_eval_batches)
+        num_epochs = config.num_epochs  # None: over a stream, until the update budget
+        epochs = (
+            itertools.count(first_epoch) if num_epochs is None else range(first_epoch, num_epochs)
+        )
+        try:
+            for epoch_index in epochs:
+                state.epoch_index = epoch_index
+                self._epoch()
+                if num_epochs is None and self._budget_spent():
+                    break
+        finally:
+            state.savable, state.finished_epochs = "end", num_epochs or state.epoch_index + 1
+
+    def _epoch(self) -> None:
+        trainer, state = self._trainer, self.state
+        trainer._run_train_epoch(state.train_dataloader)
+        evaluated = self._evaluates_after_epoch()
+        if evaluated:
+            self.evaluate_in_run("eval_loss_epoch")
+        evaluated = evaluated or not state.eval_dataloaders  # False: skipped
+        state.savable = "epoch"
+        try:
+            self._fire("on_training_run_epoch_end", {"evaluated": evaluated}, hooked=True)
+        finally:  # the epoch is complete even if its last event asks to stop
+            state.savable = None
+            trainer.run_history._increment_epoch()
+
+    def train_epoch(self, dataloader: DataLoader[Any] | None) -> bool:
+        """Run one train epoch level over ``dataloader`` (``Trainer._run_train_epoch``).
+
+        Returns:
+            Whether the run's updates are all done.
+        """
+        self.state.train_loss_tracker.reset()
+        self.state.step = 0
+        self._train_progress = self._progress("on_train_progress")
+        self._with_events("train_epoch", self._train_batches, dataloader, finish=self._end_epoch)
+        return self.state.num_updates >= self._config().total_num_update_steps
+
+    def _train_batches(self, dataloader: DataLoader[Any] | None) -> None:
+        config, state, trainer = self._config(), self.state, self._trainer
+        plan = AccumulationPlan(config.train_dataloader_len, config.gradient_accumulation_steps)
+        total_updates = config.total_num_update_steps
+        entry = self._enter_epoch()
+        progress = self._train_progress
+        state.step = entry.batches_done
+        progress.start_at(entry.batches_done)
+        if state.num_updates >= total_updates:  # resumed from the run's last update
+            entry.restore_random_state()
+            return
+        assert dataloader is not None
+        if state.resumable is None:  # what a resumed pass replays
+            state.pass_random_state = torch.get_rng_state()
+        try:
+            with entry.batches(dataloader, trainer.limit_train_batches) as batches:
+                with_events, train_step = self._with_events, self._train_step  # bound once
+                handler = trainer.callback_handler
+                for step, batch in enumerate(batches, entry.batches_done):
+                    state.savable = None
+                    if handler.active_events.isdisjoint(_TRAIN_STEP_EVENTS):
+                        train_step(plan, batch, step)  # nothing to fire around it
+                    else:
+                        with_events("train_step", train_step, plan, batch, step)
+                    if step >= progress.next_step:
+                        state.savable = None  # processes report at different steps
+                        progress.report(state.step)
+                    if state.num_updates >= total_updates:
+                        return
+        finally:
+            state.savable = None
+
+    def _train_step(self, plan: AccumulationPlan, batch: Any, step: int) -> dict[str, Any]:
+        state = self.state
+        scale = 1.0 if plan.steps == 1 else plan.loss_scale(step)
+        # a pass of unknown length (a stream) ends its last window where the data ends
+        if (
+            plan.steps == 1
+            or plan.is_update(step)
+            or (plan.num_batches is None and self._at_end_of_data())
+        ):
+            batch_output = self._forward_backward(batch, scale)
+            if state.failing_batches is None or state.failing_batches.end_window():
+                self._update()
+        else:  # inside an accumulation window: no gradient synchronisation between processes
+            trainer = self._trainer
+            with trainer.accelerator.no_sync(trainer.model):
+                batch_output = self._forward_backward(batch, scale)
+        state.step = step + 1  # the steps done, for saves and progress
+        state.savable = "step"
+        return {"batch": batch, "batch_output": batch_output, "step": step}
+
+    def _forward_backward(self, batch: Any, scale: float) -> dict[str, Any]:
+        """Compute the batch's loss, track it, and back-propagate it scaled by ``scale``."""
+        trainer, guard = self._trainer, self.state.failing_batches
+        if guard is None:
+            batch_output = check_batch_output(
+                trainer.calculate_train_batch_loss(batch), "calculate_train_batch_loss"
+            )
+        else:  # skip_failing_batches: a batch that failed on any process is skipped by all
+            guarded = guard.forward(trainer, batch)
+            if guarded is None:
+                return dict(SKIPPED_OUTPUT)
+            batch_output = guarded
+        loss = batch_output["loss"]
+        self.state.train_loss_tracker.update(loss, batch_output["batch_size"])
+        handler = trainer.callback_handler  # an event nobody listens to costs one set look-up
+        if "on_backward_start" in handler.active_events:
+            self._fire("on_backward_start", {})
+        try:
+            trainer.backward_step(loss if scale == 1.0 else loss * scale)
+        except (AttributeError, RuntimeError) as error:  # checked only once it failed
+            explain_backward_failure(loss, "calculate_train_batch_loss", error)
+            raise
+        if "on_backward_end" in handler.active_events:
+            self._fire("on_backward_end", {})
+        return batch_output
+
+    def _update(self) -> None:
+        trainer = self._trainer
+        config = self._config()
+        if config.gradient_clip_value is not None:
+            trainer.accelerator.clip_grad_value_(
+                trainer.model.parameters(), config.gradient_clip_value
+            )
+        elif config.max_grad_norm is not None:
+            parameters = trainer.model.parameters()
+            norm = trainer.accelerator.clip_grad_norm_(parameters, config.max_grad_norm)
+            self.state.grad_norm = norm
+        handler = trainer.callback_handler  # an event nobody listens to costs one set look-up
+        if "on_optimizer_step_start" in handler.active_events:
+            self._fire("on_optimizer_step_start", {})
+        trainer.optimizer_step()
+        self.state.num_updates += 1
+        if "on_optimizer_step_end" in handler.active_events:
+            self._fire("on_optimizer_step_end", {})
+        if trainer.scheduler is not None and not self._step_was_skipped():
+            trainer.scheduler_step()
+        trainer.optimizer_zero_grad()
+
+    def _end_epoch(self) -> None:
+        """Report the epoch's last progress, then record its mean loss (and skipped batches)."""
+        state, trainer = self.state, self._trainer
+        self._train_progress.finish(state.step)
+        loss = state.train_loss_tracker.reduce(trainer.accelerator)
+        trainer.run_history.update_metric("train_loss_epoch", loss)
+        if state.failing_batches is not None:
+            state.failing_batches.finish_epoch(trainer)
+
+    def _budget_spent(self) -> bool:
+        """Whether a run counted in updates is over; a pass that yielded nothing is an error."""
+        state = self.state
+        if state.num_updates >= self._config().total_num_update_steps:
+            return True
+        if state.step == 0:
+            fail(
+                ValueError,
+                "Trainer.train",
+                "train_dataset",
+                self._trainer.train_dataset,
+                "data that yields batches on every pass",
+                f"Epoch {state.epoch_index + 1} got no batch before max_num_train_steps was "
+                "reached: an IterableDataset's __iter__ must start afresh at each call (a "
+                "generator function, not a generator object).",
+            )
+        return False
+
+    def _evaluates_after_epoch(self) -> bool:
+        """Whether the eval sets are evaluated after this epoch: every N epochs, and the last."""
+        config, state = self._config(), self.state
+        if not state.eval_dataloaders:
+            return False
+        number = state.epoch_index + 1
+        last = number == config.num_epochs or state.num_updates >= config.total_num_update_steps
+        return last or number % config.eval_every_n_epochs == 0
+
+    def _at_end_of_data(self) -> bool:
+        """Whether this is the train dataloader's last batch of the pass.
+
+        accelerate's dataloaders look one batch ahead and say so before yielding the last.
+        """
+        return bool(getattr(self.state.train_dataloader, "end_of_dataloader", False))
+
+    def _step_was_skipped(self) -> bool:
+        """Whether the gradient scaler skipped the update (only possible through the wrapper)."""
+        if self._preparation.direct_optimizer is not None:
+            return False
+        return bool(self._trainer.accelerator.optimizer_step_was_skipped)
+
+    def _enter_epoch(self) -> EpochEntry:
+        """Where this epoch starts: the resume seam (from its first batch unless resuming)."""
+        state = self.state
+        resume, state.resume = state.resume, None
+        return enter_epoch(resume, state.resumable, self._trainer, state.train_loss_tracker)
+
+    # ------------------------------------------------------------------------ evaluation
+
+    def evaluate(self) -> None:
+        """Run an evaluation run (``Trainer.evaluate``): an eval epoch of each set, as ``loss``."""
+        run = functools.partial(self.eval_epochs, "loss", False)
+        self._entry_point("Trainer.evaluate", "evaluation_run", run)
+
+    def run_eval_epoch(self, metric_name: str, is_intermediate: bool) -> None:
+        """Run an eval epoch for a callback (see ``Trainer.run_eval_epoch``).
+
+        Raises:
+            ValueError: If the current run has no eval set.
+        """
+        if self.state.eval_dataloader is None:
+            fail(
+                ValueError,
+                "Trainer.run_eval_epoch",
+                "eval_dataset",
+                None,
+                "a dataset",
+                "Pass train(..., eval_dataset=...) to evaluate during training.",
+            )
+        was_training = self._trainer.model.training
+        try:
+            self.evaluate_in_run(metric_name, is_intermediate)
+        finally:
+            self._trainer.model.train(was_training)
+
+    def evaluate_in_run(self, metric_name: str, is_intermediate: bool = False) -> None:
+        """Run the eval epochs inside ``train()``; no training state may be saved inside."""
+        state = self.state
+        savable, state.savable = state.savable, None
+        try:
+            self.eval_epochs(metric_name, is_intermediate)
+        finally:
+            state.savable = savable
+
+    def sanity_check(self, num_batches: int) -> None:
+        """Evaluate ``num_batches`` of every eval set, then put the run history back as it was.
+
+        It runs the eval step and every callback of the eval events (with ``sanity_check=True``),
+        so a broken evaluation fails before the first training epoch rather than after it. The
+        run's results do not change: no gradients, the training's random state kept, and the
+        metrics it recorded are removed.
+        """
+        history = self._trainer.run_history
+        saved = history.state_dict()
+        try:
+            self.eval_epochs("sanity_eval_loss", False, num_batches)
+        finally:
+            history.load_state_dict(saved)
+
+    def eval_epochs(
+        self, metric_name: str, is_intermediate: bool, limit: int | None = None
+    ) -> None:
+        """Run an eval epoch of every eval set, recording each mean loss as ``metric_name``.
+
+        Each runs ``Trainer._run_eval_epoch`` without gradients and under
+        ``training_rng_preserved``: evaluating (an eval set, or evaluating more often) never
+        changes the training's random draws, so a resumed run, whose eval iterators start
+        afresh, draws the same. A named set's metrics get its prefix (``val_eval_loss_epoch``).
+        """
+        trainer, state = self._trainer, self.state
+        for name, dataloader in list(state.eval_dataloaders.items()):
+            state.eval_set, state.eval_metric_name, state.eval_limit = name, metric_name, limit
+            try:
+                with (
+                    trainer.run_history.prefixed(eval_set_prefix(name)),
+                    torch.no_grad(),
+                    training_rng_preserved(trainer.device),
+                ):
+                    trainer._run_eval_epoch(dataloader, state.running, is_intermediate)
+            finally:
+                state.eval_set, state.eval_limit = None, None
+
+    def eval_epoch(self, dataloader: DataLoader[Any], is_intermediate: bool) -> None:
+        """Run one eval epoch level over ``dataloader`` (``Trainer._run_eval_epoch``)."""
+        state = self.state
+        state.eval_loss_tracker.reset()
+        state.eval_step = 0
+        self._eval_progress = self._progress("on_eval_progress")
+        self._with_events(
+            "eval_epoch",
+            self._eval_batches,
+            dataloader,
+            finish=functools.partial(self._end_eval_epoch, state.eval_metric_name),
+            is_intermediate=is_intermediate,
+            eval_set=state.eval_set,
+            sanity_check=state.eval_limit is not None,
+        )
+
+    def _eval_batches(self, dataloader: DataLoader[Any]) -> None:
+        trainer, progress = self._trainer, self._eval_progress
+        limits = [n for n in (self.state.eval_limit, trainer.limit_eval_batches) if n is not None]
+        with epoch_batches(dataloader, min(limits, default=None)) as batches:
+            with_events, eval_step = self._with_events, self._eval_step  # bound once
+            handler = trainer.callback_handler
+            for index, batch in enumerate(batches):
+                if handler.active_events.isdisjoint(_EVAL_STEP_EVENTS):
+                    eval_step(dataloader, batch)  # nothing to fire around it
+                else:
+                    with_events("eval_step", eval_step, dataloader, batch)
+                if index >= progress.next_step:
+                    progress.report(self.state.eval_step)
+
+    def _eval_step(self, dataloader: DataLoader[Any], batch: Any) -> dict[str, Any]:
+        trainer, state = self._trainer, self.state
+        method = "calculate_eval_batch_loss"
+        batch_output = check_batch_output(trainer.calculate_eval_batch_loss(batch), method)
+        real_samples = self._real_samples(dataloader, batch_output["batch_size"])
+        if real_samples is None:
+            state.eval_loss_tracker.update(batch_output["loss"], batch_output["batch_size"])
+        elif real_samples > 0:
+            real_batch = slice_tensors(batch, slice(0, real_samples))
+            real_output = check_batch_output(trainer.calculate_eval_batch_loss(real_batch), method)
+            state.eval_loss_tracker.update(real_output["loss"], real_samples)
+        state.eval_step += 1
+        return {"batch": batch, "batch_output": batch_output}
+
+    def _real_samples(self, dataloader: DataLoader[Any], batch_size: Any) -> int | None:
+        """Return how many samples of this batch are real, if accelerate padded it; else None.
+
+        With several processes, accelerate completes the last round of eval batches with
+        samples from the start of the dataset, so every process has as many batches (no
+        collective can deadlock). Those repeats are the ones ``gather_for_metrics`` drops:
+        the first ``remainder`` samples of the gathered last batch are real, in process order.
+        """
+        accelerator = self._trainer.accelerator
+        at_end = getattr(dataloader, "end_of_dataloader", False)
+        if accelerator.num_processes == 1 or not at_end:
+            return None
+        remainder = int(getattr(dataloader, "remainder", -1))
+        if remainder <= 0:
+            return None
+        size, rank = int(batch_size), int(accelerator.process_index)
+        return max(0, min(size, remainder - rank * size))
+
+    def _end_eval_epoch(self, metric_name: str) -> None:
+        """Report the evaluation epoch's last progress, then record its mean loss."""
+        trainer, state = self._trainer, self.state
+        self._eval_progress.finish(state.eval_step)
+        loss = state.eval_loss_tracker.reduce(trainer.accelerator)
+        trainer.run_history.update_metric(metric_name, loss)
+
+    # ------------------------------------------------------------------------ prediction
+
+    def predict(
+        self, dataloader: DataLoader[Any], output_device: str | torch.device | None, keep: bool
+    ) -> Any:
+        """Predict every batch of a prepared ``dataloader``; return the outputs concatenated.
+
+        Each batch goes through ``calculate_predict_batch``; with several processes its
+        outputs are gathered with ``gather_for_metrics``, so every sample appears exactly once,
+        in the order of the (unshuffled) dataloader; with one process nothing is gathered.
+
+        Args:
+            dataloader: The prepared (sharded) dataloader, not shuffled.
+            output_device: Where each gathered batch is moved (``None``: where it is).
+            keep: Keep and return the outputs; ``False`` returns ``None`` (the callbacks of
+                ``on_predict_step_end`` receive each gathered batch).
+
+        Returns:
+            The outputs of every sample in order, concatenated on the first dimension (a
+            tensor, or the same nested structure of tensors as one batch's outputs).
+        """
+        self._outputs = [] if keep else None
+        model = self._trainer.model
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad(), training_rng_preserved(self._trainer.device):
+                run = functools.partial(self._predict_batches, dataloader, output_device)
+                self._entry_point("Trainer.predict", "predict_run", run)
+        finally:
+            model.train(was_training)
+        outputs, self._outputs = self._outputs, None
+        return None if not outputs else concatenate(outputs)
+
+    def _predict_batches(
+        self, dataloader: DataLoader[Any], output_device: str | torch.device | None
+    ) -> None:
+        with epoch_batches(dataloader, None) as batches:
+            handler = self._trainer.callback_handler
+            for batch in batches:
+                if handler.active_events.isdisjoint(_PREDICT_STEP_EVENTS):
+                    self._predict_step(batch, output_device)
+                else:
+                    self._with_events("predict_step", self._predict_step, batch, output_device)
+
+    def _predict_step(self, batch: Any, output_device: str | torch.device | None) -> dict[str, Any]:
+        outputs = self._trainer.calculate_predict_batch(batch)
+        accelerator = self._trainer.accelerator
+        # one process has nothing to gather (accelerate would still all-gather over a group of
+        # one under a launcher), and no repeated samples to drop
+        gathered = (
+            accelerator.gather_for_metrics(outputs) if accelerator.num_processes > 1 else outputs
+        )
+        if output_device is not None:
+            gathered = send_to_device(gathered, output_device)
+        if self._outputs is not None:
+            self._outputs.append(gathered)
+        return {"batch": batch, "predictions": gathered}
+
+    # -------------------------------------------------------------- levels, events, stops
+
+    def _entry_point(self, where: str, level: str, body: Callable[[], None]) -> None:
+        """Run a whole run level (``train``, ``evaluate``, ``predict``) with its events.
+
+        ``stopped_by`` is cleared first and holds the stop that ended the run, if one did;
+        a loss that broadcasts targets of another shape raises (``shape_mismatches_raise``).
+        The package's logger is set up first, for the messages of the loop and the callbacks.
+        """
+        self.state.stopped_by = None
+        setup_logging()  # the loop's and the callbacks' messages go through the package's logger
+        with shape_mismatches_raise(where):
+            self._with_events(level, body)
+
+    def _with_events(
+        self,
+        level: str,
+        body: Callable[..., dict[str, Any] | None],
+        *args: Any,
+        finish: Callable[[], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Fire ``level``'s start event, run ``body(*args)``, then ``finish`` and the end event.
+
+        ``body`` may return extra keyword arguments for the end event. On a
+        ``StopTrainingError`` a step (``*_step``) does not complete: the stop propagates; an
+        epoch runs ``finish`` and fires its end, then lets the stop unwind; a run keeps the
+        stop in ``stopped_by``, announces it (``on_stop_training_error``), fires its end and
+        returns. Events fired while closing a level are not agreed on again: every process
+        unwinds the same levels in step.
+        """
+        start, end = _EVENTS[level]
+        hooked = level in _HOOKED
+        try:
+            self._fire(start, kwargs, hooked)
+            end_kwargs = body(*args) or {}
+        except StopTrainingError as error:
+            if level.endswith("_step"):
+                raise
+            if finish is not None:
+                finish()
+            is_run = level.endswith("_run")
+            if is_run:
+                self.state.stopped_by = error
+                self._announce_stop(error)
+            self._dispatch(end, kwargs, hooked)  # further stops are moot
+            if not is_run:
+                raise
+            return
+        if finish is not None:
+            finish()
+        kwargs.update(end_kwargs)
+        self._fire(end, kwargs, hooked)
+
+    def _fire(self, event: str, kwargs: dict[str, Any], hooked: bool = False) -> None:
+        """Run the trainer's hook (if ``hooked``), then the callbacks of ``event``; agree on a stop.
+
+        The hook and every callback get the event even when one of them asks to stop. With
+        several processes, a stop is agreed on by all of them before anyone moves on, so they
+        all stop at the same point and no collective is left waiting; a stop that was already
+        agreed on in a nested event (an evaluation run by a callback) goes on unwinding at once.
+        The exchange happens after an event whose hook is overridden (the trainer's own hooks
+        never stop) or that has a listener which may stop; one whose only listeners that may
+        stop agree on their stops themselves (``agreed_stop_events``) costs no exchange: their
+        stop is raised as it is.
+        """
+        handler = self._trainer.callback_handler
+        if hooked:
+            stop = self._dispatch(event, kwargs, hooked)
+        elif event in handler.active_events:
+            stop = handler.dispatch(event, (self._trainer,), kwargs)
+        else:
+            return  # nothing runs, so there is no stop to agree on either
+        state, agreement = self.state, self._agreement
+        if agreement is None or (stop is not None and stop is state.agreed_stop):
+            if stop is not None:
+                raise stop
+            return
+        if stop is not None and state.stop_request is None:
+            state.stop_request = stop  # the first one wins
+        if (hooked and self._hook_may_stop(event[3:])) or handler.may_stop(event):
+            request = state.stop_request
+            if not agreement.settle(int(request is not None)):
+                return
+            error = request or StopTrainingError("Stopping: another process requested it.")
+            state.stop_request, state.agreed_stop = None, error
+            raise error
+        if stop is not None and handler.agrees_on_stops(event):
+            # raised on every process at once by a self-agreeing listener
+            state.stop_request, state.agreed_stop = None, stop
+            raise stop
+
+    def _hook_may_stop(self, hook: str) -> bool:
+        """Whether the trainer's ``hook`` may raise ``StopTrainingError``.
+
+        The trainer's own hooks are no-ops or mode switches, which never stop; a hook that a
+        subclass (or the instance) overrides may.
+        """
+        trainer = self._trainer
+        if hook in vars(trainer):
+            return True
+        return sum(1 for klass in type(trainer).__mro__ if hook in vars(klass)) > 1
+
+    def _dispatch(
+        self, event: str, kwargs: dict[str, Any], hooked: bool
+    ) -> StopTrainingError | None:
+        """Run the hook and the callbacks of ``event``; return the first stop they raised."""
+        stop = None
+        if hooked:
+            try:
+                getattr(self._trainer, event[3:])()  # on_train_epoch_start: train_epoch_start
+            except StopTrainingError as error:
+                stop = error
+        callback_stop = self._trainer.callback_handler.dispatch(event, (self._trainer,), kwargs)
+        return stop or callback_stop
+
+    def _announce_stop(self, error: StopTrainingError) -> None:
+        trainer = self._trainer
+        if str(error):
+            get_logger().info(str(error))
+        trainer.callback_handler.call_event_while_stopping(
+            "on_stop_training_error", trainer, error=error
+        )
+
+    def _config(self) -> TrainerRunConfig:
+        config = self._trainer.run_config
+        assert config is not None
+        return config
+
+    def _progress(self, event: str) -> ProgressEvents:
+        """The progress events of one epoch, as often as ``progress_interval`` says."""
+        trainer = self._trainer
+        return ProgressEvents(trainer.callback_handler, trainer, event, trainer.progress_interval)
+
+
+@dataclass(frozen=True)
+class AccumulationPlan:
+    """The gradient accumulation windows of one epoch.
+
+    The epoch's micro-batches are cut into windows of ``steps`` batches; the last window holds
+    the remainder. An optimizer update happens at the end of each window. Each micro-batch
+    loss is scaled by ``1 / len(its window)``, so the update follows the mean gradient of the
+    window's batches, also for a short last window. Over data without a length
+    (``num_batches`` is ``None``) every loss is scaled by ``1 / steps``; the loop ends the last
+    window of a pass early, when the dataloader says it yielded its last batch.
+
+    Args:
+        num_batches: Micro-batches in the epoch, or ``None`` when it is not known.
+        steps: Micro-batches per full window (``gradient_accumulation_steps``).
+    """
+
+    num_batches: int | None
+    steps: int
+
+    @property
+    def num_updates(self) -> int | None:
+        """Optimizer updates in the epoch (``None`` when its length is not known)."""
+        return None if self.num_batches is None else math.ceil(self.num_batches / self.steps)
+
+    def is_update(self, step: int) -> bool:
+        """Return whether micro-batch ``step`` (0-based) ends its window."""
+        return (step + 1) % self.steps == 0 or step + 1 == self.num_batches
+
+    def loss_scale(self, step: int) -> float:
+        """Return the factor that scales micro-batch ``step``'s loss: 1 / window size."""
+        if self.num_batches is None:
+            return 1.0 / self.steps
+        window_start = step - step % self.steps
+        return 1.0 / min(self.steps, self.num_batches - window_start)
+
+
+class ProgressEvents:
+    """Fires one epoch's progress event with ``steps_done``, at strides that follow the speed.
+
+    A progress bar needs the number of steps done, but not after every step (firing
+    ``on_train_step_end`` for it costs a dispatch per step). The event (``on_train_progress``
+    or ``on_eval_progress``) fires after the epoch's first step, then at strides of steps that
+    double while the events come less than ``interval`` seconds apart and halve once they come
+    slower, and once more when the epoch ends (``finish``), also early. The loop calls
+    ``report`` once the step's 0-based index reaches ``next_step``: between two events a step
+    costs one integer comparison. Because the strides depend on the clock, processes fire
+    progress events at different steps: a listener must not stop training
+    (``StopTrainingError`` becomes a ``RuntimeError`` here) nor call collectives.
+
+    Args:
+        handler: The callback handler whose listeners get the event.
+        trainer: Passed to the listeners first.
+        event: ``"on_train_progress"`` or ``"on_eval_progress"``.
+        interval: Seconds below which consecutive events double their stride; 0 fires the
+            event after every step.
+    """
+
+    __slots__ = (
+        "_event",
+        "_handler",
+        "_interval",
+        "_listened",
+        "_reported",
+        "_reported_at",
+        "_stride",
+        "_trainer",
+        "next_step",
+    )
+
+    def __init__(
+        self, handler: CallbackHandler, trainer: object, event: str, interval: float
+    ) -> None:
+        self._handler, self._trainer, self._event = handler, trainer, event
+        self._interval = interval
+        self._listened = event in handler.active_events
+        self._reported_at: float | None = None  # the first event only starts the clock
+        self._stride = 1
+        self._reported = 0
+        self.next_step = 0 if self._listened else sys.maxsize
+
+    def start_at(self, steps_done: int) -> None:
+        """Count from ``steps_done`` (a resumed epoch's skipped batches); report the next step."""
+        self._reported = steps_done
+        if self._listened:
+            self.next_step = steps_done
+
+    def report(self, done: int) -> None:
+        """Fire the event with ``done``, then choose the step after which the next one fires."""
+        now = time.monotonic()
+        if self._reported_at is not None:
+            fast = now - self._reported_at < self._interval
+            self._stride = self._stride * 2 if fast else max(1, self._stride // 2)
+        self._reported_at = now
+        self.next_step = done - 1 + self._stride
+        self._fire(done)
+
+    def finish(self, done: int) -> None:
+        """Fire the event once more if steps were done since the last one."""
+        if self._listened and done > self._reported:
+            self._fire(done)
+
+    def _fire(self, done: int) -> None:
+        self._reported = done
+        stop = self._handler.dispatch(self._event, (self._trainer,), {"steps_done": done})
+        if stop is not None:
+            raise RuntimeError(
+                f"{self._event} may not stop training: processes fire it at different steps, "
+                f"so they could not stop together. Raise StopTrainingError from "
+                f"{self._event.replace('progress', 'step_end')} instead."
+            ) from stop
+
+
+@contextlib.contextmanager
+def training_rng_preserved(device: torch.device) -> Iterator[None]:
+    """Restore the CPU random state and that of ``device`` on exit, as they were on entry.
+
+    Creating a ``DataLoader`` iterator draws a seed from the global generator, which also
+    seeds the shuffling of the next training epoch; an evaluation would otherwise change the
+    order of every later epoch.
+    """
+    devices = [] if device.type == "cpu" else [device]
+    with torch.random.fork_rng(devices=devices, device_type=device.type):
+        yield
