@@ -1,11 +1,12 @@
 """Dry runs and overfit runs: ``train(dry_run=...)`` and ``train(overfit_batches=...)``.
 
 A dry run calls ``train()`` again for one short epoch (a few batches of training and
-evaluation, every callback enabled), with a fresh run history and every callback path
-(attributes named ``path``, ``*_path`` or ``*_dir``) pointing into a temporary directory, then
-saves a training state there and loads it back. Afterwards the model, optimizer, scheduler,
-run history, random states and callback paths are put back and the directory is deleted, so
-nothing of the user's (checkpoints, states, history, weights) changes.
+evaluation, every callback enabled), with a fresh run history and every callback's files
+redirected into a temporary directory (each callback says where it writes through
+``TrainerCallback.redirect_outputs``), then saves a training state there and loads it back.
+Afterwards the model, optimizer, scheduler, run history, random states and callback outputs
+are put back and the directory is deleted, so nothing of the user's (checkpoints, states,
+records, history, weights) changes.
 
 An overfit run trains on the first few batches of the train set only, in order, and evaluates
 on the same batches (Lightning's ``overfit_batches``): a model that cannot drive that loss
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import os
 import random
 import shutil
 import tempfile
@@ -31,6 +31,7 @@ from accelerate.utils import broadcast_object_list
 from torch.utils.data import DataLoader, IterableDataset, Subset
 
 from pytorch_accel._validation import check_positive_int, fail
+from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.logging_setup import get_logger
 from pytorch_accel.tracking import InMemoryRunHistory
 
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DRY_RUN_BATCHES",
     "check_dry_run_arguments",
-    "redirected_paths",
+    "redirected_outputs",
     "run_dry",
     "run_dry_or_overfit",
     "run_overfit",
@@ -107,7 +108,7 @@ def run_dry(trainer: Trainer, arguments: Mapping[str, Any]) -> None:
     """Run ``train(**arguments)`` as a dry run, leaving nothing of the user's changed."""
     num_batches = DRY_RUN_BATCHES if arguments["dry_run"] is True else int(arguments["dry_run"])
     with _kept_as_it_was(trainer), _temporary_directory(trainer) as directory:
-        with redirected_paths(trainer.callback_handler.callbacks, directory / "callbacks"):
+        with redirected_outputs(trainer.callback_handler.callbacks, directory / "callbacks"):
             trainer.dry_run_dir = directory
             trainer.run_history = InMemoryRunHistory()
             trainer.limit_train_batches = _lowest(trainer.limit_train_batches, num_batches)
@@ -141,25 +142,18 @@ def run_overfit(trainer: Trainer, arguments: Mapping[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def redirected_paths(callbacks: list[Any], directory: Path) -> Iterator[None]:
-    """Point every callback path (``path``, ``*_path``, ``*_dir``) into ``directory``.
+def redirected_outputs(callbacks: list[Any], directory: Path) -> Iterator[None]:
+    """Redirect every callback's files into a directory of its own under ``directory``.
 
-    Each keeps its file name (so its suffix), under a directory per callback; the original
-    values are put back afterwards.
+    Each callback's ``redirect_outputs`` (``TrainerCallback``'s declares where it writes) is
+    entered with ``<directory>/<index>-<class name>``; all are exited afterwards.
     """
-    saved: list[tuple[Any, str, Any]] = []
-    for index, callback in enumerate(callbacks):
-        for name, value in list(vars(callback).items()):
-            is_path_name = name == "path" or name.endswith(("_path", "_dir"))
-            if is_path_name and isinstance(value, (str, os.PathLike)):
-                saved.append((callback, name, value))
-                new = directory / f"{index}-{type(callback).__name__}" / Path(value).name
-                setattr(callback, name, new if isinstance(value, Path) else os.fspath(new))
-    try:
+    with contextlib.ExitStack() as stack:
+        for index, callback in enumerate(callbacks):
+            if isinstance(callback, TrainerCallback):
+                own = directory / f"{index}-{type(callback).__name__}"
+                stack.enter_context(callback.redirect_outputs(own))
         yield
-    finally:
-        for callback, name, value in saved:
-            setattr(callback, name, value)
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 from pytorch_accel import Trainer
 from pytorch_accel.callbacks import (
     DEFAULT_CALLBACKS,
+    RunRecordCallback,
     SaveBestModelCallback,
     SaveTrainingStateCallback,
     TrainerCallback,
@@ -75,6 +76,43 @@ def test_a_dry_run_goes_through_every_callback_and_changes_nothing_of_the_users(
     assert not dry_dir.exists()
     assert trainer.dry_run_dir is None
     assert trainer.limit_train_batches is None
+
+
+class ListsDryRunFiles(TrainerCallback):
+    """Lists the files under the dry run's directory at the end of each run (after the record)."""
+
+    order = 200
+
+    def __init__(self) -> None:
+        self.files: list[list[str]] = []
+
+    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        directory = trainer.dry_run_dir
+        found = [] if directory is None else directory.rglob("*")
+        self.files.append(sorted(path.name for path in found if path.is_file()))
+
+
+def test_a_dry_run_after_a_real_run_leaves_its_run_record_untouched(tmp_path: Path) -> None:
+    record_dir = tmp_path / "runs" / "x"
+    record = RunRecordCallback(record_dir, {"lr": 0.01}, log_with=(), plot=False)
+    lister = ListsDryRunFiles()
+    trainer = make_trainer(callbacks=(*DEFAULT_CALLBACKS, record, lister))
+    data = make_regression_dataset(32)
+    trainer.train(data, num_epochs=3, eval_dataset=data, per_device_batch_size=4)
+    files = snapshot(tmp_path)
+    contents = {name: (tmp_path / name).read_bytes() for name in files}
+    assert {"config.json", "environment.json", "train.log"} <= {Path(n).name for n in files}
+
+    trainer.train(data, num_epochs=3, eval_dataset=data, per_device_batch_size=4, dry_run=True)
+
+    assert snapshot(tmp_path) == files  # no file written, replaced or added (mtime too)
+    assert {name: (tmp_path / name).read_bytes() for name in files} == contents
+    written = lister.files[-1]  # the dry run wrote its record in its temporary directory
+    for name in ("config.json", "hyperparameters.json", "environment.json", "train.log"):
+        assert name in written
+    assert record.directory == record_dir
+    assert record.csv_path == record_dir / "metrics.csv"
+    assert record.logging_dir == str(record_dir)
 
 
 def test_a_dry_run_before_training_does_not_change_the_run() -> None:

@@ -12,7 +12,7 @@ import torch
 from accelerate.utils import DistributedType
 
 from pytorch_accel._validation import fail
-from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.callback import TrainerCallback, redirected_paths
 from pytorch_accel.callbacks._watch import (
     MetricWatch,
     check_bool,
@@ -24,6 +24,8 @@ from pytorch_accel.callbacks._watch import (
 from pytorch_accel.utils import ModelEma
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from pytorch_accel.trainer import Trainer
 
 __all__ = ["EMA_METRIC_PREFIX", "ModelEmaCallback"]
@@ -128,6 +130,10 @@ class ModelEmaCallback(TrainerCallback):
             self._watch = MetricWatch(where, watch_metric, direction)
         self.best_metric: float | None = None
         self._binding: _Binding | None = None  # bound to the model of the current run
+
+    def redirect_outputs(self, directory: Path) -> contextlib.AbstractContextManager[None]:
+        """Write the EMA weights under ``directory`` meanwhile (for ``train(dry_run=...)``)."""
+        return redirected_paths(self, directory, "save_path")
 
     # ------------------------------------------------------------------------ state
 

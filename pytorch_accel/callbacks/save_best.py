@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytorch_accel._validation import check_positive_int, fail
-from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.callback import TrainerCallback, redirected_paths
 from pytorch_accel.callbacks._watch import (
     MetricWatch,
     check_bool,
@@ -122,6 +123,10 @@ class SaveBestModelCallback(TrainerCallback):
         self.best_metric_epoch: int | None = None
         self._ranking: list[tuple[float, int]] = []  # (value, epoch), best first
         self._watch = MetricWatch(where, watch_metric, greater_is_better)
+
+    def redirect_outputs(self, directory: Path) -> AbstractContextManager[None]:
+        """Write the best checkpoints under ``directory`` meanwhile (for ``train(dry_run=...)``)."""
+        return redirected_paths(self, directory, "save_path")
 
     @property
     def top_checkpoints(self) -> list[tuple[int, float]]:

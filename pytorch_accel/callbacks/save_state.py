@@ -9,12 +9,13 @@ import threading
 import time
 import warnings
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from pytorch_accel._validation import check_positive_int, fail
-from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.callback import TrainerCallback, redirected_paths
 from pytorch_accel.callbacks._watch import check_bool, check_non_negative_number, check_path
 from pytorch_accel.distributed import LaggedFlag, agreement_group
 from pytorch_accel.errors import StopTrainingError
@@ -114,6 +115,10 @@ class SaveTrainingStateCallback(TrainerCallback):
         self._interrupted = False
 
     # ------------------------------------------------------------------------ events
+
+    def redirect_outputs(self, directory: Path) -> AbstractContextManager[None]:
+        """Write the training states under ``directory`` meanwhile (for ``train(dry_run=...)``)."""
+        return redirected_paths(self, directory, "save_dir")
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Repair and clear what killed saves left, and install the signal handlers."""
