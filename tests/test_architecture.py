@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "pytorch_accel"
-MAX_LINES = 600
+MAX_LINES = 900
 
 # Lower layers never import higher ones at run time. Type-only imports (under
 # ``if TYPE_CHECKING:``) may name ``Trainer`` from below, for annotations.
@@ -68,8 +68,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel._entry_checks",
             "pytorch_accel._data_checks",
             "pytorch_accel.persistence",
-            "pytorch_accel.steps",
-            "pytorch_accel.data_inputs",
             "pytorch_accel.dry_run",
             "pytorch_accel.trainer",
             "pytorch_accel.timm_trainer",
