@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import random
 import shutil
 import tempfile
@@ -28,19 +29,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from accelerate.utils import broadcast_object_list
-from torch.utils.data import DataLoader, IterableDataset, Subset
+from torch.utils.data import Subset
 
-from pytorch_accel._validation import check_positive_int, fail
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.logging_setup import get_logger
 from pytorch_accel.tracking import InMemoryRunHistory
 
 if TYPE_CHECKING:
+    from pytorch_accel._entry_checks import TrainArguments
     from pytorch_accel.trainer import Trainer
 
 __all__ = [
     "DRY_RUN_BATCHES",
-    "check_dry_run_arguments",
     "redirected_outputs",
     "run_dry",
     "run_dry_or_overfit",
@@ -51,94 +51,61 @@ DRY_RUN_BATCHES = 2
 """The batches of training and of evaluation that ``train(dry_run=True)`` runs."""
 
 
-def check_dry_run_arguments(where: str, arguments: Mapping[str, Any]) -> None:
-    """Check ``dry_run`` and ``overfit_batches`` (from ``train()``'s ``locals()``)."""
-    dry_run = arguments["dry_run"]
-    if not isinstance(dry_run, bool):
-        check_positive_int(where, "dry_run", dry_run)
-    overfit = arguments["overfit_batches"]
-    check_positive_int(where, "overfit_batches", overfit, allow_none=True)
-    if dry_run and overfit is not None:
-        fail(
-            ValueError,
-            where,
-            "overfit_batches",
-            overfit,
-            "None with dry_run",
-            "Run one of them: a dry run checks the pipeline, an overfit run trains.",
-        )
-    if overfit is not None and isinstance(arguments["train_dataset"], DataLoader):
-        fail(
-            ValueError,
-            where,
-            "overfit_batches",
-            overfit,
-            "None when train_dataset is a DataLoader",
-            "Pass the dataset: the overfit run builds its own unshuffled subset of it.",
-        )
-    if overfit is not None and isinstance(arguments["train_dataset"], IterableDataset):
-        fail(
-            ValueError,
-            where,
-            "overfit_batches",
-            overfit,
-            "None when train_dataset is an IterableDataset",
-            "A stream has no first batches to come back to: overfit a map-style dataset.",
-        )
-
-
-def run_dry_or_overfit(trainer: Trainer, arguments: Mapping[str, Any]) -> bool:
+def run_dry_or_overfit(trainer: Trainer, arguments: TrainArguments) -> bool:
     """Run ``train()`` as a dry or overfit run if its arguments ask; return whether it did.
 
     Args:
         trainer: The trainer.
-        arguments: ``train()``'s ``locals()``, checked.
+        arguments: ``train()``'s arguments, checked.
     """
-    settings = {name: value for name, value in arguments.items() if name != "self"}
-    if settings["dry_run"]:
-        run_dry(trainer, settings)
+    if arguments.dry_run:
+        run_dry(trainer, arguments)
         return True
-    if settings["overfit_batches"] is not None:
-        run_overfit(trainer, settings)
+    if arguments.overfit_batches is not None:
+        run_overfit(trainer, arguments)
         return True
     return False
 
 
-def run_dry(trainer: Trainer, arguments: Mapping[str, Any]) -> None:
-    """Run ``train(**arguments)`` as a dry run, leaving nothing of the user's changed."""
-    num_batches = DRY_RUN_BATCHES if arguments["dry_run"] is True else int(arguments["dry_run"])
+def run_dry(trainer: Trainer, arguments: TrainArguments) -> None:
+    """Run ``train()`` with ``arguments`` as a dry run, leaving nothing of the user's changed."""
+    num_batches = DRY_RUN_BATCHES if arguments.dry_run is True else int(arguments.dry_run)
     with _kept_as_it_was(trainer), _temporary_directory(trainer) as directory:
         with redirected_outputs(trainer.callback_handler.callbacks, directory / "callbacks"):
             trainer.dry_run_dir = directory
             trainer.run_history = InMemoryRunHistory()
             trainer.limit_train_batches = _lowest(trainer.limit_train_batches, num_batches)
             trainer.limit_eval_batches = _lowest(trainer.limit_eval_batches, num_batches)
-            settings = {**arguments, "num_epochs": 1, "resume_from": None, "dry_run": False}
-            for name in ("resume_optimizer", "resume_scheduler"):
-                settings[name] = True
-            trainer.train(**settings)
+            settings = dataclasses.replace(
+                arguments,
+                num_epochs=1,
+                resume_from=None,
+                dry_run=False,
+                resume_optimizer=True,
+                resume_scheduler=True,
+            )
+            trainer.train(**settings.as_kwargs())
             trainer.save_training_state(directory / "training_state")
             trainer.load_training_state(directory / "training_state")
         get_logger().info(f"Dry run passed: {trainer.run_history.get_metric_names()} recorded.")
 
 
-def run_overfit(trainer: Trainer, arguments: Mapping[str, Any]) -> None:
-    """Run ``train(**arguments)`` on the first ``overfit_batches`` batches, for train and eval."""
-    batch_size = arguments["per_device_batch_size"] or 8
+def run_overfit(trainer: Trainer, arguments: TrainArguments) -> None:
+    """Run ``train()`` on the first ``overfit_batches`` batches, for train and eval."""
+    batch_size = arguments.per_device_batch_size or 8
     processes = trainer.accelerator.num_processes
-    dataset = arguments["train_dataset"]
-    size = min(len(dataset), arguments["overfit_batches"] * batch_size * processes)
+    dataset = arguments.train_dataset
+    size = min(len(dataset), (arguments.overfit_batches or 0) * batch_size * processes)
     subset = Subset(dataset, range(size))
-    loader_kwargs = {**(arguments["train_dataloader_kwargs"] or {}), "shuffle": False}
-    trainer.train(
-        **{
-            **arguments,
-            "train_dataset": subset,
-            "eval_dataset": subset,
-            "train_dataloader_kwargs": loader_kwargs,
-            "overfit_batches": None,
-        }
+    loader_kwargs = {**(arguments.train_dataloader_kwargs or {}), "shuffle": False}
+    settings = dataclasses.replace(
+        arguments,
+        train_dataset=subset,
+        eval_dataset=subset,
+        train_dataloader_kwargs=loader_kwargs,
+        overfit_batches=None,
     )
+    trainer.train(**settings.as_kwargs())
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from pytorch_accel._validation import fail
+from pytorch_accel._checks import fail
 from pytorch_accel.checkpoint import read_tensors_file
 
 __all__ = [

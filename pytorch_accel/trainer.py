@@ -23,9 +23,9 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from pytorch_accel import _entry_checks as checks
+from pytorch_accel._checks import inputs_and_targets
 from pytorch_accel._compat import trainer_module_attribute as __getattr__  # noqa: F401
 from pytorch_accel._compat import with_ported_attributes
-from pytorch_accel._validation import inputs_and_targets
 from pytorch_accel.dataloaders import merge_dataloader_kwargs
 from pytorch_accel.distributed import StopAgreement, needs_cpu_distributed
 from pytorch_accel.dry_run import run_dry_or_overfit
@@ -347,10 +347,38 @@ class Trainer(TrainerPersistence):
                 history and callback files are left as they were.
             overfit_batches: Train (and evaluate) on the first N batches only, in order.
         """
-        checks.check_train_arguments(locals())
-        if run_dry_or_overfit(self, locals()):
+        arguments = checks.TrainArguments(
+            train_dataset=train_dataset,
+            num_epochs=num_epochs,
+            eval_dataset=eval_dataset,
+            per_device_batch_size=per_device_batch_size,
+            max_num_train_steps=max_num_train_steps,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            gradient_clip_value=gradient_clip_value,
+            create_scheduler_fn=create_scheduler_fn,
+            train_dataloader_kwargs=train_dataloader_kwargs,
+            eval_dataloader_kwargs=eval_dataloader_kwargs,
+            reset_run_history=reset_run_history,
+            collate_fn=collate_fn,
+            max_grad_norm=max_grad_norm,
+            resume_from=resume_from,
+            eval_every_n_epochs=eval_every_n_epochs,
+            sanity_eval_batches=sanity_eval_batches,
+            seed=seed,
+            seed_per_rank=seed_per_rank,
+            deterministic=deterministic,
+            cudnn_benchmark=cudnn_benchmark,
+            auto_scale_lr=auto_scale_lr,
+            resume_optimizer=resume_optimizer,
+            resume_scheduler=resume_scheduler,
+            skip_failing_batches=skip_failing_batches,
+            dry_run=dry_run,
+            overfit_batches=overfit_batches,
+        )
+        checks.check_train_arguments(self, arguments)
+        if run_dry_or_overfit(self, arguments):
             return
-        setup = RunSetup.from_arguments(locals())
+        setup = RunSetup.from_arguments(arguments)
         setup.apply_randomness(self._accelerator)
         has_eval = eval_dataset is not None
         checks.check_loss_func("Trainer.train", self, Trainer, with_train=True, with_eval=has_eval)

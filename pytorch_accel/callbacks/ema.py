@@ -11,16 +11,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 from accelerate.utils import DistributedType
 
-from pytorch_accel._validation import fail
+from pytorch_accel._checks import check_bool, check_metric_name, check_path, fail
 from pytorch_accel.callback import TrainerCallback, redirected_paths
-from pytorch_accel.callbacks._watch import (
-    MetricWatch,
-    check_bool,
-    check_metric_name,
-    check_path,
-    resolve_direction,
-    value_of_main_process,
-)
+from pytorch_accel.callbacks._watch import MetricWatch, resolve_direction, value_of_main_process
 from pytorch_accel.utils import ModelEma
 
 if TYPE_CHECKING:

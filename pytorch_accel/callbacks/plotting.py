@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pytorch_accel._validation import fail
+from pytorch_accel._checks import fail
 from pytorch_accel.callback import TrainerCallback, redirected_paths
 from pytorch_accel.callbacks._metrics_csv import STEP_COLUMN, metrics_csv_index, read_metrics_csv
 from pytorch_accel.tracking import RunHistory

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._validation import check_mapping, fail
+from pytorch_accel._checks import check_mapping, fail
 from pytorch_accel.callbacks._run_info import (
     environment,
     jsonable,

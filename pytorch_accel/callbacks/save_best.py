@@ -8,16 +8,15 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._validation import check_positive_int, fail
-from pytorch_accel.callback import TrainerCallback, redirected_paths
-from pytorch_accel.callbacks._watch import (
-    MetricWatch,
+from pytorch_accel._checks import (
     check_bool,
     check_metric_name,
     check_path,
-    resolve_direction,
-    value_of_main_process,
+    check_positive_int,
+    fail,
 )
+from pytorch_accel.callback import TrainerCallback, redirected_paths
+from pytorch_accel.callbacks._watch import MetricWatch, resolve_direction, value_of_main_process
 from pytorch_accel.logging_setup import get_logger
 
 if TYPE_CHECKING:

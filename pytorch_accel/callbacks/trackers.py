@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pytorch_accel._validation import callable_name, check_mapping, fail
+from pytorch_accel._checks import callable_name, check_mapping, fail
 from pytorch_accel.callback import redirected_paths
 from pytorch_accel.callbacks._console import format_metrics
 from pytorch_accel.callbacks._metrics_csv import (

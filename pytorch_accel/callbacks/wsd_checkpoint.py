@@ -7,7 +7,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._validation import fail
+from pytorch_accel._checks import fail
 from pytorch_accel.callback import TrainerCallback, redirected_paths
 from pytorch_accel.logging_setup import get_logger
 

@@ -1,0 +1,478 @@
+"""The value checks of every entry point: one message format, one check per rule.
+
+Each failure names the call and argument, the value received, what it must be and the fix
+(``fail``). Scalars (ints, real numbers, fractions, bools, paths, metric names), callables,
+mappings, optimizers and sized datasets; the placeholder-aware counts of the schedulers; and
+the checks of what step methods return and read (batch outputs, the ``(inputs, targets)``
+layout, a loss that cannot back-propagate, targets a loss would broadcast). The arguments of
+the trainer's entry points (``Trainer(...)``, ``train``, ``evaluate``, ``predict``) and their
+data are checked with these in ``_entry_checks``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import numbers
+import os
+import re
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
+from typing import Any, NoReturn
+
+import torch
+
+from pytorch_accel.placeholders import contains_placeholder
+
+__all__ = [
+    "FIX_PLACEHOLDER",
+    "callable_name",
+    "check_batch_output",
+    "check_bool",
+    "check_callable",
+    "check_count",
+    "check_fraction",
+    "check_group_bound",
+    "check_mapping",
+    "check_metric_name",
+    "check_number",
+    "check_optimizer",
+    "check_path",
+    "check_positive_int",
+    "check_sized_dataset",
+    "explain_backward_failure",
+    "fail",
+    "inputs_and_targets",
+    "shape_mismatches_raise",
+]
+
+
+def fail(
+    error: type[Exception], where: str, name: str, value: object, expected: str, fix: str
+) -> NoReturn:
+    """Raise ``error`` with the standard message: where, what was received, and the fix.
+
+    Args:
+        error: The exception type to raise (``TypeError`` or ``ValueError``).
+        where: The entry point, e.g. ``"Trainer.train"``.
+        name: The argument name.
+        value: The value received.
+        expected: What the argument must be.
+        fix: How to fix the call.
+
+    Raises:
+        Exception: Always, of type ``error``.
+    """
+    shown = repr(value)
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    raise error(f"{where}: {name} must be {expected}, got {shown} ({type(value).__name__}). {fix}")
+
+
+def check_positive_int(where: str, name: str, value: object, *, allow_none: bool = False) -> None:
+    """Check that ``value`` is an int >= 1 (and not a bool), or None when allowed.
+
+    Args:
+        where: The entry point, for the message.
+        name: The argument name.
+        value: The value to check.
+        allow_none: Whether ``None`` is accepted.
+
+    Raises:
+        TypeError: If the value is not an int.
+        ValueError: If the value is < 1.
+    """
+    if value is None and allow_none:
+        return
+    expected = "a positive int" + (" or None" if allow_none else "")
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        fail(TypeError, where, name, value, expected, f"Pass an int, e.g. {name}=1.")
+    if value < 1:
+        fail(ValueError, where, name, value, expected, f"Pass {name} >= 1.")
+
+
+def check_number(
+    where: str,
+    name: str,
+    value: object,
+    *,
+    strict: bool = False,
+    finite: bool = False,
+    allow_none: bool = False,
+    expected: str | None = None,
+    fix: str | None = None,
+) -> None:
+    """Check that ``value`` is a real number >= 0 (> 0 if ``strict``), not a bool or NaN.
+
+    The one check of real numbers (learning rates, thresholds, intervals, clipping values).
+
+    Args:
+        where: The entry point, for the message.
+        name: The argument name.
+        value: The value to check.
+        strict: Require a value > 0.
+        finite: Reject infinity.
+        allow_none: Whether ``None`` is accepted.
+        expected: What the message says the value must be; by default ``"a number >= 0"``,
+            ``"a number > 0"`` or ``"a finite number >= 0"``, with ``" or None"``.
+        fix: How to fix it; by default a float example, or the bound.
+
+    Raises:
+        TypeError: If the value is not a real number.
+        ValueError: If it is out of range, NaN, or infinite when ``finite``.
+    """
+    if value is None and allow_none:
+        return
+    bound = "> 0" if strict else ">= 0"
+    if expected is None:
+        expected = f"a {'finite ' if finite else ''}number {bound}"
+        expected += " or None" if allow_none else ""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        fail(TypeError, where, name, value, expected, fix or f"Pass a float, e.g. {name}=0.1.")
+    number = float(value)
+    if not (number > 0 if strict else number >= 0) or (finite and not math.isfinite(number)):
+        fail(ValueError, where, name, value, expected, fix or f"Pass {name} {bound}.")
+
+
+def check_optimizer(where: str, name: str, value: object, fix: str) -> torch.optim.Optimizer:
+    """Check that ``value`` is a ``torch.optim.Optimizer``, and return it as one.
+
+    Args:
+        where: The entry point, for the message.
+        name: The argument name.
+        value: The value to check.
+        fix: How to fix the call.
+
+    Returns:
+        ``value``.
+
+    Raises:
+        TypeError: If it is not an optimizer.
+    """
+    if not isinstance(value, torch.optim.Optimizer):
+        fail(TypeError, where, name, value, "a torch.optim.Optimizer", fix)
+    return value
+
+
+def check_callable(where: str, name: str, value: object, fix: str) -> None:
+    """Check that ``value`` is callable or None.
+
+    Args:
+        where: The entry point, for the message.
+        name: The argument name.
+        value: The value to check.
+        fix: How to fix the call.
+
+    Raises:
+        TypeError: If the value is neither None nor callable.
+    """
+    if value is not None and not callable(value):
+        fail(TypeError, where, name, value, "a callable or None", fix)
+
+
+def check_mapping(where: str, name: str, value: object) -> None:
+    """Check that ``value`` is a mapping (e.g. a dict of keyword arguments) or None.
+
+    Args:
+        where: The entry point, for the message.
+        name: The argument name.
+        value: The value to check.
+
+    Raises:
+        TypeError: If the value is neither None nor a mapping.
+    """
+    if value is not None and not isinstance(value, Mapping):
+        fail(TypeError, where, name, value, "a dict or None", f"Pass e.g. {name}={{}}.")
+
+
+def check_sized_dataset(where: str, name: str, dataset: object) -> int:
+    """Check that ``dataset`` has a length of at least one sample, and return it.
+
+    Args:
+        where: The entry point, for the message.
+        name: The argument name.
+        dataset: The dataset to check.
+
+    Returns:
+        The number of samples.
+
+    Raises:
+        TypeError: If the dataset has no ``__len__``.
+        ValueError: If the dataset is empty.
+    """
+    if not isinstance(dataset, Sized):
+        fail(
+            TypeError,
+            where,
+            name,
+            dataset,
+            "a map-style dataset with __len__",
+            "Wrap the data in a torch.utils.data.Dataset that defines __len__.",
+        )
+    size = len(dataset)
+    if size == 0:
+        fail(ValueError, where, name, dataset, "non-empty", "Pass a dataset with samples.")
+    return size
+
+
+def callable_name(fn: Callable[..., object]) -> str:
+    """Return a readable name for a callable, for messages."""
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
+def check_batch_output(batch_output: Any, method: str) -> dict[str, Any]:
+    """Return a step method's ``batch_output`` if it is a dict with ``loss`` and ``batch_size``.
+
+    Args:
+        batch_output: What the step method returned.
+        method: The step method's name, e.g. ``"calculate_train_batch_loss"``.
+
+    Returns:
+        ``batch_output`` itself.
+
+    Raises:
+        TypeError: If it is not a mapping.
+        ValueError: If ``loss`` or ``batch_size`` is missing.
+    """
+    if type(batch_output) is dict and "loss" in batch_output and "batch_size" in batch_output:
+        return batch_output
+    if not isinstance(batch_output, Mapping):
+        raise TypeError(
+            f"Trainer.{method} must return a dict with keys 'loss', 'model_outputs' and "
+            f"'batch_size', got {type(batch_output).__name__}. Return e.g. "
+            "{'loss': loss, 'model_outputs': outputs, 'batch_size': targets.size(0)}."
+        )
+    missing = [key for key in ("loss", "batch_size") if key not in batch_output]
+    if missing:
+        raise ValueError(
+            f"Trainer.{method} returned a dict without {missing} (keys: {sorted(batch_output)}). "
+            "Return e.g. {'loss': loss, 'model_outputs': outputs, 'batch_size': targets.size(0)}."
+        )
+    return batch_output  # type: ignore[return-value]
+
+
+def explain_backward_failure(loss: object, method: str, error: Exception) -> None:
+    """Raise a clear error if the loss itself made the backward pass fail; else return.
+
+    Called only after a failure, so the steps that succeed pay nothing for the check.
+
+    Args:
+        loss: The loss the step method returned.
+        method: The step method's name.
+        error: The error the backward pass raised.
+
+    Raises:
+        TypeError: If the loss is not a tensor (a Python number from ``loss.item()``).
+        ValueError: If the loss does not require grad.
+    """
+    if not isinstance(loss, torch.Tensor):
+        raise TypeError(
+            f"Trainer.{method} returned a loss of type {type(loss).__name__} ({loss!r}); it must "
+            "be the loss tensor, to back-propagate and track on the device. Return the tensor "
+            "itself, not loss.item()."
+        ) from error
+    if not loss.requires_grad:
+        raise ValueError(
+            f"Trainer.{method} returned a loss that does not require grad ({loss!r}), so there "
+            "is nothing to back-propagate: the model's parameters are all frozen "
+            "(requires_grad=False), or the loss was computed under torch.no_grad() or from "
+            "detached values. Unfreeze some parameters, or compute the loss from the model's "
+            "outputs."
+        ) from error
+
+
+def inputs_and_targets(batch: Any, method: str) -> tuple[Any, Any]:
+    """Return ``batch[0], batch[1]``: the layout the default step methods read.
+
+    Args:
+        batch: A batch from the dataloader.
+        method: The step method reading it, for the message.
+
+    Raises:
+        TypeError: If the batch is not a tuple or list of at least two items.
+    """
+    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
+        return batch[0], batch[1]
+    layout = f"a {type(batch).__name__}" + (
+        f" of {len(batch)}" if isinstance(batch, (tuple, list)) else ""
+    )
+    raise TypeError(
+        f"Trainer.{method}: the default step reads batches as (inputs, targets), got {layout}. "
+        f"Return (inputs, targets) from the dataset (or a collate_fn), or override {method} "
+        "for other layouts (dicts, inputs only, several inputs)."
+    )
+
+
+_BROADCAST_WARNING = r"Using a target size .* that is different to the input size"
+"""The start of the warning torch's element-wise losses give when targets broadcast."""
+
+
+@contextlib.contextmanager
+def shape_mismatches_raise(where: str) -> Iterator[None]:
+    """Turn torch's warning that a loss broadcast targets of another shape into a ValueError.
+
+    ``MSELoss`` and the other element-wise losses compare outputs of shape ``(B, 1)`` with
+    targets of shape ``(B,)`` as a ``(B, B)`` matrix: the run trains on the wrong loss, with
+    only a warning. Inside this block the warning is an error, raised at the first batch.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=_BROADCAST_WARNING, category=UserWarning)
+        try:
+            yield
+        except UserWarning as warning:
+            if not re.match(_BROADCAST_WARNING, str(warning)):
+                raise
+            raise ValueError(
+                f"{where}: the loss function got outputs and targets of different shapes, which "
+                f"it broadcasts into a wrong loss ({warning}). Give the targets the outputs' "
+                "shape (e.g. targets.view_as(outputs) in the dataset or a collate_fn), or "
+                "override calculate_train_batch_loss / calculate_eval_batch_loss."
+            ) from warning
+
+
+def check_count(
+    where: str,
+    name: str,
+    value: object,
+    *,
+    minimum: int,
+    allow_none: bool = False,
+    resolved: bool = False,
+) -> None:
+    """Check that `value` is an int >= `minimum` (or a placeholder, unless `resolved`).
+
+    Args:
+        where: The entry point, for the message.
+        name: The argument name.
+        value: The value to check.
+        minimum: The smallest accepted value.
+        allow_none: Whether `None` is accepted.
+        resolved: Reject placeholders (the scheduler is being built, not configured).
+
+    Raises:
+        TypeError: If the value is not an int, or an unresolved placeholder when `resolved`.
+        ValueError: If the value is below `minimum`.
+    """
+    if value is None and allow_none:
+        return
+    if contains_placeholder(value):
+        if resolved:
+            fail(TypeError, where, name, value, "an int", FIX_PLACEHOLDER)
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        fail(TypeError, where, name, value, f"an int >= {minimum}", f"Pass an int, e.g. {name}=1.")
+    if value < minimum:
+        fail(ValueError, where, name, value, f"an int >= {minimum}", f"Pass {name} >= {minimum}.")
+
+
+FIX_PLACEHOLDER = (
+    "Placeholders are resolved by the Trainer: pass create_scheduler_fn=<Scheduler>."
+    "create_scheduler_fn(...) to Trainer.train, or pass numbers when creating it yourself."
+)
+"""How to fix an unresolved placeholder reaching a scheduler's constructor."""
+
+
+def check_fraction(
+    where: str, name: str, value: object, *, allow_none: bool = False, allow_zero: bool = True
+) -> None:
+    """Check that `value` is a real number in `[0, 1]` (`(0, 1]` unless `allow_zero`).
+
+    Args:
+        where: The entry point, for the message.
+        name: The argument name.
+        value: The value to check.
+        allow_none: Whether `None` is accepted.
+        allow_zero: Whether 0 is accepted.
+
+    Raises:
+        TypeError: If the value is not a real number.
+        ValueError: If the value is outside the range.
+    """
+    if value is None and allow_none:
+        return
+    interval = "[0, 1]" if allow_zero else "(0, 1]"
+    expected = f"a number in {interval}" + (" or None" if allow_none else "")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        fail(TypeError, where, name, value, expected, f"Pass a float, e.g. {name}=0.1.")
+    number = float(value)
+    if not (0 <= number <= 1) or (number == 0 and not allow_zero):
+        fail(ValueError, where, name, value, expected, f"Pass a fraction in {interval}.")
+
+
+def check_group_bound(
+    where: str, name: str, values: Sequence[float], bases: Sequence[float], fix: str
+) -> None:
+    """Check that each group's derived value (a minimum, a warmup start) is <= its base.
+
+    Args:
+        where: The entry point, for the message.
+        name: The argument the values derive from.
+        values: The derived value of each parameter group.
+        bases: The base value of each parameter group.
+        fix: How to fix the call.
+
+    Raises:
+        ValueError: If a group's value exceeds its base value.
+    """
+    for index, (value, base) in enumerate(zip(values, bases, strict=True)):
+        if value > base:
+            fail(
+                ValueError,
+                where,
+                name,
+                value,
+                f"<= the base value of every parameter group (group {index} has {base})",
+                fix,
+            )
+
+
+def check_bool(where: str, name: str, value: object) -> None:
+    """Raise ``TypeError`` unless ``value`` is a bool."""
+    if not isinstance(value, bool):
+        fail(TypeError, where, name, value, "a bool", f"Pass {name}=True or {name}=False.")
+
+
+def check_metric_name(where: str, name: str, value: object) -> None:
+    """Raise unless ``value`` is a non-empty string (a run-history metric name)."""
+    if not isinstance(value, str) or not value:
+        fail(
+            TypeError if not isinstance(value, str) else ValueError,
+            where,
+            name,
+            value,
+            "a non-empty metric name",
+            f"Pass the name of a run-history metric, e.g. {name}='eval_loss_epoch'.",
+        )
+
+
+def check_path(
+    where: str,
+    name: str,
+    value: object,
+    *,
+    allow_none: bool = False,
+    directory: bool = False,
+) -> None:
+    """Raise unless ``value`` is a usable path for a file (or a ``directory``), or None if allowed.
+
+    It must be a non-empty ``str`` or ``os.PathLike``; an existing path must be of the right
+    kind (a file where a directory is needed fails at the first save, not here, otherwise).
+    """
+    if value is None and allow_none:
+        return
+    kind = "directory" if directory else "file"
+    expected = f"a {kind} path" + (" or None" if allow_none else "")
+    example = "checkpoints" if directory else "checkpoints/model.pt"
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        fail(TypeError, where, name, value, expected, f"Pass e.g. {name}={example!r}.")
+    path = os.fspath(value)
+    wrong_kind = os.path.isfile(path) if directory else os.path.isdir(path)
+    if wrong_kind:
+        fail(
+            ValueError,
+            where,
+            name,
+            value,
+            expected,
+            f"It names an existing {'file' if directory else 'directory'}; pass a {kind} path.",
+        )
