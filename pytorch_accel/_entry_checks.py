@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
 from pytorch_accel._checks import (
     check_callable,
+    check_count,
     check_mapping,
     check_number,
     check_optimizer,
@@ -429,7 +430,8 @@ def _check_train_data(where: str, arguments: TrainArguments) -> None:
             **common,
         )
     check_positive_int(where, "eval_every_n_epochs", arguments.eval_every_n_epochs)
-    _check_sanity_eval_batches(where, arguments.sanity_eval_batches)
+    sanity = arguments.sanity_eval_batches
+    check_count(where, "sanity_eval_batches", sanity, minimum=0, resolved=True)
     check_positive_int(
         where, "per_device_batch_size", arguments.per_device_batch_size, allow_none=True
     )
@@ -452,21 +454,6 @@ def check_eval_data(where: str, name: str, data: object, **settings: object) -> 
             fail(TypeError, where, label, None, "a dataset", "Pass a dataset or remove the set.")
         check_data(where, label, one)
         check_dataloader_settings(where, one, data_name=label, **settings)
-
-
-def _check_sanity_eval_batches(where: str, value: object) -> None:
-    expected = "an int >= 0"
-    if isinstance(value, bool) or not isinstance(value, int):
-        fail(TypeError, where, "sanity_eval_batches", value, expected, "Pass e.g. 2, or 0.")
-    if value < 0:
-        fail(
-            ValueError,
-            where,
-            "sanity_eval_batches",
-            value,
-            expected,
-            "Pass the batches to check per eval set, e.g. 2, or 0 to skip the check.",
-        )
 
 
 def check_enough_samples(train_dl: DataLoader[Any], num_samples: int, num_processes: int) -> None:
