@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import tempfile
 from pathlib import Path
@@ -19,6 +20,7 @@ from pytorch_accel.callbacks import (
     SaveBestModelCallback,
     SaveTrainingStateCallback,
     TrainerCallback,
+    redirected_paths,
 )
 
 
@@ -113,6 +115,32 @@ def test_a_dry_run_after_a_real_run_leaves_its_run_record_untouched(tmp_path: Pa
     assert record.directory == record_dir
     assert record.csv_path == record_dir / "metrics.csv"
     assert record.logging_dir == str(record_dir)
+
+
+class WritesNotes(TrainerCallback):
+    """A user callback that writes a file and declares where (as docs/callbacks.md shows)."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
+        self.written: list[Path] = []
+
+    def redirect_outputs(self, directory: Path) -> contextlib.AbstractContextManager[None]:
+        return redirected_paths(self, directory, "out_dir")
+
+    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / "notes.txt").write_text(str(trainer.num_updates))
+        self.written.append(self.out_dir)
+
+
+def test_a_user_callback_that_declares_its_outputs_is_redirected(tmp_path: Path) -> None:
+    notes = WritesNotes(tmp_path / "notes")
+    trainer = make_trainer(callbacks=(notes,))
+    trainer.train(make_regression_dataset(16), num_epochs=1, per_device_batch_size=4, dry_run=1)
+    assert not (tmp_path / "notes").exists()
+    assert notes.written[-1].name == "notes"
+    assert notes.written[-1].parent.parent.parent.parent == Path(tempfile.gettempdir())
+    assert notes.out_dir == tmp_path / "notes"
 
 
 def test_a_dry_run_before_training_does_not_change_the_run() -> None:
