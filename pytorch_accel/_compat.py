@@ -1,19 +1,25 @@
-"""The names pytorch-accelerated users import from its ``trainer`` module, served lazily.
+"""The pytorch-accelerated names of the trainer module and of ``Trainer``, in one place.
 
-``pytorch_accel.trainer`` uses ``trainer_module_attribute`` as its module ``__getattr__``, so
-``from pytorch_accel.trainer import TrainerWithTimmScheduler, ProgressBarCallback, set_seed``
-works as it did, without the facade importing them all (``TrainerWithTimmScheduler`` is a
-subclass of ``Trainer``, defined after it).
+- ``TRAINER_MODULE_NAMES``: what pytorch-accelerated users import from its ``trainer`` module.
+  ``pytorch_accel.trainer`` uses ``trainer_module_attribute`` as its module ``__getattr__``, so
+  ``from pytorch_accel.trainer import TrainerWithTimmScheduler, ProgressBarCallback, set_seed``
+  works as it did, without the facade importing them all (``TrainerWithTimmScheduler`` is a
+  subclass of ``Trainer``, defined after it).
+- ``TRAINER_ATTRIBUTES``: private attributes of pytorch-accelerated's ``Trainer`` that ported
+  code reads; ``with_ported_attributes`` adds them to ``Trainer`` as read-only aliases.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+import operator
+from typing import Any, TypeVar
 
-if TYPE_CHECKING:
-    from torch.utils.data import DataLoader
-
-__all__ = ["TRAINER_MODULE_NAMES", "PortedTrainerAttributes", "trainer_module_attribute"]
+__all__ = [
+    "TRAINER_ATTRIBUTES",
+    "TRAINER_MODULE_NAMES",
+    "trainer_module_attribute",
+    "with_ported_attributes",
+]
 
 TRAINER_MODULE_NAMES = (
     "DEFAULT_CALLBACKS",
@@ -54,27 +60,30 @@ def trainer_module_attribute(name: str) -> Any:
     return found[name] if name in found else getattr(defaults, name)
 
 
-class _WithDataloaders(Protocol):
-    @property
-    def train_dataloader(self) -> DataLoader[Any] | None: ...
+TRAINER_ATTRIBUTES = {
+    "_train_dataloader": "train_dataloader",
+    "_eval_dataloader": "eval_dataloader",
+}
+"""Private attributes of pytorch-accelerated's ``Trainer`` that its own examples and callbacks
+read, and the public property each one reads (read-only)."""
 
-    @property
-    def eval_dataloader(self) -> DataLoader[Any] | None: ...
+TrainerType = TypeVar("TrainerType", bound=type)
 
 
-class PortedTrainerAttributes:
-    """Private attributes of pytorch-accelerated's ``Trainer`` that its own examples read.
+def with_ported_attributes(trainer_class: TrainerType) -> TrainerType:
+    """Give ``trainer_class`` the ``TRAINER_ATTRIBUTES``, as read-only aliases of its properties.
 
-    ``Trainer`` inherits them, so that code subclassing that trainer keeps working; new code
-    uses the public ``train_dataloader`` and ``eval_dataloader``.
+    ``Trainer`` is decorated with it, so code written for pytorch-accelerated's trainer (a
+    callback reading ``trainer._train_dataloader``) keeps working; new code uses the public
+    names.
+
+    Args:
+        trainer_class: The class to add the aliases to.
+
+    Returns:
+        ``trainer_class`` itself.
     """
-
-    @property
-    def _train_dataloader(self: _WithDataloaders) -> DataLoader[Any] | None:
-        """``train_dataloader``, under pytorch-accelerated's private name."""
-        return self.train_dataloader
-
-    @property
-    def _eval_dataloader(self: _WithDataloaders) -> DataLoader[Any] | None:
-        """``eval_dataloader``, under pytorch-accelerated's private name."""
-        return self.eval_dataloader
+    for ported, public in TRAINER_ATTRIBUTES.items():
+        alias = property(operator.attrgetter(public), doc=f"``{public}``, under {ported!r}.")
+        setattr(trainer_class, ported, alias)
+    return trainer_class

@@ -1,12 +1,15 @@
-"""Checks of the arguments of the trainer's entry points: the constructor, train and evaluate.
+"""Checks of the arguments of the trainer's entry points, and of the data they take.
 
-Each failure names the entry point, the argument, the value received and the fix (see
-``pytorch_accel._validation``), before anything is prepared or trained. The checks of the data
-(datasets, streams, eval sets, dataloaders) live in ``_data_checks`` and are re-exported here.
+The entry points are ``Trainer(...)``, ``train``, ``evaluate`` and ``predict``; their data are
+datasets, streams, eval sets and dataloaders. ``train()`` passes its arguments as one typed
+``TrainArguments``. Each failure names the entry point, the argument, the value received and
+the fix (``_checks.fail``), before anything is prepared or trained; the value checks used here
+are those of ``_checks``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import inspect
@@ -17,33 +20,26 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 import torch
 from accelerate import Accelerator
 from torch import nn
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
-from pytorch_accel._data_checks import (
-    check_data,
-    check_dataloader_settings,
-    check_enough_samples,
-    check_eval_data,
-    check_has_batches,
-    check_train_data,
-    has_length,
-    loader_settings,
-    predict_dataloader,
-)
-from pytorch_accel._validation import (
+from pytorch_accel._checks import (
     check_callable,
+    check_count,
     check_mapping,
-    check_non_negative_number,
+    check_number,
     check_optimizer,
     check_positive_int,
-    check_positive_number,
+    check_sized_dataset,
     fail,
 )
+from pytorch_accel.dataloaders import merge_dataloader_kwargs, num_batches
 from pytorch_accel.distributed import check_world_size
-from pytorch_accel.dry_run import check_dry_run_arguments
-from pytorch_accel.run_setup import check_run_setup_arguments
+from pytorch_accel.eval_sets import named_eval_sets
+from pytorch_accel.failing_batches import SkipFailingBatches, skip_policy
 from pytorch_accel.tracking import RunHistory
 
 if TYPE_CHECKING:
+    from pytorch_accel.preparation import Preparation
     from pytorch_accel.run_config import TrainerRunConfig
     from pytorch_accel.trainer import Trainer
 
@@ -51,12 +47,10 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 __all__ = [
+    "TrainArguments",
     "check_accelerator",
     "check_constructor_arguments",
-    "check_data",
-    "check_dataloader_settings",
     "check_enough_samples",
-    "check_eval_data",
     "check_evaluate_arguments",
     "check_has_batches",
     "check_loss_func",
@@ -68,6 +62,42 @@ __all__ = [
     "predict_dataloader",
     "suggest_arguments",
 ]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainArguments:
+    """The arguments of one ``Trainer.train`` call, as passed (see its docstring)."""
+
+    train_dataset: Any
+    num_epochs: int | None = None
+    eval_dataset: Any = None
+    per_device_batch_size: int | None = None
+    max_num_train_steps: int | None = None
+    gradient_accumulation_steps: int = 1
+    gradient_clip_value: float | None = None
+    create_scheduler_fn: Callable[[torch.optim.Optimizer], Any] | None = None
+    train_dataloader_kwargs: Mapping[str, Any] | None = None
+    eval_dataloader_kwargs: Mapping[str, Any] | None = None
+    reset_run_history: bool = True
+    collate_fn: Callable[..., Any] | None = None
+    max_grad_norm: float | None = None
+    resume_from: str | os.PathLike[str] | None = None
+    eval_every_n_epochs: int = 1
+    sanity_eval_batches: int = 0
+    seed: int | None = None
+    seed_per_rank: bool = False
+    deterministic: bool = False
+    cudnn_benchmark: bool | None = None
+    auto_scale_lr: int | None = None
+    resume_optimizer: bool = True
+    resume_scheduler: bool = True
+    skip_failing_batches: int | SkipFailingBatches | None = None
+    dry_run: bool | int = False
+    overfit_batches: int | None = None
+
+    def as_kwargs(self) -> dict[str, Any]:
+        """The arguments by name, to call ``train(**...)`` again (values not copied)."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
 
 
 def check_constructor_arguments(
@@ -115,39 +145,36 @@ def check_accelerator(accelerator: Accelerator) -> None:
         )
 
 
-def check_train_arguments(arguments: Mapping[str, Any]) -> None:
-    """Check the arguments of ``Trainer.train`` (its ``locals()``) and the trainer's settings."""
-    where = "Trainer.train"
-    check_trainer_settings(where, arguments["self"])
-    _check_run_switches(where, arguments)
-    check_train_data(where, arguments)
-    check_positive_int(
-        where, "gradient_accumulation_steps", arguments["gradient_accumulation_steps"]
-    )
-    _check_clipping(where, arguments["gradient_clip_value"], arguments["max_grad_norm"])
+def check_train_arguments(trainer: Trainer, arguments: TrainArguments) -> None:
+    """Check the arguments of ``Trainer.train`` and the trainer's settings."""
+    where, a = "Trainer.train", arguments
+    check_trainer_settings(where, trainer)
+    _check_run_switches(where, a.reset_run_history, a.resume_from)
+    _check_train_data(where, a)
+    check_positive_int(where, "gradient_accumulation_steps", a.gradient_accumulation_steps)
+    _check_clipping(where, a.gradient_clip_value, a.max_grad_norm)
     check_callable(
         where,
         "create_scheduler_fn",
-        arguments["create_scheduler_fn"],
+        a.create_scheduler_fn,
         "Pass a function optimizer -> scheduler, e.g. functools.partial(StepLR, step_size=10).",
     )
-    check_callable(where, "collate_fn", arguments["collate_fn"], "Pass a function or None.")
-    check_run_setup_arguments(where, arguments)
-    check_dry_run_arguments(where, arguments)
+    check_callable(where, "collate_fn", a.collate_fn, "Pass a function or None.")
+    _check_run_setup(where, a)
+    _check_dry_run(where, a)
 
 
-def _check_run_switches(where: str, arguments: Mapping[str, Any]) -> None:
+def _check_run_switches(where: str, reset_run_history: object, resume_from: object) -> None:
     """Check ``reset_run_history`` and ``resume_from``."""
-    if not isinstance(arguments["reset_run_history"], bool):
+    if not isinstance(reset_run_history, bool):
         fail(
             TypeError,
             where,
             "reset_run_history",
-            arguments["reset_run_history"],
+            reset_run_history,
             "True or False",
             "Pass reset_run_history=False to continue the run history of earlier calls.",
         )
-    resume_from = arguments["resume_from"]
     if resume_from is not None and not isinstance(resume_from, (str, os.PathLike)):
         fail(
             TypeError,
@@ -161,8 +188,9 @@ def _check_run_switches(where: str, arguments: Mapping[str, Any]) -> None:
 
 def _check_clipping(where: str, clip_value: object, max_norm: object) -> None:
     """Check ``gradient_clip_value`` and ``max_grad_norm``: positive, and not both."""
-    check_positive_number(where, "gradient_clip_value", clip_value, allow_none=True)
-    check_positive_number(where, "max_grad_norm", max_norm, allow_none=True)
+    for name, value in (("gradient_clip_value", clip_value), ("max_grad_norm", max_norm)):
+        expected, fix = "a positive number or None", f"Pass {name} > 0, or None to disable."
+        check_number(where, name, value, strict=True, allow_none=True, expected=expected, fix=fix)
     if clip_value is not None and max_norm is not None:
         fail(
             ValueError,
@@ -185,11 +213,11 @@ def check_trainer_settings(where: str, trainer: Trainer) -> None:
             "replace the run's dataloaders and history. To evaluate during training, call "
             "trainer.run_eval_epoch(); train again after train() returns."
         )
-    check_non_negative_number(
+    check_number(
         where,
         "trainer.progress_interval",
         trainer.progress_interval,
-        "Set trainer.progress_interval to seconds, e.g. 0.05, or 0 for every step.",
+        fix="Set trainer.progress_interval to seconds, e.g. 0.05, or 0 for every step.",
     )
     for name in ("limit_train_batches", "limit_eval_batches"):
         check_positive_int(where, f"trainer.{name}", getattr(trainer, name), allow_none=True)
@@ -276,6 +304,322 @@ def check_evaluate_arguments(
             "a string",
             "Pass e.g. metric_prefix='test_' (the loss is then recorded as 'test_loss').",
         )
+
+
+def _check_run_setup(where: str, arguments: TrainArguments) -> None:
+    """Check the run set-up arguments of ``train()``: seeding, determinism, LR scaling, skips."""
+    _check_seed(where, arguments.seed)
+    for name, value in (
+        ("seed_per_rank", arguments.seed_per_rank),
+        ("deterministic", arguments.deterministic),
+    ):
+        if not isinstance(value, bool):
+            fail(TypeError, where, name, value, "True or False", f"Pass {name}=True.")
+    benchmark = arguments.cudnn_benchmark
+    if benchmark is not None and not isinstance(benchmark, bool):
+        fail(TypeError, where, "cudnn_benchmark", benchmark, "True, False or None", "Pass True.")
+    if benchmark and arguments.deterministic:
+        fail(
+            ValueError,
+            where,
+            "cudnn_benchmark",
+            benchmark,
+            "False or None with deterministic=True",
+            "cuDNN's benchmark picks algorithms by timing, which is not deterministic.",
+        )
+    if arguments.seed_per_rank and arguments.seed is None:
+        fail(ValueError, where, "seed_per_rank", True, "False without a seed", "Pass seed=...")
+    check_positive_int(where, "auto_scale_lr", arguments.auto_scale_lr, allow_none=True)
+    _check_resume_parts(where, arguments)
+    skip_policy(where, arguments.skip_failing_batches)
+
+
+def _check_resume_parts(where: str, arguments: TrainArguments) -> None:
+    """Check ``resume_optimizer`` and ``resume_scheduler``: bools, ``False`` only to resume."""
+    for name, value in (
+        ("resume_optimizer", arguments.resume_optimizer),
+        ("resume_scheduler", arguments.resume_scheduler),
+    ):
+        if not isinstance(value, bool):
+            fail(TypeError, where, name, value, "True or False", f"Pass {name}=False.")
+        if not value and arguments.resume_from is None:
+            fail(
+                ValueError,
+                where,
+                name,
+                value,
+                "True without resume_from",
+                "It chooses what a resumed run loads: pass resume_from=..., or leave it out.",
+            )
+
+
+def _check_seed(where: str, seed: object) -> None:
+    """Check that ``seed`` is ``None`` or an int NumPy accepts (after adding a process index)."""
+    if seed is None:
+        return
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        fail(TypeError, where, "seed", seed, "an int or None", "Pass e.g. seed=42.")
+    if not 0 <= seed < 2**32 - 2**16:
+        fail(
+            ValueError,
+            where,
+            "seed",
+            seed,
+            f"in [0, {2**32 - 2**16})",
+            "NumPy takes 32-bit seeds (and seed_per_rank adds the process index).",
+        )
+
+
+def _check_dry_run(where: str, arguments: TrainArguments) -> None:
+    """Check ``dry_run`` and ``overfit_batches``."""
+    dry_run = arguments.dry_run
+    if not isinstance(dry_run, bool):
+        check_positive_int(where, "dry_run", dry_run)
+    overfit = arguments.overfit_batches
+    check_positive_int(where, "overfit_batches", overfit, allow_none=True)
+    if dry_run and overfit is not None:
+        fail(
+            ValueError,
+            where,
+            "overfit_batches",
+            overfit,
+            "None with dry_run",
+            "Run one of them: a dry run checks the pipeline, an overfit run trains.",
+        )
+    if overfit is not None and isinstance(arguments.train_dataset, DataLoader):
+        fail(
+            ValueError,
+            where,
+            "overfit_batches",
+            overfit,
+            "None when train_dataset is a DataLoader",
+            "Pass the dataset: the overfit run builds its own unshuffled subset of it.",
+        )
+    if overfit is not None and isinstance(arguments.train_dataset, IterableDataset):
+        fail(
+            ValueError,
+            where,
+            "overfit_batches",
+            overfit,
+            "None when train_dataset is an IterableDataset",
+            "A stream has no first batches to come back to: overfit a map-style dataset.",
+        )
+
+
+def _check_train_data(where: str, arguments: TrainArguments) -> None:
+    """Check ``train()``'s data arguments: the sets, how long to train, the loader settings."""
+    check_data(where, "train_dataset", arguments.train_dataset, streams=True)
+    _check_run_length(where, arguments)
+    common = {
+        "per_device_batch_size": arguments.per_device_batch_size,
+        "collate_fn": arguments.collate_fn,
+    }
+    check_dataloader_settings(
+        where,
+        arguments.train_dataset,
+        data_name="train_dataset",
+        train_dataloader_kwargs=arguments.train_dataloader_kwargs,
+        **common,
+    )
+    if arguments.eval_dataset is not None:
+        check_eval_data(
+            where,
+            "eval_dataset",
+            arguments.eval_dataset,
+            eval_dataloader_kwargs=arguments.eval_dataloader_kwargs,
+            **common,
+        )
+    check_positive_int(where, "eval_every_n_epochs", arguments.eval_every_n_epochs)
+    sanity = arguments.sanity_eval_batches
+    check_count(where, "sanity_eval_batches", sanity, minimum=0, resolved=True)
+    check_positive_int(
+        where, "per_device_batch_size", arguments.per_device_batch_size, allow_none=True
+    )
+    check_mapping(where, "train_dataloader_kwargs", arguments.train_dataloader_kwargs)
+    check_mapping(where, "eval_dataloader_kwargs", arguments.eval_dataloader_kwargs)
+
+
+def check_eval_data(where: str, name: str, data: object, **settings: object) -> None:
+    """Check one eval set, or a mapping of named ones, and the settings that build loaders.
+
+    Args:
+        where: The entry point.
+        name: The argument's name.
+        data: A dataset or ``DataLoader``, or a mapping of set names to them.
+        **settings: The arguments that build a dataloader from a dataset, by name.
+    """
+    for set_name, one in named_eval_sets(where, name, data).items():
+        label = name if set_name is None else f"{name}[{set_name!r}]"
+        if one is None:
+            fail(TypeError, where, label, None, "a dataset", "Pass a dataset or remove the set.")
+        check_data(where, label, one)
+        check_dataloader_settings(where, one, data_name=label, **settings)
+
+
+def check_enough_samples(train_dl: DataLoader[Any], num_samples: int, num_processes: int) -> None:
+    """Reject a train set smaller than one batch per process."""
+    batch_size = train_dl.batch_size
+    if batch_size is not None and num_samples < batch_size * num_processes:
+        fail(
+            ValueError,
+            "Trainer.train",
+            "train_dataset",
+            f"<{num_samples} samples>",
+            f"at least one batch per process ({batch_size} x {num_processes} processes)",
+            f"Lower per_device_batch_size to at most {max(1, num_samples // num_processes)}.",
+        )
+
+
+def check_has_batches(where: str, preparation: Preparation, **dl_kwargs: Mapping[str, Any]) -> None:
+    """Reject prepared dataloaders that yield no batch on this process (an empty epoch).
+
+    Args:
+        where: The entry point.
+        preparation: Holds the prepared dataloaders.
+        **dl_kwargs: The arguments each dataloader was built with, by the entry point's name
+            for them (a name with ``train`` for the train dataloader, else the eval one).
+    """
+    for name, kwargs in dl_kwargs.items():
+        train = "train" in name
+        loaders = [preparation.train_dataloader] if train else preparation.eval_dataloaders.values()
+        if any(loader is not None and num_batches(loader) == 0 for loader in loaders):
+            fail(
+                ValueError,
+                where,
+                name,
+                dict(kwargs),
+                "settings that give at least one batch per process",
+                "Check batch_sampler, drop_last and the batch size against the dataset size.",
+            )
+
+
+def check_data(where: str, name: str, data: object, *, streams: bool = False) -> None:
+    """Accept a map-style dataset, or a ``DataLoader`` over one (or streams, if allowed).
+
+    Args:
+        where: The entry point.
+        name: The argument's name.
+        data: A dataset or a ``DataLoader``.
+        streams: Also accept an ``IterableDataset`` (or a ``DataLoader`` over one).
+    """
+    dataset = data.dataset if isinstance(data, DataLoader) else data
+    if streams and isinstance(dataset, IterableDataset):
+        return
+    label = f"{name}.dataset (of the DataLoader)" if isinstance(data, DataLoader) else name
+    check_sized_dataset(where, label, dataset)
+
+
+def has_length(data: object) -> bool:
+    """Whether ``data`` (a dataset, or a ``DataLoader`` over one) has a number of samples."""
+    dataset = data.dataset if isinstance(data, DataLoader) else data
+    return not isinstance(dataset, IterableDataset)
+
+
+def _check_run_length(where: str, arguments: TrainArguments) -> None:
+    """Require ``num_epochs`` or ``max_num_train_steps``; the latter for data without length."""
+    num_epochs, max_steps = arguments.num_epochs, arguments.max_num_train_steps
+    check_positive_int(where, "num_epochs", num_epochs, allow_none=True)
+    check_positive_int(where, "max_num_train_steps", max_steps, allow_none=True)
+    if max_steps is not None:
+        return
+    if not has_length(arguments.train_dataset):
+        fail(
+            ValueError,
+            where,
+            "max_num_train_steps",
+            None,
+            "a positive int when train_dataset has no length (an IterableDataset)",
+            "Pass max_num_train_steps=N: a run over a stream is counted in optimizer updates "
+            "(num_epochs, if given, caps the passes through it).",
+        )
+    if num_epochs is None:
+        fail(
+            ValueError,
+            where,
+            "num_epochs",
+            None,
+            "a positive int when max_num_train_steps is not given",
+            "Pass num_epochs=N, or max_num_train_steps=N for a run counted in updates.",
+        )
+
+
+def check_dataloader_settings(
+    where: str, data: object, *, data_name: str = "the data", **settings: object
+) -> None:
+    """Reject the arguments that build a dataloader when ``data`` is already a ``DataLoader``.
+
+    Args:
+        where: The entry point.
+        data: The dataset or dataloader the user passed.
+        data_name: How the message names ``data``.
+        **settings: The arguments that build a dataloader from a dataset, by name.
+
+    Raises:
+        ValueError: If ``data`` is a ``DataLoader`` and one of ``settings`` is given.
+    """
+    if not isinstance(data, DataLoader):
+        return
+    for name, value in settings.items():
+        if value is not None:
+            fail(
+                ValueError,
+                where,
+                name,
+                value,
+                f"None when {data_name} is a DataLoader",
+                "Build the DataLoader with it, or pass the dataset instead of a DataLoader.",
+            )
+
+
+def loader_settings(dataloader: DataLoader[Any]) -> dict[str, Any]:
+    """The settings a user-built ``DataLoader`` holds, as the run config records them."""
+    names = ("batch_size", "num_workers", "pin_memory", "drop_last", "collate_fn")
+    return {name: getattr(dataloader, name) for name in names}
+
+
+def predict_dataloader(
+    data: Any,
+    per_device_batch_size: int | None,
+    dataloader_kwargs: Mapping[str, Any] | None,
+    collate_fn: Callable[..., Any] | None,
+    preparation: Preparation,
+) -> DataLoader[Any]:
+    """Check ``Trainer.predict``'s arguments; return the user's dataloader or build one."""
+    where = "Trainer.predict"
+    check_dataloader_settings(
+        where,
+        data,
+        data_name="data",
+        per_device_batch_size=per_device_batch_size,
+        dataloader_kwargs=dataloader_kwargs,
+        collate_fn=collate_fn,
+    )
+    if isinstance(data, DataLoader):
+        if isinstance(data.sampler, RandomSampler):
+            fail(
+                ValueError,
+                where,
+                "data",
+                "a shuffled DataLoader",
+                "a DataLoader that is not shuffled",
+                "Predictions come back in the dataloader's order: build it with shuffle=False.",
+            )
+        return data
+    check_sized_dataset(where, "data", data)
+    batch_size = 8 if per_device_batch_size is None else per_device_batch_size
+    check_positive_int(where, "per_device_batch_size", batch_size)
+    check_mapping(where, "dataloader_kwargs", dataloader_kwargs)
+    if (dataloader_kwargs or {}).get("shuffle"):
+        fail(
+            ValueError,
+            where,
+            "dataloader_kwargs['shuffle']",
+            True,
+            "False",
+            "Predictions come back in the dataset's order; leave shuffle out.",
+        )
+    defaults = preparation.default_dl_kwargs(data, batch_size, shuffle=False, collate_fn=collate_fn)
+    return DataLoader(data, **merge_dataloader_kwargs(defaults, dataloader_kwargs))
 
 
 def _check_optimizer_fits(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:

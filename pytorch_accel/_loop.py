@@ -49,13 +49,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.utils import concatenate, send_to_device, slice_tensors
 
-from pytorch_accel._state import TrainerState
-from pytorch_accel._validation import (
+from pytorch_accel._checks import (
     check_batch_output,
     explain_backward_failure,
     fail,
     shape_mismatches_raise,
 )
+from pytorch_accel._state import TrainerState
 from pytorch_accel.batch_iteration import epoch_batches
 from pytorch_accel.distributed import AgreedFlag
 from pytorch_accel.errors import StopTrainingError

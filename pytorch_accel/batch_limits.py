@@ -12,7 +12,7 @@ import os
 import warnings
 from types import TracebackType
 
-from pytorch_accel._validation import check_positive_int, fail
+from pytorch_accel._checks import check_positive_int, fail
 
 __all__ = ["LIMIT_BATCHES_ENV_VAR", "LimitBatches", "limit_batches_from_environment"]
 

@@ -6,12 +6,16 @@ package, which builds on this class (``pytorch_accel.callbacks.TrainerCallback``
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer
 
-__all__ = ["TrainerCallback"]
+__all__ = ["TrainerCallback", "redirected_paths"]
 
 
 class TrainerCallback:
@@ -47,6 +51,29 @@ class TrainerCallback:
     custom_events: ClassVar[tuple[str, ...]] = ()
     may_stop_training: ClassVar[bool] = True
     agreed_stop_events: ClassVar[frozenset[str]] = frozenset()
+
+    def redirect_outputs(self, directory: Path) -> contextlib.AbstractContextManager[None]:
+        """Write this callback's files under ``directory`` while the returned context is open.
+
+        ``train(dry_run=...)`` enters it for every callback, with a new directory per callback
+        under the dry run's temporary one, so a dry run leaves the user's files as they were.
+        The default redirects nothing: a callback that writes no files needs nothing. One
+        that writes files overrides it, usually with ``redirected_paths``, naming the
+        attributes that hold where it writes, and puts them back when the context exits.
+
+        Args:
+            directory: An empty directory of this callback's own (it may not exist yet).
+
+        Returns:
+            A context manager; its ``__exit__`` puts the callback's own locations back.
+
+        Example:
+            ```python
+            def redirect_outputs(self, directory):
+                return redirected_paths(self, directory, "save_path")
+            ```
+        """
+        return contextlib.nullcontext()
 
     def on_init_end(self, trainer: Trainer, **kwargs: Any) -> None:
         """Called at the end of ``Trainer.__init__``."""
@@ -169,3 +196,28 @@ class TrainerCallback:
 
     def on_stop_training_error(self, trainer: Trainer, **kwargs: Any) -> None:
         """Called when a ``StopTrainingError`` stopped the run (kwarg ``error``)."""
+
+
+@contextlib.contextmanager
+def redirected_paths(owner: object, directory: Path, *names: str) -> Iterator[None]:
+    """Point ``owner``'s path attributes ``names`` into ``directory``, then put them back.
+
+    For ``TrainerCallback.redirect_outputs``: each attribute holding a path (a ``str`` or
+    ``os.PathLike``; ``None`` is left alone) becomes the same file name in ``directory``, of
+    the same type, until the context exits.
+
+    Args:
+        owner: The callback (or any object) whose attributes are redirected.
+        directory: Where the files go meanwhile.
+        *names: The attributes that hold the callback's output paths.
+    """
+    saved = {name: getattr(owner, name) for name in names}
+    for name, value in saved.items():
+        if isinstance(value, (str, os.PathLike)):
+            new = directory / Path(value).name
+            setattr(owner, name, new if isinstance(value, Path) else os.fspath(new))
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(owner, name, value)

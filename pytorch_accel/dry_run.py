@@ -1,11 +1,12 @@
 """Dry runs and overfit runs: ``train(dry_run=...)`` and ``train(overfit_batches=...)``.
 
 A dry run calls ``train()`` again for one short epoch (a few batches of training and
-evaluation, every callback enabled), with a fresh run history and every callback path
-(attributes named ``path``, ``*_path`` or ``*_dir``) pointing into a temporary directory, then
-saves a training state there and loads it back. Afterwards the model, optimizer, scheduler,
-run history, random states and callback paths are put back and the directory is deleted, so
-nothing of the user's (checkpoints, states, history, weights) changes.
+evaluation, every callback enabled), with a fresh run history and every callback's files
+redirected into a temporary directory (each callback says where it writes through
+``TrainerCallback.redirect_outputs``), then saves a training state there and loads it back.
+Afterwards the model, optimizer, scheduler, run history, random states and callback outputs
+are put back and the directory is deleted, so nothing of the user's (checkpoints, states,
+records, history, weights) changes.
 
 An overfit run trains on the first few batches of the train set only, in order, and evaluates
 on the same batches (Lightning's ``overfit_batches``): a model that cannot drive that loss
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import os
+import dataclasses
 import random
 import shutil
 import tempfile
@@ -28,19 +29,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from accelerate.utils import broadcast_object_list
-from torch.utils.data import DataLoader, IterableDataset, Subset
+from torch.utils.data import Subset
 
-from pytorch_accel._validation import check_positive_int, fail
+from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.logging_setup import get_logger
 from pytorch_accel.tracking import InMemoryRunHistory
 
 if TYPE_CHECKING:
+    from pytorch_accel._entry_checks import TrainArguments
     from pytorch_accel.trainer import Trainer
 
 __all__ = [
     "DRY_RUN_BATCHES",
-    "check_dry_run_arguments",
-    "redirected_paths",
+    "redirected_outputs",
     "run_dry",
     "run_dry_or_overfit",
     "run_overfit",
@@ -50,116 +51,76 @@ DRY_RUN_BATCHES = 2
 """The batches of training and of evaluation that ``train(dry_run=True)`` runs."""
 
 
-def check_dry_run_arguments(where: str, arguments: Mapping[str, Any]) -> None:
-    """Check ``dry_run`` and ``overfit_batches`` (from ``train()``'s ``locals()``)."""
-    dry_run = arguments["dry_run"]
-    if not isinstance(dry_run, bool):
-        check_positive_int(where, "dry_run", dry_run)
-    overfit = arguments["overfit_batches"]
-    check_positive_int(where, "overfit_batches", overfit, allow_none=True)
-    if dry_run and overfit is not None:
-        fail(
-            ValueError,
-            where,
-            "overfit_batches",
-            overfit,
-            "None with dry_run",
-            "Run one of them: a dry run checks the pipeline, an overfit run trains.",
-        )
-    if overfit is not None and isinstance(arguments["train_dataset"], DataLoader):
-        fail(
-            ValueError,
-            where,
-            "overfit_batches",
-            overfit,
-            "None when train_dataset is a DataLoader",
-            "Pass the dataset: the overfit run builds its own unshuffled subset of it.",
-        )
-    if overfit is not None and isinstance(arguments["train_dataset"], IterableDataset):
-        fail(
-            ValueError,
-            where,
-            "overfit_batches",
-            overfit,
-            "None when train_dataset is an IterableDataset",
-            "A stream has no first batches to come back to: overfit a map-style dataset.",
-        )
-
-
-def run_dry_or_overfit(trainer: Trainer, arguments: Mapping[str, Any]) -> bool:
+def run_dry_or_overfit(trainer: Trainer, arguments: TrainArguments) -> bool:
     """Run ``train()`` as a dry or overfit run if its arguments ask; return whether it did.
 
     Args:
         trainer: The trainer.
-        arguments: ``train()``'s ``locals()``, checked.
+        arguments: ``train()``'s arguments, checked.
     """
-    settings = {name: value for name, value in arguments.items() if name != "self"}
-    if settings["dry_run"]:
-        run_dry(trainer, settings)
+    if arguments.dry_run:
+        run_dry(trainer, arguments)
         return True
-    if settings["overfit_batches"] is not None:
-        run_overfit(trainer, settings)
+    if arguments.overfit_batches is not None:
+        run_overfit(trainer, arguments)
         return True
     return False
 
 
-def run_dry(trainer: Trainer, arguments: Mapping[str, Any]) -> None:
-    """Run ``train(**arguments)`` as a dry run, leaving nothing of the user's changed."""
-    num_batches = DRY_RUN_BATCHES if arguments["dry_run"] is True else int(arguments["dry_run"])
+def run_dry(trainer: Trainer, arguments: TrainArguments) -> None:
+    """Run ``train()`` with ``arguments`` as a dry run, leaving nothing of the user's changed."""
+    num_batches = DRY_RUN_BATCHES if arguments.dry_run is True else int(arguments.dry_run)
     with _kept_as_it_was(trainer), _temporary_directory(trainer) as directory:
-        with redirected_paths(trainer.callback_handler.callbacks, directory / "callbacks"):
+        with redirected_outputs(trainer.callback_handler.callbacks, directory / "callbacks"):
             trainer.dry_run_dir = directory
             trainer.run_history = InMemoryRunHistory()
             trainer.limit_train_batches = _lowest(trainer.limit_train_batches, num_batches)
             trainer.limit_eval_batches = _lowest(trainer.limit_eval_batches, num_batches)
-            settings = {**arguments, "num_epochs": 1, "resume_from": None, "dry_run": False}
-            for name in ("resume_optimizer", "resume_scheduler"):
-                settings[name] = True
-            trainer.train(**settings)
+            settings = dataclasses.replace(
+                arguments,
+                num_epochs=1,
+                resume_from=None,
+                dry_run=False,
+                resume_optimizer=True,
+                resume_scheduler=True,
+            )
+            trainer.train(**settings.as_kwargs())
             trainer.save_training_state(directory / "training_state")
             trainer.load_training_state(directory / "training_state")
         get_logger().info(f"Dry run passed: {trainer.run_history.get_metric_names()} recorded.")
 
 
-def run_overfit(trainer: Trainer, arguments: Mapping[str, Any]) -> None:
-    """Run ``train(**arguments)`` on the first ``overfit_batches`` batches, for train and eval."""
-    batch_size = arguments["per_device_batch_size"] or 8
+def run_overfit(trainer: Trainer, arguments: TrainArguments) -> None:
+    """Run ``train()`` on the first ``overfit_batches`` batches, for train and eval."""
+    batch_size = arguments.per_device_batch_size or 8
     processes = trainer.accelerator.num_processes
-    dataset = arguments["train_dataset"]
-    size = min(len(dataset), arguments["overfit_batches"] * batch_size * processes)
+    dataset = arguments.train_dataset
+    size = min(len(dataset), (arguments.overfit_batches or 0) * batch_size * processes)
     subset = Subset(dataset, range(size))
-    loader_kwargs = {**(arguments["train_dataloader_kwargs"] or {}), "shuffle": False}
-    trainer.train(
-        **{
-            **arguments,
-            "train_dataset": subset,
-            "eval_dataset": subset,
-            "train_dataloader_kwargs": loader_kwargs,
-            "overfit_batches": None,
-        }
+    loader_kwargs = {**(arguments.train_dataloader_kwargs or {}), "shuffle": False}
+    settings = dataclasses.replace(
+        arguments,
+        train_dataset=subset,
+        eval_dataset=subset,
+        train_dataloader_kwargs=loader_kwargs,
+        overfit_batches=None,
     )
+    trainer.train(**settings.as_kwargs())
 
 
 @contextlib.contextmanager
-def redirected_paths(callbacks: list[Any], directory: Path) -> Iterator[None]:
-    """Point every callback path (``path``, ``*_path``, ``*_dir``) into ``directory``.
+def redirected_outputs(callbacks: list[Any], directory: Path) -> Iterator[None]:
+    """Redirect every callback's files into a directory of its own under ``directory``.
 
-    Each keeps its file name (so its suffix), under a directory per callback; the original
-    values are put back afterwards.
+    Each callback's ``redirect_outputs`` (``TrainerCallback``'s declares where it writes) is
+    entered with ``<directory>/<index>-<class name>``; all are exited afterwards.
     """
-    saved: list[tuple[Any, str, Any]] = []
-    for index, callback in enumerate(callbacks):
-        for name, value in list(vars(callback).items()):
-            is_path_name = name == "path" or name.endswith(("_path", "_dir"))
-            if is_path_name and isinstance(value, (str, os.PathLike)):
-                saved.append((callback, name, value))
-                new = directory / f"{index}-{type(callback).__name__}" / Path(value).name
-                setattr(callback, name, new if isinstance(value, Path) else os.fspath(new))
-    try:
+    with contextlib.ExitStack() as stack:
+        for index, callback in enumerate(callbacks):
+            if isinstance(callback, TrainerCallback):
+                own = directory / f"{index}-{type(callback).__name__}"
+                stack.enter_context(callback.redirect_outputs(own))
         yield
-    finally:
-        for callback, name, value in saved:
-            setattr(callback, name, value)
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from pytorch_accel._validation import fail
+from pytorch_accel._checks import fail
 
 __all__ = ["EVAL_SET_NAME_PATTERN", "eval_set_prefix", "named_eval_sets"]
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pytorch_accel._validation import check_batch_output, check_positive_int, fail
+from pytorch_accel._checks import check_batch_output, check_positive_int, fail
 from pytorch_accel.distributed import AgreedFlag
 from pytorch_accel.logging_setup import get_logger
 

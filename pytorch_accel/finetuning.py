@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from pytorch_accel._validation import fail
+from pytorch_accel._checks import check_bool, fail
 from pytorch_accel.checkpoint import read_tensors_file
 
 __all__ = [
@@ -98,7 +98,7 @@ class ModelFreezer:
     def __init__(self, model: nn.Module, freeze_batch_norms: bool = False) -> None:
         if not isinstance(model, nn.Module):
             fail(TypeError, "ModelFreezer", "model", model, "a torch.nn.Module", "Pass the model.")
-        _check_flag("ModelFreezer", "freeze_batch_norms", freeze_batch_norms)
+        check_bool("ModelFreezer", "freeze_batch_norms", freeze_batch_norms)
         self.model = model
         self.freeze_bn = freeze_batch_norms
         self._layer_groups = list(model.children())
@@ -153,7 +153,7 @@ class ModelFreezer:
             set_modules_as_eval: Also put the frozen modules in eval mode (dropout off,
                 batch-norm statistics fixed when `freeze_batch_norms`).
         """
-        _check_flag("ModelFreezer.freeze", "set_modules_as_eval", set_modules_as_eval)
+        check_bool("ModelFreezer.freeze", "set_modules_as_eval", set_modules_as_eval)
         for _, module in self._modules_in(*self._range("freeze", from_index, to_index)):
             if _is_batch_norm(module) and not self.freeze_bn:
                 continue
@@ -177,7 +177,7 @@ class ModelFreezer:
             `{group_index: {"params": [...]}}` with the parameters this call unfroze, for each
             group that had any: ready for `optimizer.add_param_group`.
         """
-        _check_flag("ModelFreezer.unfreeze", "set_modules_as_training", set_modules_as_training)
+        check_bool("ModelFreezer.unfreeze", "set_modules_as_training", set_modules_as_training)
         unfrozen: ParamGroups = {}
         for index, module in self._modules_in(*self._range("unfreeze", from_index, to_index)):
             if _is_batch_norm(module) and not self.freeze_bn:
@@ -235,11 +235,6 @@ def _is_batch_norm(module: nn.Module) -> bool:
 
 def _any_frozen(parameters: Iterable[nn.Parameter]) -> bool:
     return any(not parameter.requires_grad for parameter in parameters)
-
-
-def _check_flag(where: str, name: str, value: object) -> None:
-    if not isinstance(value, bool):
-        fail(TypeError, where, name, value, "a bool", f"Pass {name}=True or False.")
 
 
 # ----------------------------------------------------------------- pretrained weights
@@ -362,7 +357,7 @@ def _check_load_arguments(
     where = "load_pretrained_weights"
     if not isinstance(model, nn.Module):
         fail(TypeError, where, "model", model, "a torch.nn.Module", "Pass the model to load into.")
-    _check_flag(where, "strict", strict)
+    check_bool(where, "strict", strict)
     if key_prefix_map is not None and not (
         isinstance(key_prefix_map, Mapping)
         and all(isinstance(k, str) and isinstance(v, str) for k, v in key_prefix_map.items())

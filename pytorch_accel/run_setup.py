@@ -11,23 +11,25 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 
-from pytorch_accel._validation import check_positive_int, fail
+from pytorch_accel._checks import fail
 from pytorch_accel.failing_batches import FailingBatchGuard, SkipFailingBatches, skip_policy
 from pytorch_accel.run_config import TrainerRunConfig
+
+if TYPE_CHECKING:
+    from pytorch_accel._entry_checks import TrainArguments
 
 __all__ = [
     "CUBLAS_WORKSPACE_CONFIG",
     "ResumeParts",
     "RunSetup",
     "bare_compiled_models",
-    "check_run_setup_arguments",
     "optimizer_not_loaded",
     "recorded",
     "scale_learning_rates",
@@ -71,10 +73,10 @@ class RunSetup:
     skip_failing_batches: SkipFailingBatches | None = None
 
     @classmethod
-    def from_arguments(cls, arguments: Mapping[str, Any]) -> RunSetup:
-        """Collect the set-up from the (checked) arguments of ``train()``, its ``locals()``."""
+    def from_arguments(cls, arguments: TrainArguments) -> RunSetup:
+        """Collect the set-up from the (checked) arguments of ``train()``."""
         names = [field.name for field in dataclasses.fields(cls)]
-        values = {name: arguments[name] for name in names}
+        values = {name: getattr(arguments, name) for name in names}
         policy = skip_policy("Trainer.train", values["skip_failing_batches"])
         return cls(**{**values, "skip_failing_batches": policy})
 
@@ -208,62 +210,3 @@ def recorded(config: TrainerRunConfig | None) -> dict[str, Any]:
     if config is None:
         return {}
     return {name: getattr(config, name) for name in _RECORDED}
-
-
-def check_run_setup_arguments(where: str, arguments: Mapping[str, Any]) -> None:
-    """Check the run set-up arguments of ``train()`` (from its ``locals()``)."""
-    _check_seed(where, arguments["seed"])
-    for name in ("seed_per_rank", "deterministic"):
-        if not isinstance(arguments[name], bool):
-            fail(TypeError, where, name, arguments[name], "True or False", f"Pass {name}=True.")
-    benchmark = arguments["cudnn_benchmark"]
-    if benchmark is not None and not isinstance(benchmark, bool):
-        fail(TypeError, where, "cudnn_benchmark", benchmark, "True, False or None", "Pass True.")
-    if benchmark and arguments["deterministic"]:
-        fail(
-            ValueError,
-            where,
-            "cudnn_benchmark",
-            benchmark,
-            "False or None with deterministic=True",
-            "cuDNN's benchmark picks algorithms by timing, which is not deterministic.",
-        )
-    if arguments["seed_per_rank"] and arguments["seed"] is None:
-        fail(ValueError, where, "seed_per_rank", True, "False without a seed", "Pass seed=...")
-    check_positive_int(where, "auto_scale_lr", arguments["auto_scale_lr"], allow_none=True)
-    _check_resume_parts(where, arguments)
-    skip_policy(where, arguments["skip_failing_batches"])
-
-
-def _check_resume_parts(where: str, arguments: Mapping[str, Any]) -> None:
-    """Check ``resume_optimizer`` and ``resume_scheduler``: bools, ``False`` only to resume."""
-    for name in ("resume_optimizer", "resume_scheduler"):
-        value = arguments[name]
-        if not isinstance(value, bool):
-            fail(TypeError, where, name, value, "True or False", f"Pass {name}=False.")
-        if not value and arguments["resume_from"] is None:
-            fail(
-                ValueError,
-                where,
-                name,
-                value,
-                "True without resume_from",
-                "It chooses what a resumed run loads: pass resume_from=..., or leave it out.",
-            )
-
-
-def _check_seed(where: str, seed: object) -> None:
-    """Check that ``seed`` is ``None`` or an int NumPy accepts (after adding a process index)."""
-    if seed is None:
-        return
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        fail(TypeError, where, "seed", seed, "an int or None", "Pass e.g. seed=42.")
-    if not 0 <= seed < 2**32 - 2**16:
-        fail(
-            ValueError,
-            where,
-            "seed",
-            seed,
-            f"in [0, {2**32 - 2**16})",
-            "NumPy takes 32-bit seeds (and seed_per_rank adds the process index).",
-        )

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from pytorch_accel._checks import fail
 from pytorch_accel._state import TrainerState
-from pytorch_accel._validation import fail
 from pytorch_accel.callback_states import PER_PROCESS, callback_states
 from pytorch_accel.logging_setup import get_logger
 from pytorch_accel.preparation import Preparation

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from pytorch_accel._validation import fail
+from pytorch_accel._checks import fail
 from pytorch_accel.trainer import Trainer
 
 __all__ = ["TimmScheduler", "TrainerWithTimmScheduler"]

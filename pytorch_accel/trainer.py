@@ -1,8 +1,10 @@
 """The ``Trainer``: the facade of the training loop, customised by step methods and callbacks.
 
-The constructor, ``train``/``evaluate``, the overridable step methods and hooks, and the public
-surface (checkpoints and training states from ``persistence.TrainerPersistence``);
-``docs/architecture.md`` maps the layers below it.
+One class: the constructor, ``train``/``evaluate``/``predict``, the public properties, the
+overridable step methods, hooks and process utilities, and the building of its dataloaders
+(checkpoints and training states from ``persistence.TrainerPersistence``). Its
+pytorch-accelerated names come from ``_compat``; ``docs/architecture.md`` maps the layers
+below it.
 """
 
 from __future__ import annotations
@@ -20,14 +22,16 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from pytorch_accel import _entry_checks as checks
-from pytorch_accel._compat import PortedTrainerAttributes
+from pytorch_accel._checks import inputs_and_targets
 from pytorch_accel._compat import trainer_module_attribute as __getattr__  # noqa: F401
+from pytorch_accel._compat import with_ported_attributes
 from pytorch_accel._loop import Loop
 from pytorch_accel._state import TrainerState
-from pytorch_accel.data_inputs import TrainerDataLoaders
+from pytorch_accel.dataloaders import merge_dataloader_kwargs
 from pytorch_accel.distributed import needs_cpu_distributed
 from pytorch_accel.dry_run import run_dry_or_overfit
 from pytorch_accel.errors import StopTrainingError
+from pytorch_accel.eval_sets import named_eval_sets
 from pytorch_accel.failing_batches import SkipFailingBatches
 from pytorch_accel.handler import CallbackHandler, CallbackLike
 from pytorch_accel.persistence import TrainerPersistence
@@ -40,7 +44,6 @@ from pytorch_accel.preparation import Preparation
 from pytorch_accel.run_config import TrainerRunConfig
 from pytorch_accel.run_setup import ResumeParts, RunSetup
 from pytorch_accel.state_io import TrainingStateIO
-from pytorch_accel.steps import TrainerSteps
 from pytorch_accel.tracking import InMemoryRunHistory, LossTracker, MetricCursor, RunHistory
 
 __all__ = [  # DEFAULT_CALLBACKS and the other ported names: served by __getattr__ (_compat)
@@ -66,7 +69,8 @@ class _DefaultCallbacks:
         return "DEFAULT_CALLBACKS"
 
 
-class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTrainerAttributes):
+@with_ported_attributes
+class Trainer(TrainerPersistence):
     """Trains a model with a loss function and an optimizer, on whatever accelerate provides.
 
     Run the same script with ``python train.py`` or ``accelerate launch train.py``: the
@@ -88,8 +92,8 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
         limit_eval_batches: Use at most this many batches of each evaluation epoch, read when
             the epoch starts.
         dry_run_dir: During ``train(dry_run=...)``, the temporary directory the dry run writes
-            to (``None`` otherwise): a callback that writes files elsewhere than a ``path``,
-            ``*_path`` or ``*_dir`` attribute should write under it then.
+            to (``None`` otherwise). Callbacks declare their files with
+            ``TrainerCallback.redirect_outputs``; one that does not may write under it then.
         progress_interval: Seconds below which the progress events (``on_train_progress``,
             ``on_eval_progress``) double the steps between them, 0.05 by default; 0 fires them
             after every step. Read when each epoch starts.
@@ -337,10 +341,38 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
                 history and callback files are left as they were.
             overfit_batches: Train (and evaluate) on the first N batches only, in order.
         """
-        checks.check_train_arguments(locals())
-        if run_dry_or_overfit(self, locals()):
+        arguments = checks.TrainArguments(
+            train_dataset=train_dataset,
+            num_epochs=num_epochs,
+            eval_dataset=eval_dataset,
+            per_device_batch_size=per_device_batch_size,
+            max_num_train_steps=max_num_train_steps,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            gradient_clip_value=gradient_clip_value,
+            create_scheduler_fn=create_scheduler_fn,
+            train_dataloader_kwargs=train_dataloader_kwargs,
+            eval_dataloader_kwargs=eval_dataloader_kwargs,
+            reset_run_history=reset_run_history,
+            collate_fn=collate_fn,
+            max_grad_norm=max_grad_norm,
+            resume_from=resume_from,
+            eval_every_n_epochs=eval_every_n_epochs,
+            sanity_eval_batches=sanity_eval_batches,
+            seed=seed,
+            seed_per_rank=seed_per_rank,
+            deterministic=deterministic,
+            cudnn_benchmark=cudnn_benchmark,
+            auto_scale_lr=auto_scale_lr,
+            resume_optimizer=resume_optimizer,
+            resume_scheduler=resume_scheduler,
+            skip_failing_batches=skip_failing_batches,
+            dry_run=dry_run,
+            overfit_batches=overfit_batches,
+        )
+        checks.check_train_arguments(self, arguments)
+        if run_dry_or_overfit(self, arguments):
             return
-        setup = RunSetup.from_arguments(locals())
+        setup = RunSetup.from_arguments(arguments)
         setup.apply_randomness(self._accelerator)
         has_eval = eval_dataset is not None
         checks.check_loss_func("Trainer.train", self, Trainer, with_train=True, with_eval=has_eval)
@@ -535,3 +567,223 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerPersistence, PortedTraine
             is_intermediate: Passed to the eval epoch events.
         """
         self._loop.eval_epoch(valid_dl, is_intermediate)
+
+    # ---------------------------------------------- step methods, hooks and process utilities
+
+    def training_run_start(self) -> None:
+        """Hook at the start of a training run (before ``on_training_run_start``)."""
+
+    def train_epoch_start(self) -> None:
+        """Hook at the start of each training epoch: puts the model in train mode."""
+        self.model.train()
+
+    def calculate_train_batch_loss(self, batch: Any) -> dict[str, Any]:
+        """Compute the loss of one training batch.
+
+        Args:
+            batch: ``(inputs, targets)`` by default.
+
+        Returns:
+            A dict with ``loss`` (the batch's mean loss, un-scaled), ``model_outputs`` and
+            ``batch_size``. Gradient accumulation scaling happens in the loop.
+        """
+        pair = type(batch) is list and len(batch) == 2  # default_collate's (inputs, targets)
+        inputs, targets = batch if pair else inputs_and_targets(batch, "calculate_train_batch_loss")
+        model_outputs = self.model(inputs)
+        loss = self.loss_func(model_outputs, targets)  # type: ignore[misc]  # checked by train()
+        return {"loss": loss, "model_outputs": model_outputs, "batch_size": targets.shape[0]}
+
+    def backward_step(self, loss: torch.Tensor) -> None:
+        """Run the backward pass of an already scaled loss.
+
+        Through ``accelerator.backward`` when it does work (gradient scaling, DeepSpeed, ...);
+        where it would only call ``loss.backward()``, that is called directly.
+        """
+        if self._preparation.direct_optimizer is None:
+            self._accelerator.backward(loss)
+        else:
+            loss.backward()  # type: ignore[no-untyped-call]
+
+    def optimizer_step(self) -> None:
+        """Update the parameters.
+
+        Through accelerate's optimizer wrapper when it does work (gradient scaler, XLA,
+        DeepSpeed, ...); where it would only forward the call, the inner optimizer is stepped
+        directly, which saves most of accelerate's per-step overhead.
+        """
+        (self._preparation.direct_optimizer or self.optimizer).step()
+
+    def scheduler_step(self) -> None:
+        """Step the scheduler (called after each optimizer update that was not skipped)."""
+        self.scheduler.step()
+
+    def optimizer_zero_grad(self) -> None:
+        """Reset the gradients after an update (to ``None``, as both torch and accelerate do)."""
+        (self._preparation.direct_optimizer or self.optimizer).zero_grad()
+
+    def train_epoch_end(self) -> None:
+        """Hook at the end of each training epoch (``train_loss_epoch`` is recorded)."""
+
+    def eval_epoch_start(self) -> None:
+        """Hook at the start of each evaluation epoch: puts the model in eval mode."""
+        self.model.eval()
+
+    def calculate_eval_batch_loss(self, batch: Any) -> dict[str, Any]:
+        """Compute the loss of one evaluation batch, without gradients.
+
+        Args:
+            batch: ``(inputs, targets)`` by default.
+
+        Returns:
+            A dict with ``loss``, ``model_outputs`` and ``batch_size``.
+        """
+        with torch.no_grad():
+            inputs, targets = inputs_and_targets(batch, "calculate_eval_batch_loss")
+            model_outputs = self.model(inputs)
+            loss = self.loss_func(model_outputs, targets)  # type: ignore[misc]  # checked on entry
+        return {"loss": loss, "model_outputs": model_outputs, "batch_size": targets.shape[0]}
+
+    def calculate_predict_batch(self, batch: Any) -> Any:
+        """Return the model's outputs for one batch, for ``predict()``.
+
+        Args:
+            batch: ``(inputs, ...)`` (a tuple or list, whose first item is the model's input),
+                or the inputs themselves.
+
+        Returns:
+            The model's outputs (a tensor, or a structure of tensors with the batch first).
+        """
+        inputs = batch[0] if isinstance(batch, (tuple, list)) else batch
+        return self.model(inputs)
+
+    def eval_epoch_end(self) -> None:
+        """Hook at the end of each evaluation epoch (its loss is recorded)."""
+
+    def training_run_epoch_end(self) -> None:
+        """Hook after each completed epoch of a training run (train, then eval)."""
+
+    def training_run_end(self) -> None:
+        """Hook at the end of a training run, also after an early stop."""
+
+    def evaluation_run_start(self) -> None:
+        """Hook at the start of an evaluation run."""
+
+    def evaluation_run_end(self) -> None:
+        """Hook at the end of an evaluation run."""
+
+    def gather(self, tensor: Any, padding_value: float | None = None) -> Any:
+        """Gather tensors from all processes, concatenated on the first dimension.
+
+        Args:
+            tensor: A tensor, or a nested list/tuple/dict of tensors.
+            padding_value: If given, first pad every process's tensors to the same first
+                dimension with this value (needed when sizes differ).
+
+        Returns:
+            The gathered tensor(s). Every process must call this.
+        """
+        if padding_value is not None:
+            tensor = self._accelerator.pad_across_processes(tensor, pad_index=padding_value)
+        return self._accelerator.gather(tensor)
+
+    def gather_for_metrics(self, data: Any) -> Any:
+        """Gather predictions or targets from all processes, without duplicated samples.
+
+        When the eval set does not divide evenly, accelerate pads the last batches with
+        repeated samples; this drops them, so metrics see every sample exactly once.
+        """
+        return self._accelerator.gather_for_metrics(data)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """Print once per node (on each node's main process)."""
+        self._accelerator.print(*args, **kwargs)
+
+    def get_model(self, keep_torch_compile: bool = True) -> nn.Module:
+        """Return the model without its distributed or mixed-precision wrappers."""
+        return self._accelerator.unwrap_model(  # type: ignore[no-any-return]
+            self.model, keep_torch_compile=keep_torch_compile
+        )
+
+    # ------------------------------------------------------------------------ dataloaders
+
+    def _dataloaders(
+        self,
+        train: Any,
+        evaluation: Any,
+        batch_size: int | None,
+        train_kwargs: Mapping[str, Any] | None,
+        eval_kwargs: Mapping[str, Any] | None,
+    ) -> tuple[DataLoader[Any], dict[str | None, DataLoader[Any]]]:
+        """This run's dataloaders: those the user built, or built from the datasets."""
+        self._train_dl_kwargs = {}
+        train_dl = self._adopt("train", train)
+        if train_dl is None:
+            train_dl = self.create_train_dataloader(batch_size or 8, train_kwargs)
+        if checks.has_length(self.train_dataset):
+            num_processes = self._accelerator.num_processes
+            checks.check_enough_samples(train_dl, len(self.train_dataset), num_processes)
+        return train_dl, self._eval_dataloaders(evaluation, batch_size or 8, eval_kwargs)
+
+    def _eval_dataloaders(
+        self, evaluation: Any, batch_size: int, eval_kwargs: Mapping[str, Any] | None
+    ) -> dict[str | None, DataLoader[Any]]:
+        """One dataloader per eval set (``{}`` for none), adopted or built.
+
+        While a set's dataloader is built, ``eval_dataset`` is that set, so an overridden
+        ``create_eval_dataloader`` builds each one; afterwards it is what was passed (a mapping
+        of named sets), or the one set's dataset.
+        """
+        self._eval_dl_kwargs, self.eval_dataset = {}, None
+        if evaluation is None:
+            return {}
+        loaders: dict[str | None, DataLoader[Any]] = {}
+        first_kwargs: dict[str, Any] | None = None
+        for name, data in named_eval_sets("Trainer", "eval_dataset", evaluation).items():
+            loader = self._adopt("eval", data)
+            if loader is None:
+                loader = self.create_eval_dataloader(batch_size, eval_kwargs)
+            loaders[name] = loader
+            first_kwargs = self._eval_dl_kwargs if first_kwargs is None else first_kwargs
+        self._eval_dl_kwargs = first_kwargs or {}
+        if None not in loaders:
+            self.eval_dataset = evaluation
+        return loaders
+
+    def _adopt(self, role: str, data: Any) -> DataLoader[Any] | None:
+        """Set ``<role>_dataset`` from ``data``; return ``data`` if it is a DataLoader."""
+        loader = data if isinstance(data, DataLoader) else None
+        setattr(self, f"{role}_dataset", data if loader is None else loader.dataset)
+        setattr(
+            self, f"_{role}_dl_kwargs", {} if loader is None else checks.loader_settings(loader)
+        )
+        return loader
+
+    def create_train_dataloader(
+        self, batch_size: int, train_dl_kwargs: Mapping[str, Any] | None = None
+    ) -> DataLoader[Any]:
+        """Create the train dataloader from ``get_default_train_dl_kwargs`` and overrides."""
+        self._train_dl_kwargs = merge_dataloader_kwargs(
+            self.get_default_train_dl_kwargs(batch_size), train_dl_kwargs
+        )
+        return DataLoader(self.train_dataset, **self._train_dl_kwargs)
+
+    def create_eval_dataloader(
+        self, batch_size: int, eval_dl_kwargs: Mapping[str, Any] | None = None
+    ) -> DataLoader[Any]:
+        """Create the eval dataloader from ``get_default_eval_dl_kwargs`` and overrides."""
+        self._eval_dl_kwargs = merge_dataloader_kwargs(
+            self.get_default_eval_dl_kwargs(batch_size), eval_dl_kwargs
+        )
+        return DataLoader(self.eval_dataset, **self._eval_dl_kwargs)
+
+    def get_default_train_dl_kwargs(self, batch_size: int) -> dict[str, Any]:
+        """Return the default train ``DataLoader`` arguments (shuffled, unless a stream)."""
+        return self._preparation.default_dl_kwargs(
+            self.train_dataset, batch_size, shuffle=True, collate_fn=self.collate_fn
+        )
+
+    def get_default_eval_dl_kwargs(self, batch_size: int) -> dict[str, Any]:
+        """Return the default eval ``DataLoader`` arguments (not shuffled)."""
+        return self._preparation.default_dl_kwargs(
+            self.eval_dataset, batch_size, shuffle=False, collate_fn=self.collate_fn
+        )

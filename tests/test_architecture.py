@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "core",
         (
-            "pytorch_accel._validation",
+            "pytorch_accel._checks",
             "pytorch_accel.errors",
             "pytorch_accel.events",
             "pytorch_accel.callback",
@@ -62,10 +62,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel",
             "pytorch_accel._compat",
             "pytorch_accel._entry_checks",
-            "pytorch_accel._data_checks",
             "pytorch_accel.persistence",
-            "pytorch_accel.steps",
-            "pytorch_accel.data_inputs",
             "pytorch_accel.dry_run",
             "pytorch_accel.trainer",
             "pytorch_accel.timm_trainer",

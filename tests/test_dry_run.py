@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import tempfile
 from pathlib import Path
@@ -15,9 +16,11 @@ from torch.utils.data import DataLoader
 from pytorch_accel import Trainer
 from pytorch_accel.callbacks import (
     DEFAULT_CALLBACKS,
+    RunRecordCallback,
     SaveBestModelCallback,
     SaveTrainingStateCallback,
     TrainerCallback,
+    redirected_paths,
 )
 
 
@@ -75,6 +78,69 @@ def test_a_dry_run_goes_through_every_callback_and_changes_nothing_of_the_users(
     assert not dry_dir.exists()
     assert trainer.dry_run_dir is None
     assert trainer.limit_train_batches is None
+
+
+class ListsDryRunFiles(TrainerCallback):
+    """Lists the files under the dry run's directory at the end of each run (after the record)."""
+
+    order = 200
+
+    def __init__(self) -> None:
+        self.files: list[list[str]] = []
+
+    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        directory = trainer.dry_run_dir
+        found = [] if directory is None else directory.rglob("*")
+        self.files.append(sorted(path.name for path in found if path.is_file()))
+
+
+def test_a_dry_run_after_a_real_run_leaves_its_run_record_untouched(tmp_path: Path) -> None:
+    record_dir = tmp_path / "runs" / "x"
+    record = RunRecordCallback(record_dir, {"lr": 0.01}, log_with=(), plot=False)
+    lister = ListsDryRunFiles()
+    trainer = make_trainer(callbacks=(*DEFAULT_CALLBACKS, record, lister))
+    data = make_regression_dataset(32)
+    trainer.train(data, num_epochs=3, eval_dataset=data, per_device_batch_size=4)
+    files = snapshot(tmp_path)
+    contents = {name: (tmp_path / name).read_bytes() for name in files}
+    assert {"config.json", "environment.json", "train.log"} <= {Path(n).name for n in files}
+
+    trainer.train(data, num_epochs=3, eval_dataset=data, per_device_batch_size=4, dry_run=True)
+
+    assert snapshot(tmp_path) == files  # no file written, replaced or added (mtime too)
+    assert {name: (tmp_path / name).read_bytes() for name in files} == contents
+    written = lister.files[-1]  # the dry run wrote its record in its temporary directory
+    for name in ("config.json", "hyperparameters.json", "environment.json", "train.log"):
+        assert name in written
+    assert record.directory == record_dir
+    assert record.csv_path == record_dir / "metrics.csv"
+    assert record.logging_dir == str(record_dir)
+
+
+class WritesNotes(TrainerCallback):
+    """A user callback that writes a file and declares where (as docs/callbacks.md shows)."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
+        self.written: list[Path] = []
+
+    def redirect_outputs(self, directory: Path) -> contextlib.AbstractContextManager[None]:
+        return redirected_paths(self, directory, "out_dir")
+
+    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / "notes.txt").write_text(str(trainer.num_updates))
+        self.written.append(self.out_dir)
+
+
+def test_a_user_callback_that_declares_its_outputs_is_redirected(tmp_path: Path) -> None:
+    notes = WritesNotes(tmp_path / "notes")
+    trainer = make_trainer(callbacks=(notes,))
+    trainer.train(make_regression_dataset(16), num_epochs=1, per_device_batch_size=4, dry_run=1)
+    assert not (tmp_path / "notes").exists()
+    assert notes.written[-1].name == "notes"
+    assert notes.written[-1].parent.parent.parent.parent == Path(tempfile.gettempdir())
+    assert notes.out_dir == tmp_path / "notes"
 
 
 def test_a_dry_run_before_training_does_not_change_the_run() -> None:

@@ -10,7 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pytorch_accel.callback import TrainerCallback
+    from pytorch_accel.callback import TrainerCallback, redirected_paths
     from pytorch_accel.callbacks.defaults import DEFAULT_CALLBACKS, get_default_callbacks
     from pytorch_accel.callbacks.device import MoveModulesToDeviceCallback
     from pytorch_accel.callbacks.early_stopping import EarlyStoppingCallback
@@ -79,6 +79,7 @@ __all__ = [
     "get_default_callbacks",
     "limit_batches_from_environment",
     "plot_metrics",
+    "redirected_paths",
 ]
 
 _MODULES = {
@@ -116,6 +117,7 @@ _MODULES = {
     "get_default_callbacks": "pytorch_accel.callbacks.defaults",
     "limit_batches_from_environment": "pytorch_accel.callbacks.limit_batches",
     "plot_metrics": "pytorch_accel.callbacks.plotting",
+    "redirected_paths": "pytorch_accel.callback",
 }
 
 

@@ -1,4 +1,4 @@
-"""Shared pieces of the callbacks that watch a metric: argument checks, reading, comparing.
+"""Shared pieces of the callbacks that watch a metric: its direction, reading, comparing.
 
 Private: used by ``EarlyStoppingCallback`` and ``SaveBestModelCallback``.
 """
@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pytorch_accel._validation import fail
+from pytorch_accel._checks import check_bool, fail
 from pytorch_accel.distributed import AgreedFlag, agreement_group
 from pytorch_accel.logging_setup import get_logger
 from pytorch_accel.tracking import MetricNotFoundError
@@ -21,74 +20,7 @@ from pytorch_accel.tracking import MetricNotFoundError
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer
 
-__all__ = [
-    "MetricWatch",
-    "check_bool",
-    "check_metric_name",
-    "check_non_negative_number",
-    "check_path",
-]
-
-
-def check_bool(where: str, name: str, value: object) -> None:
-    """Raise ``TypeError`` unless ``value`` is a bool."""
-    if not isinstance(value, bool):
-        fail(TypeError, where, name, value, "a bool", f"Pass {name}=True or {name}=False.")
-
-
-def check_metric_name(where: str, name: str, value: object) -> None:
-    """Raise unless ``value`` is a non-empty string (a run-history metric name)."""
-    if not isinstance(value, str) or not value:
-        fail(
-            TypeError if not isinstance(value, str) else ValueError,
-            where,
-            name,
-            value,
-            "a non-empty metric name",
-            f"Pass the name of a run-history metric, e.g. {name}='eval_loss_epoch'.",
-        )
-
-
-def check_non_negative_number(where: str, name: str, value: object) -> None:
-    """Raise unless ``value`` is a finite real number >= 0 (not a bool)."""
-    expected = "a finite number >= 0"
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        fail(TypeError, where, name, value, expected, f"Pass a float, e.g. {name}=0.01.")
-    if not (math.isfinite(float(value)) and float(value) >= 0):
-        fail(ValueError, where, name, value, expected, f"Pass {name} >= 0 (0: any improvement).")
-
-
-def check_path(
-    where: str,
-    name: str,
-    value: object,
-    *,
-    allow_none: bool = False,
-    directory: bool = False,
-) -> None:
-    """Raise unless ``value`` is a usable path for a file (or a ``directory``), or None if allowed.
-
-    It must be a non-empty ``str`` or ``os.PathLike``; an existing path must be of the right
-    kind (a file where a directory is needed fails at the first save, not here, otherwise).
-    """
-    if value is None and allow_none:
-        return
-    kind = "directory" if directory else "file"
-    expected = f"a {kind} path" + (" or None" if allow_none else "")
-    example = "checkpoints" if directory else "checkpoints/model.pt"
-    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
-        fail(TypeError, where, name, value, expected, f"Pass e.g. {name}={example!r}.")
-    path = os.fspath(value)
-    wrong_kind = os.path.isfile(path) if directory else os.path.isdir(path)
-    if wrong_kind:
-        fail(
-            ValueError,
-            where,
-            name,
-            value,
-            expected,
-            f"It names an existing {'file' if directory else 'directory'}; pass a {kind} path.",
-        )
+__all__ = ["MetricWatch", "resolve_direction"]
 
 
 def resolve_direction(where: str, metric_name: str, greater_is_better: bool | None) -> bool:

@@ -5,15 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._validation import check_positive_int
+from pytorch_accel._checks import check_bool, check_metric_name, check_number, check_positive_int
 from pytorch_accel.callback import TrainerCallback
-from pytorch_accel.callbacks._watch import (
-    MetricWatch,
-    check_bool,
-    check_metric_name,
-    check_non_negative_number,
-    resolve_direction,
-)
+from pytorch_accel.callbacks._watch import MetricWatch, resolve_direction
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.logging_setup import get_logger
 
@@ -84,7 +78,13 @@ class EarlyStoppingCallback(TrainerCallback):
     ) -> None:
         where = "EarlyStoppingCallback"
         check_positive_int(where, "early_stopping_patience", early_stopping_patience)
-        check_non_negative_number(where, "early_stopping_threshold", early_stopping_threshold)
+        check_number(
+            where,
+            "early_stopping_threshold",
+            early_stopping_threshold,
+            finite=True,
+            fix="Pass early_stopping_threshold >= 0 (0: any improvement).",
+        )
         check_metric_name(where, "watch_metric", watch_metric)
         greater_is_better = resolve_direction(where, watch_metric, greater_is_better)
         check_bool(where, "reset_on_train", reset_on_train)

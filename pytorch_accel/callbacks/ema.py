@@ -11,18 +11,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 from accelerate.utils import DistributedType
 
-from pytorch_accel._validation import fail
-from pytorch_accel.callback import TrainerCallback
-from pytorch_accel.callbacks._watch import (
-    MetricWatch,
-    check_bool,
-    check_metric_name,
-    check_path,
-    resolve_direction,
-)
+from pytorch_accel._checks import check_bool, check_metric_name, check_path, fail
+from pytorch_accel.callback import TrainerCallback, redirected_paths
+from pytorch_accel.callbacks._watch import MetricWatch, resolve_direction
 from pytorch_accel.utils import ModelEma
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from pytorch_accel.trainer import Trainer
 
 __all__ = ["EMA_METRIC_PREFIX", "ModelEmaCallback"]
@@ -127,6 +123,10 @@ class ModelEmaCallback(TrainerCallback):
             self._watch = MetricWatch(where, watch_metric, direction)
         self.best_metric: float | None = None
         self._binding: _Binding | None = None  # bound to the model of the current run
+
+    def redirect_outputs(self, directory: Path) -> contextlib.AbstractContextManager[None]:
+        """Write the EMA weights under ``directory`` meanwhile (for ``train(dry_run=...)``)."""
+        return redirected_paths(self, directory, "save_path")
 
     # ------------------------------------------------------------------------ state
 

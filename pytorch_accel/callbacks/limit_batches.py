@@ -9,7 +9,7 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._validation import check_positive_int
+from pytorch_accel._checks import check_positive_int
 from pytorch_accel.batch_limits import (
     LIMIT_BATCHES_ENV_VAR,
     LimitBatches,

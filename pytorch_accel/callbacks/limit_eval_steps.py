@@ -5,9 +5,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._validation import check_positive_int
+from pytorch_accel._checks import check_bool, check_positive_int
 from pytorch_accel.callback import TrainerCallback
-from pytorch_accel.callbacks._watch import check_bool
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.utils import send_to_device
 
-from pytorch_accel._validation import check_callable, fail
+from pytorch_accel._checks import check_callable, fail
 from pytorch_accel.callback import TrainerCallback
 
 if TYPE_CHECKING:

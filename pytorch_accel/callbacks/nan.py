@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pytorch_accel._validation import check_positive_int
+from pytorch_accel._checks import check_positive_int
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.errors import StopTrainingError
 

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pytorch_accel._validation import fail
-from pytorch_accel.callback import TrainerCallback
+from pytorch_accel._checks import fail
+from pytorch_accel.callback import TrainerCallback, redirected_paths
 from pytorch_accel.callbacks._metrics_csv import STEP_COLUMN, metrics_csv_index, read_metrics_csv
 from pytorch_accel.tracking import RunHistory
 
@@ -125,6 +125,10 @@ class PlotMetricsCallback(TrainerCallback):
         self.path = Path(path)
         self.metric_names = None if metric_names is None else list(metric_names)
         self.every_epoch = every_epoch
+
+    def redirect_outputs(self, directory: Path) -> contextlib.AbstractContextManager[None]:
+        """Write the plot under ``directory`` meanwhile (for ``train(dry_run=...)``)."""
+        return redirected_paths(self, directory, "path")
 
     def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         """Draw the curves so far, if ``every_epoch``."""

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm.auto import tqdm
 
-from pytorch_accel._validation import check_positive_int, fail
+from pytorch_accel._checks import check_positive_int, fail
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks._console import SEPARATOR, format_metrics, loss_first
 from pytorch_accel.logging_setup import get_logger, setup_logging

@@ -6,11 +6,11 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._validation import check_mapping, fail
+from pytorch_accel._checks import check_mapping, fail
 from pytorch_accel.callbacks._run_info import (
     environment,
     jsonable,
@@ -125,6 +125,17 @@ class RunRecordCallback(TrackingCallback):
         )
         self.plot = _check_plot(plot)
         self._log_handler: logging.Handler | None = None
+
+    @contextlib.contextmanager
+    def redirect_outputs(self, directory: Path) -> Iterator[None]:
+        """Keep the whole record under ``directory`` meanwhile (for ``train(dry_run=...)``)."""
+        saved = self.directory, self.logging_dir, self.csv_path
+        self.directory = directory / self.directory.name
+        self.logging_dir, self.csv_path = os.fspath(self.directory), self.path("metrics")
+        try:
+            yield
+        finally:
+            self.directory, self.logging_dir, self.csv_path = saved
 
     def path(self, role: str) -> Path:
         """The path of one of the record's files (a key of ``RUN_RECORD_FILES``)."""

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._validation import check_positive_int, fail
-from pytorch_accel.callback import TrainerCallback
-from pytorch_accel.callbacks._watch import (
-    MetricWatch,
+from pytorch_accel._checks import (
     check_bool,
     check_metric_name,
     check_path,
-    resolve_direction,
+    check_positive_int,
+    fail,
 )
+from pytorch_accel.callback import TrainerCallback, redirected_paths
+from pytorch_accel.callbacks._watch import MetricWatch, resolve_direction
 from pytorch_accel.logging_setup import get_logger
 
 if TYPE_CHECKING:
@@ -121,6 +122,10 @@ class SaveBestModelCallback(TrainerCallback):
         self.best_metric_epoch: int | None = None
         self._ranking: list[tuple[float, int]] = []  # (value, epoch), best first
         self._watch = MetricWatch(where, watch_metric, greater_is_better)
+
+    def redirect_outputs(self, directory: Path) -> AbstractContextManager[None]:
+        """Write the best checkpoints under ``directory`` meanwhile (for ``train(dry_run=...)``)."""
+        return redirected_paths(self, directory, "save_path")
 
     @property
     def top_checkpoints(self) -> list[tuple[int, float]]:

@@ -9,13 +9,13 @@ import threading
 import time
 import warnings
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._validation import check_positive_int, fail
-from pytorch_accel.callback import TrainerCallback
-from pytorch_accel.callbacks._watch import check_bool, check_non_negative_number, check_path
+from pytorch_accel._checks import check_bool, check_number, check_path, check_positive_int, fail
+from pytorch_accel.callback import TrainerCallback, redirected_paths
 from pytorch_accel.distributed import AgreedFlag, agreement_group
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.logging_setup import get_logger
@@ -95,7 +95,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         check_bool(where, "save_at_end", save_at_end)
         check_positive_int(where, "max_checkpoints", max_checkpoints, allow_none=True)
         check_bool(where, "exit_on_preemption", exit_on_preemption)
-        check_non_negative_number(where, "preemption_check_interval", preemption_check_interval)
+        check_number(where, "preemption_check_interval", preemption_check_interval, finite=True)
         self.preemption_check_interval = float(preemption_check_interval)
         self.save_dir = Path(save_dir)
         self.save_every_n_epochs = save_every_n_epochs
@@ -114,6 +114,10 @@ class SaveTrainingStateCallback(TrainerCallback):
         self._interrupted = False
 
     # ------------------------------------------------------------------------ events
+
+    def redirect_outputs(self, directory: Path) -> AbstractContextManager[None]:
+        """Write the training states under ``directory`` meanwhile (for ``train(dry_run=...)``)."""
+        return redirected_paths(self, directory, "save_dir")
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Repair and clear what killed saves left, and install the signal handlers."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._validation import check_positive_int, fail
+from pytorch_accel._checks import check_positive_int, fail
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.logging_setup import get_logger
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.utils import send_to_device
 
-from pytorch_accel._validation import check_positive_int, fail
+from pytorch_accel._checks import check_positive_int, fail
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks._console import SEPARATOR, format_metrics
 from pytorch_accel.logging_setup import get_logger, setup_logging

@@ -8,7 +8,7 @@ import numbers
 import time
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._validation import check_positive_int, fail
+from pytorch_accel._checks import check_positive_int, fail
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks.save_state import SaveTrainingStateCallback
 from pytorch_accel.distributed import AgreedFlag, agreement_group

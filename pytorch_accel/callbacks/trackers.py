@@ -5,12 +5,14 @@ from __future__ import annotations
 import numbers
 import os
 from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pytorch_accel._validation import callable_name, check_mapping, fail
+from pytorch_accel._checks import callable_name, check_mapping, fail
+from pytorch_accel.callback import redirected_paths
 from pytorch_accel.callbacks._console import format_metrics
 from pytorch_accel.callbacks._metrics_csv import (
     STEP_COLUMN,
@@ -123,6 +125,10 @@ class TrackingCallback(StepLoggingCallback):
         self._step_columns: list[str] = []
         self._step_rows: dict[int, dict[str, float]] = {}
         self._cursor = MetricCursor()
+
+    def redirect_outputs(self, directory: Path) -> AbstractContextManager[None]:
+        """Write the CSV files and local tracker runs under ``directory`` (for dry runs)."""
+        return redirected_paths(self, directory, "logging_dir", "csv_path")
 
     @property
     def step_csv_path(self) -> Path | None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._validation import fail
-from pytorch_accel.callback import TrainerCallback
+from pytorch_accel._checks import fail
+from pytorch_accel.callback import TrainerCallback, redirected_paths
 from pytorch_accel.logging_setup import get_logger
 
 if TYPE_CHECKING:
@@ -78,6 +79,10 @@ class WSDCheckpointCallback(TrainerCallback):
         self.saved_checkpoints: list[Path] = []
         self.last_checkpoint_step: int | None = None
         self._pending: dict[int, list[str]] = {}
+
+    def redirect_outputs(self, directory: Path) -> AbstractContextManager[None]:
+        """Write the checkpoints under ``directory`` meanwhile (for ``train(dry_run=...)``)."""
+        return redirected_paths(self, directory, "save_dir")
 
     def checkpoint_path(self, step: int, checkpoint_type: str) -> Path:
         """Return the file of the `checkpoint_type` checkpoint saved after update `step`."""

@@ -22,17 +22,17 @@ from typing import Any
 
 import torch
 
-from pytorch_accel._validation import fail
+from pytorch_accel._checks import (
+    check_count,
+    check_fraction,
+    check_group_bound,
+    check_number,
+    fail,
+)
 from pytorch_accel.placeholders import (
     PlaceholderExpression,
     TrainerPlaceholderValues,
     contains_placeholder,
-)
-from pytorch_accel.schedulers._checks import (
-    check_count,
-    check_fraction,
-    check_group_bound,
-    check_non_negative,
 )
 from pytorch_accel.schedulers._interpolation import interpolate
 from pytorch_accel.schedulers.scheduler_base import StatefulSchedulerBase
@@ -268,9 +268,9 @@ def _check_arguments(where: str, arguments: dict[str, Any], *, resolved: bool) -
     """Check every argument; `resolved` means placeholders are no longer allowed."""
     for name, minimum in _COUNTS.items():
         check_count(where, name, arguments[name], minimum=minimum, resolved=resolved)
-    check_non_negative(where, "k_decay", arguments["k_decay"], positive=True)
-    check_non_negative(where, "lr_min", arguments["lr_min"])
-    check_non_negative(where, "warmup_starting_lr", arguments["warmup_starting_lr"])
+    check_number(where, "k_decay", arguments["k_decay"], strict=True)
+    check_number(where, "lr_min", arguments["lr_min"])
+    check_number(where, "warmup_starting_lr", arguments["warmup_starting_lr"])
     check_fraction(where, "min_lr_ratio", arguments["min_lr_ratio"], allow_none=True)
     ratio = arguments["warmup_starting_lr_ratio"]
     check_fraction(where, "warmup_starting_lr_ratio", ratio, allow_none=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from pytorch_accel._validation import check_optimizer, fail
+from pytorch_accel._checks import check_optimizer, fail
 
 __all__ = ["SchedulerBase", "StatefulSchedulerBase"]
 

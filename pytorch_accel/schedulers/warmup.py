@@ -17,9 +17,8 @@ from typing import Any, Literal
 
 import torch
 
-from pytorch_accel._validation import check_optimizer, fail
+from pytorch_accel._checks import check_count, check_number, check_optimizer, fail
 from pytorch_accel.placeholders import PlaceholderExpression, TrainerPlaceholderValues
-from pytorch_accel.schedulers._checks import check_count, check_non_negative
 
 __all__ = ["LRWarmupScheduler", "WarmupMode"]
 
@@ -265,11 +264,11 @@ def _check_settings(
             "an int",
             "Divide placeholders with // (e.g. P.TOTAL_NUM_UPDATE_STEPS // 20), not /.",
         )
-    check_non_negative(where, "warmup_factor", warmup_factor)
+    check_number(where, "warmup_factor", warmup_factor)
     if isinstance(warmup_factor, numbers.Real) and float(warmup_factor) > 1:
         fail(ValueError, where, "warmup_factor", warmup_factor, "in [0, 1]", "Pass e.g. 0.001.")
     if mode == "constant":
-        check_non_negative(where, "warmup_lr", warmup_lr)
+        check_number(where, "warmup_lr", warmup_lr)
     elif warmup_lr is not None:
         fail(
             ValueError,

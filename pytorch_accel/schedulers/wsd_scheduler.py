@@ -26,14 +26,14 @@ from typing import Any, cast
 
 import torch
 
-from pytorch_accel._validation import fail
-from pytorch_accel.placeholders import PlaceholderExpression, TrainerPlaceholderValues
-from pytorch_accel.schedulers._checks import (
+from pytorch_accel._checks import (
     check_count,
     check_fraction,
     check_group_bound,
-    check_non_negative,
+    check_number,
+    fail,
 )
+from pytorch_accel.placeholders import PlaceholderExpression, TrainerPlaceholderValues
 from pytorch_accel.schedulers._interpolation import interpolate
 from pytorch_accel.schedulers.scheduler_base import StatefulSchedulerBase, _one_state
 
@@ -117,7 +117,7 @@ class WSDLrScheduler(StatefulSchedulerBase):
         where = "WSDLrScheduler"
         total = _total_steps(where, num_epochs, num_update_steps_per_epoch, total_steps)
         _check_decay(where, decay_phase_ratio, lr_min, use_inverse_sqrt_decay)
-        check_non_negative(where, "warmup_starting_lr", warmup_starting_lr)
+        check_number(where, "warmup_starting_lr", warmup_starting_lr)
         check_count(where, "num_checkpoints", num_checkpoints, minimum=1, resolved=True)
         super().__init__(optimizer, "lr")
         self.total_steps = total
@@ -292,7 +292,7 @@ class WSDLrScheduler(StatefulSchedulerBase):
         check_count(where, "num_warmup_epochs", num_warmup_epochs, minimum=0, allow_none=True)
         check_count(where, "num_checkpoints", num_checkpoints, minimum=1)
         _check_decay(where, decay_phase_ratio, lr_min, use_inverse_sqrt_decay)
-        check_non_negative(where, "warmup_starting_lr", warmup_starting_lr)
+        check_number(where, "warmup_starting_lr", warmup_starting_lr)
         steps = num_update_steps_per_epoch
         arguments: dict[str, Any] = {
             "num_epochs": total_num_epochs,

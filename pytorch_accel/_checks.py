@@ -1,27 +1,44 @@
-"""Argument checks that give a clear error at the entry point.
+"""The value checks of every entry point: one message format, one check per rule.
 
-Every error names the call and argument, the value received and the fix.
+Each failure names the call and argument, the value received, what it must be and the fix
+(``fail``). Scalars (ints, real numbers, fractions, bools, paths, metric names), callables,
+mappings, optimizers and sized datasets; the placeholder-aware counts of the schedulers; and
+the checks of what step methods return and read (batch outputs, the ``(inputs, targets)``
+layout, a loss that cannot back-propagate, targets a loss would broadcast). The arguments of
+the trainer's entry points (``Trainer(...)``, ``train``, ``evaluate``, ``predict``) and their
+data are checked with these in ``_entry_checks``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import numbers
+import os
 import re
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sized
+from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
 from typing import Any, NoReturn
 
 import torch
 
+from pytorch_accel.placeholders import contains_placeholder
+
 __all__ = [
+    "FIX_PLACEHOLDER",
+    "callable_name",
     "check_batch_output",
+    "check_bool",
     "check_callable",
+    "check_count",
+    "check_fraction",
+    "check_group_bound",
     "check_mapping",
-    "check_non_negative_number",
+    "check_metric_name",
+    "check_number",
     "check_optimizer",
+    "check_path",
     "check_positive_int",
-    "check_positive_number",
     "check_sized_dataset",
     "explain_backward_failure",
     "fail",
@@ -74,48 +91,47 @@ def check_positive_int(where: str, name: str, value: object, *, allow_none: bool
         fail(ValueError, where, name, value, expected, f"Pass {name} >= 1.")
 
 
-def check_positive_number(
-    where: str, name: str, value: object, *, allow_none: bool = False
+def check_number(
+    where: str,
+    name: str,
+    value: object,
+    *,
+    strict: bool = False,
+    finite: bool = False,
+    allow_none: bool = False,
+    expected: str | None = None,
+    fix: str | None = None,
 ) -> None:
-    """Check that ``value`` is a real number > 0, or None when allowed.
+    """Check that ``value`` is a real number >= 0 (> 0 if ``strict``), not a bool or NaN.
+
+    The one check of real numbers (learning rates, thresholds, intervals, clipping values).
 
     Args:
         where: The entry point, for the message.
         name: The argument name.
         value: The value to check.
+        strict: Require a value > 0.
+        finite: Reject infinity.
         allow_none: Whether ``None`` is accepted.
+        expected: What the message says the value must be; by default ``"a number >= 0"``,
+            ``"a number > 0"`` or ``"a finite number >= 0"``, with ``" or None"``.
+        fix: How to fix it; by default a float example, or the bound.
 
     Raises:
         TypeError: If the value is not a real number.
-        ValueError: If the value is <= 0.
+        ValueError: If it is out of range, NaN, or infinite when ``finite``.
     """
     if value is None and allow_none:
         return
-    expected = "a positive number" + (" or None" if allow_none else "")
+    bound = "> 0" if strict else ">= 0"
+    if expected is None:
+        expected = f"a {'finite ' if finite else ''}number {bound}"
+        expected += " or None" if allow_none else ""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        fail(TypeError, where, name, value, expected, f"Pass a float, e.g. {name}=1.0.")
-    if not float(value) > 0:
-        fail(ValueError, where, name, value, expected, f"Pass {name} > 0, or None to disable.")
-
-
-def check_non_negative_number(where: str, name: str, value: object, fix: str) -> None:
-    """Check that ``value`` is a real number >= 0 (infinity included), not a bool or NaN.
-
-    Args:
-        where: The entry point, for the message.
-        name: The argument name.
-        value: The value to check.
-        fix: How to fix it, e.g. ``"Set trainer.progress_interval = 0.05."``.
-
-    Raises:
-        TypeError: If the value is not a real number.
-        ValueError: If the value is negative or NaN.
-    """
-    expected = "a number >= 0"
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        fail(TypeError, where, name, value, expected, fix)
-    if not float(value) >= 0:
-        fail(ValueError, where, name, value, expected, fix)
+        fail(TypeError, where, name, value, expected, fix or f"Pass a float, e.g. {name}=0.1.")
+    number = float(value)
+    if not (number > 0 if strict else number >= 0) or (finite and not math.isfinite(number)):
+        fail(ValueError, where, name, value, expected, fix or f"Pass {name} {bound}.")
 
 
 def check_optimizer(where: str, name: str, value: object, fix: str) -> torch.optim.Optimizer:
@@ -312,3 +328,151 @@ def shape_mismatches_raise(where: str) -> Iterator[None]:
                 "shape (e.g. targets.view_as(outputs) in the dataset or a collate_fn), or "
                 "override calculate_train_batch_loss / calculate_eval_batch_loss."
             ) from warning
+
+
+def check_count(
+    where: str,
+    name: str,
+    value: object,
+    *,
+    minimum: int,
+    allow_none: bool = False,
+    resolved: bool = False,
+) -> None:
+    """Check that `value` is an int >= `minimum` (or a placeholder, unless `resolved`).
+
+    Args:
+        where: The entry point, for the message.
+        name: The argument name.
+        value: The value to check.
+        minimum: The smallest accepted value.
+        allow_none: Whether `None` is accepted.
+        resolved: Reject placeholders (the scheduler is being built, not configured).
+
+    Raises:
+        TypeError: If the value is not an int, or an unresolved placeholder when `resolved`.
+        ValueError: If the value is below `minimum`.
+    """
+    if value is None and allow_none:
+        return
+    if contains_placeholder(value):
+        if resolved:
+            fail(TypeError, where, name, value, "an int", FIX_PLACEHOLDER)
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        fail(TypeError, where, name, value, f"an int >= {minimum}", f"Pass an int, e.g. {name}=1.")
+    if value < minimum:
+        fail(ValueError, where, name, value, f"an int >= {minimum}", f"Pass {name} >= {minimum}.")
+
+
+FIX_PLACEHOLDER = (
+    "Placeholders are resolved by the Trainer: pass create_scheduler_fn=<Scheduler>."
+    "create_scheduler_fn(...) to Trainer.train, or pass numbers when creating it yourself."
+)
+"""How to fix an unresolved placeholder reaching a scheduler's constructor."""
+
+
+def check_fraction(
+    where: str, name: str, value: object, *, allow_none: bool = False, allow_zero: bool = True
+) -> None:
+    """Check that `value` is a real number in `[0, 1]` (`(0, 1]` unless `allow_zero`).
+
+    Args:
+        where: The entry point, for the message.
+        name: The argument name.
+        value: The value to check.
+        allow_none: Whether `None` is accepted.
+        allow_zero: Whether 0 is accepted.
+
+    Raises:
+        TypeError: If the value is not a real number.
+        ValueError: If the value is outside the range.
+    """
+    if value is None and allow_none:
+        return
+    interval = "[0, 1]" if allow_zero else "(0, 1]"
+    expected = f"a number in {interval}" + (" or None" if allow_none else "")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        fail(TypeError, where, name, value, expected, f"Pass a float, e.g. {name}=0.1.")
+    number = float(value)
+    if not (0 <= number <= 1) or (number == 0 and not allow_zero):
+        fail(ValueError, where, name, value, expected, f"Pass a fraction in {interval}.")
+
+
+def check_group_bound(
+    where: str, name: str, values: Sequence[float], bases: Sequence[float], fix: str
+) -> None:
+    """Check that each group's derived value (a minimum, a warmup start) is <= its base.
+
+    Args:
+        where: The entry point, for the message.
+        name: The argument the values derive from.
+        values: The derived value of each parameter group.
+        bases: The base value of each parameter group.
+        fix: How to fix the call.
+
+    Raises:
+        ValueError: If a group's value exceeds its base value.
+    """
+    for index, (value, base) in enumerate(zip(values, bases, strict=True)):
+        if value > base:
+            fail(
+                ValueError,
+                where,
+                name,
+                value,
+                f"<= the base value of every parameter group (group {index} has {base})",
+                fix,
+            )
+
+
+def check_bool(where: str, name: str, value: object) -> None:
+    """Raise ``TypeError`` unless ``value`` is a bool."""
+    if not isinstance(value, bool):
+        fail(TypeError, where, name, value, "a bool", f"Pass {name}=True or {name}=False.")
+
+
+def check_metric_name(where: str, name: str, value: object) -> None:
+    """Raise unless ``value`` is a non-empty string (a run-history metric name)."""
+    if not isinstance(value, str) or not value:
+        fail(
+            TypeError if not isinstance(value, str) else ValueError,
+            where,
+            name,
+            value,
+            "a non-empty metric name",
+            f"Pass the name of a run-history metric, e.g. {name}='eval_loss_epoch'.",
+        )
+
+
+def check_path(
+    where: str,
+    name: str,
+    value: object,
+    *,
+    allow_none: bool = False,
+    directory: bool = False,
+) -> None:
+    """Raise unless ``value`` is a usable path for a file (or a ``directory``), or None if allowed.
+
+    It must be a non-empty ``str`` or ``os.PathLike``; an existing path must be of the right
+    kind (a file where a directory is needed fails at the first save, not here, otherwise).
+    """
+    if value is None and allow_none:
+        return
+    kind = "directory" if directory else "file"
+    expected = f"a {kind} path" + (" or None" if allow_none else "")
+    example = "checkpoints" if directory else "checkpoints/model.pt"
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        fail(TypeError, where, name, value, expected, f"Pass e.g. {name}={example!r}.")
+    path = os.fspath(value)
+    wrong_kind = os.path.isfile(path) if directory else os.path.isdir(path)
+    if wrong_kind:
+        fail(
+            ValueError,
+            where,
+            name,
+            value,
+            expected,
+            f"It names an existing {'file' if directory else 'directory'}; pass a {kind} path.",
+        )
