@@ -1,4 +1,6 @@
-"""Count the package's modules and functions that run for one call: ``python -m benchmarks.trace_modules``.
+"""Count the package's modules and functions that one call runs.
+
+Run: ``python -m benchmarks.trace_modules``.
 
 The measure of how far a reader has to follow the code (issue 28): ``sys.setprofile`` records
 every Python function of ``pytorch_accel`` called during ``Trainer(model, loss, optimizer)`` and
@@ -56,11 +58,11 @@ def package_size() -> dict[str, int]:
             continue
         public_modules += 1
         for node in ast.walk(ast.parse(source)):
-            if isinstance(node, ast.Assign) and any(
+            is_all = isinstance(node, ast.Assign) and any(
                 isinstance(target, ast.Name) and target.id == "__all__" for target in node.targets
-            ):
-                if isinstance(node.value, ast.List | ast.Tuple):
-                    public_names += len(node.value.elts)
+            )
+            if is_all and isinstance(node.value, ast.List | ast.Tuple):  # type: ignore[attr-defined]
+                public_names += len(node.value.elts)  # type: ignore[attr-defined]
     return {
         "lines": lines,
         "modules": modules,
