@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from pytorch_accel import _entry_checks as checks
+from pytorch_accel._checkpointing.training_state import TrainingStateIO
 from pytorch_accel._compat import PortedTrainerAttributes
 from pytorch_accel._compat import trainer_module_attribute as __getattr__  # noqa: F401
 from pytorch_accel.data_inputs import TrainerDataLoaders
@@ -41,7 +42,6 @@ from pytorch_accel.prediction_loop import PredictionLoop
 from pytorch_accel.preparation import Preparation
 from pytorch_accel.run_config import TrainerRunConfig
 from pytorch_accel.run_setup import ResumeParts, RunSetup
-from pytorch_accel.state_io import TrainingStateIO
 from pytorch_accel.steps import TrainerSteps
 from pytorch_accel.tracking import InMemoryRunHistory, LossTracker, MetricCursor, RunHistory
 from pytorch_accel.training_loop import TrainingLoop

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from pytorch_accel._checkpointing.resume import EpochEntry, Position, ResumePoint, enter_epoch
 from pytorch_accel._validation import (
     check_batch_output,
     explain_backward_failure,
@@ -36,7 +37,6 @@ from pytorch_accel.failing_batches import SKIPPED_OUTPUT, FailingBatchGuard
 from pytorch_accel.levels import TRAIN_EPOCH, TRAIN_STEP, TRAIN_STEP_EVENTS, TRAINING_RUN, Levels
 from pytorch_accel.preparation import Preparation
 from pytorch_accel.progress_events import ProgressEvents
-from pytorch_accel.resume import EpochEntry, Position, ResumePoint, enter_epoch
 from pytorch_accel.run_config import TrainerRunConfig
 from pytorch_accel.tracking import LossTracker
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "pytorch_accel"
-MAX_LINES = 600
+MAX_LINES = 900
 
 # Lower layers never import higher ones at run time. Type-only imports (under
 # ``if TYPE_CHECKING:``) may name ``Trainer`` from below, for annotations.
@@ -25,13 +25,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.errors",
             "pytorch_accel.events",
             "pytorch_accel.callback",
-            "pytorch_accel.callback_states",
             "pytorch_accel.handler",
             "pytorch_accel.distributed",
             "pytorch_accel.tracking",
             "pytorch_accel.run_config",
             "pytorch_accel.placeholders",
-            "pytorch_accel.checkpoint",
+            "pytorch_accel._checkpointing",
             "pytorch_accel.dataloaders",
             "pytorch_accel.eval_sets",
             "pytorch_accel.training_state",
@@ -48,14 +47,13 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.accumulation",
             "pytorch_accel.batch_iteration",
             "pytorch_accel.progress_events",
-            "pytorch_accel.resumable_loader",
-            "pytorch_accel.resume",
+            "pytorch_accel._checkpointing.resume",
             "pytorch_accel.levels",
             "pytorch_accel.preparation",
             "pytorch_accel.evaluation_loop",
             "pytorch_accel.prediction_loop",
             "pytorch_accel.training_loop",
-            "pytorch_accel.state_io",
+            "pytorch_accel._checkpointing.training_state",
             "pytorch_accel.failing_batches",
             "pytorch_accel.run_setup",
         ),
@@ -179,7 +177,7 @@ def test_imports_point_down_the_layers() -> None:
     [
         ("pytorch_accel.training_loop", "pytorch_accel.trainer", False, False),
         ("pytorch_accel.training_loop", "pytorch_accel.trainer", True, True),
-        ("pytorch_accel.resume", "pytorch_accel.callbacks.base", True, False),
+        ("pytorch_accel._checkpointing.resume", "pytorch_accel.callbacks.base", True, False),
         ("pytorch_accel.trainer", "pytorch_accel.callbacks.save_state", False, False),
         ("pytorch_accel.trainer", "pytorch_accel.callbacks.defaults", False, True),
         ("pytorch_accel.callbacks.ema", "pytorch_accel.trainer", False, True),

@@ -1,13 +1,13 @@
-"""Crash-safe checkpoint files: written atomically, read without unpickling code.
+"""The portable checkpoint file of ``Trainer.save_checkpoint``: one file, checksummed inside.
 
-``write_checkpoint`` and ``restore_checkpoint`` do the work of ``Trainer.save_checkpoint`` and
-``Trainer.load_checkpoint``: a portable file of the model's, optimizer's and scheduler's states.
+The file holds ``model_state_dict``, ``optimizer_state_dict``, ``scheduler_state_dict``, the
+user's entries and, under ``CHECKSUM_KEY``, the SHA-256 digest of all of them (every key, value
+and tensor byte), so it stays one file that pytorch-accelerated and ``torch.load`` read as
+they are. It is written by ``files.atomic_write`` and read with ``files``' loader rules.
 """
 
 from __future__ import annotations
 
-import errno
-import glob
 import hashlib
 import io
 import os
@@ -20,12 +20,12 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from torch import nn
 
+from pytorch_accel._checkpointing.files import atomic_save, check_loadable
+from pytorch_accel._checkpointing.fit import misfit
+
 __all__ = [
     "CHECKSUM_KEY",
-    "atomic_save",
-    "check_loadable",
     "checksum",
-    "fsync_directory",
     "load_checkpoint_file",
     "model_state_dict",
     "read_tensors_file",
@@ -36,94 +36,6 @@ __all__ = [
 
 CHECKSUM_KEY = "pytorch_accel_sha256"
 """The entry of a checkpoint file that holds the ``checksum`` of the rest (verified on load)."""
-
-
-def atomic_save(obj: Any, path: str | os.PathLike[str]) -> Path:
-    """Save ``obj`` with ``torch.save`` so that ``path`` is either the old file or the new one.
-
-    The object is written to a temporary file in the same directory, flushed to disk, then
-    renamed over ``path``. A failure at any point leaves the previous file intact and removes
-    the temporary one; temporary files that killed processes left beside ``path`` are removed
-    first.
-
-    Args:
-        obj: What to save (tensors, dicts, numbers, strings).
-        path: The destination file.
-
-    Returns:
-        The destination path.
-
-    Raises:
-        OSError: With ``errno.ENOSPC`` when the disk is full, naming the file.
-    """
-    destination = Path(path)
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temporaries(destination)
-    temporary = destination.with_name(f"{_temporary_prefix(destination)}{os.getpid()}")
-    try:
-        with open(temporary, "wb") as handle:
-            torch.save(obj, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, destination)
-    except (OSError, RuntimeError) as error:
-        if _is_disk_full(error):
-            raise OSError(
-                errno.ENOSPC,
-                f"could not write {str(destination)!r}: the disk is full. "
-                "The previous "
-                "file, if any, is intact; free some space and save again",
-            ) from error
-        raise
-    finally:
-        temporary.unlink(missing_ok=True)
-    fsync_directory(destination.parent)
-    return destination
-
-
-def _temporary_prefix(destination: Path) -> str:
-    return f".{destination.name}.tmp-"
-
-
-def _remove_stale_temporaries(destination: Path) -> None:
-    """Delete temporary files of ``destination`` whose writing process is no longer alive."""
-    prefix = _temporary_prefix(destination)
-    for path in destination.parent.glob(f"{glob.escape(prefix)}*"):
-        pid = path.name[len(prefix) :]
-        if pid.isdigit() and not _process_alive(int(pid)):
-            path.unlink(missing_ok=True)
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, owned by another user
-        return True
-    return True
-
-
-def _is_disk_full(error: BaseException) -> bool:
-    """Whether ``error`` or an error it arose from is "no space left" (torch wraps it)."""
-    seen: BaseException | None = error
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
-def fsync_directory(directory: Path) -> None:
-    """Flush a directory's entries (renames, new files) to disk, where the platform allows."""
-    try:
-        descriptor = os.open(directory, os.O_RDONLY)
-    except OSError:  # not supported on this platform (e.g. Windows)
-        return
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def load_checkpoint_file(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -152,6 +64,9 @@ def load_checkpoint_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 def read_tensors_file(path: str | os.PathLike[str], where: str, kind: str = "weights") -> Any:
     """Load a file of tensors and plain containers, with ``weights_only=True`` (no code runs).
 
+    The file is read once; a dict holding ``CHECKSUM_KEY`` is verified against it and returned
+    without it.
+
     Args:
         path: The file.
         where: The entry point, for messages (e.g. ``"load_checkpoint"``).
@@ -168,7 +83,7 @@ def read_tensors_file(path: str | os.PathLike[str], where: str, kind: str = "wei
     if not source.is_file():
         raise FileNotFoundError(f"{where}: no {kind} file at {str(source)!r}.")
     try:
-        loaded = torch.load(source, map_location="cpu", weights_only=True)
+        loaded = torch.load(io.BytesIO(source.read_bytes()), map_location="cpu", weights_only=True)
     except Exception as error:
         raise ValueError(
             f"{where}: could not read {str(source)!r}: it is truncated, corrupt, or holds "
@@ -326,7 +241,7 @@ def restore_checkpoint(
         if target is not None and f"{name}_state_dict" in checkpoint:
             parts.append((name, target, checkpoint[f"{name}_state_dict"]))
     for name, target, state in parts:
-        problem = _misfit(name, target, state)
+        problem = misfit(name, target, state)
         if problem:
             raise ValueError(
                 f"load_checkpoint: {os.fspath(path)!r} does not fit this {name}: {problem}. "
@@ -335,68 +250,3 @@ def restore_checkpoint(
     for _, target, state in parts:
         target.load_state_dict(state)
     return checkpoint
-
-
-def _misfit(name: str, target: Any, state: Any) -> str:
-    """Describe why ``state`` does not fit ``target`` (a model, optimizer or scheduler), or ''."""
-    current = target.state_dict()
-    if name == "model":
-        missing = sorted(set(current) - set(state))
-        unexpected = sorted(set(state) - set(current))
-        shapes = [
-            f"{key}: saved {list(state[key].shape)}, model {list(current[key].shape)}"
-            for key in sorted(set(state) & set(current))
-            if hasattr(state[key], "shape") and state[key].shape != current[key].shape
-        ]
-        found = [f"missing {missing[:4]}"] * bool(missing)
-        found += [f"unexpected {unexpected[:4]}"] * bool(unexpected)
-        return "; ".join(found + shapes[:4])
-    if name == "optimizer":
-        saved_groups, groups = state.get("param_groups", []), current["param_groups"]
-        if [len(g["params"]) for g in saved_groups] != [len(g["params"]) for g in groups]:
-            return "its parameter groups hold other numbers of parameters"
-        # settings this optimizer does not have mean another kind of optimizer (fewer are
-        # fine: a checkpoint of an older torch lacks settings added since)
-        foreign = {key for group in saved_groups for key in group}
-        foreign -= {key for group in groups for key in group}
-        if foreign:
-            return (
-                f"it was saved by another kind of optimizer (with settings {sorted(foreign)}, "
-                f"which this trainer's {type(target).__name__} does not have); pass "
-                "load_optimizer=False to load the weights only"
-            )
-        return ""
-    translate = getattr(target, "translate_state_dict", None)  # pytorch_accel's schedulers
-    if callable(translate) and isinstance(state, Mapping):
-        state = translate(state)
-    if isinstance(state, Mapping) and set(state) != set(current):
-        return (
-            f"it was saved by another kind of scheduler (keys {sorted(state)[:6]}) than this "
-            f"trainer's {type(target).__name__}; pass load_scheduler=False"
-        )
-    return ""
-
-
-def check_loadable(entries: Mapping[str, Any], where: str) -> None:
-    """Raise if an entry would not load back with ``weights_only=True`` (checked on save).
-
-    Args:
-        entries: The user's extra checkpoint entries (``checkpoint_kwargs``).
-        where: The entry point, for the message.
-
-    Raises:
-        TypeError: Naming the entry and its type.
-    """
-    for key, value in entries.items():
-        buffer = io.BytesIO()
-        try:
-            torch.save(value, buffer)
-            buffer.seek(0)
-            torch.load(buffer, weights_only=True)
-        except Exception as error:
-            raise TypeError(
-                f"{where}: checkpoint_kwargs[{key!r}] is a {type(value).__name__}, which "
-                "load_checkpoint could not read back safely (weights_only=True). Keep entries to "
-                "tensors, numbers, strings and lists, tuples and dicts of them (e.g. str(path) "
-                f"for a Path). ({error})"
-            ) from error
