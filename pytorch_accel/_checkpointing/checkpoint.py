@@ -1,9 +1,8 @@
 """The portable checkpoint file of ``Trainer.save_checkpoint``: one file, checksummed inside.
 
-The file holds ``model_state_dict``, ``optimizer_state_dict``, ``scheduler_state_dict``, the
-user's entries and, under ``CHECKSUM_KEY``, the SHA-256 digest of all of them (every key, value
-and tensor byte), so it stays one file that pytorch-accelerated and ``torch.load`` read as
-they are. It is written by ``files.atomic_write`` and read with ``files``' loader rules.
+It holds ``model_state_dict``, ``optimizer_state_dict``, ``scheduler_state_dict``, the user's
+entries and, under ``CHECKSUM_KEY``, the SHA-256 digest of all of them, so it stays one file
+that pytorch-accelerated and ``torch.load`` read as they are.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from torch import nn
 
-from pytorch_accel._checkpointing.files import atomic_save, check_loadable
+from pytorch_accel._checkpointing.files import atomic_save, load_safely
 from pytorch_accel._checkpointing.fit import misfit
 
 __all__ = [
@@ -39,13 +38,7 @@ CHECKSUM_KEY = "pytorch_accel_sha256"
 
 
 def load_checkpoint_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load a checkpoint dict safely (``weights_only=True``: no arbitrary code is unpickled).
-
-    Args:
-        path: The checkpoint file.
-
-    Returns:
-        The checkpoint dict, with tensors on the CPU.
+    """Load a checkpoint dict safely (``weights_only=True``), with tensors on the CPU.
 
     Raises:
         FileNotFoundError: If there is no such file.
@@ -62,18 +55,10 @@ def load_checkpoint_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def read_tensors_file(path: str | os.PathLike[str], where: str, kind: str = "weights") -> Any:
-    """Load a file of tensors and plain containers, with ``weights_only=True`` (no code runs).
+    """Load a file of tensors and plain containers once, with ``files.load_safely``.
 
-    The file is read once; a dict holding ``CHECKSUM_KEY`` is verified against it and returned
-    without it.
-
-    Args:
-        path: The file.
-        where: The entry point, for messages (e.g. ``"load_checkpoint"``).
-        kind: What the file is, for messages (``"checkpoint"``, ``"weights"``).
-
-    Returns:
-        The loaded object, with tensors on the CPU.
+    A dict holding ``CHECKSUM_KEY`` is verified against it and returned without it. ``where``
+    (the entry point) and ``kind`` (``"checkpoint"``, ``"weights"``) are for messages.
 
     Raises:
         FileNotFoundError: If there is no such file.
@@ -82,13 +67,7 @@ def read_tensors_file(path: str | os.PathLike[str], where: str, kind: str = "wei
     source = Path(path)
     if not source.is_file():
         raise FileNotFoundError(f"{where}: no {kind} file at {str(source)!r}.")
-    try:
-        loaded = torch.load(io.BytesIO(source.read_bytes()), map_location="cpu", weights_only=True)
-    except Exception as error:
-        raise ValueError(
-            f"{where}: could not read {str(source)!r}: it is truncated, corrupt, or holds "
-            f"objects other than tensors and plain containers ({error})."
-        ) from error
+    loaded = load_safely(source.read_bytes(), source, where, ValueError)
     if isinstance(loaded, dict) and CHECKSUM_KEY in loaded:
         expected = loaded.pop(CHECKSUM_KEY)
         if checksum(loaded) != expected:
@@ -101,17 +80,11 @@ def read_tensors_file(path: str | os.PathLike[str], where: str, kind: str = "wei
 
 
 def checksum(checkpoint: Mapping[str, Any]) -> str:
-    """Return the SHA-256 digest of a checkpoint's contents: every key, value and tensor byte.
+    """Return the SHA-256 hex digest of a checkpoint's contents (without ``CHECKSUM_KEY``).
 
     Tensors count with their dtype, shape and data; numbers, strings and ``None`` with their
     ``repr``; containers with their items in order. It is the same before saving and after
     loading, so a file whose data changed on disk is detected.
-
-    Args:
-        checkpoint: The checkpoint dict (without its ``CHECKSUM_KEY``).
-
-    Returns:
-        The hex digest.
     """
     digest = hashlib.sha256()
     _digest_into(digest, checkpoint)
@@ -156,13 +129,6 @@ def model_state_dict(accelerator: Accelerator, model: nn.Module) -> dict[str, An
     """The unwrapped model's state dict, without ``torch.compile``'s ``_orig_mod.`` prefix.
 
     Sharded engines (FSDP, DeepSpeed) gather it through the accelerator, on every process.
-
-    Args:
-        accelerator: The accelerator that prepared ``model``.
-        model: The model, as prepared (wrapped or not).
-
-    Returns:
-        The state dict, with the keys of the bare model.
     """
     sharded = (DistributedType.FSDP, DistributedType.DEEPSPEED)
     if accelerator.distributed_type in sharded:
@@ -179,22 +145,28 @@ def write_checkpoint(
     scheduler: Any,
     extra: Mapping[str, Any] | None = None,
 ) -> None:
-    """Write the states of ``model``, ``optimizer`` and ``scheduler`` to ``path`` atomically.
+    """Write a checkpoint file atomically (``Trainer.save_checkpoint``).
 
-    The file holds ``model_state_dict``, ``optimizer_state_dict`` and ``scheduler_state_dict``
-    (for those given), the entries of ``extra``, and the ``checksum`` of all of them under
-    ``CHECKSUM_KEY``. The main process writes it; every process must call this (sharded models
-    are gathered by all of them).
+    It holds the states of ``model``, and of ``optimizer`` and ``scheduler`` unless ``None``,
+    the entries of ``extra`` and their ``checksum``. The main process writes; every process
+    must call this (sharded models are gathered).
 
-    Args:
-        accelerator: The accelerator that prepared ``model``.
-        path: The file to write.
-        model: The model, as prepared.
-        optimizer: Its state is saved, unless ``None``.
-        scheduler: Its state is saved, unless ``None``.
-        extra: More entries (tensors, numbers, strings, containers).
+    Raises:
+        TypeError: If an entry of ``extra`` would not load back with ``weights_only=True``.
     """
-    check_loadable(extra or {}, "save_checkpoint")
+    for key, value in (extra or {}).items():
+        buffer = io.BytesIO()
+        try:
+            torch.save(value, buffer)
+            buffer.seek(0)
+            torch.load(buffer, weights_only=True)
+        except Exception as error:
+            raise TypeError(
+                f"save_checkpoint: checkpoint_kwargs[{key!r}] is a {type(value).__name__}, which "
+                "load_checkpoint could not read back safely (weights_only=True). Keep entries to "
+                "tensors, numbers, strings and lists, tuples and dicts of them (e.g. str(path) "
+                f"for a Path). ({error})"
+            ) from error
     checkpoint = {"model_state_dict": model_state_dict(accelerator, model)}
     if optimizer is not None:
         checkpoint["optimizer_state_dict"] = optimizer.state_dict()
@@ -214,20 +186,11 @@ def restore_checkpoint(
     optimizer: torch.optim.Optimizer | None,
     scheduler: Any,
 ) -> dict[str, Any]:
-    """Load a file of ``write_checkpoint`` into the model, and the optimizer and scheduler given.
+    """Load a checkpoint file; return the whole dict (``Trainer.load_checkpoint``).
 
-    Everything is checked before anything is changed: a file that does not fit leaves the
-    model, optimizer and scheduler as they were.
-
-    Args:
-        accelerator: The accelerator that prepared ``model``.
-        path: The checkpoint file.
-        model: The model, as prepared.
-        optimizer: Receives ``optimizer_state_dict`` if the file has one; ``None``: skipped.
-        scheduler: Receives ``scheduler_state_dict`` if the file has one; ``None``: skipped.
-
-    Returns:
-        The whole checkpoint dict.
+    The optimizer and scheduler are loaded unless ``None``. Everything is checked before
+    anything is changed: a file that does not fit leaves the model, optimizer and scheduler
+    as they were.
 
     Raises:
         ValueError: If the file's model, optimizer or scheduler state does not fit, naming the

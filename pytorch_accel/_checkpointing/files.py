@@ -1,10 +1,9 @@
-"""Every file the package writes, and every pickled file it reads back.
+"""The one writer of every file the package writes, and the one loader of what it reads back.
 
-``atomic_write`` is the one writer: a temporary file beside the destination, hashed as it is
-written, flushed to disk and renamed over the destination, so a reader sees the old file or
-the new one. ``read_verified`` and ``load_safely`` are the one loader: the bytes are read once,
-checked against their SHA-256 digest, and those same bytes are deserialised with
-``weights_only=True`` (tensors, NumPy arrays and plain containers; no code runs).
+``atomic_write``: a temporary file beside the destination, flushed to disk and renamed over it,
+so a reader sees the old file or the new one. ``read_verified`` and ``load_safely``: the bytes
+are read once, checked against their recorded SHA-256 digest, and those same bytes are
+deserialised with ``weights_only=True`` (tensors, NumPy arrays and plain containers; no code).
 """
 
 from __future__ import annotations
@@ -26,76 +25,55 @@ __all__ = [
     "TrainingStateError",
     "atomic_save",
     "atomic_write",
-    "check_loadable",
+    "describe",
     "disk_full_error",
     "fsync_directory",
     "load_pickled",
     "load_safely",
     "read_verified",
-    "sha256_of",
 ]
 
 _CHUNK = 1 << 22
-
-Content = bytes | str | Callable[[IO[bytes]], Any]
-"""What ``atomic_write`` writes: bytes, text (UTF-8), or a function writing to a binary file."""
 
 
 class TrainingStateError(ValueError):
     """A training-state directory is incomplete, corrupt, or does not fit this run."""
 
 
-class _HashingFile(io.RawIOBase):
-    """A binary file that hashes what is written through it."""
-
-    def __init__(self, handle: IO[bytes]) -> None:
-        super().__init__()
-        self.handle, self.digest, self.size = handle, hashlib.sha256(), 0
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        self.digest.update(view)
-        self.size += view.nbytes
-        return self.handle.write(view)
-
-    def flush(self) -> None:
-        self.handle.flush()
-
-
-def atomic_write(path: str | os.PathLike[str], content: Content) -> dict[str, Any]:
+def atomic_write(
+    path: str | os.PathLike[str], content: bytes | str | Callable[[IO[bytes]], Any]
+) -> Path:
     """Write ``content`` to ``path`` so that ``path`` is either the old file or the new one.
 
-    The content goes to a temporary file in the same directory (hashed as it is written),
-    flushed to disk, then renamed over ``path``, and the directory is flushed. A failure at any
-    point leaves the previous file intact and removes the temporary one; temporary files that
-    killed processes left beside ``path`` are removed first.
+    The content goes to a temporary file in the same directory, flushed to disk, then renamed
+    over ``path``, and the directory is flushed. A failure leaves the previous file intact and
+    removes the temporary one; temporary files that killed processes left beside ``path`` are
+    removed first.
 
     Args:
         path: The destination file; its directory is created if needed.
         content: Bytes, text (written as UTF-8), or a function that writes to a binary file.
 
     Returns:
-        ``{"size": ..., "sha256": ...}`` of the bytes written.
+        The destination path.
 
     Raises:
         OSError: With ``errno.ENOSPC`` when the disk is full, naming the file.
     """
     destination = Path(path)
     destination.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temporaries(destination)
-    temporary = destination.with_name(f"{_temporary_prefix(destination)}{os.getpid()}")
+    prefix = f".{destination.name}.tmp-"
+    for stale in destination.parent.glob(f"{glob.escape(prefix)}*"):
+        pid = stale.name[len(prefix) :]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            stale.unlink(missing_ok=True)
+    temporary = destination.with_name(f"{prefix}{os.getpid()}")
     try:
         with open(temporary, "wb") as handle:
-            hashing = _HashingFile(handle)
-            if isinstance(content, str):
-                hashing.write(content.encode("utf-8"))
-            elif isinstance(content, bytes):
-                hashing.write(content)
+            if isinstance(content, (bytes, str)):
+                handle.write(content.encode() if isinstance(content, str) else content)
             else:
-                content(hashing)  # type: ignore[arg-type]
+                content(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, destination)
@@ -107,13 +85,12 @@ def atomic_write(path: str | os.PathLike[str], content: Content) -> dict[str, An
     finally:
         temporary.unlink(missing_ok=True)
     fsync_directory(destination.parent)
-    return {"size": hashing.size, "sha256": hashing.digest.hexdigest()}
+    return destination
 
 
 def atomic_save(obj: Any, path: str | os.PathLike[str]) -> Path:
     """Save ``obj`` with ``torch.save`` through ``atomic_write``; return the destination path."""
-    atomic_write(path, lambda handle: torch.save(obj, handle))
-    return Path(path)
+    return atomic_write(path, lambda handle: torch.save(obj, handle))
 
 
 def disk_full_error(error: BaseException, path: Path, kind: str = "file") -> OSError | None:
@@ -126,7 +103,7 @@ def disk_full_error(error: BaseException, path: Path, kind: str = "file") -> OSE
     while seen is not None:
         full = isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT)
         full = full or "No space left on device" in str(seen) or "os error 28" in str(seen)
-        if full or (seen is error and _almost_no_space(path.parent)):
+        if full or (seen is error and _free_space(path.parent) < _CHUNK):
             return OSError(
                 errno.ENOSPC,
                 f"could not write {str(path)!r}: the disk is full. The previous {kind}, if any, "
@@ -136,24 +113,11 @@ def disk_full_error(error: BaseException, path: Path, kind: str = "file") -> OSE
     return None
 
 
-def _almost_no_space(directory: Path) -> bool:
+def _free_space(directory: Path) -> int:
     try:
-        return shutil.disk_usage(directory).free < _CHUNK
+        return shutil.disk_usage(directory).free
     except OSError:
-        return False
-
-
-def _temporary_prefix(destination: Path) -> str:
-    return f".{destination.name}.tmp-"
-
-
-def _remove_stale_temporaries(destination: Path) -> None:
-    """Delete temporary files of ``destination`` whose writing process is no longer alive."""
-    prefix = _temporary_prefix(destination)
-    for path in destination.parent.glob(f"{glob.escape(prefix)}*"):
-        pid = path.name[len(prefix) :]
-        if pid.isdigit() and not _process_alive(int(pid)):
-            path.unlink(missing_ok=True)
+        return _CHUNK
 
 
 def _process_alive(pid: int) -> bool:
@@ -178,92 +142,66 @@ def fsync_directory(directory: Path) -> None:
         os.close(descriptor)
 
 
-def sha256_of(path: Path) -> dict[str, Any]:
-    """Return ``{"size": ..., "sha256": ...}`` of a file, read in chunks (and flush it to disk)."""
-    digest, size = hashlib.sha256(), 0
+def describe(path: Path, keep: bool = False) -> tuple[dict[str, Any], bytes]:
+    """Read a file once: its ``{"size": ..., "sha256": ...}``, and its bytes if ``keep``.
+
+    The file is flushed to disk too (a state's files, before its manifest is written).
+    """
+    digest, size, chunks = hashlib.sha256(), 0, []
     with open(path, "rb") as handle:
         while chunk := handle.read(_CHUNK):
             digest.update(chunk)
             size += len(chunk)
+            chunks += [chunk] * keep
         os.fsync(handle.fileno())
-    return {"size": size, "sha256": digest.hexdigest()}
+    return {"size": size, "sha256": digest.hexdigest()}, b"".join(chunks)
 
 
 def read_verified(path: Path, expected: Mapping[str, Any], where: str, keep: bool = True) -> bytes:
-    """Read a file once and return its bytes, if they have the recorded size and digest.
-
-    Args:
-        path: The file.
-        expected: Its ``{"size": ..., "sha256": ...}`` as recorded.
-        where: The entry point, for messages.
-        keep: Return the bytes (else only check them, holding one chunk at a time).
+    """Read a file once and return its bytes (if ``keep``), if they are as recorded.
 
     Raises:
-        TrainingStateError: If the file is missing, or its size or digest differ.
+        TrainingStateError: If the file is missing, or its size or SHA-256 digest differ from
+            ``expected`` (``{"size": ..., "sha256": ...}``).
     """
-    digest, size, chunks = hashlib.sha256(), 0, []
     try:
-        with open(path, "rb") as handle:
-            while chunk := handle.read(_CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
-                chunks += [chunk] * keep
+        actual, data = describe(path, keep)
     except FileNotFoundError:
         raise TrainingStateError(
             f"{where}: {str(path)!r} is listed in the manifest but missing."
         ) from None
-    if size != expected.get("size"):
+    if actual["size"] != expected.get("size"):
         raise TrainingStateError(
-            f"{where}: {str(path)!r} is truncated or was changed: {size} bytes, the "
+            f"{where}: {str(path)!r} is truncated or was changed: {actual['size']} bytes, the "
             f"manifest records {expected.get('size')}."
         )
-    if digest.hexdigest() != expected.get("sha256"):
+    if actual["sha256"] != expected.get("sha256"):
         raise TrainingStateError(
             f"{where}: {str(path)!r} is corrupt: its SHA-256 digest differs from the manifest's."
         )
-    return b"".join(chunks)
+    return data
 
 
-def load_safely(data: bytes, path: Path, where: str) -> Any:
+def load_safely(
+    data: bytes, path: Path, where: str, error: type[ValueError] = TrainingStateError
+) -> Any:
     """Deserialise bytes read from ``path`` with ``weights_only=True`` (NumPy arrays allowed).
 
     Raises:
-        TrainingStateError: If they hold anything else, or cannot be read.
+        TrainingStateError: If they hold anything else, or cannot be read (or ``error``, with
+            the message of a checkpoint file).
     """
     try:
         return accelerate_safe_load(io.BytesIO(data), map_location="cpu")
-    except Exception as error:
-        raise TrainingStateError(
-            f"{where}: could not read {str(path)!r} safely: it is corrupt, or holds objects "
-            f"other than tensors, NumPy arrays and plain containers ({error})."
-        ) from error
+    except Exception as cause:
+        if error is TrainingStateError:
+            problem = "safely: it is corrupt, or holds objects other than tensors, NumPy arrays"
+        else:
+            problem = ": it is truncated, corrupt, or holds objects other than tensors"
+        text = f"could not read {str(path)!r}{' ' * problem.startswith('s')}{problem}"
+        raise error(f"{where}: {text} and plain containers ({cause}).") from cause
 
 
 def load_pickled(path: Path, where: str) -> Any:
     """Read a file once and deserialise it with ``load_safely``."""
     return load_safely(path.read_bytes(), path, where)
-
-
-def check_loadable(entries: Mapping[str, Any], where: str) -> None:
-    """Raise if an entry would not load back with ``weights_only=True`` (checked on save).
-
-    Args:
-        entries: The user's extra checkpoint entries (``checkpoint_kwargs``).
-        where: The entry point, for the message.
-
-    Raises:
-        TypeError: Naming the entry and its type.
-    """
-    for key, value in entries.items():
-        buffer = io.BytesIO()
-        try:
-            torch.save(value, buffer)
-            buffer.seek(0)
-            torch.load(buffer, weights_only=True)
-        except Exception as error:
-            raise TypeError(
-                f"{where}: checkpoint_kwargs[{key!r}] is a {type(value).__name__}, which "
-                "load_checkpoint could not read back safely (weights_only=True). Keep entries to "
-                "tensors, numbers, strings and lists, tuples and dicts of them (e.g. str(path) "
-                f"for a Path). ({error})"
-            ) from error

@@ -28,10 +28,10 @@ from typing import Any
 from pytorch_accel._checkpointing.files import (
     TrainingStateError,
     atomic_write,
+    describe,
     fsync_directory,
     load_safely,
     read_verified,
-    sha256_of,
 )
 
 __all__ = [
@@ -88,7 +88,7 @@ def write_manifest(directory: Path, info: Mapping[str, Any]) -> None:
     """
     files = {}
     for path in sorted(p for p in directory.rglob("*") if p.is_file()):
-        files[path.relative_to(directory).as_posix()] = sha256_of(path)
+        files[path.relative_to(directory).as_posix()] = describe(path)[0]
     manifest = {"format": _FORMAT, "version": _VERSION, **info, "files": files}
     atomic_write(directory / MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True))
 

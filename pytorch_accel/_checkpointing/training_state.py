@@ -23,10 +23,16 @@ from typing import TYPE_CHECKING, Any
 import accelerate.accelerator
 import torch
 
-from pytorch_accel._checkpointing.callback_states import PER_PROCESS, callback_states
 from pytorch_accel._checkpointing.files import atomic_save, disk_full_error, load_pickled
 from pytorch_accel._checkpointing.fit import model_misfit
-from pytorch_accel._checkpointing.resume import Position, RandomStates, ResumePoint, gradients
+from pytorch_accel._checkpointing.resume import (
+    PER_PROCESS,
+    Position,
+    RandomStates,
+    ResumePoint,
+    callback_states,
+    gradients,
+)
 from pytorch_accel._checkpointing.store import (
     TrainingStateError,
     complete_state,
