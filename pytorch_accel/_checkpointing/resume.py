@@ -30,7 +30,7 @@ import contextlib
 import itertools
 import warnings
 from collections.abc import Generator, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -228,11 +228,7 @@ class Position:
 
     def to_dict(self) -> dict[str, Any]:
         """Return the position as a plain dict."""
-        return {
-            "epoch_index": self.epoch_index,
-            "batches_done": self.batches_done,
-            "in_run": self.in_run,
-        }
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, state: Mapping[str, Any]) -> Position:

@@ -39,12 +39,12 @@ __all__ = [
     "TrainingStateError",
     "complete_state",
     "find_training_states",
+    "hidden",
     "latest_training_state",
     "publish",
     "rank_state_name",
     "read_manifest",
     "remove_training_state",
-    "temporary_directory",
     "tidy_save_dir",
     "verify_training_state",
     "write_manifest",
@@ -65,18 +65,13 @@ def rank_state_name(rank: int) -> str:
     return f"trainer_rank_{rank}.pt"
 
 
-def temporary_directory(final: Path) -> Path:
-    """Return the hidden directory a save of ``final`` is written to before the rename."""
-    return final.with_name(f".{final.name}.incomplete")
+def hidden(final: Path, role: str = "incomplete") -> Path:
+    """Return the hidden directory ``.NAME.<role>`` of the state ``final``.
 
-
-def previous_directory(final: Path) -> Path:
-    """Return the hidden directory an older state of ``final`` is moved to while it is replaced."""
-    return final.with_name(f".{final.name}.previous")
-
-
-def _deleting_directory(final: Path) -> Path:
-    return final.with_name(f".{final.name}.deleting")
+    ``incomplete``: a save is written there before the rename; ``previous``: an older state is
+    moved there while it is replaced; ``deleting``: a state is moved there to be deleted.
+    """
+    return final.with_name(f".{final.name}.{role}")
 
 
 def write_manifest(directory: Path, info: Mapping[str, Any]) -> None:
@@ -99,7 +94,7 @@ def publish(temporary: Path, final: Path) -> None:
     The older directory is moved aside first and deleted only after the new one is in place;
     between the two renames, ``complete_state(final)`` finds the new one.
     """
-    previous = previous_directory(final)
+    previous = hidden(final, "previous")
     shutil.rmtree(previous, ignore_errors=True)
     if final.exists():
         os.replace(final, previous)
@@ -208,7 +203,7 @@ def complete_state(final: Path) -> Path:
     """
     if final.exists():
         return final
-    for candidate in (temporary_directory(final), previous_directory(final)):
+    for candidate in (hidden(final), hidden(final, "previous")):
         if _has_manifest(candidate):
             return candidate
     return final
@@ -243,7 +238,7 @@ def remove_training_state(path: Path) -> None:
     """Delete a training state: renamed aside first, so a kill midway leaves no partial state."""
     if not path.exists():
         return
-    doomed = _deleting_directory(path)
+    doomed = hidden(path, "deleting")
     shutil.rmtree(doomed, ignore_errors=True)
     os.replace(path, doomed)
     shutil.rmtree(doomed, ignore_errors=True)

@@ -36,10 +36,10 @@ from pytorch_accel._checkpointing.resume import (
 from pytorch_accel._checkpointing.store import (
     TrainingStateError,
     complete_state,
+    hidden,
     latest_training_state,
     publish,
     rank_state_name,
-    temporary_directory,
     verify_training_state,
     write_manifest,
 )
@@ -84,7 +84,7 @@ class TrainingStateIO:
         final = Path(output_dir)
         self._saving = self._loop.position("Trainer.save_training_state")
         try:
-            self._write(final, temporary_directory(final))
+            self._write(final, hidden(final))
         finally:
             self._saving = None
         return final
