@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.utils import concatenate, send_to_device, slice_tensors
 
+from pytorch_accel._checkpointing.resume import EpochEntry, ResumePoint, enter_epoch
 from pytorch_accel._checks import (
     check_batch_output,
     explain_backward_failure,
@@ -63,7 +64,6 @@ from pytorch_accel.eval_sets import eval_set_prefix
 from pytorch_accel.failing_batches import SKIPPED_OUTPUT
 from pytorch_accel.logging_setup import get_logger, setup_logging
 from pytorch_accel.preparation import Preparation
-from pytorch_accel.resume import EpochEntry, ResumePoint, enter_epoch
 from pytorch_accel.run_config import TrainerRunConfig
 
 if TYPE_CHECKING:

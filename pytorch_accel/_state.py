@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch.utils.data import DataLoader
 
+from pytorch_accel._checkpointing.resume import Position, ResumePoint
 from pytorch_accel.errors import StopTrainingError
-from pytorch_accel.resume import Position, ResumePoint
 from pytorch_accel.tracking import LossTracker
 
 if TYPE_CHECKING:
+    from pytorch_accel._checkpointing.resume import ResumableLoader
     from pytorch_accel.failing_batches import FailingBatchGuard
-    from pytorch_accel.resumable_loader import ResumableLoader
 
 __all__ = ["TrainerState"]
 

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from pytorch_accel.trainer import Trainer
 
 __all__ = ["TrainerCallback", "redirected_paths"]
@@ -74,6 +76,15 @@ class TrainerCallback:
             ```
         """
         return contextlib.nullcontext()
+
+    def training_states_dir(self) -> Path | None:
+        """The directory this callback saves training states in, or ``None`` (the default).
+
+        ``train(resume_from="latest")`` resumes from the newest complete state in the directory
+        of the first callback that returns one (``SaveTrainingStateCallback`` returns its
+        ``save_dir``).
+        """
+        return None
 
     def on_init_end(self, trainer: Trainer, **kwargs: Any) -> None:
         """Called at the end of ``Trainer.__init__``."""

@@ -16,8 +16,8 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from pytorch_accel._checkpointing.checkpoint import read_tensors_file
 from pytorch_accel._checks import check_bool, fail
-from pytorch_accel.checkpoint import read_tensors_file
 
 __all__ = [
     "BN_MODULES",

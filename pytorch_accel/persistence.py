@@ -1,7 +1,7 @@
 """Checkpoints and training states: the ``Trainer`` methods that save and load them.
 
 ``Trainer`` inherits these from ``TrainerPersistence``; the work is done by
-``pytorch_accel.checkpoint`` (checkpoint files) and ``pytorch_accel.state_io`` (training
+``pytorch_accel._checkpointing``: ``checkpoint`` (checkpoint files) and ``training_state`` (training
 states). See the Checkpointing page of the documentation.
 """
 
@@ -16,8 +16,8 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
-from pytorch_accel.checkpoint import restore_checkpoint, write_checkpoint
-from pytorch_accel.state_io import TrainingStateIO
+from pytorch_accel._checkpointing.checkpoint import restore_checkpoint, write_checkpoint
+from pytorch_accel._checkpointing.training_state import TrainingStateIO
 from pytorch_accel.tracking import RunHistory
 
 __all__ = ["TrainerPersistence"]

@@ -20,8 +20,8 @@ from accelerate.utils import DistributedType
 from torch import nn
 from torch.utils.data import DataLoader
 
+from pytorch_accel._checkpointing.resume import ResumableLoader, make_resumable
 from pytorch_accel.dataloaders import default_dataloader_kwargs
-from pytorch_accel.resumable_loader import ResumableLoader, make_resumable
 from pytorch_accel.run_config import TrainerRunConfig, create_run_config
 
 if TYPE_CHECKING:

@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from pytorch_accel import _entry_checks as checks
+from pytorch_accel._checkpointing.training_state import TrainingStateIO
 from pytorch_accel._checks import inputs_and_targets
 from pytorch_accel._compat import trainer_module_attribute as __getattr__  # noqa: F401
 from pytorch_accel._compat import with_ported_attributes
@@ -43,7 +44,6 @@ from pytorch_accel.placeholders import (
 from pytorch_accel.preparation import Preparation
 from pytorch_accel.run_config import TrainerRunConfig
 from pytorch_accel.run_setup import ResumeParts, RunSetup
-from pytorch_accel.state_io import TrainingStateIO
 from pytorch_accel.tracking import InMemoryRunHistory, LossTracker, MetricCursor, RunHistory
 
 __all__ = [  # DEFAULT_CALLBACKS and the other ported names: served by __getattr__ (_compat)

@@ -12,8 +12,8 @@ from accelerate.data_loader import DataLoaderShard, skip_first_batches
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, TensorDataset
 
 from pytorch_accel import Trainer
+from pytorch_accel._checkpointing.resume import make_resumable
 from pytorch_accel.batch_iteration import epoch_batches, iterate, passes_batches_through
-from pytorch_accel.resumable_loader import make_resumable
 
 Observation = tuple[list[torch.Tensor], bool, bool, bool]
 

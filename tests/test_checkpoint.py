@@ -16,7 +16,7 @@ import torch
 from helpers import clone_params, make_model, make_regression_dataset, make_trainer
 from torch.optim.lr_scheduler import StepLR
 
-from pytorch_accel.checkpoint import CHECKSUM_KEY
+from pytorch_accel._checkpointing.checkpoint import CHECKSUM_KEY
 
 
 def trained_trainer() -> object:
@@ -197,3 +197,45 @@ def test_temporary_files_of_killed_saves_are_removed(tmp_path: Path) -> None:
     assert not dead.exists()
     assert alive.exists()
     assert other.exists()  # another file's: left to its own next save
+
+
+@pytest.mark.parametrize(
+    "scheduler",
+    [
+        functools.partial(StepLR, step_size=1, gamma=0.5),
+        functools.partial(torch.optim.lr_scheduler.OneCycleLR, max_lr=0.1, total_steps=100),
+    ],
+)
+def test_a_checkpoint_saved_with_a_scheduler_loads_into_a_fresh_trainer(
+    tmp_path: Path, scheduler: functools.partial[object]
+) -> None:
+    # issue 28: every torch scheduler adds settings such as initial_lr to the parameter groups,
+    # which the fit check took for another kind of optimizer
+    trainer = make_trainer(optimizer_class=torch.optim.AdamW)
+    trainer.train(make_regression_dataset(16), num_epochs=1, create_scheduler_fn=scheduler)
+    path = tmp_path / "model.pt"
+    trainer.save_checkpoint(path)
+    assert "initial_lr" in torch.load(path)["optimizer_state_dict"]["param_groups"][0]
+    fresh = make_trainer(make_model(seed=7), optimizer_class=torch.optim.AdamW)
+    fresh.load_checkpoint(path)
+    assert fresh.optimizer.param_groups[0]["lr"] == trainer.optimizer.param_groups[0]["lr"]
+    for loaded, saved in zip(
+        fresh.get_model().parameters(), trainer.get_model().parameters(), strict=True
+    ):
+        assert torch.equal(loaded, saved)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mounts a Linux tmpfs")
+def test_a_full_disk_while_saving_a_training_state_is_named(tmp_path: Path) -> None:
+    # issue 29: a raw SafetensorError or OSError without a path, before
+    trainer = trained_trainer()
+    with small_filesystem(tmp_path / "small", "512k") as disk:
+        trainer.save_training_state(disk / "state")
+        usage = os.statvfs(disk)
+        (disk / "filler").write_bytes(b"\0" * (usage.f_bavail * usage.f_frsize - 8192))
+        with pytest.raises(OSError, match=r"could not write '.*state': the disk is full") as info:
+            trainer.save_training_state(disk / "state")
+        assert info.value.errno == errno.ENOSPC
+        (disk / "filler").unlink()
+        assert sorted(p.name for p in disk.iterdir()) == ["state"]
+        trainer.load_training_state(disk / "state")

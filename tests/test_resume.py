@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from helpers import wait_for_text
 
-from pytorch_accel.training_state import MANIFEST_NAME, find_training_states, verify_training_state
+from pytorch_accel._checkpointing.store import verify_training_state
+from pytorch_accel.training_state import MANIFEST_NAME, find_training_states
 
 REPO = Path(__file__).parents[1]
 JOB = REPO / "tests" / "distributed" / "scripts" / "resume_job.py"

@@ -17,6 +17,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from pytorch_accel import Trainer
+from pytorch_accel._checkpointing.store import write_manifest
 from pytorch_accel.callbacks import (
     EarlyStoppingCallback,
     SaveTrainingStateCallback,
@@ -27,7 +28,6 @@ from pytorch_accel.training_state import (
     TrainingStateError,
     find_training_states,
     latest_training_state,
-    write_manifest,
 )
 
 STEP_LR = functools.partial(torch.optim.lr_scheduler.StepLR, step_size=2, gamma=0.5)
@@ -485,3 +485,76 @@ def test_resuming_past_num_epochs_is_refused_and_at_the_end_says_so(
         regression_dataset, num_epochs=2, per_device_batch_size=8, resume_from=tmp_path / "done"
     )
     assert "nothing is left to train" in caplog.text
+
+
+def swap_once_verified(trainer: Trainer, state: Path) -> None:
+    """Replace the trainer's state file with a code-running pickle once it has been verified.
+
+    As a process racing the load from a shared directory would: between the verification and
+    accelerate's loading of the weights.
+    """
+    load_state = trainer.accelerator.load_state
+
+    def swapping(*args: Any, **kwargs: Any) -> Any:
+        forged = state / "forged.tmp"
+        torch.save({"x": Payload()}, forged)
+        forged.replace(state / "custom_checkpoint_0.pkl")
+        return load_state(*args, **kwargs)
+
+    trainer.accelerator.load_state = swapping  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("entry", ["load_training_state", "train"])
+def test_a_file_swapped_after_its_verification_runs_no_code(
+    tmp_path: Path, regression_dataset: TensorDataset, entry: str
+) -> None:
+    # issue 29: what is verified is what is loaded (read once), and nothing in a state is
+    # unpickled with weights_only=False
+    saved_after_training(tmp_path, regression_dataset)
+    marker = tmp_path / "payload-ran"
+    PAYLOAD_MARKER[0] = str(marker)
+    trainer = make_trainer()
+    swap_once_verified(trainer, tmp_path / "state")
+    if entry == "load_training_state":
+        assert trainer.load_training_state(tmp_path / "state")["num_updates"] == 8
+    else:
+        trainer.train(
+            regression_dataset,
+            num_epochs=2,
+            per_device_batch_size=8,
+            resume_from=tmp_path / "state",
+        )
+        assert trainer.num_updates == 16
+    assert not marker.exists()
+
+
+def test_a_state_without_a_file_every_state_has_is_refused(
+    tmp_path: Path, regression_dataset: TensorDataset
+) -> None:
+    # issue 29: removing a file together with its manifest entry made the resume silently inexact
+    saved_after_training(tmp_path, regression_dataset)
+    state = tmp_path / "state"
+    (state / "random_states_0.pkl").unlink()
+    manifest = json.loads((state / MANIFEST_NAME).read_text())
+    del manifest["files"]["random_states_0.pkl"]
+    (state / MANIFEST_NAME).write_text(json.dumps(manifest))
+    with pytest.raises(TrainingStateError, match=r"is incomplete: .*'random_states_0.pkl'"):
+        make_trainer().load_training_state(state)
+
+
+def test_resume_from_latest_asks_the_callbacks_where_their_states_are(
+    tmp_path: Path, regression_dataset: TensorDataset
+) -> None:
+    # issue 28: an explicit method, not the saves_training_states/save_dir attribute names
+    class OwnSaver(TrainerCallback):
+        def training_states_dir(self) -> Path:
+            return tmp_path / "mine"
+
+        def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+            trainer.save_training_state(tmp_path / "mine" / "end")
+
+    first = make_trainer(callbacks=(OwnSaver(),))
+    first.train(regression_dataset, num_epochs=1, per_device_batch_size=8)
+    resumed = make_trainer(callbacks=(OwnSaver(),))
+    resumed.train(regression_dataset, num_epochs=2, per_device_batch_size=8, resume_from="latest")
+    assert resumed.num_updates == 16

@@ -11,10 +11,13 @@ step-level file is the same with a ``step`` column (the update count) instead of
 from __future__ import annotations
 
 import csv
+import io
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from pytorch_accel._checkpointing.files import atomic_write
 
 __all__ = [
     "EPOCH_COLUMN",
@@ -53,19 +56,13 @@ def write_metrics_csv(
         The path written.
     """
     destination = Path(path)
-    destination.parent.mkdir(parents=True, exist_ok=True)
     names = sorted({name for row in rows.values() for name in row} - {index_column})
-    temporary = destination.with_name(f".{destination.name}.tmp-{os.getpid()}")
-    try:
-        with open(temporary, "w", newline="", encoding="utf-8") as handle:
-            writer = csv.writer(handle)
-            writer.writerow([index_column, *names])
-            for epoch in sorted(rows):
-                row = rows[epoch]
-                writer.writerow([epoch, *(_cell(row.get(name)) for name in names)])
-        os.replace(temporary, destination)
-    finally:
-        temporary.unlink(missing_ok=True)
+    table = io.StringIO(newline="")
+    writer = csv.writer(table)
+    writer.writerow([index_column, *names])
+    for epoch in sorted(rows):
+        writer.writerow([epoch, *(_cell(rows[epoch].get(name)) for name in names)])
+    atomic_write(destination, table.getvalue())
     return destination
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from pytorch_accel._checkpointing.files import atomic_write
 from pytorch_accel._checks import fail
 from pytorch_accel.callback import TrainerCallback, redirected_paths
 from pytorch_accel.callbacks._metrics_csv import STEP_COLUMN, metrics_csv_index, read_metrics_csv
@@ -195,12 +196,6 @@ def _draw(figure_class: type[Figure], series: Series, x_label: str) -> Figure:
 
 def _save(figure: Figure, destination: Path) -> Path:
     """Save through a temporary file renamed over ``destination``."""
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    temporary = destination.with_name(f".{destination.name}.tmp-{os.getpid()}")
     file_format = destination.suffix.lstrip(".") or "png"
-    try:
-        figure.savefig(temporary, format=file_format)
-        os.replace(temporary, destination)
-    finally:
-        temporary.unlink(missing_ok=True)
+    atomic_write(destination, lambda handle: figure.savefig(handle, format=file_format))
     return destination

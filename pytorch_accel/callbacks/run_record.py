@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytorch_accel._checkpointing.files import atomic_write
 from pytorch_accel._checks import check_mapping, fail
 from pytorch_accel.callbacks._run_info import (
     environment,
@@ -222,10 +223,4 @@ def _write_json(path: Path, value: Any) -> None:
 
 
 def _write_text(path: Path, text: str) -> None:
-    """Write through a temporary file renamed over ``path``."""
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        temporary.write_text(text, encoding="utf-8")
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
+    atomic_write(path, text)

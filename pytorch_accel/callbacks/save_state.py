@@ -14,16 +14,16 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from pytorch_accel._checkpointing.store import (
+    find_training_states,
+    remove_training_state,
+    tidy_save_dir,
+)
 from pytorch_accel._checks import check_bool, check_number, check_path, check_positive_int, fail
 from pytorch_accel.callback import TrainerCallback, redirected_paths
 from pytorch_accel.distributed import AgreedFlag, agreement_group
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.logging_setup import get_logger
-from pytorch_accel.training_state import (
-    find_training_states,
-    remove_training_state,
-    tidy_save_dir,
-)
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer
@@ -74,7 +74,6 @@ class SaveTrainingStateCallback(TrainerCallback):
     """
 
     order = 1000
-    saves_training_states = True
     agreed_stop_events = frozenset({"on_train_step_end", "on_training_run_epoch_end"})
 
     def __init__(
@@ -112,6 +111,10 @@ class SaveTrainingStateCallback(TrainerCallback):
         self._signal_flag: AgreedFlag | None = None
         self._pace = _Pace()
         self._interrupted = False
+
+    def training_states_dir(self) -> Path:
+        """``save_dir``, where ``train(resume_from="latest")`` finds the newest state."""
+        return self.save_dir
 
     # ------------------------------------------------------------------------ events
 

@@ -11,9 +11,9 @@ from helpers import make_regression_dataset, make_trainer
 from torch import nn
 
 from pytorch_accel import Trainer
+from pytorch_accel._checkpointing.checkpoint import load_checkpoint_file
 from pytorch_accel.callbacks import StopTrainingError, TrainerCallback
 from pytorch_accel.callbacks.ema import ModelEmaCallback
-from pytorch_accel.checkpoint import load_checkpoint_file
 
 TRAIN, EVAL = make_regression_dataset(32), make_regression_dataset(20, seed=1)
 UNSHUFFLED = {"shuffle": False}

@@ -12,10 +12,10 @@ import torch
 from helpers import make_regression_dataset, make_trainer
 
 from pytorch_accel import Trainer
+from pytorch_accel._checkpointing.checkpoint import load_checkpoint_file
 from pytorch_accel.callbacks import StopTrainingError, TrainerCallback
 from pytorch_accel.callbacks.early_stopping import EarlyStoppingCallback
 from pytorch_accel.callbacks.save_best import SaveBestModelCallback
-from pytorch_accel.checkpoint import load_checkpoint_file
 from pytorch_accel.tracking import MetricNotFoundError
 
 TRAIN, EVAL = make_regression_dataset(16), make_regression_dataset(8, seed=1)

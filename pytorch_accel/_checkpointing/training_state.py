@@ -1,36 +1,52 @@
 """Saving, loading and resuming a trainer's training states.
 
-A training state is a directory (format and integrity checks: ``pytorch_accel.training_state``)
-written by ``accelerator.save_state`` plus the trainer's own parts (``pytorch_accel.resume``).
-``TrainingStateIO`` writes it atomically, verifies it before anything is loaded, and turns it
-into the ``ResumePoint`` a resumed ``train()`` continues from.
+A training state is a directory (format, manifest and verification: ``store``) written by
+``accelerator.save_state`` plus the trainer's own parts (``resume``). ``TrainingStateIO``
+writes it atomically, verifies it before anything is loaded, and turns it into the
+``ResumePoint`` a resumed ``train()`` continues from. What the trainer loads itself (its own
+state, registered objects' states, the per-process states) is deserialised from the bytes that
+were verified, with ``weights_only=True``; accelerate loads the rest (weights, optimizer,
+scaler, random states) with ``weights_only=True`` too, so nothing in a state can run code.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import accelerate.accelerator
 import torch
-from torch import nn
 
-from pytorch_accel._checks import fail
-from pytorch_accel._state import TrainerState
-from pytorch_accel.callback_states import PER_PROCESS, callback_states
-from pytorch_accel.logging_setup import get_logger
-from pytorch_accel.preparation import Preparation
-from pytorch_accel.resumable_loader import RandomStates
-from pytorch_accel.resume import (
-    CheckpointedTrainerState,
+from pytorch_accel._checkpointing.files import atomic_save, disk_full_error, load_pickled
+from pytorch_accel._checkpointing.fit import model_misfit
+from pytorch_accel._checkpointing.resume import (
+    PER_PROCESS,
     Position,
+    RandomStates,
     ResumePoint,
+    callback_states,
     gradients,
 )
+from pytorch_accel._checkpointing.store import (
+    TrainingStateError,
+    complete_state,
+    hidden,
+    latest_training_state,
+    publish,
+    rank_state_name,
+    verify_training_state,
+    write_manifest,
+)
+from pytorch_accel._checks import fail
+from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.logging_setup import get_logger
+from pytorch_accel.preparation import Preparation
 from pytorch_accel.run_config import TrainerRunConfig
 from pytorch_accel.run_setup import (
     ResumeParts,
@@ -38,19 +54,9 @@ from pytorch_accel.run_setup import (
     optimizer_not_loaded,
     recorded,
 )
-from pytorch_accel.training_state import (
-    TrainingStateError,
-    complete_state,
-    latest_training_state,
-    load_pickled,
-    publish,
-    rank_state_name,
-    temporary_directory,
-    verify_training_state,
-    write_manifest,
-)
 
 if TYPE_CHECKING:
+    from pytorch_accel._state import TrainerState
     from pytorch_accel.trainer import Trainer
 
 __all__ = ["TrainingStateIO"]
@@ -67,7 +73,7 @@ class TrainingStateIO:
 
     def __init__(self, trainer: Trainer, preparation: Preparation, loop: TrainerState) -> None:
         self._trainer, self._preparation, self._loop = trainer, preparation, loop
-        self._checkpointed = CheckpointedTrainerState(self._shared_state)
+        self._checkpointed = _SavedByAccelerate(self._shared_state)
         self._registered = False
         self._saving: Position | None = None
 
@@ -78,7 +84,7 @@ class TrainingStateIO:
         final = Path(output_dir)
         self._saving = self._loop.position("Trainer.save_training_state")
         try:
-            self._write(final, temporary_directory(final))
+            self._write(final, hidden(final))
         finally:
             self._saving = None
         return final
@@ -92,20 +98,25 @@ class TrainingStateIO:
             temporary.mkdir(parents=True)
         accelerator.wait_for_everyone()
         self._register()
+        full: OSError | None = None
         try:
             with bare_compiled_models(accelerator):  # no _orig_mod. in the saved keys
                 accelerator.save_state(str(temporary))
             rank_state = self._rank_state(self._saving)
-            torch.save(rank_state, temporary / rank_state_name(accelerator.process_index))
+            atomic_save(rank_state, temporary / rank_state_name(accelerator.process_index))
             accelerator.wait_for_everyone()
             if accelerator.is_main_process:
                 _check_saved_states_load_safely(temporary)
                 write_manifest(temporary, self._manifest_info())
                 publish(temporary, final)
-        except BaseException:
+        except BaseException as error:
+            full = disk_full_error(error, final, "training state")
             if accelerator.is_main_process:
                 shutil.rmtree(temporary, ignore_errors=True)
-            raise
+            if full is None:
+                raise
+        if full is not None:  # raised here, the failed writers' frames (open files) are freed
+            raise full
         accelerator.wait_for_everyone()
 
     def _shared_state(self) -> dict[str, Any]:
@@ -172,7 +183,10 @@ class TrainingStateIO:
         where: str,
         check: Callable[[dict[str, Any]], None] | None = None,
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Verify a training state, then load it through accelerate; return its trainer parts.
+        """Verify a training state, then load it; return its trainer parts.
+
+        accelerate loads the weights, optimizer, scaler and random states; the trainer loads
+        its own state and the registered objects' states from the bytes it verified.
 
         Args:
             directory: The training state.
@@ -188,25 +202,26 @@ class TrainingStateIO:
         """
         accelerator = self._trainer.accelerator
         directory = complete_state(directory)
-        verify_training_state(directory, accelerator.num_processes, where)
+        loaded = verify_training_state(directory, accelerator.num_processes, where)["loaded"]
         self._prepare_model()
         _check_model_fits(self._trainer.model, directory, where)
         self._register()
+        registered = list(getattr(accelerator, "_custom_objects", []))
+        states = [loaded.get(f"custom_checkpoint_{index}.pkl") for index in range(len(registered))]
+        shared = states[registered.index(self._checkpointed)]
+        if not isinstance(shared, dict) or "position" not in shared:
+            raise TrainingStateError(f"{where}: {str(directory)!r} holds no trainer state.")
         if check is not None:
-            check(self._read_saved_trainer_state(directory, where))
+            check(shared)
         try:
-            with bare_compiled_models(accelerator):
+            with bare_compiled_models(accelerator), _registered_states_from(states):
                 accelerator.load_state(str(directory))
         except (RuntimeError, ValueError, KeyError) as error:
             raise TrainingStateError(
                 f"{where}: {str(directory)!r} does not fit this trainer's model or optimizer: "
                 f"{error}"
             ) from error
-        shared = self._checkpointed.loaded
-        if shared is None:
-            raise TrainingStateError(f"{where}: {str(directory)!r} holds no trainer state.")
-        rank_file = directory / rank_state_name(accelerator.process_index)
-        return shared, load_pickled(rank_file, where)
+        return shared, loaded[rank_state_name(accelerator.process_index)]
 
     def resume_point(
         self, resume_from: str | os.PathLike[str] | None, parts: ResumeParts | None = None
@@ -239,9 +254,10 @@ class TrainingStateIO:
             return complete_state(Path(resume_from))
         trainer = self._trainer
         save_dirs = [
-            getattr(callback, "save_dir")  # noqa: B009 (any callback that saves training states)
+            save_dir
             for callback in trainer.callback_handler.callbacks
-            if getattr(callback, "saves_training_states", False)
+            if isinstance(callback, TrainerCallback)
+            and (save_dir := callback.training_states_dir()) is not None
         ]
         if not save_dirs:
             fail(
@@ -257,15 +273,6 @@ class TrainingStateIO:
         if latest is None:
             get_logger().info(f"No training state in {str(save_dirs[0])!r} yet: starting afresh.")
         return latest
-
-    def _read_saved_trainer_state(self, directory: Path, where: str) -> dict[str, Any]:
-        """Read (safely) the trainer state accelerate is about to load for this trainer."""
-        registered = list(getattr(self._trainer.accelerator, "_custom_objects", []))
-        index = next(i for i, obj in enumerate(registered) if obj is self._checkpointed)
-        shared = load_pickled(directory / f"custom_checkpoint_{index}.pkl", where)
-        if not isinstance(shared, dict) or "position" not in shared:
-            raise TrainingStateError(f"{where}: {str(directory)!r} holds no trainer state.")
-        return shared
 
     def _check_resumable(
         self, directory: Path, with_scheduler: bool, shared: Mapping[str, Any]
@@ -372,7 +379,7 @@ def _check_saved_states_load_safely(directory: Path) -> None:
             ) from error
 
 
-def _check_model_fits(model: nn.Module, directory: Path, where: str) -> None:
+def _check_model_fits(model: torch.nn.Module, directory: Path, where: str) -> None:
     """Compare the saved parameter names and shapes with the model's, before loading."""
     path = directory / "model.safetensors"
     if not path.is_file():
@@ -384,27 +391,44 @@ def _check_model_fits(model: nn.Module, directory: Path, where: str) -> None:
             saved = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}  # noqa: SIM118
     except Exception as error:
         raise TrainingStateError(f"{where}: could not read {str(path)!r}: {error}") from error
-    current = {_plain_key(key): tensor for key, tensor in model.state_dict().items()}
-    saved = {_plain_key(key): shape for key, shape in saved.items()}
-    present = {tensor.data_ptr() for key, tensor in current.items() if key in saved}
-    problems = [f"unexpected {key}" for key in sorted(set(saved) - set(current))]
-    problems += [
-        f"missing {key}"
-        for key in sorted(set(current) - set(saved))
-        if current[key].data_ptr() not in present  # tied weights are saved once
-    ]
-    problems += [
-        f"{key}: saved {list(saved[key])}, model {list(current[key].shape)}"
-        for key in sorted(set(saved) & set(current))
-        if saved[key] != tuple(current[key].shape)
-    ]
+    problems = model_misfit(model, saved)
     if problems:
         raise TrainingStateError(
-            f"{where}: {str(path)!r} holds a different model: {'; '.join(problems[:8])}"
-            f"{' ...' if len(problems) > 8 else ''}. Resume with the model it was saved from."
+            f"{where}: {str(path)!r} holds a different model: {problems}. Resume with the "
+            "model it was saved from."
         )
 
 
-def _plain_key(key: str) -> str:
-    """A state-dict key without the DDP (``module.``) and ``torch.compile`` prefixes."""
-    return key.removeprefix("module.").replace("_orig_mod.", "")
+class _SavedByAccelerate:
+    """The trainer's state, registered with ``accelerator.register_for_checkpointing``.
+
+    accelerate saves it (as ``custom_checkpoint_<i>.pkl``, numbered with the objects users
+    register); the trainer reads it itself, from verified bytes (``_registered_states_from``).
+    """
+
+    def __init__(self, collect: Callable[[], dict[str, Any]]) -> None:
+        self.state_dict = collect
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Nothing to do: ``TrainingStateIO.load`` has the state already."""
+
+
+@contextlib.contextmanager
+def _registered_states_from(states: list[Any]) -> Iterator[None]:
+    """Have ``accelerator.load_state`` give the registered objects these verified states.
+
+    accelerate's own loader of registered objects opens their files again and unpickles them
+    with ``weights_only=False``; inside the block, nothing is read for them.
+    """
+    original = accelerate.accelerator.load_custom_state
+
+    def load_verified(obj: Any, path: str, index: int = 0) -> None:
+        if states[index] is None:
+            raise KeyError(f"no state for the registered {type(obj).__name__}")
+        obj.load_state_dict(states[index])
+
+    accelerate.accelerator.load_custom_state = load_verified
+    try:
+        yield
+    finally:
+        accelerate.accelerator.load_custom_state = original

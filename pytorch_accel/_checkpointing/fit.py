@@ -1,0 +1,75 @@
+"""Whether a saved model, optimizer or scheduler state fits the trainer's (checked first)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["SCHEDULER_KEYS", "misfit", "model_misfit"]
+
+SCHEDULER_KEYS = frozenset({"initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum"})
+"""Settings torch's learning-rate schedulers add to an optimizer's parameter groups."""
+
+
+def model_misfit(model: nn.Module, saved: Mapping[str, tuple[int, ...]]) -> str:
+    """Describe how parameter names and shapes ``saved`` differ from ``model``'s, or ''.
+
+    Keys are compared without the DDP (``module.``) and ``torch.compile`` (``_orig_mod.``)
+    prefixes; a tied weight saved once under one of its names is not missing.
+    """
+    current = {_plain_key(key): tensor for key, tensor in model.state_dict().items()}
+    shapes = {_plain_key(key): tuple(shape) for key, shape in saved.items()}
+    present = {tensor.data_ptr() for key, tensor in current.items() if key in shapes}
+    problems = [f"unexpected {key}" for key in sorted(set(shapes) - set(current))]
+    problems += [
+        f"missing {key}"
+        for key in sorted(set(current) - set(shapes))
+        if current[key].data_ptr() not in present  # tied weights are saved once
+    ]
+    problems += [
+        f"{key}: saved {list(shapes[key])}, model {list(current[key].shape)}"
+        for key in sorted(set(shapes) & set(current))
+        if shapes[key] != tuple(current[key].shape)
+    ]
+    return "; ".join(problems[:8]) + (" ..." if len(problems) > 8 else "")
+
+
+def misfit(name: str, target: Any, state: Any) -> str:
+    """Describe why ``state`` does not fit ``target`` (a model, optimizer or scheduler), or ''."""
+    if name == "model":
+        shapes = {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
+        return model_misfit(target, shapes)
+    current = target.state_dict()
+    if name == "optimizer":
+        saved_groups, groups = state.get("param_groups", []), current["param_groups"]
+        if [len(g["params"]) for g in saved_groups] != [len(g["params"]) for g in groups]:
+            return "its parameter groups hold other numbers of parameters"
+        # settings this optimizer does not have mean another kind of optimizer (fewer are
+        # fine: a checkpoint of an older torch lacks settings added since; so are those a
+        # learning-rate scheduler adds to the groups)
+        foreign = {key for group in saved_groups for key in group} - SCHEDULER_KEYS
+        foreign -= {key for group in groups for key in group}
+        if foreign:
+            return (
+                f"it was saved by another kind of optimizer (with settings {sorted(foreign)}, "
+                f"which this trainer's {type(target).__name__} does not have); pass "
+                "load_optimizer=False to load the weights only"
+            )
+        return ""
+    translate = getattr(target, "translate_state_dict", None)  # pytorch_accel's schedulers
+    if callable(translate) and isinstance(state, Mapping):
+        state = translate(state)
+    if isinstance(state, Mapping) and set(state) != set(current):
+        return (
+            f"it was saved by another kind of scheduler (keys {sorted(state)[:6]}) than this "
+            f"trainer's {type(target).__name__}; pass load_scheduler=False"
+        )
+    return ""
+
+
+def _plain_key(key: str) -> str:
+    """A state-dict key without the DDP (``module.``) and ``torch.compile`` prefixes."""
+    return key.removeprefix("module.").replace("_orig_mod.", "")

@@ -1,0 +1,300 @@
+"""Training-state directories: written atomically, complete only with a manifest, verified on load.
+
+A training state is a directory written by ``accelerator.save_state`` (model, optimizer,
+gradient scaler, every rank's random states, and the trainer's own state, registered once with
+``register_for_checkpointing``) plus one file per rank for what differs between ranks. It is
+written under a hidden temporary name, every file is flushed to disk, then the manifest (file
+sizes and SHA-256 digests) is written and the directory renamed into place. A directory without
+a manifest is an interrupted save: it is never loaded, and ``latest_training_state`` skips it.
+
+Replacing an existing state takes two renames (the old one aside, the new one in), and a process
+killed between them leaves no directory under the state's name. The state is still found: its
+new version (complete, under the hidden temporary name) or else its old one (moved aside) stands
+in for it, in ``complete_state`` and ``find_training_states``, until ``tidy_save_dir`` puts it
+back under its name. A state is deleted by renaming it aside first, so a kill during the deletion
+leaves nothing that looks like a state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pytorch_accel._checkpointing.files import (
+    TrainingStateError,
+    atomic_write,
+    describe,
+    fsync_directory,
+    load_safely,
+    read_verified,
+)
+
+__all__ = [
+    "MANIFEST_NAME",
+    "TrainingStateError",
+    "complete_state",
+    "find_training_states",
+    "hidden",
+    "latest_training_state",
+    "publish",
+    "rank_state_name",
+    "read_manifest",
+    "remove_training_state",
+    "tidy_save_dir",
+    "verify_training_state",
+    "write_manifest",
+]
+
+MANIFEST_NAME = "pytorch_accel_state.json"
+"""The file that marks a training-state directory as complete."""
+
+_FORMAT = "pytorch-accel-training-state"
+_VERSION = 1
+_PICKLED_SUFFIXES = (".bin", ".pkl", ".pt")
+_LOADED_BY_THE_TRAINER = ("custom_checkpoint_", "trainer_rank_")
+_PER_RANK = (("random_states", ".pkl"), ("trainer_rank", ".pt"))
+
+
+def rank_state_name(rank: int) -> str:
+    """Return the name of the file holding process ``rank``'s own trainer state."""
+    return f"trainer_rank_{rank}.pt"
+
+
+def hidden(final: Path, role: str = "incomplete") -> Path:
+    """Return the hidden directory ``.NAME.<role>`` of the state ``final``.
+
+    ``incomplete``: a save is written there before the rename; ``previous``: an older state is
+    moved there while it is replaced; ``deleting``: a state is moved there to be deleted.
+    """
+    return final.with_name(f".{final.name}.{role}")
+
+
+def write_manifest(directory: Path, info: Mapping[str, Any]) -> None:
+    """Flush every file of ``directory`` to disk, then write the manifest that completes it.
+
+    Args:
+        directory: The (temporary) directory holding the saved files.
+        info: What the manifest records besides the files (world size, counters).
+    """
+    files = {}
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        files[path.relative_to(directory).as_posix()] = describe(path)[0]
+    manifest = {"format": _FORMAT, "version": _VERSION, **info, "files": files}
+    atomic_write(directory / MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True))
+
+
+def publish(temporary: Path, final: Path) -> None:
+    """Rename a completed ``temporary`` directory to ``final``, replacing an older one.
+
+    The older directory is moved aside first and deleted only after the new one is in place;
+    between the two renames, ``complete_state(final)`` finds the new one.
+    """
+    previous = hidden(final, "previous")
+    shutil.rmtree(previous, ignore_errors=True)
+    if final.exists():
+        os.replace(final, previous)
+    os.replace(temporary, final)
+    fsync_directory(final.parent)
+    shutil.rmtree(previous, ignore_errors=True)
+
+
+def read_manifest(directory: Path, where: str) -> dict[str, Any]:
+    """Return the manifest of a complete training state.
+
+    Raises:
+        FileNotFoundError: If ``directory`` does not exist.
+        TrainingStateError: If it has no readable manifest (an interrupted save, or not a
+            training state).
+    """
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{where}: no training state directory at {str(directory)!r}.")
+    path = directory / MANIFEST_NAME
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise TrainingStateError(
+            f"{where}: {str(directory)!r} is not a complete training state: its manifest "
+            f"{MANIFEST_NAME} is missing or unreadable ({error}). It is an interrupted save or "
+            "was not written by Trainer.save_training_state; resume from an earlier one "
+            '(resume_from="latest" picks the newest complete one).'
+        ) from error
+    if not isinstance(manifest, dict) or manifest.get("format") != _FORMAT:
+        raise TrainingStateError(
+            f"{where}: {str(path)!r} is not a pytorch-accel training-state manifest."
+        )
+    if manifest.get("version") != _VERSION:
+        raise TrainingStateError(
+            f"{where}: {str(path)!r} has format version {manifest.get('version')!r}; this "
+            f"version of pytorch-accel reads version {_VERSION}."
+        )
+    return manifest
+
+
+def verify_training_state(directory: Path, world_size: int, where: str) -> dict[str, Any]:
+    """Check a training state before anything is loaded from it; return its manifest.
+
+    The state must have the files every state of its world size has; every file must have the
+    size and SHA-256 digest the manifest records, and every pickled file must load with
+    ``weights_only=True`` (tensors, NumPy arrays and plain containers only). What the trainer
+    loads itself (its own state, registered objects' states, per-process states) is read once,
+    here: the manifest gets ``"loaded"``, their deserialised contents by name, from exactly the
+    bytes that were verified.
+
+    Raises:
+        TrainingStateError: Naming the file and what is wrong with it, or the world size.
+    """
+    manifest = read_manifest(directory, where)
+    saved_world = manifest.get("world_size")
+    if saved_world != world_size:
+        raise TrainingStateError(
+            f"{where}: {str(directory)!r} was saved by {saved_world} processes, but this run "
+            f"has {world_size}. Resume with the same number of processes (e.g. `accelerate "
+            f"launch --num_processes {saved_world}`)."
+        )
+    listed = manifest["files"]
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        name = path.relative_to(directory).as_posix()
+        if name != MANIFEST_NAME and name not in listed:
+            raise TrainingStateError(
+                f"{where}: {str(path)!r} is not listed in the manifest of {str(directory)!r}: "
+                "it was added after the save, and nothing is loaded from a state holding a file "
+                "that was not checked. Remove the file, or resume from another state."
+            )
+    required = [
+        f"{stem}_{rank}{suffix}" for rank in range(world_size) for stem, suffix in _PER_RANK
+    ]
+    missing = [name for name in required if name not in listed]
+    if missing:
+        raise TrainingStateError(
+            f"{where}: {str(directory)!r} is incomplete: every training state of {world_size} "
+            f"process(es) has {missing[0]!r}, and this one does not (not in its manifest "
+            "either). Resume from another state."
+        )
+    loaded = {}
+    for name, expected in listed.items():
+        path = directory / name
+        pickled = path.suffix in _PICKLED_SUFFIXES
+        data = read_verified(path, expected, where, keep=pickled)
+        if pickled:
+            contents = load_safely(data, path, where)
+            if name.startswith(_LOADED_BY_THE_TRAINER):
+                loaded[name] = contents
+    return {**manifest, "loaded": loaded}
+
+
+def complete_state(final: Path) -> Path:
+    """Return the directory holding the complete state saved as ``final``.
+
+    That is ``final`` itself, unless a save that replaced it was interrupted between its two
+    renames: then the new state (complete, under its temporary name), or else the old one
+    (moved aside). Nothing is moved or deleted here.
+
+    Args:
+        final: The state's directory, as it was saved (e.g. ``states/warm``).
+
+    Returns:
+        ``final``, or the hidden directory that stands in for it; ``final`` if there is none
+        (loading it then reports that it is missing).
+    """
+    if final.exists():
+        return final
+    for candidate in (hidden(final), hidden(final, "previous")):
+        if _has_manifest(candidate):
+            return candidate
+    return final
+
+
+def find_training_states(save_dir: Path) -> list[Path]:
+    """Return the complete training states directly inside ``save_dir``, oldest first.
+
+    Directories are ordered by the time their save completed (recorded in the manifest), then
+    by name. Directories without a valid manifest (interrupted saves) are skipped; a state whose
+    replacement was interrupted between its two renames is found under its hidden stand-in
+    (see ``complete_state``).
+    """
+    if not save_dir.is_dir():
+        return []
+    names = {path.name for path in save_dir.iterdir() if path.is_dir()}
+    names |= {name for path in save_dir.iterdir() if (name := _stood_in_for(path.name))}
+    found = []
+    for name in names:
+        if name.startswith("."):
+            continue
+        path = complete_state(save_dir / name)
+        try:
+            manifest = read_manifest(path, "find_training_states")
+        except (OSError, TrainingStateError):
+            continue
+        found.append((int(manifest.get("saved_at_ns", 0)), _natural_key(name), path))
+    return [path for *_, path in sorted(found)]
+
+
+def remove_training_state(path: Path) -> None:
+    """Delete a training state: renamed aside first, so a kill midway leaves no partial state."""
+    if not path.exists():
+        return
+    doomed = hidden(path, "deleting")
+    shutil.rmtree(doomed, ignore_errors=True)
+    os.replace(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def tidy_save_dir(save_dir: Path, is_state_name: Callable[[str], bool]) -> None:
+    """Repair and clean what killed saves and deletions left in ``save_dir``.
+
+    A state whose replacement was interrupted is put back under its name (the new version if
+    it is complete, else the old one). Then the remains of interrupted saves and deletions are
+    deleted: hidden ``.incomplete``, ``.previous`` and ``.deleting`` directories, and the
+    directories named like states (``is_state_name``) that have no manifest. Call it from one
+    process, while no other reads or writes in ``save_dir``.
+
+    Args:
+        save_dir: The directory that holds the states.
+        is_state_name: Whether a directory name is one the saver gives its states.
+    """
+    if not save_dir.is_dir():
+        return
+    for path in list(save_dir.iterdir()):
+        name = _stood_in_for(path.name)
+        if name and not (save_dir / name).exists():
+            stand_in = complete_state(save_dir / name)
+            if stand_in != save_dir / name:
+                os.replace(stand_in, save_dir / name)
+    for path in list(save_dir.iterdir()):
+        debris = _stood_in_for(path.name) or path.name.endswith(".deleting")
+        interrupted = is_state_name(path.name) and not _has_manifest(path)
+        if path.is_dir() and (debris or interrupted):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _stood_in_for(hidden: str) -> str | None:
+    """The state name a hidden ``.NAME.incomplete`` or ``.NAME.previous`` belongs to."""
+    match = re.fullmatch(r"\.(.+)\.(incomplete|previous)", hidden)
+    return match.group(1) if match else None
+
+
+def _has_manifest(directory: Path) -> bool:
+    try:
+        read_manifest(directory, "")
+    except (OSError, TrainingStateError):
+        return False
+    return True
+
+
+def latest_training_state(save_dir: str | os.PathLike[str]) -> Path | None:
+    """Return the newest complete training state in ``save_dir``, or ``None`` if there is none.
+
+    Args:
+        save_dir: The directory ``SaveTrainingStateCallback`` writes to.
+    """
+    states = find_training_states(Path(save_dir))
+    return states[-1] if states else None
+
+
+def _natural_key(name: str) -> tuple[Any, ...]:
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))
