@@ -22,6 +22,7 @@ __all__ = [
     "agreement_group",
     "check_world_size",
     "launcher_world_size",
+    "main_process_object",
     "needs_cpu_distributed",
     "remove_padding",
 ]
@@ -155,6 +156,20 @@ class AgreedFlag:
         shared = torch.tensor([value], dtype=torch.float64)
         dist.broadcast(shared, src=0, group=self._group)
         return float(shared[0])
+
+
+def main_process_object(value: Any) -> Any:
+    """Return the main process's ``value`` (any picklable object) on every process.
+
+    For what every process must share as the main process chose it (a directory name drawn
+    at random): ``AgreedFlag`` agrees on flags and numbers, this on anything else. Every
+    process must call it; in one process it returns ``value``.
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return value
+    shared = [value]
+    dist.broadcast_object_list(shared, src=0)
+    return shared[0]
 
 
 LaggedFlag = AgreedFlag

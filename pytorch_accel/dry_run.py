@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from accelerate.utils import broadcast_object_list
 from torch.utils.data import Subset
 
 from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.distributed import main_process_object
 from pytorch_accel.logging_setup import get_logger
 from pytorch_accel.tracking import InMemoryRunHistory
 
@@ -145,10 +145,8 @@ def _kept_as_it_was(trainer: Trainer) -> Iterator[None]:
 @contextlib.contextmanager
 def _temporary_directory(trainer: Trainer) -> Iterator[Path]:
     """A new directory under the system's temporary one, the same path on every process."""
-    name = [f"pytorch-accel-dry-run-{uuid.uuid4().hex}"]
-    if trainer.accelerator.num_processes > 1:
-        broadcast_object_list(name)
-    directory = Path(tempfile.gettempdir()) / name[0]
+    name = main_process_object(f"pytorch-accel-dry-run-{uuid.uuid4().hex}")
+    directory = Path(tempfile.gettempdir()) / name
     try:
         yield directory
     finally:

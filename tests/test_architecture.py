@@ -1,18 +1,22 @@
-"""The layers of the package, and the size limits of its modules and classes.
+"""The layers of the package, one place per concept, and the size limits of modules and classes.
 
-docs/architecture.md describes the same layers; a module added to the package must be placed in
-one of them here, or this test fails.
+The layer table of docs/architecture.md is generated from ``LAYERS`` and ``LAYER_ROLES`` here
+(``python tests/test_architecture.py`` rewrites it), and a test fails when the two differ; a
+module added to the package must be placed in a layer, or this test fails.
 """
 
 from __future__ import annotations
 
 import ast
+import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "pytorch_accel"
+ARCHITECTURE_PAGE = PACKAGE.parent / "docs" / "architecture.md"
 MAX_LINES = 900
 
 # Lower layers never import higher ones at run time. Type-only imports (under
@@ -60,7 +64,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel",
             "pytorch_accel._compat",
             "pytorch_accel._entry_checks",
-            "pytorch_accel.persistence",
             "pytorch_accel.dry_run",
             "pytorch_accel.trainer",
             "pytorch_accel.timm_trainer",
@@ -68,6 +71,72 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     ("catalogue", ("pytorch_accel.callbacks",)),
 )
+
+LAYER_ROLES = {
+    "catalogue": (
+        "The built-in callbacks. They use only the trainer's public surface. `callbacks.base` "
+        "and `callbacks.handler` re-export the core's classes under the import paths "
+        "pytorch-accelerated users know."
+    ),
+    "facade": (
+        "`Trainer`, one class: the constructor, `train`/`evaluate`/`predict`, the public "
+        "properties, the overridable step methods and hooks, the building of its dataloaders, "
+        "and saving and loading checkpoints and training states. The checks of the entry "
+        "points' arguments and data (`_entry_checks`, with `train()`'s arguments as one typed "
+        "`TrainArguments`); dry and overfit runs (`dry_run`, redirecting each callback's files "
+        "through its `redirect_outputs`); every pytorch-accelerated name of the trainer module "
+        "and of `Trainer` (`_compat`)."
+    ),
+    "loop": (
+        "The loop in one module, level by level (training, evaluation, prediction), with the "
+        "one helper that fires each level's start and end events and the stop agreement "
+        "(`_loop`); what changes during a run, in one `TrainerState` (`_state`); what "
+        "accelerate prepares (`preparation`); saving, loading and resuming training states "
+        "(`_checkpointing.training_state`, `_checkpointing.resume`); the run set-up `train()` "
+        "applies before the loop (`run_setup`: seeding, determinism, scaling the learning rate)."
+    ),
+    "core": (
+        "The concepts everything else is built from: `StopTrainingError`, the event names, the "
+        "callback interface (`TrainerCallback`) and its `CallbackHandler`, the value checks "
+        "and their one message format (`_checks`), the one agreement between processes "
+        "(`distributed.AgreedFlag`), run history and loss tracking, the run config, "
+        "placeholders, checkpoint and training-state files (`_checkpointing`: the one atomic "
+        "writer, integrity scheme, safe loader and model/optimizer fit check), schedulers, the "
+        "package's rank-aware logger. None of it knows the loop or the trainer."
+    ),
+}
+"""What each layer holds: the last column of the generated table in docs/architecture.md."""
+
+# One place per concept: a module outside ``where`` that does ``what`` fails the test.
+CONCEPT_HOMES: tuple[tuple[str, str, frozenset[str]], ...] = (
+    (
+        "exchanges between processes (collectives)",
+        "pytorch_accel.distributed",
+        frozenset(
+            {
+                "all_reduce",
+                "all_gather",
+                "broadcast",
+                "broadcast_object_list",
+                "barrier",
+                "reduce",
+                "gather_object",
+                "all_gather_object",
+            }
+        ),
+    ),
+    (
+        "atomic writes (rename into place, fsync)",
+        "pytorch_accel._checkpointing",
+        frozenset({"replace", "rename", "fsync"}),
+    ),
+    (
+        "deserialising files (torch.load, pickle)",
+        "pytorch_accel._checkpointing.files",
+        frozenset({"load", "loads", "safe_load", "load_file"}),
+    ),
+)
+_DESERIALISERS = {"torch", "pickle", "safetensors", "accelerate_safe_load", "safe_torch"}
 
 # The one place the facade reaches into the catalogue: the default callbacks, imported when a
 # trainer is created, never at import time (also served, for ported code, from the trainer
@@ -209,3 +278,162 @@ def test_no_module_or_class_is_over_the_limit() -> None:
                 if length > MAX_LINES:
                     too_long.append(f"class {name}.{node.name}: {length} lines")
     assert too_long == [], f"split these by concept (limit {MAX_LINES} lines): {too_long}"
+
+
+def _module_of_call(node: ast.Call) -> tuple[str, str] | None:
+    """``("os", "replace")`` for ``os.replace(...)``; ``("", "name")`` for a bare ``name(...)``."""
+    function = node.func
+    if isinstance(function, ast.Attribute):
+        owner = function.value
+        if isinstance(owner, ast.Name):
+            return owner.id, function.attr
+        if isinstance(owner, ast.Attribute):
+            return owner.attr, function.attr
+        return None
+    if isinstance(function, ast.Name):
+        return "", function.id
+    return None
+
+
+def concept_violations(module: str, source: str) -> list[str]:
+    """The calls in ``source`` that do a concept's work outside its one home."""
+    problems = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call) or (called := _module_of_call(node)) is None:
+            continue
+        owner, name = called
+        for what, home, names in CONCEPT_HOMES:
+            if name not in names or module == home or module.startswith(home + "."):
+                continue
+            if what.startswith("exchanges") and owner in ("", "dist", "distributed", "utils"):
+                problems.append(f"{module} (line {node.lineno}): {name}() - {what} live in {home}")
+            elif what.startswith("atomic") and owner == "os":
+                problems.append(
+                    f"{module} (line {node.lineno}): os.{name}() - {what} live in {home}"
+                )
+            elif what.startswith("deserialising") and owner in _DESERIALISERS:
+                problems.append(
+                    f"{module} (line {node.lineno}): {owner}.{name}() - {what} live in {home}"
+                )
+    return problems
+
+
+def test_each_concept_has_one_home() -> None:
+    problems = [
+        problem
+        for name, path in all_modules().items()
+        for problem in concept_violations(name, path.read_text())
+    ]
+    assert problems == []
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "flagged"),
+    [
+        ("pytorch_accel.callbacks.x", "import os\nos.replace(a, b)\n", True),
+        ("pytorch_accel._checkpointing.store", "import os\nos.replace(a, b)\n", False),
+        ("pytorch_accel._loop", "import torch.distributed as dist\ndist.all_reduce(t)\n", True),
+        (
+            "pytorch_accel.distributed",
+            "import torch.distributed as dist\ndist.all_reduce(t)\n",
+            False,
+        ),
+        ("pytorch_accel.dry_run", "broadcast_object_list(name)\n", True),
+        ("pytorch_accel.callbacks.x", "torch.load(path)\n", True),
+        ("pytorch_accel.callbacks.x", "self.load(path)\n", False),
+    ],
+)
+def test_the_concept_rule(module: str, source: str, flagged: bool) -> None:
+    assert bool(concept_violations(module, source)) is flagged
+
+
+def _callback_interface() -> set[str]:
+    from pytorch_accel.callback import TrainerCallback
+
+    return set(dir(TrainerCallback))
+
+
+def callback_attribute_reads(module: str, source: str, interface: set[str]) -> list[str]:
+    """Reads of a callback's attributes by name that its interface does not declare.
+
+    ``getattr(callback, "save_dir")`` or ``callback.save_dir`` (not a ``TrainerCallback``
+    attribute) and ``vars(callback)`` are conventions; the handler's dispatch of an event by
+    its name (``getattr(callback, event)``) is the interface itself.
+    """
+    problems = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args:
+            on_callback = "callback" in ast.unparse(node.args[0]).lower()
+            name = node.args[1] if len(node.args) > 1 else None
+            undeclared = isinstance(name, ast.Constant) and name.value not in interface
+            if on_callback and (
+                node.func.id == "vars" or (node.func.id in ("getattr", "hasattr") and undeclared)
+            ):
+                problems.append(f"{module} (line {node.lineno}): {ast.unparse(node)}")
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            named_callback = node.value.id.lower() in ("callback", "cb")
+            if named_callback and node.attr not in interface:
+                problems.append(f"{module} (line {node.lineno}): {ast.unparse(node)}")
+    return problems
+
+
+def test_no_module_outside_the_catalogue_reads_callback_attributes_by_name() -> None:
+    interface = _callback_interface()
+    problems = [
+        problem
+        for name, path in all_modules().items()
+        if not name.startswith("pytorch_accel.callbacks")
+        for problem in callback_attribute_reads(name, path.read_text(), interface)
+    ]
+    assert problems == [], "use an explicit TrainerCallback method instead"
+
+
+@pytest.mark.parametrize(
+    ("source", "flagged"),
+    [
+        ('getattr(callback, "save_dir")\n', True),
+        ("callback.save_dir\n", True),
+        ("callback.training_states_dir()\n", False),
+        ("[vars(callback) for callback in callbacks]\n", True),
+        ("getattr(trainer, name)\n", False),
+        ('getattr(callback, "may_stop_training", True)\n', False),
+        ("getattr(callback, event)\n", False),
+    ],
+)
+def test_the_callback_attribute_rule(source: str, flagged: bool) -> None:
+    reads = callback_attribute_reads("pytorch_accel.x", source, _callback_interface())
+    assert bool(reads) is flagged
+
+
+def layer_table() -> str:
+    """The Markdown table of the layers, top layer first, generated from ``LAYERS``."""
+    rows = ["| Layer | Modules | What lives there |", "| --- | --- | --- |"]
+    for name, members in reversed(LAYERS):
+        names = [
+            member.removeprefix("pytorch_accel").lstrip(".") or "pytorch_accel"
+            for member in members
+        ]
+        shown = ", ".join(
+            f"`{item}/*`" if item in ("callbacks", "schedulers") else f"`{item}`" for item in names
+        )
+        rows.append(f"| **{name}** | {shown} | {LAYER_ROLES[name]} |")
+    return "\n".join(rows) + "\n"
+
+
+_TABLE = re.compile(
+    r"(<!-- layers: generated by tests/test_architecture.py -->\n)(.*?)(<!-- /layers -->)", re.S
+)
+
+
+def test_the_architecture_page_shows_the_layers_of_this_test() -> None:
+    found = _TABLE.search(ARCHITECTURE_PAGE.read_text())
+    assert found is not None, "docs/architecture.md lost its generated layer table's markers"
+    assert found.group(2) == layer_table(), "run: python tests/test_architecture.py"
+
+
+if __name__ == "__main__":  # rewrite the generated table of docs/architecture.md
+    page = ARCHITECTURE_PAGE.read_text()
+    ARCHITECTURE_PAGE.write_text(
+        _TABLE.sub(lambda m: m.group(1) + layer_table() + m.group(3), page)
+    )
+    sys.exit(0)

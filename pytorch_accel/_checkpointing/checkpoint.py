@@ -158,8 +158,7 @@ def write_checkpoint(
         buffer = io.BytesIO()
         try:
             torch.save(value, buffer)
-            buffer.seek(0)
-            torch.load(buffer, weights_only=True)
+            load_safely(buffer.getvalue(), Path(str(path)), "save_checkpoint", error=ValueError)
         except Exception as error:
             raise TypeError(
                 f"save_checkpoint: checkpoint_kwargs[{key!r}] is a {type(value).__name__}, which "
