@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from accelerate.utils import broadcast_object_list
 
 __all__ = [
     "AgreedFlag",
@@ -168,7 +169,7 @@ def main_process_object(value: Any) -> Any:
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return value
     shared = [value]
-    dist.broadcast_object_list(shared, src=0)
+    broadcast_object_list(shared, from_process=0)  # on the device each backend needs
     return shared[0]
 
 
