@@ -331,7 +331,8 @@ def _check_run_setup(where: str, arguments: TrainArguments) -> None:
         fail(ValueError, where, "seed_per_rank", True, "False without a seed", "Pass seed=...")
     check_positive_int(where, "auto_scale_lr", arguments.auto_scale_lr, allow_none=True)
     _check_resume_parts(where, arguments)
-    skip_policy(where, arguments.skip_failing_batches)
+    if arguments.skip_failing_batches is not None:
+        skip_policy(where, arguments.skip_failing_batches)
 
 
 def _check_resume_parts(where: str, arguments: TrainArguments) -> None:

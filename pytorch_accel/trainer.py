@@ -370,7 +370,8 @@ class Trainer(TrainerPersistence):
             overfit_batches=overfit_batches,
         )
         checks.check_train_arguments(self, arguments)
-        if run_dry_or_overfit(self, arguments):
+        if arguments.dry_run or arguments.overfit_batches is not None:
+            run_dry_or_overfit(self, arguments)  # train() again, with the run's settings
             return
         setup = RunSetup.from_arguments(arguments)
         setup.apply_randomness(self._accelerator)
@@ -409,8 +410,11 @@ class Trainer(TrainerPersistence):
         self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
         self._state.num_updates = 0
         self.optimizer.zero_grad()  # a stop inside an accumulation window leaves gradients behind
-        parts = ResumeParts(optimizer=resume_optimizer, scheduler=resume_scheduler)
-        self._loop.train(self._states.resume_point(resume_from, parts))
+        resume = None
+        if resume_from is not None:
+            parts = ResumeParts(optimizer=resume_optimizer, scheduler=resume_scheduler)
+            resume = self._states.resume_point(resume_from, parts)
+        self._loop.train(resume)
 
     @checks.suggest_arguments
     def evaluate(
