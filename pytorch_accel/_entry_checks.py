@@ -32,9 +32,8 @@ from pytorch_accel._checks import (
     check_sized_dataset,
     fail,
 )
-from pytorch_accel.dataloaders import merge_dataloader_kwargs, num_batches
+from pytorch_accel.dataloaders import merge_dataloader_kwargs, named_eval_sets, num_batches
 from pytorch_accel.distributed import check_world_size
-from pytorch_accel.eval_sets import named_eval_sets
 from pytorch_accel.failing_batches import SkipFailingBatches, skip_policy
 from pytorch_accel.tracking import RunHistory
 

@@ -28,11 +28,10 @@ from pytorch_accel._compat import trainer_module_attribute as __getattr__  # noq
 from pytorch_accel._compat import with_ported_attributes
 from pytorch_accel._loop import Loop
 from pytorch_accel._state import TrainerState
-from pytorch_accel.dataloaders import merge_dataloader_kwargs
+from pytorch_accel.dataloaders import merge_dataloader_kwargs, named_eval_sets
 from pytorch_accel.distributed import needs_cpu_distributed
 from pytorch_accel.dry_run import run_dry_or_overfit
 from pytorch_accel.errors import StopTrainingError
-from pytorch_accel.eval_sets import named_eval_sets
 from pytorch_accel.failing_batches import SkipFailingBatches
 from pytorch_accel.handler import CallbackHandler, CallbackLike
 from pytorch_accel.persistence import TrainerPersistence

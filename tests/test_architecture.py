@@ -32,7 +32,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.placeholders",
             "pytorch_accel._checkpointing",
             "pytorch_accel.dataloaders",
-            "pytorch_accel.eval_sets",
             "pytorch_accel.training_state",
             "pytorch_accel.finetuning",
             "pytorch_accel.schedulers",
@@ -44,7 +43,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "loop",
         (
-            "pytorch_accel.batch_iteration",
             "pytorch_accel._checkpointing.resume",
             "pytorch_accel._state",
             "pytorch_accel.preparation",
