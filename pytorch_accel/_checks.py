@@ -355,7 +355,7 @@ def check_count(
     """
     if value is None and allow_none:
         return
-    if contains_placeholder(value):
+    if not isinstance(value, numbers.Integral) and contains_placeholder(value):  # never an int
         if resolved:
             fail(TypeError, where, name, value, "an int", FIX_PLACEHOLDER)
         return

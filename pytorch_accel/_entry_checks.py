@@ -32,9 +32,8 @@ from pytorch_accel._checks import (
     check_sized_dataset,
     fail,
 )
-from pytorch_accel.dataloaders import merge_dataloader_kwargs, num_batches
+from pytorch_accel.dataloaders import merge_dataloader_kwargs, named_eval_sets, num_batches
 from pytorch_accel.distributed import check_world_size
-from pytorch_accel.eval_sets import named_eval_sets
 from pytorch_accel.failing_batches import SkipFailingBatches, skip_policy
 from pytorch_accel.tracking import RunHistory
 
@@ -331,7 +330,8 @@ def _check_run_setup(where: str, arguments: TrainArguments) -> None:
         fail(ValueError, where, "seed_per_rank", True, "False without a seed", "Pass seed=...")
     check_positive_int(where, "auto_scale_lr", arguments.auto_scale_lr, allow_none=True)
     _check_resume_parts(where, arguments)
-    skip_policy(where, arguments.skip_failing_batches)
+    if arguments.skip_failing_batches is not None:
+        skip_policy(where, arguments.skip_failing_batches)
 
 
 def _check_resume_parts(where: str, arguments: TrainArguments) -> None:

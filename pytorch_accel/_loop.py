@@ -57,10 +57,9 @@ from pytorch_accel._checks import (
     shape_mismatches_raise,
 )
 from pytorch_accel._state import TrainerState
-from pytorch_accel.batch_iteration import epoch_batches
+from pytorch_accel.dataloaders import epoch_batches, eval_set_prefix
 from pytorch_accel.distributed import AgreedFlag
 from pytorch_accel.errors import StopTrainingError
-from pytorch_accel.eval_sets import eval_set_prefix
 from pytorch_accel.failing_batches import SKIPPED_OUTPUT
 from pytorch_accel.logging_setup import get_logger, setup_logging
 from pytorch_accel.preparation import Preparation

@@ -1,19 +1,52 @@
-"""Default dataloader settings and how user keyword arguments combine with them."""
+"""The data a run iterates: dataloader settings, evaluation sets, and iterating the batches.
+
+**Dataloader settings.** The default keyword arguments of the train and eval dataloaders the
+trainer builds, and how user keyword arguments combine with them.
+
+**Evaluation sets.** ``train(..., eval_dataset=...)`` and ``evaluate(...)`` take either one
+dataset (or ``DataLoader``), whose metrics keep their plain names (``eval_loss_epoch``,
+``accuracy``), or a mapping ``{"val": ..., "ood": ...}`` of named sets. Each named set is
+evaluated in turn with the run history's prefix extended by ``"<name>_"``, so everything
+recorded while it is evaluated, by the trainer and by every callback, is named after it
+(``val_eval_loss_epoch``, ``ood_accuracy``) without any callback knowing about sets.
+
+**Iterating the batches.** accelerate's ``DataLoaderShard.__iter__`` does some work per batch
+even where it has nothing to do: it offers each batch to ``send_to_device`` when there is a
+device to move it to, and looks for a ``state_dict`` on the dataloader (to snapshot a stateful
+one) with a ``hasattr`` that fails, raising and catching an ``AttributeError``, for every plain
+``DataLoader``. Where none of that applies (no device placement, no stateful dataloader,
+nothing skipped by the shard itself), ``iterate`` runs the same epoch without that per-batch
+work; everything else is left to accelerate. ``epoch_batches`` is how the loop iterates one
+epoch of a prepared dataloader.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
-from collections.abc import Callable, Mapping, Sized
+import re
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sized
 from typing import Any
 
 import torch
+from accelerate.data_loader import DataLoaderShard
+from accelerate.utils import synchronize_rng_states
 from torch.utils.data import IterableDataset, TensorDataset
 
+from pytorch_accel._checks import fail
+
 __all__ = [
+    "EVAL_SET_NAME_PATTERN",
     "default_dataloader_kwargs",
     "default_num_workers",
+    "epoch_batches",
+    "eval_set_prefix",
+    "iterate",
     "merge_dataloader_kwargs",
+    "named_eval_sets",
     "num_batches",
+    "passes_batches_through",
     "seed_worker",
     "worker_init_fn",
 ]
@@ -148,3 +181,152 @@ def merge_dataloader_kwargs(
         merged.pop("worker_init_fn", None)
     merged.update(overrides)
     return merged
+
+
+# Evaluation sets
+
+EVAL_SET_NAME_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*")
+"""A set's name: a letter, then letters, digits, ``_``, ``.`` or ``-`` (it starts metric names)."""
+
+
+def named_eval_sets(where: str, argument: str, data: Any) -> dict[str | None, Any]:
+    """Return the evaluation sets in ``data`` by name: ``{None: data}`` for one unnamed set.
+
+    Args:
+        where: The entry point, for messages.
+        argument: The argument's name, for messages.
+        data: A dataset or ``DataLoader``, or a mapping of set names to them.
+
+    Returns:
+        The sets in the mapping's order; the datasets themselves are checked by the caller.
+
+    Raises:
+        ValueError: If the mapping is empty or a name is not a usable metric-name prefix.
+        TypeError: If a name is not a string.
+    """
+    if not isinstance(data, Mapping):
+        return {None: data}
+    if not data:
+        fail(
+            ValueError,
+            where,
+            argument,
+            data,
+            "a dataset or a non-empty mapping of set names to datasets",
+            f"Pass e.g. {argument}={{'val': val_dataset, 'test': test_dataset}}.",
+        )
+    for name in data:
+        _check_name(where, argument, name)
+    return dict(data)
+
+
+def eval_set_prefix(name: str | None) -> str:
+    """Return the run-history prefix of a set's metrics: ``""`` unnamed, else ``"<name>_"``."""
+    return "" if name is None else f"{name}_"
+
+
+def _check_name(where: str, argument: str, name: object) -> None:
+    expected = "a name that starts with a letter (letters, digits, _ . -)"
+    if not isinstance(name, str):
+        fail(TypeError, where, f"{argument}'s key", name, expected, "Name each set, e.g. 'val'.")
+    if not EVAL_SET_NAME_PATTERN.fullmatch(name):
+        fail(
+            ValueError,
+            where,
+            f"{argument}'s key",
+            name,
+            expected,
+            "Its metrics are named '<name>_...': use e.g. 'val' or 'ood-test'.",
+        )
+
+
+# Iterating the batches
+
+
+@contextlib.contextmanager
+def epoch_batches(
+    dataloader: Iterable[Any], limit: int | None
+) -> Generator[Iterator[Any], None, None]:
+    """Iterate at most ``limit`` batches; always close the iterator and release the loader.
+
+    accelerate only forgets a dataloader it saw to the end; a loop cut short (a batch limit,
+    ``max_num_train_steps``, a stop) would otherwise leave it as the active one.
+
+    Args:
+        dataloader: A dataloader, usually one prepared by accelerate.
+        limit: The most batches to yield, or ``None`` for all of them.
+
+    Yields:
+        An iterator over the batches (see ``iterate``).
+    """
+    iterator = iterate(dataloader)
+    try:
+        yield iterator if limit is None else itertools.islice(iterator, limit)
+    finally:
+        close = getattr(iterator, "close", None)
+        if callable(close):
+            close()
+        end = getattr(dataloader, "end", None)
+        if callable(end):
+            end()
+
+
+def iterate(dataloader: Iterable[Any]) -> Iterator[Any]:
+    """Return an iterator over ``dataloader``'s batches, as ``iter(dataloader)`` would.
+
+    A ``DataLoaderShard`` whose batches pass through unchanged (``passes_batches_through``)
+    is iterated without accelerate's per-batch work, with the same batches, random draws and
+    gradient-state bookkeeping; any other dataloader is iterated by ``iter``.
+
+    Args:
+        dataloader: The dataloader to iterate.
+
+    Returns:
+        An iterator over its batches.
+    """
+    if passes_batches_through(dataloader):
+        return _pass_through(dataloader)
+    return iter(dataloader)
+
+
+def passes_batches_through(dataloader: Any) -> bool:
+    """Return whether accelerate would hand ``dataloader``'s batches over untouched.
+
+    That is a ``DataLoaderShard`` without device placement, that skips no batches itself
+    (a ``SkipBatchSampler`` skips by index, before loading) and whose dataloader keeps no state.
+    """
+    return (
+        type(dataloader) is DataLoaderShard
+        and dataloader.device is None
+        and not dataloader.use_stateful_dataloader
+        and dataloader.skip_batches == 0
+        and not hasattr(dataloader.base_dataloader, "state_dict")
+    )
+
+
+_END = object()
+
+
+def _pass_through(dataloader: DataLoaderShard) -> Generator[Any, None, None]:
+    """``DataLoaderShard.__iter__`` for a dataloader whose batches pass through unchanged.
+
+    The same steps in the same order: synchronise the random states, register with the
+    gradient state, set the epoch, and look one batch ahead so that ``end_of_dataloader`` is
+    set before the last batch is yielded.
+    """
+    if dataloader.rng_types is not None:
+        synchronize_rng_states(dataloader.rng_types, dataloader.synchronized_generator)
+    dataloader.begin()
+    dataloader.set_epoch(dataloader.iteration)
+    base = iter(dataloader.base_dataloader)
+    current = next(base, _END)
+    if current is _END:
+        dataloader.end()
+        return
+    for following in base:
+        yield current
+        current = following
+    dataloader.end_of_dataloader = True
+    yield current
+    dataloader.iteration += 1
+    dataloader.end()

@@ -77,8 +77,10 @@ class RunSetup:
         """Collect the set-up from the (checked) arguments of ``train()``."""
         names = [field.name for field in dataclasses.fields(cls)]
         values = {name: getattr(arguments, name) for name in names}
-        policy = skip_policy("Trainer.train", values["skip_failing_batches"])
-        return cls(**{**values, "skip_failing_batches": policy})
+        policy = values["skip_failing_batches"]
+        if policy is not None:  # an int means a SkipFailingBatches with that limit
+            values["skip_failing_batches"] = skip_policy("Trainer.train", policy)
+        return cls(**values)
 
     def failing_batch_guard(self, num_processes: int) -> FailingBatchGuard | None:
         """A new guard for this run's training batches, if a policy was given."""

@@ -29,11 +29,10 @@ from pytorch_accel._compat import trainer_module_attribute as __getattr__  # noq
 from pytorch_accel._compat import with_ported_attributes
 from pytorch_accel._loop import Loop
 from pytorch_accel._state import TrainerState
-from pytorch_accel.dataloaders import merge_dataloader_kwargs
+from pytorch_accel.dataloaders import merge_dataloader_kwargs, named_eval_sets
 from pytorch_accel.distributed import needs_cpu_distributed
 from pytorch_accel.dry_run import run_dry_or_overfit
 from pytorch_accel.errors import StopTrainingError
-from pytorch_accel.eval_sets import named_eval_sets
 from pytorch_accel.failing_batches import SkipFailingBatches
 from pytorch_accel.handler import CallbackHandler, CallbackLike
 from pytorch_accel.placeholders import (
@@ -370,7 +369,8 @@ class Trainer:
             overfit_batches=overfit_batches,
         )
         checks.check_train_arguments(self, arguments)
-        if run_dry_or_overfit(self, arguments):
+        if arguments.dry_run or arguments.overfit_batches is not None:
+            run_dry_or_overfit(self, arguments)  # train() again, with the run's settings
             return
         setup = RunSetup.from_arguments(arguments)
         setup.apply_randomness(self._accelerator)
@@ -409,8 +409,11 @@ class Trainer:
         self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
         self._state.num_updates = 0
         self.optimizer.zero_grad()  # a stop inside an accumulation window leaves gradients behind
-        parts = ResumeParts(optimizer=resume_optimizer, scheduler=resume_scheduler)
-        self._loop.train(self._states.resume_point(resume_from, parts))
+        resume = None
+        if resume_from is not None:
+            parts = ResumeParts(optimizer=resume_optimizer, scheduler=resume_scheduler)
+            resume = self._states.resume_point(resume_from, parts)
+        self._loop.train(resume)
 
     @checks.suggest_arguments
     def evaluate(

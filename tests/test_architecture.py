@@ -36,7 +36,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.placeholders",
             "pytorch_accel._checkpointing",
             "pytorch_accel.dataloaders",
-            "pytorch_accel.eval_sets",
             "pytorch_accel.training_state",
             "pytorch_accel.finetuning",
             "pytorch_accel.schedulers",
@@ -48,7 +47,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "loop",
         (
-            "pytorch_accel.batch_iteration",
             "pytorch_accel._checkpointing.resume",
             "pytorch_accel._state",
             "pytorch_accel.preparation",
@@ -101,7 +99,7 @@ LAYER_ROLES = {
         "and their one message format (`_checks`), the one agreement between processes "
         "(`distributed.AgreedFlag`), run history and loss tracking, the run config, "
         "placeholders, checkpoint and training-state files (`_checkpointing`: the one atomic "
-        "writer, integrity scheme, safe loader and model/optimizer fit check), schedulers, the "
+        "writer, safe loader and model/optimizer fit check), schedulers, the "
         "package's rank-aware logger. None of it knows the loop or the trainer."
     ),
 }

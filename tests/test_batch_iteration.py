@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Te
 
 from pytorch_accel import Trainer
 from pytorch_accel._checkpointing.resume import make_resumable
-from pytorch_accel.batch_iteration import epoch_batches, iterate, passes_batches_through
+from pytorch_accel.dataloaders import epoch_batches, iterate, passes_batches_through
 
 Observation = tuple[list[torch.Tensor], bool, bool, bool]
 

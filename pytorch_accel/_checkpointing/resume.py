@@ -38,8 +38,8 @@ import torch
 from accelerate.data_loader import DataLoaderShard, SkipBatchSampler, skip_first_batches
 from torch import nn
 
-from pytorch_accel.batch_iteration import epoch_batches
 from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.dataloaders import epoch_batches
 from pytorch_accel.tracking import LossTracker
 
 if TYPE_CHECKING:

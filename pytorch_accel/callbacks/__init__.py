@@ -11,8 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pytorch_accel.callback import TrainerCallback, redirected_paths
-    from pytorch_accel.callbacks.defaults import DEFAULT_CALLBACKS, get_default_callbacks
-    from pytorch_accel.callbacks.device import MoveModulesToDeviceCallback
+    from pytorch_accel.callbacks.defaults import (
+        DEFAULT_CALLBACKS,
+        LogMetricsCallback,
+        MoveModulesToDeviceCallback,
+        PrintProgressCallback,
+        ProgressBarCallback,
+        TerminateOnNaNCallback,
+        get_default_callbacks,
+    )
     from pytorch_accel.callbacks.early_stopping import EarlyStoppingCallback
     from pytorch_accel.callbacks.ema import EMA_METRIC_PREFIX, ModelEmaCallback
     from pytorch_accel.callbacks.limit_batches import (
@@ -22,11 +29,8 @@ if TYPE_CHECKING:
         limit_batches_from_environment,
     )
     from pytorch_accel.callbacks.limit_eval_steps import LimitEvalStepsCallback
-    from pytorch_accel.callbacks.log_metrics import LogMetricsCallback
     from pytorch_accel.callbacks.metrics import MetricsCallback
-    from pytorch_accel.callbacks.nan import TerminateOnNaNCallback
     from pytorch_accel.callbacks.plotting import PlotMetricsCallback, plot_metrics
-    from pytorch_accel.callbacks.progress import PrintProgressCallback, ProgressBarCallback
     from pytorch_accel.callbacks.run_record import RunRecordCallback
     from pytorch_accel.callbacks.save_best import SaveBestModelCallback
     from pytorch_accel.callbacks.save_state import SaveTrainingStateCallback
@@ -94,13 +98,13 @@ _MODULES = {
     "LimitBatches": "pytorch_accel.callbacks.limit_batches",
     "LimitBatchesCallback": "pytorch_accel.callbacks.limit_batches",
     "LimitEvalStepsCallback": "pytorch_accel.callbacks.limit_eval_steps",
-    "LogMetricsCallback": "pytorch_accel.callbacks.log_metrics",
+    "LogMetricsCallback": "pytorch_accel.callbacks.defaults",
     "MetricsCallback": "pytorch_accel.callbacks.metrics",
     "ModelEmaCallback": "pytorch_accel.callbacks.ema",
-    "MoveModulesToDeviceCallback": "pytorch_accel.callbacks.device",
+    "MoveModulesToDeviceCallback": "pytorch_accel.callbacks.defaults",
     "PlotMetricsCallback": "pytorch_accel.callbacks.plotting",
-    "PrintProgressCallback": "pytorch_accel.callbacks.progress",
-    "ProgressBarCallback": "pytorch_accel.callbacks.progress",
+    "PrintProgressCallback": "pytorch_accel.callbacks.defaults",
+    "ProgressBarCallback": "pytorch_accel.callbacks.defaults",
     "RunRecordCallback": "pytorch_accel.callbacks.run_record",
     "SaveBestModelCallback": "pytorch_accel.callbacks.save_best",
     "SaveTrainingStateCallback": "pytorch_accel.callbacks.save_state",
@@ -108,7 +112,7 @@ _MODULES = {
     "StepLoggingCallback": "pytorch_accel.callbacks.step_logging",
     "StepMetrics": "pytorch_accel.callbacks.step_logging",
     "StopTrainingError": "pytorch_accel.errors",
-    "TerminateOnNaNCallback": "pytorch_accel.callbacks.nan",
+    "TerminateOnNaNCallback": "pytorch_accel.callbacks.defaults",
     "ThroughputCallback": "pytorch_accel.callbacks.throughput",
     "TimeBudgetCallback": "pytorch_accel.callbacks.time_budget",
     "TrackingCallback": "pytorch_accel.callbacks.trackers",

@@ -1,4 +1,9 @@
-"""The callbacks a trainer uses when none are given: the one place the trainer wires callbacks in.
+"""The callbacks every trainer has, and the one place the trainer wires callbacks in.
+
+``DEFAULT_CALLBACKS`` (``get_default_callbacks``): device placement of auxiliary modules,
+NaN termination, one progress line per epoch, progress bars and metric logging; plus the console
+formatting of metrics they share (4 significant digits, short names, one line), which
+``StepLoggingCallback`` and ``TrackingCallback`` use too.
 
 ``pytorch_accel.trainer`` imports this module and nothing else of the catalogue (a layer rule,
 checked by ``tests/test_architecture.py``).
@@ -6,20 +11,561 @@ checked by ``tests/test_architecture.py``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+import math
+import numbers
+import time
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from pytorch_accel._checks import check_positive_int, fail
 from pytorch_accel.callback import TrainerCallback
-from pytorch_accel.callbacks.device import MoveModulesToDeviceCallback
 from pytorch_accel.callbacks.limit_batches import (
     LimitBatchesCallback,
     limit_batches_from_environment,
 )
-from pytorch_accel.callbacks.log_metrics import LogMetricsCallback
-from pytorch_accel.callbacks.nan import TerminateOnNaNCallback
-from pytorch_accel.callbacks.progress import PrintProgressCallback, ProgressBarCallback
+from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.handler import CallbackLike
+from pytorch_accel.logging_setup import get_logger, setup_logging
+from pytorch_accel.tracking import MetricCursor
 
-__all__ = ["DEFAULT_CALLBACKS", "get_default_callbacks", "with_environment_callbacks"]
+if TYPE_CHECKING:
+    from pytorch_accel.trainer import Trainer
+
+__all__ = [
+    "DEFAULT_CALLBACKS",
+    "LogMetricsCallback",
+    "MoveModulesToDeviceCallback",
+    "PrintProgressCallback",
+    "ProgressBarCallback",
+    "TerminateOnNaNCallback",
+    "get_default_callbacks",
+    "with_environment_callbacks",
+]
+
+# How the console shows metrics: short names, 4 significant digits, one line. Used by the
+# progress and logging callbacks here, and by ``StepLoggingCallback`` and ``TrackingCallback``.
+
+SEPARATOR = "  "
+"""Between the items of a console line."""
+
+
+def display_name(name: str) -> str:
+    """The metric's name without the ``_epoch`` suffix (``train_loss_epoch`` -> ``train_loss``)."""
+    return name.removesuffix("_epoch") or name
+
+
+def format_value(value: Any) -> str | None:
+    """The value with 4 significant digits, or ``None`` if it is not a number.
+
+    Integers are shown whole; one-element tensors as their number (``.item()``: called once
+    per epoch, on values the run history holds, never in a step).
+
+    Args:
+        value: A metric value.
+
+    Returns:
+        The text, or ``None`` for values that are not real numbers (lists, strings, ...).
+    """
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.is_complex():
+            return None
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    number = float(value)
+    if math.isnan(number) or math.isinf(number):
+        return str(number)
+    return f"{number:.4g}"
+
+
+def loss_first(names: Iterable[str]) -> list[str]:
+    """Sort metric names alphabetically, with those that name a loss first."""
+    ordered = sorted(names)
+    return [name for name in ordered if "loss" in name] + [
+        name for name in ordered if "loss" not in name
+    ]
+
+
+def format_metrics(metrics: Mapping[str, Any]) -> str:
+    """``name value`` pairs, in the mapping's order, for the numeric values.
+
+    Args:
+        metrics: Metric names and values.
+
+    Returns:
+        E.g. ``"train_loss 0.1234  accuracy 0.9833"`` (names shortened by ``display_name``).
+    """
+    items = []
+    for name, value in metrics.items():
+        text = format_value(value)
+        if text is not None:
+            items.append(f"{display_name(name)} {text}")
+    return SEPARATOR.join(items)
+
+
+class MoveModulesToDeviceCallback(TrainerCallback):
+    """Move every public ``nn.Module`` attribute of the trainer, except the model, to its device.
+
+    The model is placed by ``accelerator.prepare``; this covers the rest, such as a loss
+    function with class weights (``trainer.loss_func``) or a teacher model set as an attribute
+    of a trainer subclass. Runs first (``order = -100``) at the start of each run.
+
+    Example:
+        ```python
+        trainer = Trainer(model, nn.CrossEntropyLoss(weight=class_weights), optimizer)
+        ```
+    """
+
+    order = -100
+    may_stop_training = False
+
+    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Move the modules before training starts."""
+        self._move_modules(trainer)
+
+    def on_evaluation_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Move the modules before evaluation starts."""
+        self._move_modules(trainer)
+
+    @staticmethod
+    def _move_modules(trainer: Trainer) -> None:
+        for name, value in vars(trainer).items():
+            public = not name.startswith("_")
+            if public and isinstance(value, nn.Module) and value is not trainer.model:
+                value.to(trainer.device)
+
+
+class TerminateOnNaNCallback(TrainerCallback):
+    """Raise ``StopTrainingError`` once the loss is NaN or infinite.
+
+    It never reads a loss per step. A NaN or infinite batch loss makes the epoch's
+    sample-weighted sum non-finite, so by default the check reads the epoch loss the trainer
+    has already brought to the host (``train_loss_epoch``): it costs nothing and stops at the
+    end of the epoch that went bad, before its evaluation. With ``check_every_n_steps=N`` it
+    also reads the running sum every N training steps (one host synchronisation each time),
+    stopping within N steps. It never calls ``sys.exit``.
+
+    Args:
+        check_every_n_steps: Also check the running loss every this many training steps, or
+            ``None`` to check only at epoch ends.
+
+    Example:
+        ```python
+        trainer = Trainer(model, loss_func, optimizer,
+                          callbacks=(TerminateOnNaNCallback(check_every_n_steps=100),))
+        ```
+    """
+
+    order = -50
+
+    def __init__(self, check_every_n_steps: int | None = None) -> None:
+        check_positive_int(
+            "TerminateOnNaNCallback", "check_every_n_steps", check_every_n_steps, allow_none=True
+        )
+        self.check_every_n_steps = check_every_n_steps
+        if check_every_n_steps is None:
+            # Not listening to steps at all keeps them free of any stop agreement between
+            # processes (the handler skips events an instance sets to None).
+            self.on_train_step_end = None  # type: ignore[assignment]
+
+    def on_train_step_end(
+        self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
+    ) -> None:
+        """Check the running loss sum every ``check_every_n_steps`` steps."""
+        every = self.check_every_n_steps
+        if every is None or (kwargs.get("step", 0) + 1) % every:
+            return
+        total = trainer.train_loss_tracker.total_loss
+        if total is not None and not bool(torch.isfinite(total)):
+            raise StopTrainingError(
+                f"Stopping training: the loss became NaN or infinite within the last {every} "
+                f"steps (epoch {trainer.run_history.current_epoch})."
+            )
+
+    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Check the epoch's mean training loss."""
+        self._check_metric(trainer, "train_loss_epoch")
+
+    def check_for_nan_after_batch(
+        self, batch_output: dict[str, Any], step: str | None = None
+    ) -> None:
+        """Stop if a batch's loss is NaN or infinite (pytorch-accelerated's per-batch check).
+
+        The callback itself never calls it (it reads the loss once per epoch); a subclass or a
+        step method may, at the cost of one host synchronisation per call.
+
+        Args:
+            batch_output: A step method's output, with ``loss``.
+            step: ``"training"`` or ``"validation"``, for the message.
+
+        Raises:
+            StopTrainingError: If the loss is not finite.
+        """
+        loss = batch_output["loss"]
+        if not bool(torch.isfinite(torch.as_tensor(loss)).all()):
+            raise StopTrainingError(f"Stopping training due to NaN loss in {step} step")
+
+    @staticmethod
+    def _check_metric(trainer: Trainer, name: str) -> None:
+        value = trainer.run_history.get_latest_metric(name)
+        if not math.isfinite(value):
+            raise StopTrainingError(
+                f"Stopping training: {name} is {value} in epoch "
+                f"{trainer.run_history.current_epoch}."
+            )
+
+
+class PrintProgressCallback(TrainerCallback):
+    """Log one compact line per epoch, through the ``pytorch_accel`` logger, on the main process.
+
+    For example::
+
+        training: 8 epochs, 360 updates, 32 samples per update
+        epoch 1/8  train_loss 1.046  eval_loss 0.3012  accuracy 0.9083  (1.2 s)
+
+    Each epoch's line holds every metric recorded in the run history during that epoch
+    (training, evaluation and what other callbacks recorded, whatever their names), the
+    losses first, with 4 significant digits, names without their ``_epoch`` suffix; then the
+    epoch's wall-clock time (training and evaluation). An ``evaluate()`` run logs one
+    ``evaluation ...`` line. A run stopped inside an epoch logs what that epoch recorded, with
+    ``(stopped)``. The lines go through ``logging.getLogger("pytorch_accel")`` at ``INFO``
+    (see ``pytorch_accel.logging_setup``): silence them with
+    ``logging.getLogger("pytorch_accel").setLevel(logging.WARNING)``, or add a handler to send
+    them elsewhere. Order ``100``: it reads the metrics after the callbacks that record them.
+
+    The name is pytorch-accelerated's, whose callback printed "Starting epoch N" and similar
+    messages; ported code that lists it gets this output.
+
+    Example:
+        ```python
+        trainer = Trainer(model, loss_func, optimizer, callbacks=(PrintProgressCallback,))
+        ```
+    """
+
+    order = 100
+    may_stop_training = False
+
+    def __init__(self) -> None:
+        self._cursor = MetricCursor()
+        self._pending: dict[str, Any] = {}
+        self._started = time.perf_counter()
+        self._epoch_offset = 0
+        self._announced = True
+
+    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Start collecting metrics."""
+        self._start(trainer)
+        resumed = trainer.resumed_from is not None
+        self._epoch_offset = 0 if resumed else trainer.run_history.current_epoch - 1
+        self._announced = False
+
+    def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Start the epoch's clock; before the run's first epoch, log what the run will do.
+
+        The announcement waits for the first epoch so that handlers added when the run
+        starts (``RunRecordCallback``'s log file) receive it.
+        """
+        config = trainer.run_config
+        if not self._announced and config is not None:
+            self._announced = True
+            epochs = "" if config.num_epochs is None else _plural(config.num_epochs, "epoch") + ", "
+            get_logger().info(
+                "training: %s%s, %d samples per update",
+                epochs,
+                _plural(config.total_num_update_steps, "update"),
+                config.train_total_batch_size,
+            )
+        self._started = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Collect the training epoch's metrics."""
+        self._collect(trainer)
+
+    def on_eval_epoch_end(
+        self, trainer: Trainer, sanity_check: bool = False, **kwargs: Any
+    ) -> None:
+        """Collect the evaluation epoch's metrics (a sanity evaluation's are removed again)."""
+        if not sanity_check:
+            self._collect(trainer)
+
+    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Log the epoch's line."""
+        self._collect(trainer)
+        config = trainer.run_config
+        epochs = None if config is None else config.num_epochs
+        total = "" if epochs is None else f"/{self._epoch_offset + epochs}"  # None: a stream
+        self._emit(trainer, f"epoch {trainer.run_history.current_epoch}{total}")
+
+    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Log what an epoch stopped early recorded."""
+        self._collect(trainer)
+        if self._pending:
+            epoch = trainer.run_history.current_epoch
+            self._emit(trainer, f"epoch {epoch} (stopped)")
+
+    def on_evaluation_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Start collecting the evaluation's metrics."""
+        self._start(trainer)
+
+    def on_evaluation_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Log the evaluation's line."""
+        self._collect(trainer)
+        self._emit(trainer, "evaluation")
+
+    def _start(self, trainer: Trainer) -> logging.Logger:
+        self._cursor.skip_to_end(trainer.run_history)
+        self._pending = {}
+        self._started = time.perf_counter()
+        return setup_logging()
+
+    def _collect(self, trainer: Trainer) -> None:
+        new = self._cursor.read_new(trainer.run_history)
+        for name in loss_first(new):
+            self._pending[name] = new[name]
+
+    def _emit(self, trainer: Trainer, head: str) -> None:
+        pending, self._pending = self._pending, {}
+        if not trainer.accelerator.is_main_process:
+            return
+        seconds = time.perf_counter() - self._started
+        parts = [head, format_metrics(pending), f"({seconds:.1f} s)"]
+        get_logger().info(SEPARATOR.join(part for part in parts if part))
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+class ProgressBarCallback(TrainerCallback):
+    """Show a tqdm progress bar for each training and evaluation epoch, on the main process.
+
+    The bars move on the trainer's progress events (``on_train_progress``,
+    ``on_eval_progress``), not on every step: while steps are fast the trainer reports them
+    in growing strides, at most about every 0.05 s (``Trainer.progress_interval``), which is
+    as often as tqdm redraws anyway (every ``mininterval``, 0.1 s), and after every step once
+    steps are slower. So the bar costs the training loop nothing on most steps, trails by at
+    most about one redraw interval, and shows the exact count when the epoch ends.
+
+    The training bar shows the mean loss of the epoch so far, on the local main process
+    (the trainer's on-device running sum ``trainer.train_loss_tracker``, not reduced across
+    processes). Reading a device value on the host can make the host wait for the device, so
+    by default the loss is shown once per epoch, at its end, from the ``train_loss_epoch``
+    the trainer has already brought to the host: the steps stay free of host reads, as for
+    every default callback.
+
+    With ``loss_update_interval=N`` the loss is also refreshed at most once every N training
+    steps: at the first progress event after each multiple of N steps. On CUDA that costs no
+    wait: the mean is copied into pinned host memory with ``non_blocking=True`` and shown one
+    refresh later, once the copy has finished (checked with a CUDA event, which does not
+    block). On the CPU there is no device to wait for and the value is read directly; on
+    other devices (MPS, XPU, ...) the read synchronises, once per refresh.
+
+    The bars are drawn only where they help: on the main process, and, by default, only when
+    standard error is a terminal (or in a notebook), so that output piped to a file carries no
+    carriage-return clutter. They disappear when their epoch ends (``leave=False``), leaving
+    the one line per epoch of ``PrintProgressCallback``.
+
+    Args:
+        loss_update_interval: Refresh the running loss at most once every this many training
+            steps, or ``None`` (the default) to show it only at the end of each epoch.
+        show: ``None`` (the default): show the bars only on a terminal (tqdm's
+            ``disable=None``); ``True``: always; ``False``: never.
+
+    Raises:
+        TypeError: If ``show`` is not ``None`` or a bool.
+
+    Example:
+        ```python
+        trainer = Trainer(model, loss_func, optimizer,
+                          callbacks=(ProgressBarCallback(loss_update_interval=50),))
+        ```
+    """
+
+    may_stop_training = False
+
+    def __init__(self, loss_update_interval: int | None = None, show: bool | None = None) -> None:
+        check_positive_int(
+            "ProgressBarCallback", "loss_update_interval", loss_update_interval, allow_none=True
+        )
+        if show is not None and not isinstance(show, bool):
+            fail(
+                TypeError,
+                "ProgressBarCallback",
+                "show",
+                show,
+                "None, True or False",
+                "Pass show=None to show the bars only on a terminal.",
+            )
+        self.loss_update_interval = loss_update_interval
+        self.show = show
+        self.pbar: Any = None
+        self.eval_pbar: Any = None
+        self._pending: tuple[torch.Tensor, Any] | None = None  # (pinned copy, CUDA event)
+        self._loss_refreshed_at = 0  # steps done at the last refresh of the running loss
+
+    def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Open the training bar."""
+        total = trainer.run_config.train_dataloader_len if trainer.run_config else 0
+        self.pbar = self._open(trainer, total, "train")
+        self._pending = None
+        self._loss_refreshed_at = 0
+
+    def on_train_progress(self, trainer: Trainer, steps_done: int, **kwargs: Any) -> None:
+        """Move the bar to ``steps_done``; refresh the running loss if an interval has passed."""
+        _advance(self.pbar, steps_done)
+        interval = self.loss_update_interval
+        if interval is not None and steps_done // interval > self._loss_refreshed_at // interval:
+            self._loss_refreshed_at = steps_done
+            self._refresh_loss(trainer)
+
+    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Show the epoch's loss and close the training bar."""
+        name = trainer.run_history.metric_name_prefix + "train_loss_epoch"
+        if not self.pbar.disable and name in trainer.run_history.get_metric_names():
+            self._show_loss(trainer.run_history.get_latest_metric(name))
+        self.pbar.close()
+        self._pending = None
+
+    def on_eval_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Open the evaluation bar."""
+        total = len(trainer.eval_dataloader or ())
+        if trainer.limit_eval_batches is not None:
+            total = min(total, trainer.limit_eval_batches)
+        self.eval_pbar = self._open(trainer, total, "eval")
+
+    def on_eval_progress(self, trainer: Trainer, steps_done: int, **kwargs: Any) -> None:
+        """Move the evaluation bar to ``steps_done``."""
+        _advance(self.eval_pbar, steps_done)
+
+    def on_eval_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Close the evaluation bar."""
+        self.eval_pbar.close()
+
+    def _refresh_loss(self, trainer: Trainer) -> None:
+        """Show the running mean loss: read directly on the CPU, without waiting on CUDA."""
+        tracker = trainer.train_loss_tracker
+        total = tracker.total_loss
+        if self.pbar.disable or total is None:
+            return
+        mean = total / tracker.running_count
+        if mean.device.type != "cuda":
+            self._show_loss(mean.item())
+            return
+        if self._pending is not None and self._pending[1].query():  # the previous copy is done
+            self._show_loss(self._pending[0].item())  # a host tensor: no device wait
+        self._pending = _copy_to_host_async(mean, self._pending)
+
+    def _show_loss(self, value: float) -> None:
+        self.pbar.set_postfix(loss=f"{value:.4g}", refresh=False)
+
+    def _open(self, trainer: Trainer, total: int | None, desc: str) -> Any:
+        disable = None if self.show is None else not self.show  # None: tqdm checks for a TTY
+        if not trainer.accelerator.is_local_main_process:
+            disable = True
+        return tqdm(total=total, desc=desc, disable=disable, dynamic_ncols=True, leave=False)
+
+
+def _advance(bar: Any, steps_done: int) -> None:
+    """Move ``bar`` forward to ``steps_done`` (tqdm redraws at most every ``mininterval``)."""
+    if steps_done > bar.n:
+        bar.update(steps_done - bar.n)
+
+
+def _copy_to_host_async(
+    value: torch.Tensor, previous: tuple[torch.Tensor, Any] | None
+) -> tuple[torch.Tensor, Any]:
+    """Queue a copy of a CUDA scalar into pinned host memory; return it with its done-event.
+
+    The previous copy's buffer is reused once that copy finished; one still in flight keeps
+    its buffer, and a new one is allocated.
+    """
+    if previous is not None and previous[1].query():
+        buffer = previous[0]
+    else:
+        buffer = torch.empty((), dtype=value.dtype, pin_memory=True)
+    buffer.copy_(value, non_blocking=True)
+    event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+    event.record()
+    return buffer, event
+
+
+class LogMetricsCallback(TrainerCallback):
+    """Log each newly recorded metric once, at the end of the phase that recorded it.
+
+    At the end of each training epoch, evaluation epoch, training-run epoch and evaluation
+    run, it logs the metrics that gained a value since it last logged. It runs last
+    (``order = 100``) so that metrics recorded by other callbacks at the same event are included.
+    Override ``log_metrics`` to send them elsewhere; by default they are printed once per
+    node.
+
+    Example:
+        ```python
+        class JsonLogger(LogMetricsCallback):
+            def log_metrics(self, trainer, metrics):
+                trainer.print(json.dumps(metrics))
+        ```
+    """
+
+    order = 100
+    may_stop_training = False
+
+    def __init__(self) -> None:
+        self._cursor = MetricCursor()
+
+    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Mark everything already recorded as logged."""
+        setup_logging()
+        self._mark_all_seen(trainer)
+
+    def on_evaluation_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Mark everything already recorded as logged."""
+        setup_logging()
+        self._mark_all_seen(trainer)
+
+    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Log the metrics of the training epoch."""
+        self._log_new(trainer)
+
+    def on_eval_epoch_end(
+        self, trainer: Trainer, sanity_check: bool = False, **kwargs: Any
+    ) -> None:
+        """Log the metrics of the evaluation epoch (not those of a sanity evaluation)."""
+        if not sanity_check:
+            self._log_new(trainer)
+
+    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Log metrics recorded at the end of the epoch by other callbacks."""
+        self._log_new(trainer)
+
+    def on_evaluation_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Log metrics recorded at the end of the evaluation run."""
+        self._log_new(trainer)
+
+    def log_metrics(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        """Log a dict of metric values; override to send them elsewhere.
+
+        Args:
+            trainer: The trainer.
+            metrics: The latest value of each newly recorded metric.
+        """
+        logger = get_logger()
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("metrics: %s", format_metrics(metrics))
+
+    def _log_new(self, trainer: Trainer) -> None:
+        new = self._cursor.read_new(trainer.run_history)
+        if new:
+            self.log_metrics(trainer, new)
+
+    def _mark_all_seen(self, trainer: Trainer) -> None:
+        self._cursor.skip_to_end(trainer.run_history)
 
 
 def get_default_callbacks(progress_bar: bool = True) -> tuple[type[TrainerCallback], ...]:

@@ -16,7 +16,7 @@ from accelerate.utils import send_to_device
 
 from pytorch_accel._checks import check_positive_int, fail
 from pytorch_accel.callback import TrainerCallback
-from pytorch_accel.callbacks._console import SEPARATOR, format_metrics
+from pytorch_accel.callbacks.defaults import SEPARATOR, format_metrics
 from pytorch_accel.logging_setup import get_logger, setup_logging
 from pytorch_accel.tracking import reduction_dtype
 

@@ -13,12 +13,12 @@ import torch
 
 from pytorch_accel._checks import callable_name, check_mapping, fail
 from pytorch_accel.callback import redirected_paths
-from pytorch_accel.callbacks._console import format_metrics
 from pytorch_accel.callbacks._metrics_csv import (
     STEP_COLUMN,
     append_metrics_row,
     write_metrics_csv,
 )
+from pytorch_accel.callbacks.defaults import format_metrics
 from pytorch_accel.callbacks.step_logging import DEFAULT_LOG_EVERY_N_UPDATES, StepLoggingCallback
 from pytorch_accel.logging_setup import get_logger
 from pytorch_accel.tracking import MetricCursor
