@@ -296,10 +296,18 @@ def check_group_bound(
             )
 
 
-def check_bool(where: str, name: str, value: object) -> None:
-    """Raise ``TypeError`` unless ``value`` is a bool."""
-    if not isinstance(value, bool):
-        fail(TypeError, where, name, value, "a bool", f"Pass {name}=True or {name}=False.")
+def check_bool(
+    where: str,
+    name: str,
+    value: object,
+    *,
+    allow_none: bool = False,
+    expected: str = "a bool",
+    fix: str | None = None,
+) -> None:
+    """Raise ``TypeError`` unless ``value`` is a bool (or None when allowed)."""
+    if not isinstance(value, bool) and not (value is None and allow_none):
+        fail(TypeError, where, name, value, expected, fix or f"Pass {name}=True or {name}=False.")
 
 
 def check_metric_name(where: str, name: str, value: object) -> None:

@@ -23,6 +23,7 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
 from pytorch_accel._checks import (
+    check_bool,
     check_callable,
     check_count,
     check_mapping,
@@ -166,15 +167,8 @@ def check_train_arguments(trainer: Trainer, arguments: TrainArguments) -> None:
 
 def _check_run_switches(where: str, reset_run_history: object, resume_from: object) -> None:
     """Check ``reset_run_history`` and ``resume_from``."""
-    if not isinstance(reset_run_history, bool):
-        fail(
-            TypeError,
-            where,
-            "reset_run_history",
-            reset_run_history,
-            "True or False",
-            "Pass reset_run_history=False to continue the run history of earlier calls.",
-        )
+    fix = "Pass reset_run_history=False to continue the run history of earlier calls."
+    check_bool(where, "reset_run_history", reset_run_history, expected="True or False", fix=fix)
     if resume_from is not None and not isinstance(resume_from, (str, os.PathLike)):
         fail(
             TypeError,
@@ -313,11 +307,12 @@ def _check_run_setup(where: str, arguments: TrainArguments) -> None:
         ("seed_per_rank", arguments.seed_per_rank),
         ("deterministic", arguments.deterministic),
     ):
-        if not isinstance(value, bool):
-            fail(TypeError, where, name, value, "True or False", f"Pass {name}=True.")
+        check_bool(where, name, value, expected="True or False", fix=f"Pass {name}=True.")
     benchmark = arguments.cudnn_benchmark
-    if benchmark is not None and not isinstance(benchmark, bool):
-        fail(TypeError, where, "cudnn_benchmark", benchmark, "True, False or None", "Pass True.")
+    expected = "True, False or None"
+    check_bool(
+        where, "cudnn_benchmark", benchmark, allow_none=True, expected=expected, fix="Pass True."
+    )
     if benchmark and arguments.deterministic:
         fail(
             ValueError,
@@ -340,8 +335,7 @@ def _check_resume_parts(where: str, arguments: TrainArguments) -> None:
         ("resume_optimizer", arguments.resume_optimizer),
         ("resume_scheduler", arguments.resume_scheduler),
     ):
-        if not isinstance(value, bool):
-            fail(TypeError, where, name, value, "True or False", f"Pass {name}=False.")
+        check_bool(where, name, value, expected="True or False", fix=f"Pass {name}=False.")
         if not value and arguments.resume_from is None:
             fail(
                 ValueError,

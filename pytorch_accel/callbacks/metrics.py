@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.utils import send_to_device
 
-from pytorch_accel._checks import check_callable, fail
+from pytorch_accel._checks import check_bool, check_callable, fail
 from pytorch_accel.callback import TrainerCallback
 
 if TYPE_CHECKING:
@@ -349,8 +349,7 @@ def _check_arguments(
     train: object, prefix: object, train_prefix: object, name: object, prepare: object
 ) -> None:
     where = "MetricsCallback"
-    if not isinstance(train, bool):
-        fail(TypeError, where, "train", train, "a bool", "Pass train=True or train=False.")
+    check_bool(where, "train", train)
     for arg, value in (("prefix", prefix), ("train_prefix", train_prefix)):
         if not isinstance(value, str):
             fail(TypeError, where, arg, value, "a str", f"Pass e.g. {arg}='val_'.")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.utils import send_to_device
 
-from pytorch_accel._checks import check_positive_int, fail
+from pytorch_accel._checks import check_bool, check_positive_int
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks._console import SEPARATOR, format_metrics
 from pytorch_accel.logging_setup import get_logger, setup_logging
@@ -256,8 +256,7 @@ class StepLoggingCallback(TrainerCallback):
     ) -> None:
         where = type(self).__name__
         check_positive_int(where, "log_every_n_updates", log_every_n_updates, allow_none=True)
-        if not isinstance(log_grad_norm, bool):
-            fail(TypeError, where, "log_grad_norm", log_grad_norm, "a bool", "Pass True or False.")
+        check_bool(where, "log_grad_norm", log_grad_norm)
         self.step_metrics = (
             None if log_every_n_updates is None else StepMetrics(log_every_n_updates, log_grad_norm)
         )
