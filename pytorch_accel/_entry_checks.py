@@ -223,14 +223,9 @@ def check_loss_func(
     """Reject a ``loss_func`` that the default step methods in use cannot use.
 
     That is ``None``, or a loss with ``reduction="none"``, whose per-sample losses the
-    default steps would neither back-propagate nor record as a mean.
-
-    Args:
-        where: The entry point.
-        trainer: The trainer (its class tells which step methods are overridden).
-        base: The ``Trainer`` class, whose step methods call ``loss_func``.
-        with_train: Whether the training step runs.
-        with_eval: Whether the evaluation step runs.
+    default steps would neither back-propagate nor record as a mean. The steps in use are
+    those of ``base`` (the ``Trainer`` class) that ``trainer``'s class does not override,
+    among the training (``with_train``) and evaluation (``with_eval``) steps.
     """
     steps = ("calculate_train_batch_loss",) * with_train + (
         "calculate_eval_batch_loss",
@@ -380,24 +375,17 @@ def _check_dry_run(where: str, arguments: TrainArguments) -> None:
             "None with dry_run",
             "Run one of them: a dry run checks the pipeline, an overfit run trains.",
         )
-    if overfit is not None and isinstance(arguments.train_dataset, DataLoader):
-        fail(
-            ValueError,
-            where,
-            "overfit_batches",
-            overfit,
-            "None when train_dataset is a DataLoader",
-            "Pass the dataset: the overfit run builds its own unshuffled subset of it.",
-        )
-    if overfit is not None and isinstance(arguments.train_dataset, IterableDataset):
-        fail(
-            ValueError,
-            where,
-            "overfit_batches",
-            overfit,
-            "None when train_dataset is an IterableDataset",
+    for kind, fix in (
+        (DataLoader, "Pass the dataset: the overfit run builds its own unshuffled subset of it."),
+        (
+            IterableDataset,
             "A stream has no first batches to come back to: overfit a map-style dataset.",
-        )
+        ),
+    ):
+        if overfit is not None and isinstance(arguments.train_dataset, kind):
+            article = "an" if kind is IterableDataset else "a"
+            expected = f"None when train_dataset is {article} {kind.__name__}"
+            fail(ValueError, where, "overfit_batches", overfit, expected, fix)
 
 
 def _check_train_data(where: str, arguments: TrainArguments) -> None:
@@ -434,14 +422,7 @@ def _check_train_data(where: str, arguments: TrainArguments) -> None:
 
 
 def check_eval_data(where: str, name: str, data: object, **settings: object) -> None:
-    """Check one eval set, or a mapping of named ones, and the settings that build loaders.
-
-    Args:
-        where: The entry point.
-        name: The argument's name.
-        data: A dataset or ``DataLoader``, or a mapping of set names to them.
-        **settings: The arguments that build a dataloader from a dataset, by name.
-    """
+    """Check one eval set, or a mapping of named ones, and the ``settings`` that build loaders."""
     for set_name, one in named_eval_sets(where, name, data).items():
         label = name if set_name is None else f"{name}[{set_name!r}]"
         if one is None:
@@ -467,11 +448,8 @@ def check_enough_samples(train_dl: DataLoader[Any], num_samples: int, num_proces
 def check_has_batches(where: str, preparation: Preparation, **dl_kwargs: Mapping[str, Any]) -> None:
     """Reject prepared dataloaders that yield no batch on this process (an empty epoch).
 
-    Args:
-        where: The entry point.
-        preparation: Holds the prepared dataloaders.
-        **dl_kwargs: The arguments each dataloader was built with, by the entry point's name
-            for them (a name with ``train`` for the train dataloader, else the eval one).
+    ``dl_kwargs``: the arguments each dataloader was built with, by the entry point's name for
+    them (a name with ``train`` for the train dataloader, else the eval one).
     """
     for name, kwargs in dl_kwargs.items():
         train = "train" in name
@@ -488,14 +466,7 @@ def check_has_batches(where: str, preparation: Preparation, **dl_kwargs: Mapping
 
 
 def check_data(where: str, name: str, data: object, *, streams: bool = False) -> None:
-    """Accept a map-style dataset, or a ``DataLoader`` over one (or streams, if allowed).
-
-    Args:
-        where: The entry point.
-        name: The argument's name.
-        data: A dataset or a ``DataLoader``.
-        streams: Also accept an ``IterableDataset`` (or a ``DataLoader`` over one).
-    """
+    """Accept a map-style dataset, or a ``DataLoader`` over one (or streams, if ``streams``)."""
     dataset = data.dataset if isinstance(data, DataLoader) else data
     if streams and isinstance(dataset, IterableDataset):
         return
@@ -540,17 +511,7 @@ def _check_run_length(where: str, arguments: TrainArguments) -> None:
 def check_dataloader_settings(
     where: str, data: object, *, data_name: str = "the data", **settings: object
 ) -> None:
-    """Reject the arguments that build a dataloader when ``data`` is already a ``DataLoader``.
-
-    Args:
-        where: The entry point.
-        data: The dataset or dataloader the user passed.
-        data_name: How the message names ``data``.
-        **settings: The arguments that build a dataloader from a dataset, by name.
-
-    Raises:
-        ValueError: If ``data`` is a ``DataLoader`` and one of ``settings`` is given.
-    """
+    """Reject the ``settings`` that build a dataloader when ``data`` is already a ``DataLoader``."""
     if not isinstance(data, DataLoader):
         return
     for name, value in settings.items():
