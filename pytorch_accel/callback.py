@@ -13,8 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from pytorch_accel.trainer import Trainer
 
 __all__ = ["TrainerCallback", "redirected_paths"]
