@@ -34,8 +34,7 @@ from pytorch_accel.placeholders import (
     TrainerPlaceholderValues,
     contains_placeholder,
 )
-from pytorch_accel.schedulers._interpolation import interpolate
-from pytorch_accel.schedulers.scheduler_base import StatefulSchedulerBase
+from pytorch_accel.schedulers.scheduler_base import StatefulSchedulerBase, interpolate
 
 __all__ = ["CosineLrScheduler"]
 

@@ -269,3 +269,16 @@ def _check_state(scheduler: SchedulerBase, state_dict: object) -> None:
             f"one value per parameter group ({groups})",
             "Load the state into a scheduler over an optimizer with the same parameter groups.",
         )
+
+
+def interpolate(start: float, end: float, fraction: float) -> float:
+    """Return the point `fraction` (in `[0, 1]`) of the way from `start` to `end`.
+
+    `fraction` 0 gives exactly `start` and 1 exactly `end` (a plain `start + (end - start) * t`
+    can miss `end` by a rounding error); the result is clamped between the two, and, computed
+    with one formula below 1, it is monotone in `fraction` even in floating point.
+    """
+    if fraction >= 1.0:
+        return end
+    value = start + (end - start) * fraction
+    return min(max(value, min(start, end)), max(start, end))

@@ -34,8 +34,11 @@ from pytorch_accel._checks import (
     fail,
 )
 from pytorch_accel.placeholders import PlaceholderExpression, TrainerPlaceholderValues
-from pytorch_accel.schedulers._interpolation import interpolate
-from pytorch_accel.schedulers.scheduler_base import StatefulSchedulerBase, _one_state
+from pytorch_accel.schedulers.scheduler_base import (
+    StatefulSchedulerBase,
+    _one_state,
+    interpolate,
+)
 
 __all__ = ["WSDLrScheduler", "estimate_checkpoint_steps"]
 
