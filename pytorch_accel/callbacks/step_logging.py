@@ -319,12 +319,8 @@ class StepLoggingCallback(TrainerCallback):
     def log_step(self, trainer: Trainer, metrics: dict[str, float], step: int) -> None:
         """Log one logging point's metrics; override to send them elsewhere.
 
-        Called on every process; the default logs one line, on the main process.
-
-        Args:
-            trainer: The trainer.
-            metrics: The metrics, by name (see ``StepMetrics``).
-            step: The update count of the run (``trainer.num_updates``).
+        Called on every process with the ``metrics`` by name (see ``StepMetrics``) and
+        ``step``, the update count of the run; the default logs one line, on the main process.
         """
         total = trainer.run_config.total_num_update_steps if trainer.run_config else step
         get_logger().info(SEPARATOR.join([f"update {step}/{total}", format_metrics(metrics)]))
