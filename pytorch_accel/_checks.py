@@ -63,13 +63,8 @@ def fail(
 
 def check_positive_int(where: str, name: str, value: object, *, allow_none: bool = False) -> None:
     """Check that ``value`` is an int >= 1 (and not a bool), or None when allowed."""
-    if value is None and allow_none:
-        return
-    expected = "a positive int" + (" or None" if allow_none else "")
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        fail(TypeError, where, name, value, expected, f"Pass an int, e.g. {name}=1.")
-    if value < 1:
-        fail(ValueError, where, name, value, expected, f"Pass {name} >= 1.")
+    if not (value is None and allow_none):
+        _check_int(where, name, value, 1, "a positive int" + (" or None" if allow_none else ""))
 
 
 def check_number(
@@ -252,10 +247,14 @@ def check_count(
         if resolved:
             fail(TypeError, where, name, value, "an int", FIX_PLACEHOLDER)
         return
+    _check_int(where, name, value, minimum, f"an int >= {minimum}")
+
+
+def _check_int(where: str, name: str, value: object, minimum: int, expected: str) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        fail(TypeError, where, name, value, f"an int >= {minimum}", f"Pass an int, e.g. {name}=1.")
+        fail(TypeError, where, name, value, expected, f"Pass an int, e.g. {name}=1.")
     if value < minimum:
-        fail(ValueError, where, name, value, f"an int >= {minimum}", f"Pass {name} >= {minimum}.")
+        fail(ValueError, where, name, value, expected, f"Pass {name} >= {minimum}.")
 
 
 FIX_PLACEHOLDER = (
