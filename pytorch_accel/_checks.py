@@ -7,6 +7,10 @@ the checks of what step methods return and read (batch outputs, the ``(inputs, t
 layout, a loss that cannot back-propagate, targets a loss would broadcast). The arguments of
 the trainer's entry points (``Trainer(...)``, ``train``, ``evaluate``, ``predict``) and their
 data are checked with these in ``_entry_checks``.
+
+Every check takes ``where`` (the entry point, e.g. ``"Trainer.train"``), ``name`` (the
+argument) and ``value``, and raises ``TypeError`` for a value of the wrong type and
+``ValueError`` for one out of range; ``allow_none`` accepts ``None`` and ``fix`` is the advice.
 """
 
 from __future__ import annotations
@@ -50,19 +54,7 @@ __all__ = [
 def fail(
     error: type[Exception], where: str, name: str, value: object, expected: str, fix: str
 ) -> NoReturn:
-    """Raise ``error`` with the standard message: where, what was received, and the fix.
-
-    Args:
-        error: The exception type to raise (``TypeError`` or ``ValueError``).
-        where: The entry point, e.g. ``"Trainer.train"``.
-        name: The argument name.
-        value: The value received.
-        expected: What the argument must be.
-        fix: How to fix the call.
-
-    Raises:
-        Exception: Always, of type ``error``.
-    """
+    """Raise ``error``: where, the argument, what it must be (``expected``), the value, the fix."""
     shown = repr(value)
     if len(shown) > 80:
         shown = shown[:77] + "..."
@@ -70,25 +62,9 @@ def fail(
 
 
 def check_positive_int(where: str, name: str, value: object, *, allow_none: bool = False) -> None:
-    """Check that ``value`` is an int >= 1 (and not a bool), or None when allowed.
-
-    Args:
-        where: The entry point, for the message.
-        name: The argument name.
-        value: The value to check.
-        allow_none: Whether ``None`` is accepted.
-
-    Raises:
-        TypeError: If the value is not an int.
-        ValueError: If the value is < 1.
-    """
-    if value is None and allow_none:
-        return
-    expected = "a positive int" + (" or None" if allow_none else "")
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        fail(TypeError, where, name, value, expected, f"Pass an int, e.g. {name}=1.")
-    if value < 1:
-        fail(ValueError, where, name, value, expected, f"Pass {name} >= 1.")
+    """Check that ``value`` is an int >= 1 (and not a bool), or None when allowed."""
+    if not (value is None and allow_none):
+        _check_int(where, name, value, 1, "a positive int" + (" or None" if allow_none else ""))
 
 
 def check_number(
@@ -104,22 +80,8 @@ def check_number(
 ) -> None:
     """Check that ``value`` is a real number >= 0 (> 0 if ``strict``), not a bool or NaN.
 
-    The one check of real numbers (learning rates, thresholds, intervals, clipping values).
-
-    Args:
-        where: The entry point, for the message.
-        name: The argument name.
-        value: The value to check.
-        strict: Require a value > 0.
-        finite: Reject infinity.
-        allow_none: Whether ``None`` is accepted.
-        expected: What the message says the value must be; by default ``"a number >= 0"``,
-            ``"a number > 0"`` or ``"a finite number >= 0"``, with ``" or None"``.
-        fix: How to fix it; by default a float example, or the bound.
-
-    Raises:
-        TypeError: If the value is not a real number.
-        ValueError: If it is out of range, NaN, or infinite when ``finite``.
+    The one check of real numbers (learning rates, thresholds, intervals, clipping values);
+    ``finite`` rejects infinity, ``expected`` and ``fix`` replace the default wording.
     """
     if value is None and allow_none:
         return
@@ -135,71 +97,26 @@ def check_number(
 
 
 def check_optimizer(where: str, name: str, value: object, fix: str) -> torch.optim.Optimizer:
-    """Check that ``value`` is a ``torch.optim.Optimizer``, and return it as one.
-
-    Args:
-        where: The entry point, for the message.
-        name: The argument name.
-        value: The value to check.
-        fix: How to fix the call.
-
-    Returns:
-        ``value``.
-
-    Raises:
-        TypeError: If it is not an optimizer.
-    """
+    """Check that ``value`` is a ``torch.optim.Optimizer``, and return it as one."""
     if not isinstance(value, torch.optim.Optimizer):
         fail(TypeError, where, name, value, "a torch.optim.Optimizer", fix)
     return value
 
 
 def check_callable(where: str, name: str, value: object, fix: str) -> None:
-    """Check that ``value`` is callable or None.
-
-    Args:
-        where: The entry point, for the message.
-        name: The argument name.
-        value: The value to check.
-        fix: How to fix the call.
-
-    Raises:
-        TypeError: If the value is neither None nor callable.
-    """
+    """Check that ``value`` is callable or None."""
     if value is not None and not callable(value):
         fail(TypeError, where, name, value, "a callable or None", fix)
 
 
 def check_mapping(where: str, name: str, value: object) -> None:
-    """Check that ``value`` is a mapping (e.g. a dict of keyword arguments) or None.
-
-    Args:
-        where: The entry point, for the message.
-        name: The argument name.
-        value: The value to check.
-
-    Raises:
-        TypeError: If the value is neither None nor a mapping.
-    """
+    """Check that ``value`` is a mapping (e.g. a dict of keyword arguments) or None."""
     if value is not None and not isinstance(value, Mapping):
         fail(TypeError, where, name, value, "a dict or None", f"Pass e.g. {name}={{}}.")
 
 
 def check_sized_dataset(where: str, name: str, dataset: object) -> int:
-    """Check that ``dataset`` has a length of at least one sample, and return it.
-
-    Args:
-        where: The entry point, for the message.
-        name: The argument name.
-        dataset: The dataset to check.
-
-    Returns:
-        The number of samples.
-
-    Raises:
-        TypeError: If the dataset has no ``__len__``.
-        ValueError: If the dataset is empty.
-    """
+    """Check that ``dataset`` has ``__len__`` and at least one sample; return its length."""
     if not isinstance(dataset, Sized):
         fail(
             TypeError,
@@ -223,13 +140,6 @@ def callable_name(fn: Callable[..., object]) -> str:
 def check_batch_output(batch_output: Any, method: str) -> dict[str, Any]:
     """Return a step method's ``batch_output`` if it is a dict with ``loss`` and ``batch_size``.
 
-    Args:
-        batch_output: What the step method returned.
-        method: The step method's name, e.g. ``"calculate_train_batch_loss"``.
-
-    Returns:
-        ``batch_output`` itself.
-
     Raises:
         TypeError: If it is not a mapping.
         ValueError: If ``loss`` or ``batch_size`` is missing.
@@ -252,14 +162,9 @@ def check_batch_output(batch_output: Any, method: str) -> dict[str, Any]:
 
 
 def explain_backward_failure(loss: object, method: str, error: Exception) -> None:
-    """Raise a clear error if the loss itself made the backward pass fail; else return.
+    """Raise a clear error if the loss ``method`` returned made the backward pass fail.
 
-    Called only after a failure, so the steps that succeed pay nothing for the check.
-
-    Args:
-        loss: The loss the step method returned.
-        method: The step method's name.
-        error: The error the backward pass raised.
+    Called only after a failure (``error``), so the steps that succeed pay nothing for it.
 
     Raises:
         TypeError: If the loss is not a tensor (a Python number from ``loss.item()``).
@@ -283,10 +188,6 @@ def explain_backward_failure(loss: object, method: str, error: Exception) -> Non
 
 def inputs_and_targets(batch: Any, method: str) -> tuple[Any, Any]:
     """Return ``batch[0], batch[1]``: the layout the default step methods read.
-
-    Args:
-        batch: A batch from the dataloader.
-        method: The step method reading it, for the message.
 
     Raises:
         TypeError: If the batch is not a tuple or list of at least two items.
@@ -339,30 +240,21 @@ def check_count(
     allow_none: bool = False,
     resolved: bool = False,
 ) -> None:
-    """Check that `value` is an int >= `minimum` (or a placeholder, unless `resolved`).
-
-    Args:
-        where: The entry point, for the message.
-        name: The argument name.
-        value: The value to check.
-        minimum: The smallest accepted value.
-        allow_none: Whether `None` is accepted.
-        resolved: Reject placeholders (the scheduler is being built, not configured).
-
-    Raises:
-        TypeError: If the value is not an int, or an unresolved placeholder when `resolved`.
-        ValueError: If the value is below `minimum`.
-    """
+    """Check that `value` is an int >= `minimum`, or a placeholder unless `resolved`."""
     if value is None and allow_none:
         return
     if not isinstance(value, numbers.Integral) and contains_placeholder(value):  # never an int
         if resolved:
             fail(TypeError, where, name, value, "an int", FIX_PLACEHOLDER)
         return
+    _check_int(where, name, value, minimum, f"an int >= {minimum}")
+
+
+def _check_int(where: str, name: str, value: object, minimum: int, expected: str) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        fail(TypeError, where, name, value, f"an int >= {minimum}", f"Pass an int, e.g. {name}=1.")
+        fail(TypeError, where, name, value, expected, f"Pass an int, e.g. {name}=1.")
     if value < minimum:
-        fail(ValueError, where, name, value, f"an int >= {minimum}", f"Pass {name} >= {minimum}.")
+        fail(ValueError, where, name, value, expected, f"Pass {name} >= {minimum}.")
 
 
 FIX_PLACEHOLDER = (
@@ -375,19 +267,7 @@ FIX_PLACEHOLDER = (
 def check_fraction(
     where: str, name: str, value: object, *, allow_none: bool = False, allow_zero: bool = True
 ) -> None:
-    """Check that `value` is a real number in `[0, 1]` (`(0, 1]` unless `allow_zero`).
-
-    Args:
-        where: The entry point, for the message.
-        name: The argument name.
-        value: The value to check.
-        allow_none: Whether `None` is accepted.
-        allow_zero: Whether 0 is accepted.
-
-    Raises:
-        TypeError: If the value is not a real number.
-        ValueError: If the value is outside the range.
-    """
+    """Check that `value` is a real number in `[0, 1]` (`(0, 1]` unless `allow_zero`)."""
     if value is None and allow_none:
         return
     interval = "[0, 1]" if allow_zero else "(0, 1]"
@@ -402,18 +282,7 @@ def check_fraction(
 def check_group_bound(
     where: str, name: str, values: Sequence[float], bases: Sequence[float], fix: str
 ) -> None:
-    """Check that each group's derived value (a minimum, a warmup start) is <= its base.
-
-    Args:
-        where: The entry point, for the message.
-        name: The argument the values derive from.
-        values: The derived value of each parameter group.
-        bases: The base value of each parameter group.
-        fix: How to fix the call.
-
-    Raises:
-        ValueError: If a group's value exceeds its base value.
-    """
+    """Check that each group's value derived from ``name`` (a minimum, a start) is <= its base."""
     for index, (value, base) in enumerate(zip(values, bases, strict=True)):
         if value > base:
             fail(
@@ -426,10 +295,18 @@ def check_group_bound(
             )
 
 
-def check_bool(where: str, name: str, value: object) -> None:
-    """Raise ``TypeError`` unless ``value`` is a bool."""
-    if not isinstance(value, bool):
-        fail(TypeError, where, name, value, "a bool", f"Pass {name}=True or {name}=False.")
+def check_bool(
+    where: str,
+    name: str,
+    value: object,
+    *,
+    allow_none: bool = False,
+    expected: str = "a bool",
+    fix: str | None = None,
+) -> None:
+    """Raise ``TypeError`` unless ``value`` is a bool (or None when allowed)."""
+    if not isinstance(value, bool) and not (value is None and allow_none):
+        fail(TypeError, where, name, value, expected, fix or f"Pass {name}=True or {name}=False.")
 
 
 def check_metric_name(where: str, name: str, value: object) -> None:

@@ -23,6 +23,7 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
 from pytorch_accel._checks import (
+    check_bool,
     check_callable,
     check_count,
     check_mapping,
@@ -165,15 +166,8 @@ def check_train_arguments(trainer: Trainer, arguments: TrainArguments) -> None:
 
 def _check_run_switches(where: str, reset_run_history: object, resume_from: object) -> None:
     """Check ``reset_run_history`` and ``resume_from``."""
-    if not isinstance(reset_run_history, bool):
-        fail(
-            TypeError,
-            where,
-            "reset_run_history",
-            reset_run_history,
-            "True or False",
-            "Pass reset_run_history=False to continue the run history of earlier calls.",
-        )
+    fix = "Pass reset_run_history=False to continue the run history of earlier calls."
+    check_bool(where, "reset_run_history", reset_run_history, expected="True or False", fix=fix)
     if resume_from is not None and not isinstance(resume_from, (str, os.PathLike)):
         fail(
             TypeError,
@@ -228,14 +222,9 @@ def check_loss_func(
     """Reject a ``loss_func`` that the default step methods in use cannot use.
 
     That is ``None``, or a loss with ``reduction="none"``, whose per-sample losses the
-    default steps would neither back-propagate nor record as a mean.
-
-    Args:
-        where: The entry point.
-        trainer: The trainer (its class tells which step methods are overridden).
-        base: The ``Trainer`` class, whose step methods call ``loss_func``.
-        with_train: Whether the training step runs.
-        with_eval: Whether the evaluation step runs.
+    default steps would neither back-propagate nor record as a mean. The steps in use are
+    those of ``base`` (the ``Trainer`` class) that ``trainer``'s class does not override,
+    among the training (``with_train``) and evaluation (``with_eval``) steps.
     """
     steps = ("calculate_train_batch_loss",) * with_train + (
         "calculate_eval_batch_loss",
@@ -312,11 +301,12 @@ def _check_run_setup(where: str, arguments: TrainArguments) -> None:
         ("seed_per_rank", arguments.seed_per_rank),
         ("deterministic", arguments.deterministic),
     ):
-        if not isinstance(value, bool):
-            fail(TypeError, where, name, value, "True or False", f"Pass {name}=True.")
+        check_bool(where, name, value, expected="True or False", fix=f"Pass {name}=True.")
     benchmark = arguments.cudnn_benchmark
-    if benchmark is not None and not isinstance(benchmark, bool):
-        fail(TypeError, where, "cudnn_benchmark", benchmark, "True, False or None", "Pass True.")
+    expected = "True, False or None"
+    check_bool(
+        where, "cudnn_benchmark", benchmark, allow_none=True, expected=expected, fix="Pass True."
+    )
     if benchmark and arguments.deterministic:
         fail(
             ValueError,
@@ -340,8 +330,7 @@ def _check_resume_parts(where: str, arguments: TrainArguments) -> None:
         ("resume_optimizer", arguments.resume_optimizer),
         ("resume_scheduler", arguments.resume_scheduler),
     ):
-        if not isinstance(value, bool):
-            fail(TypeError, where, name, value, "True or False", f"Pass {name}=False.")
+        check_bool(where, name, value, expected="True or False", fix=f"Pass {name}=False.")
         if not value and arguments.resume_from is None:
             fail(
                 ValueError,
@@ -386,24 +375,17 @@ def _check_dry_run(where: str, arguments: TrainArguments) -> None:
             "None with dry_run",
             "Run one of them: a dry run checks the pipeline, an overfit run trains.",
         )
-    if overfit is not None and isinstance(arguments.train_dataset, DataLoader):
-        fail(
-            ValueError,
-            where,
-            "overfit_batches",
-            overfit,
-            "None when train_dataset is a DataLoader",
-            "Pass the dataset: the overfit run builds its own unshuffled subset of it.",
-        )
-    if overfit is not None and isinstance(arguments.train_dataset, IterableDataset):
-        fail(
-            ValueError,
-            where,
-            "overfit_batches",
-            overfit,
-            "None when train_dataset is an IterableDataset",
+    for kind, fix in (
+        (DataLoader, "Pass the dataset: the overfit run builds its own unshuffled subset of it."),
+        (
+            IterableDataset,
             "A stream has no first batches to come back to: overfit a map-style dataset.",
-        )
+        ),
+    ):
+        if overfit is not None and isinstance(arguments.train_dataset, kind):
+            article = "an" if kind is IterableDataset else "a"
+            expected = f"None when train_dataset is {article} {kind.__name__}"
+            fail(ValueError, where, "overfit_batches", overfit, expected, fix)
 
 
 def _check_train_data(where: str, arguments: TrainArguments) -> None:
@@ -440,14 +422,7 @@ def _check_train_data(where: str, arguments: TrainArguments) -> None:
 
 
 def check_eval_data(where: str, name: str, data: object, **settings: object) -> None:
-    """Check one eval set, or a mapping of named ones, and the settings that build loaders.
-
-    Args:
-        where: The entry point.
-        name: The argument's name.
-        data: A dataset or ``DataLoader``, or a mapping of set names to them.
-        **settings: The arguments that build a dataloader from a dataset, by name.
-    """
+    """Check one eval set, or a mapping of named ones, and the ``settings`` that build loaders."""
     for set_name, one in named_eval_sets(where, name, data).items():
         label = name if set_name is None else f"{name}[{set_name!r}]"
         if one is None:
@@ -473,11 +448,8 @@ def check_enough_samples(train_dl: DataLoader[Any], num_samples: int, num_proces
 def check_has_batches(where: str, preparation: Preparation, **dl_kwargs: Mapping[str, Any]) -> None:
     """Reject prepared dataloaders that yield no batch on this process (an empty epoch).
 
-    Args:
-        where: The entry point.
-        preparation: Holds the prepared dataloaders.
-        **dl_kwargs: The arguments each dataloader was built with, by the entry point's name
-            for them (a name with ``train`` for the train dataloader, else the eval one).
+    ``dl_kwargs``: the arguments each dataloader was built with, by the entry point's name for
+    them (a name with ``train`` for the train dataloader, else the eval one).
     """
     for name, kwargs in dl_kwargs.items():
         train = "train" in name
@@ -494,14 +466,7 @@ def check_has_batches(where: str, preparation: Preparation, **dl_kwargs: Mapping
 
 
 def check_data(where: str, name: str, data: object, *, streams: bool = False) -> None:
-    """Accept a map-style dataset, or a ``DataLoader`` over one (or streams, if allowed).
-
-    Args:
-        where: The entry point.
-        name: The argument's name.
-        data: A dataset or a ``DataLoader``.
-        streams: Also accept an ``IterableDataset`` (or a ``DataLoader`` over one).
-    """
+    """Accept a map-style dataset, or a ``DataLoader`` over one (or streams, if ``streams``)."""
     dataset = data.dataset if isinstance(data, DataLoader) else data
     if streams and isinstance(dataset, IterableDataset):
         return
@@ -546,17 +511,7 @@ def _check_run_length(where: str, arguments: TrainArguments) -> None:
 def check_dataloader_settings(
     where: str, data: object, *, data_name: str = "the data", **settings: object
 ) -> None:
-    """Reject the arguments that build a dataloader when ``data`` is already a ``DataLoader``.
-
-    Args:
-        where: The entry point.
-        data: The dataset or dataloader the user passed.
-        data_name: How the message names ``data``.
-        **settings: The arguments that build a dataloader from a dataset, by name.
-
-    Raises:
-        ValueError: If ``data`` is a ``DataLoader`` and one of ``settings`` is given.
-    """
+    """Reject the ``settings`` that build a dataloader when ``data`` is already a ``DataLoader``."""
     if not isinstance(data, DataLoader):
         return
     for name, value in settings.items():

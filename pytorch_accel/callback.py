@@ -13,8 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from pytorch_accel.trainer import Trainer
 
 __all__ = ["TrainerCallback", "redirected_paths"]
@@ -115,11 +113,8 @@ class TrainerCallback:
     ) -> None:
         """Called after each training batch's backward pass and update.
 
-        Args:
-            trainer: The trainer.
-            batch: The batch, as the dataloader produced it.
-            batch_output: The dict returned by ``calculate_train_batch_loss``.
-            **kwargs: Includes ``step``, the 0-based batch index in the epoch.
+        ``batch`` is as the dataloader produced it, ``batch_output`` the dict returned by
+        ``calculate_train_batch_loss``; ``kwargs`` include ``step``, the 0-based batch index.
         """
 
     def on_train_progress(self, trainer: Trainer, steps_done: int, **kwargs: Any) -> None:
@@ -128,11 +123,7 @@ class TrainerCallback:
         For progress displays, which need no per-step event: the trainer fires it at strides
         that follow the step time (see ``Trainer.progress_interval``). Processes fire it at
         different steps, so it must not stop training, call collectives or save state.
-
-        Args:
-            trainer: The trainer.
-            steps_done: The steps of the epoch done so far.
-            **kwargs: Reserved for future arguments.
+        ``steps_done``: the steps of the epoch done so far.
         """
 
     def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
@@ -147,24 +138,12 @@ class TrainerCallback:
     def on_eval_step_end(
         self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
     ) -> None:
-        """Called after each evaluation batch.
-
-        Args:
-            trainer: The trainer.
-            batch: The batch, as the dataloader produced it.
-            batch_output: The dict returned by ``calculate_eval_batch_loss``.
-            **kwargs: Reserved for future arguments.
-        """
+        """Called after each evaluation batch, with ``calculate_eval_batch_loss``'s output."""
 
     def on_eval_progress(self, trainer: Trainer, steps_done: int, **kwargs: Any) -> None:
         """Called now and then after an evaluation step, and after the epoch's last one.
 
         Like ``on_train_progress``, for the evaluation epoch.
-
-        Args:
-            trainer: The trainer.
-            steps_done: The evaluation steps of the epoch done so far.
-            **kwargs: Reserved for future arguments.
         """
 
     def on_eval_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
@@ -193,13 +172,9 @@ class TrainerCallback:
     ) -> None:
         """Called after each prediction batch, with its outputs gathered from every process.
 
-        Args:
-            trainer: The trainer.
-            batch: This process's batch, as the dataloader produced it.
-            predictions: The batch's outputs from every process, in dataset order, without
-                repeated samples, on ``predict()``'s ``output_device`` (the same on every
-                process).
-            **kwargs: Reserved for future arguments.
+        ``batch`` is this process's; ``predictions`` are the batch's outputs from every
+        process, in dataset order, without repeated samples, on ``predict()``'s
+        ``output_device`` (the same on every process).
         """
 
     def on_predict_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
@@ -216,11 +191,6 @@ def redirected_paths(owner: object, directory: Path, *names: str) -> Iterator[No
     For ``TrainerCallback.redirect_outputs``: each attribute holding a path (a ``str`` or
     ``os.PathLike``; ``None`` is left alone) becomes the same file name in ``directory``, of
     the same type, until the context exits.
-
-    Args:
-        owner: The callback (or any object) whose attributes are redirected.
-        directory: Where the files go meanwhile.
-        *names: The attributes that hold the callback's output paths.
     """
     saved = {name: getattr(owner, name) for name in names}
     for name, value in saved.items():

@@ -77,11 +77,8 @@ class CallbackHandler:
     def register_event(self, name: str) -> None:
         """Make a custom event known, so callbacks may define it and the trainer may fire it.
 
-        Args:
-            name: The event name; it must start with ``on_`` and be a valid identifier.
-
         Raises:
-            ValueError: If the name is not of that form.
+            ValueError: If ``name`` is not an identifier starting with ``on_``.
         """
         self._add_event(name)
         self._index()
@@ -93,13 +90,7 @@ class CallbackHandler:
         self._index()
 
     def add_callback(self, callback: CallbackLike) -> TrainerCallback:
-        """Add one callback.
-
-        Args:
-            callback: An instance, or a class instantiated without arguments.
-
-        Returns:
-            The instance that was added.
+        """Add one callback (an instance, or a class instantiated without arguments); return it.
 
         Raises:
             TypeError: If ``order`` is not an int.
@@ -166,11 +157,6 @@ class CallbackHandler:
         A further ``StopTrainingError`` is redundant then, so it does not keep the
         remaining callbacks from their end event (to close files and progress bars); any other
         exception propagates.
-
-        Args:
-            event: The event name.
-            *args: Positional arguments (the trainer first).
-            **kwargs: Keyword arguments for the event.
         """
         self.dispatch(event, args, kwargs)
 
@@ -182,14 +168,6 @@ class CallbackHandler:
         ``call_event`` without the packing of its arguments, for callers that fire events
         often (the trainer, every step): the same order and the same rule that every callback
         gets the event, but the first ``StopTrainingError`` is returned instead of raised.
-
-        Args:
-            event: The event name.
-            args: Positional arguments (the trainer first).
-            kwargs: Keyword arguments for the event; each callback gets them as keywords.
-
-        Returns:
-            The first ``StopTrainingError`` a callback raised, or ``None``.
 
         Raises:
             ValueError: If the event was never registered and no callback defines it.

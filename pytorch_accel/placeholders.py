@@ -57,6 +57,15 @@ _SYMBOLS: dict[Callable[[Any, Any], Any], str] = {
 }
 
 
+def _operator(
+    op: Callable[[Any, Any], Any], *, reflected: bool
+) -> Callable[[Any, object], PlaceholderExpression]:
+    def method(self: _Arithmetic, other: object) -> PlaceholderExpression:
+        return self._combine(op, other, reflected=reflected)  # type: ignore[no-any-return]
+
+    return method
+
+
 class _Arithmetic:
     """Operators that build a ``PlaceholderExpression`` instead of computing a value."""
 
@@ -68,35 +77,16 @@ class _Arithmetic:
         left, right = (other, self) if reflected else (self, other)
         return PlaceholderExpression(op, left, right)  # type: ignore[arg-type]
 
-    def __add__(self, other: object) -> PlaceholderExpression:
-        return self._combine(operator.add, other, reflected=False)  # type: ignore[no-any-return]
-
-    def __radd__(self, other: object) -> PlaceholderExpression:
-        return self._combine(operator.add, other, reflected=True)  # type: ignore[no-any-return]
-
-    def __sub__(self, other: object) -> PlaceholderExpression:
-        return self._combine(operator.sub, other, reflected=False)  # type: ignore[no-any-return]
-
-    def __rsub__(self, other: object) -> PlaceholderExpression:
-        return self._combine(operator.sub, other, reflected=True)  # type: ignore[no-any-return]
-
-    def __mul__(self, other: object) -> PlaceholderExpression:
-        return self._combine(operator.mul, other, reflected=False)  # type: ignore[no-any-return]
-
-    def __rmul__(self, other: object) -> PlaceholderExpression:
-        return self._combine(operator.mul, other, reflected=True)  # type: ignore[no-any-return]
-
-    def __truediv__(self, other: object) -> PlaceholderExpression:
-        return self._combine(operator.truediv, other, reflected=False)  # type: ignore[no-any-return]
-
-    def __rtruediv__(self, other: object) -> PlaceholderExpression:
-        return self._combine(operator.truediv, other, reflected=True)  # type: ignore[no-any-return]
-
-    def __floordiv__(self, other: object) -> PlaceholderExpression:
-        return self._combine(operator.floordiv, other, reflected=False)  # type: ignore[no-any-return]
-
-    def __rfloordiv__(self, other: object) -> PlaceholderExpression:
-        return self._combine(operator.floordiv, other, reflected=True)  # type: ignore[no-any-return]
+    __add__ = _operator(operator.add, reflected=False)
+    __radd__ = _operator(operator.add, reflected=True)
+    __sub__ = _operator(operator.sub, reflected=False)
+    __rsub__ = _operator(operator.sub, reflected=True)
+    __mul__ = _operator(operator.mul, reflected=False)
+    __rmul__ = _operator(operator.mul, reflected=True)
+    __truediv__ = _operator(operator.truediv, reflected=False)
+    __rtruediv__ = _operator(operator.truediv, reflected=True)
+    __floordiv__ = _operator(operator.floordiv, reflected=False)
+    __rfloordiv__ = _operator(operator.floordiv, reflected=True)
 
 
 class _PlaceholderType(EnumMeta):
@@ -158,14 +148,7 @@ class PlaceholderExpression(_Arithmetic):
     right: Operand
 
     def resolve(self, values: Mapping[TrainerPlaceholderValues, int | None]) -> int | float:
-        """Evaluate the expression with the given placeholder values.
-
-        Args:
-            values: The value of each placeholder.
-
-        Returns:
-            The number the expression stands for.
-        """
+        """Return the number the expression stands for, given each placeholder's value."""
         left = _resolve_operand(self.left, values)
         right = _resolve_operand(self.right, values)
         return self.op(left, right)  # type: ignore[no-any-return]
@@ -242,15 +225,7 @@ def resolve_placeholders(value: Any, values: Mapping[TrainerPlaceholderValues, i
 
 
 def contains_placeholder(value: Any, _depth: int = 0) -> bool:
-    """Return whether ``value`` holds a placeholder, looking into partials and containers.
-
-    Args:
-        value: The object to inspect.
-        _depth: Recursion guard for self-referencing containers.
-
-    Returns:
-        ``True`` if a placeholder or placeholder expression is found.
-    """
+    """Return whether ``value`` holds a placeholder, looking into partials and containers."""
     if _depth > 8:
         return False
     if isinstance(value, (TrainerPlaceholderValues, PlaceholderExpression)):
@@ -268,10 +243,6 @@ def contains_placeholder(value: Any, _depth: int = 0) -> bool:
 
 def check_resolved(instance: object, where: str) -> None:
     """Raise if an attribute of ``instance`` (e.g. a scheduler) still holds a placeholder.
-
-    Args:
-        instance: The object built from a factory whose placeholders were resolved.
-        where: The entry point, for the message.
 
     Raises:
         ValueError: Naming the attribute, and how to pass the placeholder instead.

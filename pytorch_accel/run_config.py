@@ -107,11 +107,7 @@ class TrainerRunConfig:
             object.__setattr__(self, "total_num_update_steps", -1 if total is None else total)
 
     def to_dict(self) -> dict[str, Any]:
-        """Return the fields as a dict (shallow: samplers and generators are kept as they are).
-
-        Returns:
-            A new dict with one entry per field; the dataloader kwargs are copied.
-        """
+        """Return the fields as a new dict; samplers and generators are kept, dl kwargs copied."""
         result = {field.name: getattr(self, field.name) for field in fields(self)}
         result["train_dl_kwargs"] = dict(self.train_dl_kwargs)
         result["eval_dl_kwargs"] = dict(self.eval_dl_kwargs)
@@ -157,23 +153,10 @@ def create_run_config(
 ) -> TrainerRunConfig:
     """Describe a run from its prepared dataloaders and the arguments of ``train()``.
 
-    Args:
-        accelerator: The trainer's accelerator (processes, mixed precision).
-        train_dataloader: This process's prepared train dataloader (``None`` in ``evaluate()``).
-        limit_train_batches: The most batches of each epoch (``Trainer.limit_train_batches``).
-        dl_kwargs: The arguments the train and eval dataloaders were built with (``{}`` for
-            one that was not built).
-        num_epochs: Epochs asked for; ``max_num_train_steps`` may lower it. ``None``: as
-            many as ``max_num_train_steps`` needs (then required).
-        gradient_accumulation_steps: Micro-batches per optimizer update.
-        max_num_train_steps: The most optimizer updates, or ``None``.
-        gradient_clip_value: Clip each gradient element to this magnitude, or ``None``.
-        max_grad_norm: Clip the global gradient norm to this value, or ``None``.
-        eval_every_n_epochs: Evaluate after every this many epochs (and the last).
-        sanity_eval_batches: Batches of each eval set to evaluate before training.
-
-    Returns:
-        The run config.
+    ``train_dataloader`` is this process's prepared train dataloader (``None`` in
+    ``evaluate()``), ``limit_train_batches`` the trainer's, ``dl_kwargs`` the arguments the
+    train and eval dataloaders were built with (``{}`` for one not built); the keyword
+    arguments are ``train()``'s (``max_num_train_steps`` may lower ``num_epochs``).
     """
     batches = _num_batches(train_dataloader, limit_train_batches)
     train_dl_kwargs, eval_dl_kwargs = dl_kwargs

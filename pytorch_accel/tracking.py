@@ -117,11 +117,7 @@ class RunHistory(ABC):
         return {"metrics": metrics, "current_epoch": self.current_epoch}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Replace the history with one returned by ``state_dict`` (the prefix is kept).
-
-        Args:
-            state_dict: The dict returned by ``state_dict()``.
-        """
+        """Replace the history with one returned by ``state_dict`` (the prefix is kept)."""
         self.reset()
         with self.prefixed("", replace=True):
             for name, values in state_dict["metrics"].items():

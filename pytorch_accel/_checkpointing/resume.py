@@ -83,12 +83,7 @@ class RandomStates:
 
 
 class EpochRandomness:
-    """Wraps a batch sampler; records (or replays) the random states each epoch's order uses.
-
-    Args:
-        batch_sampler: The batch sampler to wrap (accelerate's shard of it, with several
-            processes).
-    """
+    """Wraps a batch sampler; records (or replays) the random states each epoch's order uses."""
 
     def __init__(self, batch_sampler: Any) -> None:
         self.batch_sampler = batch_sampler
@@ -334,14 +329,8 @@ def enter_epoch(
 ) -> EpochEntry:
     """Apply a pending resume at the start of an epoch; the seam where a resume enters the loop.
 
-    Args:
-        resume: The loaded state, for the first epoch of a resumed run; else ``None``.
-        resumable: The train dataloader's controls, if it can resume mid-epoch.
-        trainer: Whose callbacks and model get their saved states (mid-epoch saves).
-        loss_tracker: The epoch's loss tracker, given its saved running sums.
-
-    Returns:
-        Where the epoch starts.
+    ``resume`` is the loaded state for the first epoch of a resumed run, else ``None``;
+    ``trainer``'s callbacks and model and ``loss_tracker`` get their saved states.
     """
     if resume is None:
         return EpochEntry(resumable=resumable)

@@ -77,9 +77,7 @@ def hidden(final: Path, role: str = "incomplete") -> Path:
 def write_manifest(directory: Path, info: Mapping[str, Any]) -> None:
     """Flush every file of ``directory`` to disk, then write the manifest that completes it.
 
-    Args:
-        directory: The (temporary) directory holding the saved files.
-        info: What the manifest records besides the files (world size, counters).
+    ``info`` is what the manifest records besides the files (world size, counters).
     """
     files = {}
     for path in sorted(p for p in directory.rglob("*") if p.is_file()):
@@ -252,10 +250,6 @@ def tidy_save_dir(save_dir: Path, is_state_name: Callable[[str], bool]) -> None:
     deleted: hidden ``.incomplete``, ``.previous`` and ``.deleting`` directories, and the
     directories named like states (``is_state_name``) that have no manifest. Call it from one
     process, while no other reads or writes in ``save_dir``.
-
-    Args:
-        save_dir: The directory that holds the states.
-        is_state_name: Whether a directory name is one the saver gives its states.
     """
     if not save_dir.is_dir():
         return
@@ -287,11 +281,7 @@ def _has_manifest(directory: Path) -> bool:
 
 
 def latest_training_state(save_dir: str | os.PathLike[str]) -> Path | None:
-    """Return the newest complete training state in ``save_dir``, or ``None`` if there is none.
-
-    Args:
-        save_dir: The directory ``SaveTrainingStateCallback`` writes to.
-    """
+    """Return the newest complete training state in ``save_dir``, or ``None`` if there is none."""
     states = find_training_states(Path(save_dir))
     return states[-1] if states else None
 

@@ -44,14 +44,7 @@ def jsonable(value: Any) -> Any:
 
 
 def environment(trainer: Trainer) -> dict[str, Any]:
-    """Versions, devices, the accelerate config, the git commit and the command line.
-
-    Args:
-        trainer: The trainer (its accelerator describes the processes and devices).
-
-    Returns:
-        A JSON-ready dict.
-    """
+    """Versions, devices, the accelerate config, the git commit and the command line."""
     import accelerate
 
     import pytorch_accel
@@ -133,14 +126,9 @@ def model_summary(model: nn.Module) -> dict[str, Any]:
     """Parameters per top-level module, trainable and frozen, and the totals.
 
     A parameter shared by several modules counts in each of them, once in the totals.
-
-    Args:
-        model: The model (unwrapped).
-
-    Returns:
-        ``{"class", "modules": [{"name", "class", "trainable", "frozen"}], "trainable",
-        "frozen", "total"}``; parameters of the model itself (not of a child) are listed
-        under the name ``"(own)"``.
+    Returns ``{"class", "modules": [{"name", "class", "trainable", "frozen"}], "trainable",
+    "frozen", "total"}``; parameters of the model itself (not of a child) are listed under
+    the name ``"(own)"``.
     """
     modules = [
         {"name": name, "class": type(child).__qualname__, **_count(child.parameters())}
@@ -181,14 +169,7 @@ def model_summary_text(summary: Mapping[str, Any], model: nn.Module) -> str:
 
 
 def run_configuration(trainer: Trainer) -> dict[str, Any]:
-    """The run config (the ``train()`` arguments it holds) and the trainer's parts.
-
-    Args:
-        trainer: The trainer, at the start of ``train()``.
-
-    Returns:
-        ``{"run_config", "train", "trainer"}``, JSON-ready.
-    """
+    """``{"run_config", "train", "trainer"}``: the run config and the trainer's parts."""
     run_config = {} if trainer.run_config is None else trainer.run_config.to_dict()
     optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)  # accelerate's wrapper
     scheduler = getattr(trainer.scheduler, "scheduler", trainer.scheduler)

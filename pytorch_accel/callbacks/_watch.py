@@ -111,10 +111,8 @@ class MetricWatch:
     def read(self, trainer: Trainer, evaluated: bool = True) -> float | None:
         """Return the value recorded this epoch, or ``None`` (with a message) if there is none.
 
-        Args:
-            trainer: The trainer.
-            evaluated: Whether the eval sets were evaluated this epoch (``False``: an epoch
-                between evaluations, where a metric not recorded yet is not an error).
+        ``evaluated=False`` is an epoch between evaluations, where a metric not recorded yet
+        is not an error.
 
         Raises:
             MetricNotFoundError: If the metric was never recorded, naming those that were.

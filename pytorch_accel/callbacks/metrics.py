@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.utils import send_to_device
 
-from pytorch_accel._checks import check_callable, fail
+from pytorch_accel._checks import check_bool, check_callable, fail
 from pytorch_accel.callback import TrainerCallback
 
 if TYPE_CHECKING:
@@ -114,15 +114,7 @@ class MetricsCallback(TrainerCallback):
             self.on_train_epoch_end = None  # type: ignore[assignment]
 
     def prepare(self, batch: Any, batch_output: Mapping[str, Any]) -> tuple[Any, Any]:
-        """Return ``(predictions, targets)`` of one batch; override to customise.
-
-        Args:
-            batch: The batch, as the dataloader produced it.
-            batch_output: The dict returned by ``calculate_*_batch_loss``.
-
-        Returns:
-            What the metrics' ``update`` takes, before gathering.
-        """
+        """Return ``(predictions, targets)`` of one batch, before gathering; override it."""
         if self._prepare_fn is not None:
             return self._prepare_fn(batch, batch_output)
         return default_prepare(batch, batch_output)
@@ -228,13 +220,6 @@ def default_prepare(batch: Any, batch_output: Mapping[str, Any]) -> tuple[Any, A
     other outputs are passed on as they are. Targets are ``batch[1]``. Metrics that need
     scores rather than classes (AUROC, calibration) need their own ``prepare``, e.g.
     ``lambda batch, output: (output["model_outputs"].softmax(dim=1), batch[1])``.
-
-    Args:
-        batch: The batch; its second item holds the targets.
-        batch_output: The dict returned by ``calculate_*_batch_loss``.
-
-    Returns:
-        ``(predictions, targets)``.
 
     Raises:
         ValueError: If ``batch_output`` has no ``model_outputs``.
@@ -349,8 +334,7 @@ def _check_arguments(
     train: object, prefix: object, train_prefix: object, name: object, prepare: object
 ) -> None:
     where = "MetricsCallback"
-    if not isinstance(train, bool):
-        fail(TypeError, where, "train", train, "a bool", "Pass train=True or train=False.")
+    check_bool(where, "train", train)
     for arg, value in (("prefix", prefix), ("train_prefix", train_prefix)):
         if not isinstance(value, str):
             fail(TypeError, where, arg, value, "a str", f"Pass e.g. {arg}='val_'.")

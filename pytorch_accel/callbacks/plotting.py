@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from pytorch_accel._checkpointing.files import atomic_write
-from pytorch_accel._checks import fail
+from pytorch_accel._checks import check_bool
 from pytorch_accel.callback import TrainerCallback, redirected_paths
 from pytorch_accel.callbacks._metrics_csv import STEP_COLUMN, metrics_csv_index, read_metrics_csv
 from pytorch_accel.tracking import RunHistory
@@ -114,15 +114,8 @@ class PlotMetricsCallback(TrainerCallback):
         every_epoch: bool = True,
     ) -> None:
         _figure_class()  # fail now, not after hours of training
-        if not isinstance(every_epoch, bool):
-            fail(
-                TypeError,
-                "PlotMetricsCallback",
-                "every_epoch",
-                every_epoch,
-                "a bool",
-                "Pass every_epoch=False to draw only at the end of the run.",
-            )
+        fix = "Pass every_epoch=False to draw only at the end of the run."
+        check_bool("PlotMetricsCallback", "every_epoch", every_epoch, fix=fix)
         self.path = Path(path)
         self.metric_names = None if metric_names is None else list(metric_names)
         self.every_epoch = every_epoch

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytorch_accel._checkpointing.files import atomic_write
-from pytorch_accel._checks import check_mapping, fail
+from pytorch_accel._checks import check_bool, check_mapping, fail
 from pytorch_accel.callbacks._run_info import (
     environment,
     jsonable,
@@ -204,8 +204,8 @@ def _default_trackers() -> tuple[str, ...]:
 
 
 def _check_plot(plot: object) -> bool:
-    if plot is not None and not isinstance(plot, bool):
-        fail(TypeError, "RunRecordCallback", "plot", plot, "None or a bool", "Pass plot=None.")
+    expected, fix = "None or a bool", "Pass plot=None."
+    check_bool("RunRecordCallback", "plot", plot, allow_none=True, expected=expected, fix=fix)
     try:
         import matplotlib  # noqa: F401
     except ImportError:

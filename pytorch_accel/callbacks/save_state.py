@@ -179,14 +179,8 @@ class SaveTrainingStateCallback(TrainerCallback):
 
         For callbacks that stop a run that is not finished (``TimeBudgetCallback``): the state
         they save here is the newest, so ``resume_from="latest"`` continues from it. Call it on
-        every process, from ``on_train_step_end`` or ``on_training_run_epoch_end``.
-
-        Args:
-            trainer: The trainer.
-            prefix: The name of the state before its update count, e.g. ``"time-limit"``.
-
-        Returns:
-            The directory of the saved state.
+        every process, from ``on_train_step_end`` or ``on_training_run_epoch_end``. ``prefix``
+        is the name before the update count, e.g. ``"time-limit"``; returns the state's directory.
         """
         self._interrupted = True
         return self._save(trainer, f"{prefix}-{trainer.num_updates:08d}")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.utils import send_to_device
 
-from pytorch_accel._checks import check_positive_int, fail
+from pytorch_accel._checks import check_bool, check_positive_int
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks.defaults import SEPARATOR, format_metrics
 from pytorch_accel.logging_setup import get_logger, setup_logging
@@ -256,8 +256,7 @@ class StepLoggingCallback(TrainerCallback):
     ) -> None:
         where = type(self).__name__
         check_positive_int(where, "log_every_n_updates", log_every_n_updates, allow_none=True)
-        if not isinstance(log_grad_norm, bool):
-            fail(TypeError, where, "log_grad_norm", log_grad_norm, "a bool", "Pass True or False.")
+        check_bool(where, "log_grad_norm", log_grad_norm)
         self.step_metrics = (
             None if log_every_n_updates is None else StepMetrics(log_every_n_updates, log_grad_norm)
         )
@@ -320,12 +319,8 @@ class StepLoggingCallback(TrainerCallback):
     def log_step(self, trainer: Trainer, metrics: dict[str, float], step: int) -> None:
         """Log one logging point's metrics; override to send them elsewhere.
 
-        Called on every process; the default logs one line, on the main process.
-
-        Args:
-            trainer: The trainer.
-            metrics: The metrics, by name (see ``StepMetrics``).
-            step: The update count of the run (``trainer.num_updates``).
+        Called on every process with the ``metrics`` by name (see ``StepMetrics``) and
+        ``step``, the update count of the run; the default logs one line, on the main process.
         """
         total = trainer.run_config.total_num_update_steps if trainer.run_config else step
         get_logger().info(SEPARATOR.join([f"update {step}/{total}", format_metrics(metrics)]))

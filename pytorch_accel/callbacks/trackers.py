@@ -164,13 +164,7 @@ class TrackingCallback(StepLoggingCallback):
         self._finish()
 
     def log_step(self, trainer: Trainer, metrics: dict[str, float], step: int) -> None:
-        """Send one step-level logging point to the trackers and the step CSV (main process).
-
-        Args:
-            trainer: The trainer.
-            metrics: The metrics, by name (see ``StepMetrics``).
-            step: The update count of the run.
-        """
+        """Send one step-level logging point to the trackers and the step CSV (main process)."""
         if not trainer.accelerator.is_main_process:
             return
         for tracker in self.trackers:

@@ -34,8 +34,7 @@ from pytorch_accel.placeholders import (
     TrainerPlaceholderValues,
     contains_placeholder,
 )
-from pytorch_accel.schedulers._interpolation import interpolate
-from pytorch_accel.schedulers.scheduler_base import StatefulSchedulerBase
+from pytorch_accel.schedulers.scheduler_base import StatefulSchedulerBase, interpolate
 
 __all__ = ["CosineLrScheduler"]
 
@@ -179,14 +178,7 @@ class CosineLrScheduler(StatefulSchedulerBase):
         return self.warmup_starting_lr if ratio is None else ratio * base
 
     def get_updated_values(self, num_updates: int) -> list[float]:
-        """Return each group's LR for update `num_updates + 1` (the last one past the end).
-
-        Args:
-            num_updates: Optimizer updates completed so far.
-
-        Returns:
-            One LR per parameter group.
-        """
+        """Return each group's LR for update `num_updates + 1` (the last one past the end)."""
         update = min(num_updates + 1, self.total_num_updates)
         return [self._lr(update, base) for base in self.base_values]
 
@@ -227,23 +219,9 @@ class CosineLrScheduler(StatefulSchedulerBase):
     ) -> functools.partial[CosineLrScheduler]:
         """Return `optimizer -> CosineLrScheduler`, for `Trainer.train(create_scheduler_fn=...)`.
 
-        The epoch and update counts default to placeholders that the trainer fills in. The
-        other arguments are checked now, so a mistake fails before training starts.
-
-        Args:
-            total_num_epochs: Epochs of the run (default: the trainer's `NUM_EPOCHS`).
-            num_update_steps_per_epoch: Updates per epoch (default: the trainer's
-                `NUM_UPDATE_STEPS_PER_EPOCH`).
-            k_decay: See the class.
-            lr_min: See the class.
-            min_lr_ratio: See the class.
-            num_warmup_epochs: See the class.
-            warmup_starting_lr: See the class.
-            warmup_starting_lr_ratio: See the class.
-            num_cooldown_epochs: See the class.
-
-        Returns:
-            A `functools.partial` of the class.
+        The arguments are the class's. The epoch and update counts default to placeholders
+        that the trainer fills in; the others are checked now, so a mistake fails before
+        training starts.
         """
         arguments: dict[str, Any] = {
             "total_num_epochs": total_num_epochs,

@@ -77,23 +77,12 @@ class SchedulerBase(ABC):
         """
 
     def values_for_update(self, update: int) -> list[float]:
-        """Return the value each parameter group uses in the 1-based `update`.
-
-        Args:
-            update: The update, counting from 1.
-
-        Returns:
-            One value per parameter group.
-        """
+        """Return the value each parameter group uses in the 1-based `update`."""
         _check_count(type(self).__name__ + ".values_for_update", "update", update, minimum=1)
         return self._expand(self.get_updated_values(update - 1))
 
     def step_update(self, num_updates: int) -> None:
-        """Set the values of the next update, after `num_updates` completed updates.
-
-        Args:
-            num_updates: Optimizer updates completed so far (0 before the first).
-        """
+        """Set the values of the next update, after `num_updates` completed updates."""
         _check_count(type(self).__name__ + ".step_update", "num_updates", num_updates, minimum=0)
         values = self.get_updated_values(num_updates)
         if values is not None:
@@ -185,11 +174,7 @@ class StatefulSchedulerBase(SchedulerBase, ABC):
         self.step_update(self._num_updates + 1)
 
     def step_update(self, num_updates: int) -> None:
-        """Set the update count to `num_updates` and apply the values of the next update.
-
-        Args:
-            num_updates: Optimizer updates completed so far (0 before the first).
-        """
+        """Set the update count to `num_updates` and apply the values of the next update."""
         super().step_update(num_updates)
         self._num_updates = num_updates
 
@@ -199,12 +184,7 @@ class StatefulSchedulerBase(SchedulerBase, ABC):
         *,
         scheduler_state_dict: Mapping[str, Any] | None = None,
     ) -> None:
-        """Restore the saved state and put the values of the next update in the optimizer.
-
-        Args:
-            state_dict: A dict returned by `state_dict` of a scheduler of the same class.
-            scheduler_state_dict: The same, by pytorch-accelerated's keyword.
-        """
+        """Restore the saved state and put the values of the next update in the optimizer."""
         super().load_state_dict(state_dict, scheduler_state_dict=scheduler_state_dict)
         self.step_update(self._num_updates)
 
@@ -289,3 +269,16 @@ def _check_state(scheduler: SchedulerBase, state_dict: object) -> None:
             f"one value per parameter group ({groups})",
             "Load the state into a scheduler over an optimizer with the same parameter groups.",
         )
+
+
+def interpolate(start: float, end: float, fraction: float) -> float:
+    """Return the point `fraction` (in `[0, 1]`) of the way from `start` to `end`.
+
+    `fraction` 0 gives exactly `start` and 1 exactly `end` (a plain `start + (end - start) * t`
+    can miss `end` by a rounding error); the result is clamped between the two, and, computed
+    with one formula below 1, it is monotone in `fraction` even in floating point.
+    """
+    if fraction >= 1.0:
+        return end
+    value = start + (end - start) * fraction
+    return min(max(value, min(start, end)), max(start, end))

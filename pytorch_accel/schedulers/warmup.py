@@ -115,19 +115,9 @@ class LRWarmupScheduler:
     ) -> functools.partial[LRWarmupScheduler]:
         """Return `optimizer -> LRWarmupScheduler`, for `Trainer.train(create_scheduler_fn=...)`.
 
-        The arguments are checked now (placeholders pass; the trainer resolves them, also
-        inside `scheduler` when it is a `functools.partial`), so a mistake fails before
-        training starts.
-
-        Args:
-            scheduler: See the class.
-            warmup_steps: See the class; may be a placeholder.
-            mode: See the class.
-            warmup_factor: See the class.
-            warmup_lr: See the class.
-
-        Returns:
-            A `functools.partial` of the class.
+        The arguments are the class's, checked now (placeholders pass; the trainer resolves
+        them, also inside `scheduler` when it is a `functools.partial`), so a mistake fails
+        before training starts.
         """
         where = "LRWarmupScheduler.create_scheduler_fn"
         _check_settings(where, scheduler, warmup_steps, mode, warmup_factor, warmup_lr)

@@ -34,8 +34,11 @@ from pytorch_accel._checks import (
     fail,
 )
 from pytorch_accel.placeholders import PlaceholderExpression, TrainerPlaceholderValues
-from pytorch_accel.schedulers._interpolation import interpolate
-from pytorch_accel.schedulers.scheduler_base import StatefulSchedulerBase, _one_state
+from pytorch_accel.schedulers.scheduler_base import (
+    StatefulSchedulerBase,
+    _one_state,
+    interpolate,
+)
 
 __all__ = ["WSDLrScheduler", "estimate_checkpoint_steps"]
 
@@ -159,14 +162,7 @@ class WSDLrScheduler(StatefulSchedulerBase):
         return self.get_phase_info(self.num_updates + 1)
 
     def get_updated_values(self, num_updates: int) -> list[float]:
-        """Return each group's LR for update `num_updates + 1` (the last one past the end).
-
-        Args:
-            num_updates: Optimizer updates completed so far.
-
-        Returns:
-            One LR per parameter group.
-        """
+        """Return each group's LR for update `num_updates + 1` (the last one past the end)."""
         update = min(num_updates + 1, self.total_steps)
         return [self._lr(update, base) for base in self.base_values]
 
@@ -230,12 +226,7 @@ class WSDLrScheduler(StatefulSchedulerBase):
         *,
         scheduler_state_dict: Mapping[str, Any] | None = None,
     ) -> None:
-        """Restore a saved state; in a continuation run, only the base LRs.
-
-        Args:
-            state_dict: A dict returned by `state_dict` of a `WSDLrScheduler`.
-            scheduler_state_dict: The same, by pytorch-accelerated's keyword.
-        """
+        """Restore a saved state (by either keyword); in a continuation run, only the base LRs."""
         state = _one_state(self, state_dict, scheduler_state_dict)
         if not self.is_continuation_from_checkpoint:
             super().load_state_dict(state)
@@ -273,20 +264,9 @@ class WSDLrScheduler(StatefulSchedulerBase):
     ) -> functools.partial[WSDLrScheduler]:
         """Return `optimizer -> WSDLrScheduler`, for `Trainer.train(create_scheduler_fn=...)`.
 
-        Args:
-            total_num_epochs: Epochs of the run (default: the trainer's `NUM_EPOCHS`).
-            num_update_steps_per_epoch: Updates per epoch (default: the trainer's
-                `NUM_UPDATE_STEPS_PER_EPOCH`).
-            num_warmup_epochs: Epochs of warmup; `None` means 1% of the run's updates.
-            decay_phase_ratio: See the class.
-            lr_min: See the class (a fraction of the base LR).
-            warmup_starting_lr: See the class.
-            use_inverse_sqrt_decay: See the class.
-            num_checkpoints: See the class.
-            is_continuation_from_checkpoint: See the class.
-
-        Returns:
-            A `functools.partial` of the class.
+        The arguments are the class's, with the run counted in epochs: `total_num_epochs`
+        and `num_update_steps_per_epoch` default to the trainer's placeholders, and
+        `num_warmup_epochs` (`None`: 1% of the run's updates) replaces `num_warmup_steps`.
         """
         where = "WSDLrScheduler.create_scheduler_fn"
         check_count(where, "num_warmup_epochs", num_warmup_epochs, minimum=0, allow_none=True)
