@@ -33,7 +33,7 @@ def job_command(out_dir: Path, *args: str, cuda: bool = False) -> tuple[list[str
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(JOB.parent),
+        "PYTHONPATH": f"{REPO}{os.pathsep}{JOB.parent}",  # this checkout's package first
         "PYTHONUNBUFFERED": "1",
         "ACCELERATE_USE_CPU": "false" if cuda else "true",
     }

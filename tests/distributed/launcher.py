@@ -57,7 +57,12 @@ def launch(
     Returns:
         The exit code, the interleaved output, and each rank's report (in rank order).
     """
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "tests")}
+    # this checkout's package first: an editable install elsewhere must not stand in for it
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}",
+    }
     env.pop("ACCELERATE_USE_CPU", None)
     if use_cpu:
         env["ACCELERATE_USE_CPU"] = "1"

@@ -95,7 +95,7 @@ def test_sigterm_to_one_process_saves_the_same_step_on_both_and_exits_0(
         "--pace",
         "0.05",
     ]
-    env = {**_env(), "PYTHONPATH": f"{REPO / 'tests'}:{SCRIPTS}"}
+    env = {**_env(), "PYTHONPATH": os.pathsep.join(map(str, (REPO, REPO / "tests", SCRIPTS)))}
     process = subprocess.Popen(
         command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
