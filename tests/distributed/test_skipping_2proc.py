@@ -55,3 +55,11 @@ def test_a_stop_raised_in_the_step_on_one_rank_stops_both(tmp_path: Path) -> Non
     assert first["stopped_by"] is not None
     assert first["updates"] == second["updates"] == 2
     assert first["params"] == pytest.approx(second["params"], abs=1e-6)
+
+
+def test_an_error_the_policy_does_not_skip_on_one_rank_is_raised_on_both(tmp_path: Path) -> None:
+    first, second = run("error_one_rank", tmp_path)
+    assert second["error"] == "ValueError: failed before the forward pass (rank 1)"
+    assert first["error"].startswith("RuntimeError: Trainer.train: calculate_train_batch_loss")
+    assert "another process" in first["error"]
+    assert first["updates"] == second["updates"] == 2

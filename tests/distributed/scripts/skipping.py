@@ -60,6 +60,10 @@ class StopsBeforeForward(FailsBeforeForward):
     error = StopTrainingError
 
 
+class RaisesBeforeForward(FailsBeforeForward):
+    error = ValueError  # not skipped by the default policy
+
+
 SCENARIOS: dict[str, dict[str, Any]] = {
     # OOM on rank 1 at the last micro-batch of the first and the third window
     "end_of_window_one_rank": {"fail_at": {1: {2, 6}}, "accumulation": 2},
@@ -72,6 +76,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "before_forward_end_of_window": {"trainer": FailsBeforeForward, "accumulation": 2},
     # calculate_train_batch_loss raises StopTrainingError on rank 1, whatever the policy skips
     "stop_one_rank": {"trainer": StopsBeforeForward, "accumulation": 1, "every": True},
+    # an error the policy does not skip, on rank 1: every rank raises
+    "error_one_rank": {"trainer": RaisesBeforeForward, "accumulation": 1},
 }
 
 
@@ -86,13 +92,16 @@ def run(name: str) -> dict[str, Any]:
     policy = SkipFailingBatches(max_skipped=3)
     if scenario.get("every"):
         policy = SkipFailingBatches(max_skipped=3, exceptions=(Exception,))
-    trainer.train(
-        make_regression_dataset(64),
-        num_epochs=2,
-        per_device_batch_size=4,
-        gradient_accumulation_steps=scenario["accumulation"],
-        skip_failing_batches=policy,
-    )
+    try:
+        trainer.train(
+            make_regression_dataset(64),
+            num_epochs=2,
+            per_device_batch_size=4,
+            gradient_accumulation_steps=scenario["accumulation"],
+            skip_failing_batches=policy,
+        )
+    except Exception as error:  # reported, so that the ranks still leave together
+        return {"error": f"{type(error).__name__}: {error}", "updates": trainer.num_updates}
     return {
         "updates": trainer.num_updates,
         "skipped": trainer.run_history.get_metric_values("train_skipped_batches"),
