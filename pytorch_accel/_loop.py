@@ -58,9 +58,9 @@ from pytorch_accel._checks import (
 )
 from pytorch_accel._state import TrainerState
 from pytorch_accel.dataloaders import epoch_batches, eval_set_prefix
-from pytorch_accel.distributed import AgreedFlag
+from pytorch_accel.distributed import AgreedFlag, synchronise_replicas
 from pytorch_accel.errors import StopTrainingError
-from pytorch_accel.failing_batches import SKIPPED_OUTPUT
+from pytorch_accel.failing_batches import SKIPPED_OUTPUT, is_empty_batch
 from pytorch_accel.logging_setup import get_logger, setup_logging
 from pytorch_accel.preparation import Preparation
 from pytorch_accel.run_config import TrainerRunConfig
@@ -139,7 +139,8 @@ class Loop:
             for epoch_index in epochs:
                 state.epoch_index = epoch_index
                 self._epoch()
-                if num_epochs is None and self._budget_spent():
+                # the update budget can end a run before its last pass (over a stream)
+                if self._budget_spent():
                     break
         finally:
             state.savable, state.finished_epochs = "end", num_epochs or state.epoch_index + 1
@@ -203,21 +204,26 @@ class Loop:
             state.savable = None
 
     def _train_step(self, plan: AccumulationPlan, batch: Any, step: int) -> dict[str, Any]:
-        state = self.state
+        state, guard = self.state, self.state.failing_batches
         scale = 1.0 if plan.steps == 1 else plan.loss_scale(step)
         # a pass of unknown length (a stream) ends its last window where the data ends
-        if (
+        ends_window = (
             plan.steps == 1
             or plan.is_update(step)
             or (plan.num_batches is None and self._at_end_of_data())
-        ):
+        )
+        if ends_window and (guard is None or not guard.synchronises(self._trainer.model)):
             batch_output = self._forward_backward(batch, scale)
-            if state.failing_batches is None or state.failing_batches.end_window():
+            if guard is None or guard.end_window():
                 self._update()
         else:  # inside an accumulation window: no gradient synchronisation between processes
             trainer = self._trainer
             with trainer.accelerator.no_sync(trainer.model):
                 batch_output = self._forward_backward(batch, scale)
+            # skip_failing_batches with DDP: the loop synchronises, at the window's end
+            if ends_window and guard is not None and guard.end_window():
+                synchronise_replicas(trainer.model)
+                self._update()
         state.step = step + 1  # the steps done, for saves and progress
         state.savable = "step"
         return {"batch": batch, "batch_output": batch_output, "step": step}
@@ -229,6 +235,9 @@ class Loop:
             batch_output = check_batch_output(
                 trainer.calculate_train_batch_loss(batch), "calculate_train_batch_loss"
             )
+            size = batch_output["batch_size"]
+            if type(size) is int and size == 0:  # never a tensor here: no host sync
+                self._refuse_empty_batch(batch)
         else:  # skip_failing_batches: a batch that failed on any process is skipped by all
             guarded = guard.forward(trainer, batch)
             if guarded is None:
@@ -247,6 +256,20 @@ class Loop:
         if "on_backward_end" in handler.active_events:
             self._fire("on_backward_end", {})
         return batch_output
+
+    def _refuse_empty_batch(self, batch: Any) -> None:
+        """Raise for a batch without samples: its loss is NaN and would poison the weights."""
+        if is_empty_batch(batch):
+            fail(
+                ValueError,
+                "Trainer.train",
+                "train batch",
+                f"batch {self.state.step + 1} of epoch {self.state.epoch_index + 1}",
+                "a batch with at least one sample",
+                "The batch is empty (0 samples): its loss would be NaN and the update would "
+                "poison the weights. Pass train(skip_failing_batches=...) to skip empty "
+                "batches, or drop them from the data.",
+            )
 
     def _update(self) -> None:
         trainer = self._trainer
@@ -285,15 +308,20 @@ class Loop:
         if state.num_updates >= self._config().total_num_update_steps:
             return True
         if state.step == 0:
+            fix = (
+                "an IterableDataset's __iter__ must start afresh at each call (a generator "
+                "function, not a generator object)"
+                if state.epoch_index
+                else "the dataset or stream is empty"
+            )
             fail(
                 ValueError,
                 "Trainer.train",
                 "train_dataset",
                 self._trainer.train_dataset,
                 "data that yields batches on every pass",
-                f"Epoch {state.epoch_index + 1} got no batch before max_num_train_steps was "
-                "reached: an IterableDataset's __iter__ must start afresh at each call (a "
-                "generator function, not a generator object).",
+                f"Epoch {state.epoch_index + 1} got no batch before the run's "
+                f"{self._config().total_num_update_steps} updates were done: {fix}.",
             )
         return False
 

@@ -26,6 +26,7 @@ __all__ = [
     "main_process_object",
     "needs_cpu_distributed",
     "remove_padding",
+    "synchronise_replicas",
 ]
 
 _WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
@@ -171,6 +172,45 @@ def main_process_object(value: Any) -> Any:
     shared = [value]
     broadcast_object_list(shared, from_process=0)  # on the device each backend needs
     return shared[0]
+
+
+def synchronise_replicas(model: torch.nn.Module) -> None:
+    """Do a DDP model's synchronisation explicitly: average the gradients, broadcast buffers.
+
+    For a run whose micro-batches all ran under ``no_sync`` (``skip_failing_batches`` with
+    several processes): one all-reduce of every gradient, flattened, divided by the number of
+    processes, as DDP's backward would, then the buffers broadcast from the main process, as
+    DDP's next forward would (with ``broadcast_buffers``). A parameter without a gradient gets
+    the average (zeros where no process has one). Every process must call it, at the same point.
+
+    Args:
+        model: The ``DistributedDataParallel`` model.
+    """
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    if parameters:
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in parameters]
+        flat = torch.cat([grad.reshape(-1) for grad in grads])
+        dist.all_reduce(flat)
+        flat.div_(dist.get_world_size())
+        offset = 0
+        for parameter, grad in zip(parameters, grads, strict=True):
+            size = grad.numel()
+            averaged = flat[offset : offset + size].view_as(grad)
+            offset += size
+            if parameter.grad is None:
+                parameter.grad = averaged.clone()
+            else:
+                parameter.grad.copy_(averaged)
+    buffers = list(model.buffers()) if getattr(model, "broadcast_buffers", True) else []
+    if buffers:
+        with torch.no_grad():
+            flat = torch.cat([buffer.reshape(-1).to(torch.float64) for buffer in buffers])
+            dist.broadcast(flat, src=0)
+            offset = 0
+            for buffer in buffers:
+                size = buffer.numel()
+                buffer.copy_(flat[offset : offset + size].view_as(buffer))
+                offset += size
 
 
 LaggedFlag = AgreedFlag

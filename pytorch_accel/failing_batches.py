@@ -3,9 +3,18 @@
 ``SkipFailingBatches`` is the policy ``train(skip_failing_batches=...)`` takes; the training
 loop asks a ``FailingBatchGuard`` for each batch's output. The guard runs
 ``calculate_train_batch_loss``, catching the policy's exceptions (out-of-memory by default),
-and with several processes agrees with the others whether any of them failed (one blocking
-``AgreedFlag`` exchange per step, only when the policy is on), so every process skips the same
-batches and none waits in the backward pass's collectives for one that skipped.
+and with several processes agrees with the others what happened on any of them (one blocking
+``AgreedFlag`` exchange per step, only when the policy is on): a skip, a ``StopTrainingError``
+(never skipped: every process stops) or another error (every process raises), so every
+process does the same and none waits in a collective for one that did something else.
+
+With several processes and a DDP model, a guarded run keeps DDP out of its collectives: every
+micro-batch runs under ``no_sync`` (DDP then neither broadcasts buffers before a forward nor
+all-reduces in the backward), and the loop averages the window's gradients and broadcasts the
+buffers itself at the window's end (``distributed.synchronise_replicas``), when a batch of the
+window was not skipped. A failure anywhere in ``calculate_train_batch_loss``, before, in or
+after the forward, on any process, leaves every process's DDP state the same, and skipping
+a window's last micro-batch still averages the window's gradients.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import torch
 
 from pytorch_accel._checks import check_batch_output, check_positive_int, fail
 from pytorch_accel.distributed import AgreedFlag
+from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.logging_setup import get_logger
 
 if TYPE_CHECKING:
@@ -34,6 +44,10 @@ __all__ = [
 
 SKIPPED_METRIC = "train_skipped_batches"
 """The run-history metric of the batches skipped in each training epoch."""
+
+_OK, _SKIP, _STOP, _FAIL = 0, 1, 2, 3
+"""What a guarded step did, agreed as the maximum over the processes: an error beats a stop,
+a stop beats a skip."""
 
 SKIPPED_OUTPUT: Mapping[str, Any] = {"skipped": True, "loss": None, "batch_size": 0}
 """The ``batch_output`` that ``on_train_step_end`` receives for a skipped batch."""
@@ -113,27 +127,50 @@ class FailingBatchGuard:
     def forward(self, trainer: Trainer, batch: Any) -> dict[str, Any] | None:
         """Return the batch's output, or ``None`` when every process skips this batch.
 
+        With several processes, what happened on any of them happens on all: a skip, a stop
+        or an error.
+
         Raises:
-            RuntimeError: When more than ``max_skipped`` batches were skipped (from the error).
+            StopTrainingError: When ``calculate_train_batch_loss`` raised it on any process
+                (never skipped, whatever the policy's exceptions).
+            RuntimeError: When more than ``max_skipped`` batches were skipped (from the error),
+                or another process raised an error the policy does not skip.
         """
         error: BaseException | None = None
+        outcome = _OK
         output = None
         if self.policy.skip_empty and is_empty_batch(batch):
-            error = RuntimeError("the batch is empty")
+            error, outcome = RuntimeError("the batch is empty"), _SKIP
         else:
             try:
                 output = trainer.calculate_train_batch_loss(batch)
+            except StopTrainingError as stop:
+                error, outcome = stop, _STOP
             except self.policy.exceptions as raised:
-                error = raised
-        failed = error is not None
+                error, outcome = raised, _SKIP
+            except Exception as raised:
+                if self._any_failed is None:
+                    raise
+                error, outcome = raised, _FAIL
+        own = outcome
         if self._any_failed is not None:
-            failed = bool(self._any_failed.settle(int(failed)))
-        if not failed:
+            outcome = self._any_failed.settle(outcome)
+        if outcome == _OK:
             self._window_contributed = True
             return check_batch_output(output, "calculate_train_batch_loss")
         del output
-        self._skip(trainer, error)
-        return None
+        if outcome == _SKIP:
+            self._skip(trainer, error)
+            return None
+        if own == outcome and error is not None:  # this process's own stop or error
+            raise error
+        if outcome == _STOP:
+            raise StopTrainingError("Stopping: another process raised StopTrainingError.")
+        raise RuntimeError(
+            "Trainer.train: calculate_train_batch_loss raised on another process an error that "
+            "skip_failing_batches does not skip (see that process's traceback); every process "
+            "stops with it."
+        )
 
     def _skip(self, trainer: Trainer, error: BaseException | None) -> None:
         """Count a skipped batch, say why, and free what the failed step held."""
@@ -150,6 +187,12 @@ class FailingBatchGuard:
         get_logger().info(
             f"Skipped training batch {self.skipped} of at most {self.policy.max_skipped} "
             f"(update {trainer.num_updates}): {reason}"
+        )
+
+    def synchronises(self, model: torch.nn.Module) -> bool:
+        """Whether the loop, not DDP, synchronises ``model``'s replicas (see the module)."""
+        return self._any_failed is not None and isinstance(
+            model, torch.nn.parallel.DistributedDataParallel
         )
 
     def end_window(self) -> bool:

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from pytorch_accel import SkipFailingBatches, Trainer
 from pytorch_accel.callbacks import TrainerCallback
+from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.failing_batches import is_empty_batch
 
 POISON = 1e6  # a sample whose first feature is this makes the model run out of memory
@@ -118,6 +119,28 @@ def test_the_default_fails_fast_and_other_errors_are_not_skipped() -> None:
     assert guarded.run_history.get_metric_values("train_skipped_batches") == [1]
 
 
+class StopsInTheStep(Trainer):
+    """Raises StopTrainingError from calculate_train_batch_loss at its 3rd call."""
+
+    calls = 0
+
+    def calculate_train_batch_loss(self, batch: Any) -> dict[str, Any]:
+        self.calls += 1
+        if self.calls == 3:
+            raise StopTrainingError("stop from the step")
+        return super().calculate_train_batch_loss(batch)
+
+
+def test_a_stop_raised_in_the_step_is_never_skipped() -> None:
+    model = make_model()
+    stopping = StopsInTheStep(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.05))
+    policy = SkipFailingBatches(max_skipped=10, exceptions=(Exception,))
+    stopping.train(make_regression_dataset(32), num_epochs=2, skip_failing_batches=policy)
+    assert str(stopping.stopped_by) == "stop from the step"
+    assert stopping.num_updates == 2
+    assert stopping.run_history.get_metric_values("train_skipped_batches") == [0]
+
+
 def collate(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, ...]:
     if not samples:
         return torch.zeros(0, 4), torch.zeros(0, 1)
@@ -159,3 +182,17 @@ def test_bad_policies_are_refused(value: object, error: type[Exception], match: 
         )
     with pytest.raises(TypeError, match="exceptions must be a tuple of Exception classes"):
         SkipFailingBatches(exceptions=torch.OutOfMemoryError)  # type: ignore[arg-type]
+
+
+def test_an_empty_batch_without_the_policy_is_a_clear_error_at_that_batch() -> None:
+    data = make_regression_dataset(16)
+    batches = [[0, 1, 2, 3], [], [4, 5, 6, 7]]
+    loader = DataLoader(data, batch_sampler=batches, collate_fn=collate)  # type: ignore[arg-type]
+    plain = trainer(make_model())
+    before = clone_params(plain.model)
+    with pytest.raises(ValueError, match=r"batch 2 of epoch 1.*skip_failing_batches") as info:
+        plain.train(loader, num_epochs=1)
+    assert "empty" in str(info.value)
+    assert plain.num_updates == 1  # the batch before it, and no NaN step
+    assert all(bool(torch.isfinite(p).all()) for p in plain.model.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, plain.model.parameters(), strict=True))

@@ -181,6 +181,25 @@ def test_a_stream_that_runs_dry_is_named() -> None:
         trainer.train(Stream(passes=1), max_num_train_steps=20, per_device_batch_size=4)
 
 
+def test_a_budget_reached_inside_a_pass_ends_the_run_with_no_empty_pass() -> None:
+    trainer = make_trainer(make_model())
+    trainer.train(Stream(), num_epochs=5, max_num_train_steps=8, per_device_batch_size=4)
+    assert trainer.num_updates == 8  # 6 + 2 updates: two passes, then the budget is spent
+    losses = trainer.run_history.get_metric_values("train_loss_epoch")
+    assert len(losses) == 2
+    assert all(loss == loss for loss in losses)  # no NaN of an empty pass
+    assert trainer.stopped_by is None
+
+
+@pytest.mark.parametrize("num_epochs", [None, 3])
+def test_an_empty_stream_is_an_error_naming_the_dataset(num_epochs: int | None) -> None:
+    trainer = make_trainer(make_model())
+    with pytest.raises(ValueError, match=r"train_dataset must be.*Epoch 1 got no batch.*empty"):
+        trainer.train(
+            Stream(passes=0), num_epochs=num_epochs, max_num_train_steps=5, per_device_batch_size=4
+        )
+
+
 def stream_run(*callbacks: TrainerCallback, resume_from: Path | None = None) -> Trainer:
     torch.manual_seed(5)
     trainer = make_trainer(make_model(), callbacks=callbacks)
