@@ -14,6 +14,7 @@ import difflib
 import functools
 import inspect
 import os
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -465,6 +466,24 @@ def check_has_batches(where: str, preparation: Preparation, **dl_kwargs: Mapping
             )
 
 
+def warn_stream_workers(dataloader: DataLoader[Any]) -> None:
+    """Warn when several loader workers read one ``IterableDataset``: each replays all of it.
+
+    Legal (a stream that shards by ``torch.utils.data.get_worker_info()`` is right), but a
+    stream that does not trains every sample once per worker, silently.
+    """
+    workers = dataloader.num_workers
+    if isinstance(dataloader.dataset, IterableDataset) and workers > 1:
+        warnings.warn(
+            f"Trainer.train: the train dataloader reads an IterableDataset with num_workers="
+            f"{workers}: each worker iterates the whole stream, so every sample is trained "
+            f"{workers} times per pass unless the dataset's __iter__ shards by "
+            "torch.utils.data.get_worker_info(). Shard it, or use num_workers=0 or 1.",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
 def check_data(where: str, name: str, data: object, *, streams: bool = False) -> None:
     """Accept a map-style dataset, or a ``DataLoader`` over one (or streams, if ``streams``)."""
     dataset = data.dataset if isinstance(data, DataLoader) else data
@@ -532,15 +551,24 @@ def loader_settings(dataloader: DataLoader[Any]) -> dict[str, Any]:
     return {name: getattr(dataloader, name) for name in names}
 
 
+_PREDICT_REFUSED = {
+    "shuffle": "Predictions come back in the dataset's order; leave shuffle out.",
+    "drop_last": "predict() returns an output for every sample; leave drop_last out.",
+}
+"""``DataLoader`` arguments ``predict`` refuses, with the fix of each."""
+
+
 def predict_dataloader(
     data: Any,
     per_device_batch_size: int | None,
     dataloader_kwargs: Mapping[str, Any] | None,
     collate_fn: Callable[..., Any] | None,
     preparation: Preparation,
+    keep_outputs: object = True,
 ) -> DataLoader[Any]:
     """Check ``Trainer.predict``'s arguments; return the user's dataloader or build one."""
     where = "Trainer.predict"
+    check_bool(where, "keep_outputs", keep_outputs)
     check_dataloader_settings(
         where,
         data,
@@ -559,20 +587,23 @@ def predict_dataloader(
                 "a DataLoader that is not shuffled",
                 "Predictions come back in the dataloader's order: build it with shuffle=False.",
             )
+        if data.drop_last:
+            fail(
+                ValueError,
+                where,
+                "data",
+                "a DataLoader with drop_last=True",
+                "a DataLoader that keeps every sample",
+                "predict() returns an output for every sample: build it with drop_last=False.",
+            )
         return data
     check_sized_dataset(where, "data", data)
     batch_size = 8 if per_device_batch_size is None else per_device_batch_size
     check_positive_int(where, "per_device_batch_size", batch_size)
     check_mapping(where, "dataloader_kwargs", dataloader_kwargs)
-    if (dataloader_kwargs or {}).get("shuffle"):
-        fail(
-            ValueError,
-            where,
-            "dataloader_kwargs['shuffle']",
-            True,
-            "False",
-            "Predictions come back in the dataset's order; leave shuffle out.",
-        )
+    for key, why in _PREDICT_REFUSED.items():
+        if (dataloader_kwargs or {}).get(key):
+            fail(ValueError, where, f"dataloader_kwargs[{key!r}]", True, "False", why)
     defaults = preparation.default_dl_kwargs(data, batch_size, shuffle=False, collate_fn=collate_fn)
     return DataLoader(data, **merge_dataloader_kwargs(defaults, dataloader_kwargs))
 
@@ -620,6 +651,16 @@ def created_scheduler(factory: Any, optimizer: Any, run_config: TrainerRunConfig
             None,
             "a scheduler",
             "Return the scheduler from the function, e.g. lambda opt: StepLR(opt, 10).",
+        )
+    if not callable(getattr(scheduler, "step", None)):
+        fail(
+            TypeError,
+            where,
+            "create_scheduler_fn's result",
+            scheduler,
+            "a scheduler (an object with a step() method)",
+            "Return a scheduler built on the optimizer it receives, e.g. "
+            "functools.partial(StepLR, step_size=10).",
         )
     total = getattr(scheduler, "total_steps", None)
     needed = None if run_config is None else run_config.total_num_update_steps

@@ -504,7 +504,12 @@ class Trainer:
         """
         checks.check_trainer_settings("Trainer.predict", self)
         loader = checks.predict_dataloader(
-            data, per_device_batch_size, dataloader_kwargs, collate_fn, self._preparation
+            data,
+            per_device_batch_size,
+            dataloader_kwargs,
+            collate_fn,
+            self._preparation,
+            keep_outputs,
         )
         self._preparation.prepare_model_and_optimizer(self)
         with self._preparation.prepared_for_prediction(loader) as prepared:
@@ -725,6 +730,8 @@ class Trainer:
         if checks.has_length(self.train_dataset):
             num_processes = self._accelerator.num_processes
             checks.check_enough_samples(train_dl, len(self.train_dataset), num_processes)
+        else:
+            checks.warn_stream_workers(train_dl)
         return train_dl, self._eval_dataloaders(evaluation, batch_size or 8, eval_kwargs)
 
     def _eval_dataloaders(

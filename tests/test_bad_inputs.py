@@ -182,6 +182,12 @@ def test_a_loss_that_does_not_reduce() -> None:
         (lambda: None, TypeError, r"create_scheduler_fn could not be called with the optimizer"),
         (lambda optimizer: None, ValueError, r"create_scheduler_fn's result must be a scheduler"),
         (
+            lambda optimizer: 5,
+            TypeError,
+            r"create_scheduler_fn's result must be a scheduler \(an object with a step\(\) "
+            r"method\), got 5 \(int\)\. Return a scheduler built on the optimizer",
+        ),
+        (
             functools.partial(torch.optim.lr_scheduler.OneCycleLR, max_lr=0.1, total_steps=3),
             ValueError,
             r"OneCycleLR.total_steps must be at least this run's 4 optimizer updates, got 3",
@@ -319,6 +325,55 @@ def test_watching_a_score_without_a_direction_warns(callback: Any) -> None:
         callback(watch_metric="accuracy", greater_is_better=True)
         callback(watch_metric="eval_loss_epoch")
         callback(watch_metric="accuracy", greater_is_better=False)
+
+
+# ------------------------------------------------------------------------------ predict(...)
+
+
+def test_keep_outputs_that_is_not_a_bool() -> None:
+    with pytest.raises(
+        TypeError,
+        match=r"Trainer\.predict: keep_outputs must be a bool, got 'no' \(str\)\. Pass "
+        r"keep_outputs=True or keep_outputs=False\.",
+    ):
+        make_trainer().predict(DATA, keep_outputs="no")  # type: ignore[arg-type]
+
+
+def test_predict_refuses_to_drop_samples() -> None:
+    trainer = make_trainer()
+    with pytest.raises(
+        ValueError,
+        match=r"Trainer\.predict: dataloader_kwargs\['drop_last'\] must be False, got True "
+        r"\(bool\)\. predict\(\) returns an output for every sample",
+    ):
+        trainer.predict(DATA, per_device_batch_size=5, dataloader_kwargs={"drop_last": True})
+    loader = torch.utils.data.DataLoader(DATA, batch_size=5, drop_last=True)
+    with pytest.raises(ValueError, match=r"Trainer\.predict: data must be a DataLoader that keeps"):
+        trainer.predict(loader)
+    assert trainer.predict(DATA, per_device_batch_size=5).shape[0] == len(DATA)
+
+
+# ------------------------------------------------------------------------------ streams
+
+
+class _Stream(torch.utils.data.IterableDataset[Any]):
+    def __iter__(self) -> Any:
+        for index in range(16):
+            yield DATA[index]
+
+
+def test_several_workers_over_a_stream_warn_that_each_replays_it() -> None:
+    trainer = make_trainer()
+    with pytest.warns(UserWarning, match=r"IterableDataset with num_workers=2: each worker"):
+        trainer.train(
+            _Stream(),
+            max_num_train_steps=2,
+            per_device_batch_size=4,
+            train_dataloader_kwargs={"num_workers": 2},
+        )
+    with warnings.catch_warnings():  # one worker reads the stream once: no warning
+        warnings.simplefilter("error")
+        trainer.train(_Stream(), max_num_train_steps=2, per_device_batch_size=4)
 
 
 # -------------------------------------------------------------------------- the run's outcome
