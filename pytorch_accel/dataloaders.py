@@ -238,6 +238,16 @@ def _check_name(where: str, argument: str, name: object) -> None:
             expected,
             "Its metrics are named '<name>_...': use e.g. 'val' or 'ood-test'.",
         )
+    if name == "train":  # its metrics would land in the training series (train_accuracy)
+        fail(
+            ValueError,
+            where,
+            f"{argument}'s key",
+            name,
+            "a name other than 'train'",
+            "'train_' is the prefix of training metrics (MetricsCallback(train=True) records "
+            "train_accuracy): name the set e.g. 'train-set'.",
+        )
 
 
 # Iterating the batches

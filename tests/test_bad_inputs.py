@@ -327,6 +327,15 @@ def test_watching_a_score_without_a_direction_warns(callback: Any) -> None:
         callback(watch_metric="accuracy", greater_is_better=False)
 
 
+def test_an_eval_set_named_train_would_mix_with_the_training_metrics() -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"Trainer\.train: eval_dataset's key must be a name other than 'train', got "
+        r"'train' \(str\)\. 'train_' is the prefix of training metrics",
+    ):
+        make_trainer().train(DATA, num_epochs=1, eval_dataset={"train": DATA, "val": DATA})
+
+
 # ------------------------------------------------------------------------------ predict(...)
 
 
