@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import os
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -146,7 +147,7 @@ class RunRecordCallback(TrackingCallback):
         """Write the record's description of the run; open the log file."""
         if trainer.accelerator.is_main_process:
             self.directory.mkdir(parents=True, exist_ok=True)
-            self._open_log()
+            self._open_log(trainer)
             self._write_description(trainer)
         super().on_training_run_start(trainer)
 
@@ -173,10 +174,10 @@ class RunRecordCallback(TrackingCallback):
         _write_text(self.path("model_summary_text"), model_summary_text(summary, model))
         get_logger().info("run record: %s", self.directory)
 
-    def _open_log(self) -> None:
+    def _open_log(self, trainer: Trainer) -> None:
         self._close_log()
         logger = setup_logging()
-        handler = logging.FileHandler(self.path("log"), encoding="utf-8")
+        handler = _RunLogHandler(self.path("log"), weakref.ref(trainer))
         handler.setFormatter(logging.Formatter(_LOG_FORMAT))
         logger.addHandler(handler)
         self._log_handler = handler
@@ -224,3 +225,25 @@ def _write_json(path: Path, value: Any) -> None:
 
 def _write_text(path: Path, text: str) -> None:
     atomic_write(path, text)
+
+
+class _RunLogHandler(logging.FileHandler):
+    """The run's ``train.log``: it takes the run's lines only, and closes once the run is over.
+
+    ``on_training_run_end`` closes it; a ``train()`` that raised never gets there, so the
+    first line logged after the run (by any trainer) closes it instead of landing in the
+    failed run's log.
+    """
+
+    def __init__(self, path: Path, trainer: weakref.ReferenceType[Trainer]) -> None:
+        super().__init__(path, encoding="utf-8")
+        self._trainer = trainer
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Write ``record`` while the run is going on; else detach and close."""
+        trainer = self._trainer()
+        if trainer is not None and trainer.is_training:
+            super().emit(record)
+            return
+        get_logger().removeHandler(self)
+        self.close()

@@ -108,3 +108,23 @@ def test_bad_arguments_are_refused_by_name(
 ) -> None:
     with pytest.raises(error, match=message):
         RunRecordCallback(**arguments)  # type: ignore[arg-type]
+
+
+def test_a_run_that_raised_keeps_later_runs_out_of_its_log(tmp_path: Path) -> None:
+    class Broken(RunRecordCallback):
+        def on_train_epoch_end(self, trainer: pytorch_accel.Trainer, **kwargs: object) -> None:
+            raise RuntimeError("broken")
+
+    record = Broken(tmp_path / "run", log_every_n_updates=None)
+    with pytest.raises(RuntimeError, match="broken"):
+        make_trainer(callbacks=(*DEFAULT_CALLBACKS, record)).train(
+            make_regression_dataset(8), num_epochs=2, per_device_batch_size=4
+        )
+    failed_log = record.path("log").read_text()
+    later = make_trainer(callbacks=DEFAULT_CALLBACKS)  # logs its console lines
+    later.train(make_regression_dataset(8), num_epochs=1, per_device_batch_size=4)
+    assert record.path("log").read_text() == failed_log  # the later run's lines went elsewhere
+    assert str(record.path("log")) not in {
+        getattr(handler, "baseFilename", "")
+        for handler in logging.getLogger("pytorch_accel").handlers
+    }
