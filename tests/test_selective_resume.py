@@ -107,6 +107,20 @@ def test_without_the_scheduler_a_run_may_add_or_drop_one(
     assert resumed.num_updates == 32
 
 
+def test_a_kept_optimizer_keeps_its_learning_rate_under_a_resumed_scheduler(
+    saved: tuple[Path, list[torch.Tensor]],
+) -> None:
+    directory, _ = saved  # saved with lr 0.05 and StepLR(step_size=2, gamma=0.5)
+    model = make_model()
+    kept = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=1e-5))
+    kept.train(
+        make_regression_dataset(64), **SETTINGS, resume_from=directory, resume_optimizer=False
+    )
+    assert kept.scheduler.last_epoch == 32  # the schedule's position resumed, on the kept rate
+    assert kept.scheduler.base_lrs == [1e-5]
+    assert kept.optimizer.param_groups[0]["lr"] == pytest.approx(1e-5 * 0.5**16)
+
+
 @pytest.mark.parametrize("name", ["resume_optimizer", "resume_scheduler"])
 def test_the_switches_need_a_state_to_resume_from(name: str) -> None:
     with pytest.raises(ValueError, match=f"{name} must be True without resume_from"):

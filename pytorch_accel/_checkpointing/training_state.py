@@ -244,7 +244,10 @@ class TrainingStateIO:
         trainer.run_history.load_state_dict(shared["history"])
         self._loop.num_updates = int(shared["num_updates"])
         if trainer.scheduler is not None and parts.scheduler:
+            kept = getattr(trainer.scheduler, "base_lrs", None)
             trainer.scheduler.load_state_dict(shared["scheduler"])
+            if kept is not None and not parts.optimizer:
+                _rebase_schedule(trainer.scheduler, trainer.optimizer, kept)
         epoch = trainer.run_history.current_epoch
         get_logger().info(f"Resuming from {str(directory)!r} (epoch {epoch}).")
         return ResumePoint(directory, position, shared["callbacks"], rank_state, random_states)
@@ -432,3 +435,20 @@ def _registered_states_from(states: list[Any]) -> Iterator[None]:
         yield
     finally:
         accelerate.accelerator.load_custom_state = original
+
+
+def _rebase_schedule(scheduler: Any, optimizer: torch.optim.Optimizer, kept: list[float]) -> None:
+    """Put a resumed schedule on the kept optimizer's rates (``resume_optimizer=False``).
+
+    The saved scheduler brings its position and the saved run's base rates; only the position
+    resumes: the base rates become the kept optimizer's, and each group's current rate is the
+    saved one scaled by new base over old base (exact for every schedule proportional to its
+    base rate; a schedule that sets its own rates, such as ``OneCycleLR``, keeps them).
+    """
+    saved_bases, saved_rates = list(scheduler.base_lrs), scheduler.get_last_lr()
+    scheduler.base_lrs = list(kept)
+    for group, rate, old, new in zip(
+        optimizer.param_groups, saved_rates, saved_bases, kept, strict=True
+    ):
+        group["lr"] = rate * new / old if old else new
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
