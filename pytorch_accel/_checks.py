@@ -46,7 +46,6 @@ __all__ = [
     "check_sized_dataset",
     "explain_backward_failure",
     "fail",
-    "inputs_and_targets",
     "shape_mismatches_raise",
 ]
 
@@ -184,24 +183,6 @@ def explain_backward_failure(loss: object, method: str, error: Exception) -> Non
             "detached values. Unfreeze some parameters, or compute the loss from the model's "
             "outputs."
         ) from error
-
-
-def inputs_and_targets(batch: Any, method: str) -> tuple[Any, Any]:
-    """Return ``batch[0], batch[1]``: the layout the default step methods read.
-
-    Raises:
-        TypeError: If the batch is not a tuple or list of at least two items.
-    """
-    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
-        return batch[0], batch[1]
-    layout = f"a {type(batch).__name__}" + (
-        f" of {len(batch)}" if isinstance(batch, (tuple, list)) else ""
-    )
-    raise TypeError(
-        f"Trainer.{method}: the default step reads batches as (inputs, targets), got {layout}. "
-        f"Return (inputs, targets) from the dataset (or a collate_fn), or override {method} "
-        "for other layouts (dicts, inputs only, several inputs)."
-    )
 
 
 _BROADCAST_WARNING = r"Using a target size .* that is different to the input size"

@@ -56,10 +56,10 @@ __all__ = [
     "check_has_batches",
     "check_loss_func",
     "check_train_arguments",
+    "check_train_dataloader",
     "check_trainer_settings",
     "created_scheduler",
     "has_length",
-    "loader_settings",
     "predict_dataloader",
     "suggest_arguments",
 ]
@@ -146,8 +146,11 @@ def check_accelerator(accelerator: Accelerator) -> None:
         )
 
 
-def check_train_arguments(trainer: Trainer, arguments: TrainArguments) -> None:
-    """Check the arguments of ``Trainer.train`` and the trainer's settings."""
+def check_train_arguments(trainer: Trainer, base: type, arguments: TrainArguments) -> None:
+    """Check the arguments of ``Trainer.train`` and the trainer's settings.
+
+    ``base`` is the ``Trainer`` class, whose step methods ``trainer``'s class may override.
+    """
     where, a = "Trainer.train", arguments
     check_trainer_settings(where, trainer)
     _check_run_switches(where, a.reset_run_history, a.resume_from)
@@ -163,6 +166,18 @@ def check_train_arguments(trainer: Trainer, arguments: TrainArguments) -> None:
     check_callable(where, "collate_fn", a.collate_fn, "Pass a function or None.")
     _check_run_setup(where, a)
     _check_dry_run(where, a)
+    with_eval = a.eval_dataset is not None
+    eval_sets = named_eval_sets(where, "eval_dataset", a.eval_dataset) if with_eval else {}
+    data = [a.train_dataset, *eval_sets.values()]
+    check_loss_func(
+        where,
+        trainer,
+        base,
+        with_train=True,
+        with_eval=with_eval,
+        data=data,
+        collate_fn=a.collate_fn,
+    )
 
 
 def _check_run_switches(where: str, reset_run_history: object, resume_from: object) -> None:
@@ -218,14 +233,24 @@ def check_trainer_settings(where: str, trainer: Trainer) -> None:
 
 
 def check_loss_func(
-    where: str, trainer: Trainer, base: type, *, with_train: bool, with_eval: bool
+    where: str,
+    trainer: Trainer,
+    base: type,
+    *,
+    with_train: bool,
+    with_eval: bool,
+    data: Iterable[Any] = (),
+    collate_fn: object = None,
 ) -> None:
     """Reject a ``loss_func`` that the default step methods in use cannot use.
 
-    That is ``None``, or a loss with ``reduction="none"``, whose per-sample losses the
-    default steps would neither back-propagate nor record as a mean. The steps in use are
-    those of ``base`` (the ``Trainer`` class) that ``trainer``'s class does not override,
-    among the training (``with_train``) and evaluation (``with_eval``) steps.
+    That is a loss with ``reduction="none"``, whose per-sample losses the default steps would
+    neither back-propagate nor record as a mean; or ``None``, unless the batches are dicts
+    (the default steps then take the loss from the model's output, as Hugging Face models
+    compute it). The steps in use are those of ``base`` (the ``Trainer`` class) that
+    ``trainer``'s class does not override, among the training (``with_train``) and
+    evaluation (``with_eval``) steps; ``data`` are the datasets (or dataloaders) they read,
+    whose first sample, collated with ``collate_fn``, tells the batches' layout.
     """
     steps = ("calculate_train_batch_loss",) * with_train + (
         "calculate_eval_batch_loss",
@@ -243,27 +268,55 @@ def check_loss_func(
             "Use reduction='mean' (or 'sum'), or override the step methods to reduce the "
             "per-sample losses yourself.",
         )
-    if loss_func is None and defaults:
+    layouts = [_first_batch_is_mapping(dataset, collate_fn) for dataset in data]
+    if loss_func is None and defaults and False in layouts:
         one = len(defaults) == 1
         fail(
             TypeError,
             where,
             "Trainer's loss_func",
             None,
-            f"a callable while {names} {'is' if one else 'are'} not overridden",
+            f"a callable while {names} {'is' if one else 'are'} not overridden and the "
+            "batches are not dicts",
             f"Pass a loss function to Trainer(...), or override {'that' if one else 'those'} "
-            f"step method{'' if one else 's'}.",
+            f"step method{'' if one else 's'} (with dict batches, the model's output may "
+            "carry its own 'loss', as Hugging Face models' do).",
         )
 
 
+def _first_batch_is_mapping(data: Any, collate_fn: object) -> bool | None:
+    """Whether a batch of ``data`` (a dataset or ``DataLoader``) is a dict; ``None``: unknown.
+
+    Reads the first sample of a map-style dataset and collates it alone (with the
+    dataloader's or the given ``collate_fn``); a stream, or a sample that fails to load or
+    collate, is unknown, and the default step then checks its first batch.
+    """
+    if isinstance(data, DataLoader):
+        data, collate_fn = data.dataset, data.collate_fn
+    if isinstance(data, IterableDataset) or not hasattr(data, "__getitem__"):
+        return None
+    try:
+        sample = data[0]
+        batch = collate_fn([sample]) if callable(collate_fn) else sample
+    except Exception:  # the layout is unknown; the step checks it
+        return None
+    return isinstance(batch, Mapping)
+
+
 def check_evaluate_arguments(
+    trainer: Trainer,
+    base: type,
     dataset: object,
     per_device_batch_size: object,
     dataloader_kwargs: object,
     collate_fn: object,
     metric_prefix: object,
 ) -> None:
-    """Check the arguments of ``Trainer.evaluate`` (``dataset`` after its default is applied)."""
+    """Check the arguments of ``Trainer.evaluate`` (``dataset`` after its default is applied).
+
+    Also the trainer's settings, and its ``loss_func`` for the default eval step (``base``:
+    the ``Trainer`` class).
+    """
     where = "Trainer.evaluate"
     if dataset is None:
         fail(
@@ -293,6 +346,11 @@ def check_evaluate_arguments(
             "a string",
             "Pass e.g. metric_prefix='test_' (the loss is then recorded as 'test_loss').",
         )
+    sets = named_eval_sets(where, "dataset", dataset).values()
+    check_loss_func(
+        where, trainer, base, with_train=False, with_eval=True, data=sets, collate_fn=collate_fn
+    )
+    check_trainer_settings(where, trainer)
 
 
 def _check_run_setup(where: str, arguments: TrainArguments) -> None:
@@ -432,6 +490,14 @@ def check_eval_data(where: str, name: str, data: object, **settings: object) -> 
         check_dataloader_settings(where, one, data_name=label, **settings)
 
 
+def check_train_dataloader(train_dl: DataLoader[Any], num_processes: int) -> None:
+    """Check a run's train dataloader: one batch per process at least; workers over a stream."""
+    if has_length(train_dl):
+        check_enough_samples(train_dl, len(train_dl.dataset), num_processes)  # type: ignore[arg-type]
+    else:
+        warn_stream_workers(train_dl)
+
+
 def check_enough_samples(train_dl: DataLoader[Any], num_samples: int, num_processes: int) -> None:
     """Reject a train set smaller than one batch per process."""
     batch_size = train_dl.batch_size
@@ -543,12 +609,6 @@ def check_dataloader_settings(
                 f"None when {data_name} is a DataLoader",
                 "Build the DataLoader with it, or pass the dataset instead of a DataLoader.",
             )
-
-
-def loader_settings(dataloader: DataLoader[Any]) -> dict[str, Any]:
-    """The settings a user-built ``DataLoader`` holds, as the run config records them."""
-    names = ("batch_size", "num_workers", "pin_memory", "drop_last", "collate_fn")
-    return {name: getattr(dataloader, name) for name in names}
 
 
 _PREDICT_REFUSED = {

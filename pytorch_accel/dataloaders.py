@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from accelerate.data_loader import DataLoaderShard
 from accelerate.utils import synchronize_rng_states
-from torch.utils.data import IterableDataset, TensorDataset
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from pytorch_accel._checks import fail
 
@@ -43,6 +43,7 @@ __all__ = [
     "epoch_batches",
     "eval_set_prefix",
     "iterate",
+    "loader_settings",
     "merge_dataloader_kwargs",
     "named_eval_sets",
     "num_batches",
@@ -187,6 +188,12 @@ def merge_dataloader_kwargs(
 
 EVAL_SET_NAME_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*")
 """A set's name: a letter, then letters, digits, ``_``, ``.`` or ``-`` (it starts metric names)."""
+
+
+def loader_settings(dataloader: DataLoader[Any]) -> dict[str, Any]:
+    """The settings a user-built ``DataLoader`` holds, as the run config records them."""
+    names = ("batch_size", "num_workers", "pin_memory", "drop_last", "collate_fn")
+    return {name: getattr(dataloader, name) for name in names}
 
 
 def named_eval_sets(where: str, argument: str, data: Any) -> dict[str | None, Any]:

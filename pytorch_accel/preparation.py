@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from pytorch_accel._checkpointing.resume import ResumableLoader, make_resumable
-from pytorch_accel.dataloaders import default_dataloader_kwargs
+from pytorch_accel.dataloaders import default_dataloader_kwargs, loader_settings, named_eval_sets
 from pytorch_accel.run_config import TrainerRunConfig, create_run_config
 
 if TYPE_CHECKING:
@@ -87,6 +87,56 @@ class Preparation:
         """Prepare the model and optimizer (once each) and this run's dataloaders."""
         self.prepare_model_and_optimizer(trainer)
         self.prepare_dataloaders(train_dl, eval_dls)
+
+    def build_dataloaders(
+        self,
+        trainer: Trainer,
+        train: Any,
+        evaluation: Any,
+        batch_size: int | None,
+        train_kwargs: Mapping[str, Any] | None,
+        eval_kwargs: Mapping[str, Any] | None,
+    ) -> tuple[DataLoader[Any], dict[str | None, DataLoader[Any]]]:
+        """Return a run's dataloaders: those the user built, or built by ``trainer``'s hooks.
+
+        Sets the trainer's ``train_dataset`` and ``eval_dataset``; the hooks
+        (``create_train_dataloader``, ``create_eval_dataloader``) may be overridden.
+        """
+        trainer._train_dl_kwargs = {}
+        train_dl = _adopt(trainer, "train", train)
+        if train_dl is None:
+            train_dl = trainer.create_train_dataloader(batch_size or 8, train_kwargs)
+        evals = self.build_eval_dataloaders(trainer, evaluation, batch_size or 8, eval_kwargs)
+        return train_dl, evals
+
+    def build_eval_dataloaders(
+        self,
+        trainer: Trainer,
+        evaluation: Any,
+        batch_size: int,
+        eval_kwargs: Mapping[str, Any] | None,
+    ) -> dict[str | None, DataLoader[Any]]:
+        """One dataloader per eval set (``{}`` for none), adopted or built.
+
+        While a set's dataloader is built, ``eval_dataset`` is that set, so an overridden
+        ``create_eval_dataloader`` builds each one; afterwards it is what was passed (a mapping
+        of named sets), or the one set's dataset.
+        """
+        trainer._eval_dl_kwargs, trainer.eval_dataset = {}, None
+        if evaluation is None:
+            return {}
+        loaders: dict[str | None, DataLoader[Any]] = {}
+        first_kwargs: dict[str, Any] | None = None
+        for name, data in named_eval_sets("Trainer", "eval_dataset", evaluation).items():
+            loader = _adopt(trainer, "eval", data)
+            if loader is None:
+                loader = trainer.create_eval_dataloader(batch_size, eval_kwargs)
+            loaders[name] = loader
+            first_kwargs = trainer._eval_dl_kwargs if first_kwargs is None else first_kwargs
+        trainer._eval_dl_kwargs = first_kwargs or {}
+        if None not in loaders:
+            trainer.eval_dataset = evaluation
+        return loaders
 
     def default_dl_kwargs(
         self,
@@ -259,3 +309,12 @@ def _direct_optimizer(accelerator: Accelerator, optimizer: object) -> torch.opti
         and accelerator.gradient_state.sync_gradients
     )
     return inner if forwarding else None
+
+
+def _adopt(trainer: Trainer, role: str, data: Any) -> DataLoader[Any] | None:
+    """Set the trainer's ``<role>_dataset`` from ``data``; return ``data`` if a DataLoader."""
+    loader = data if isinstance(data, DataLoader) else None
+    setattr(trainer, f"{role}_dataset", data if loader is None else loader.dataset)
+    settings = {} if loader is None else loader_settings(loader)
+    setattr(trainer, f"_{role}_dl_kwargs", settings)
+    return loader

@@ -22,14 +22,18 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from pytorch_accel import _entry_checks as checks
+from pytorch_accel._batches import (
+    dict_batch_loss,
+    inputs_and_targets,
+    predictions_of,
+)
 from pytorch_accel._checkpointing.checkpoint import restore_checkpoint, write_checkpoint
 from pytorch_accel._checkpointing.training_state import TrainingStateIO
-from pytorch_accel._checks import inputs_and_targets
 from pytorch_accel._compat import trainer_module_attribute as __getattr__  # noqa: F401
 from pytorch_accel._compat import with_ported_attributes
 from pytorch_accel._loop import Loop
 from pytorch_accel._state import TrainerState
-from pytorch_accel.dataloaders import merge_dataloader_kwargs, named_eval_sets
+from pytorch_accel.dataloaders import merge_dataloader_kwargs
 from pytorch_accel.distributed import needs_cpu_distributed
 from pytorch_accel.dry_run import run_dry_or_overfit
 from pytorch_accel.errors import StopTrainingError
@@ -368,24 +372,24 @@ class Trainer:
             dry_run=dry_run,
             overfit_batches=overfit_batches,
         )
-        checks.check_train_arguments(self, arguments)
+        checks.check_train_arguments(self, Trainer, arguments)
         if arguments.dry_run or arguments.overfit_batches is not None:
             run_dry_or_overfit(self, arguments)  # train() again, with the run's settings
             return
         setup = RunSetup.from_arguments(arguments)
         setup.apply_randomness(self._accelerator)
-        has_eval = eval_dataset is not None
-        checks.check_loss_func("Trainer.train", self, Trainer, with_train=True, with_eval=has_eval)
         self.create_scheduler_fn, self.collate_fn = create_scheduler_fn, collate_fn
         if reset_run_history:
             self.run_history.reset()
-        train_dl, eval_dls = self._dataloaders(
+        train_dl, eval_dls = self._preparation.build_dataloaders(
+            self,
             train_dataset,
             eval_dataset,
             per_device_batch_size,
             train_dataloader_kwargs,
             eval_dataloader_kwargs,
         )
+        checks.check_train_dataloader(train_dl, self._accelerator.num_processes)
         self._preparation.prepare(self, train_dl, eval_dls)
         checks.check_has_batches(
             "Trainer.train",
@@ -448,14 +452,20 @@ class Trainer:
         """
         dataset = self.eval_dataset if dataset is None else dataset
         checks.check_evaluate_arguments(
-            dataset, per_device_batch_size, dataloader_kwargs, collate_fn, metric_prefix
+            self,
+            Trainer,
+            dataset,
+            per_device_batch_size,
+            dataloader_kwargs,
+            collate_fn,
+            metric_prefix,
         )
-        checks.check_loss_func("Trainer.evaluate", self, Trainer, with_train=False, with_eval=True)
-        checks.check_trainer_settings("Trainer.evaluate", self)
         self.collate_fn, self._train_dl_kwargs = collate_fn, {}
         batch_size = per_device_batch_size or 8
         self._preparation.prepare(
-            self, None, self._eval_dataloaders(dataset, batch_size, dataloader_kwargs)
+            self,
+            None,
+            self._preparation.build_eval_dataloaders(self, dataset, batch_size, dataloader_kwargs),
         )
         checks.check_has_batches(
             "Trainer.evaluate", self._preparation, dataloader_kwargs=self._eval_dl_kwargs
@@ -589,16 +599,19 @@ class Trainer:
         """Compute the loss of one training batch.
 
         Args:
-            batch: ``(inputs, targets)`` by default.
+            batch: ``(inputs, targets)``, or a dict of the model's keyword arguments (the
+                loss is then the output's ``loss``, or ``loss_func(logits, batch["labels"])``).
 
         Returns:
             A dict with ``loss`` (the batch's mean loss, un-scaled), ``model_outputs`` and
             ``batch_size``. Gradient accumulation scaling happens in the loop.
         """
         pair = type(batch) is list and len(batch) == 2  # default_collate's (inputs, targets)
+        if (not pair and isinstance(batch, Mapping)) or self.loss_func is None:
+            return dict_batch_loss(self.model, self.loss_func, batch, "calculate_train_batch_loss")
         inputs, targets = batch if pair else inputs_and_targets(batch, "calculate_train_batch_loss")
         model_outputs = self.model(inputs)
-        loss = self.loss_func(model_outputs, targets)  # type: ignore[misc]  # checked by train()
+        loss = self.loss_func(model_outputs, targets)
         return {"loss": loss, "model_outputs": model_outputs, "batch_size": targets.shape[0]}
 
     def backward_step(self, loss: torch.Tensor) -> None:
@@ -640,15 +653,20 @@ class Trainer:
         """Compute the loss of one evaluation batch, without gradients.
 
         Args:
-            batch: ``(inputs, targets)`` by default.
+            batch: ``(inputs, targets)``, or a dict of the model's keyword arguments (the
+                loss is then the output's ``loss``, or ``loss_func(logits, batch["labels"])``).
 
         Returns:
             A dict with ``loss``, ``model_outputs`` and ``batch_size``.
         """
         with torch.no_grad():
+            if isinstance(batch, Mapping) or self.loss_func is None:
+                return dict_batch_loss(
+                    self.model, self.loss_func, batch, "calculate_eval_batch_loss"
+                )
             inputs, targets = inputs_and_targets(batch, "calculate_eval_batch_loss")
             model_outputs = self.model(inputs)
-            loss = self.loss_func(model_outputs, targets)  # type: ignore[misc]  # checked on entry
+            loss = self.loss_func(model_outputs, targets)
         return {"loss": loss, "model_outputs": model_outputs, "batch_size": targets.shape[0]}
 
     def calculate_predict_batch(self, batch: Any) -> Any:
@@ -656,11 +674,14 @@ class Trainer:
 
         Args:
             batch: ``(inputs, ...)`` (a tuple or list, whose first item is the model's input),
-                or the inputs themselves.
+                a dict of the model's keyword arguments, or the inputs themselves.
 
         Returns:
-            The model's outputs (a tensor, or a structure of tensors with the batch first).
+            The model's outputs (a tensor, or a structure of tensors with the batch first); for
+            a dict batch, the output's ``logits`` where it has them.
         """
+        if isinstance(batch, Mapping):
+            return predictions_of(self.model(**batch))
         inputs = batch[0] if isinstance(batch, (tuple, list)) else batch
         return self.model(inputs)
 
@@ -713,60 +734,6 @@ class Trainer:
         )
 
     # ------------------------------------------------------------------------ dataloaders
-
-    def _dataloaders(
-        self,
-        train: Any,
-        evaluation: Any,
-        batch_size: int | None,
-        train_kwargs: Mapping[str, Any] | None,
-        eval_kwargs: Mapping[str, Any] | None,
-    ) -> tuple[DataLoader[Any], dict[str | None, DataLoader[Any]]]:
-        """This run's dataloaders: those the user built, or built from the datasets."""
-        self._train_dl_kwargs = {}
-        train_dl = self._adopt("train", train)
-        if train_dl is None:
-            train_dl = self.create_train_dataloader(batch_size or 8, train_kwargs)
-        if checks.has_length(self.train_dataset):
-            num_processes = self._accelerator.num_processes
-            checks.check_enough_samples(train_dl, len(self.train_dataset), num_processes)
-        else:
-            checks.warn_stream_workers(train_dl)
-        return train_dl, self._eval_dataloaders(evaluation, batch_size or 8, eval_kwargs)
-
-    def _eval_dataloaders(
-        self, evaluation: Any, batch_size: int, eval_kwargs: Mapping[str, Any] | None
-    ) -> dict[str | None, DataLoader[Any]]:
-        """One dataloader per eval set (``{}`` for none), adopted or built.
-
-        While a set's dataloader is built, ``eval_dataset`` is that set, so an overridden
-        ``create_eval_dataloader`` builds each one; afterwards it is what was passed (a mapping
-        of named sets), or the one set's dataset.
-        """
-        self._eval_dl_kwargs, self.eval_dataset = {}, None
-        if evaluation is None:
-            return {}
-        loaders: dict[str | None, DataLoader[Any]] = {}
-        first_kwargs: dict[str, Any] | None = None
-        for name, data in named_eval_sets("Trainer", "eval_dataset", evaluation).items():
-            loader = self._adopt("eval", data)
-            if loader is None:
-                loader = self.create_eval_dataloader(batch_size, eval_kwargs)
-            loaders[name] = loader
-            first_kwargs = self._eval_dl_kwargs if first_kwargs is None else first_kwargs
-        self._eval_dl_kwargs = first_kwargs or {}
-        if None not in loaders:
-            self.eval_dataset = evaluation
-        return loaders
-
-    def _adopt(self, role: str, data: Any) -> DataLoader[Any] | None:
-        """Set ``<role>_dataset`` from ``data``; return ``data`` if it is a DataLoader."""
-        loader = data if isinstance(data, DataLoader) else None
-        setattr(self, f"{role}_dataset", data if loader is None else loader.dataset)
-        setattr(
-            self, f"_{role}_dl_kwargs", {} if loader is None else checks.loader_settings(loader)
-        )
-        return loader
 
     def create_train_dataloader(
         self, batch_size: int, train_dl_kwargs: Mapping[str, Any] | None = None

@@ -243,3 +243,45 @@ class SaveAtStep(TrainerCallback):
         if self.seen == self.step:
             trainer.save_training_state(self.path)
             raise StopTrainingError("")
+
+
+class TokenDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    """Random token sequences as Hugging Face datasets give them: a dict per sample.
+
+    The label is whether token 1 appears more often than token 2, so a model can learn it.
+    """
+
+    def __init__(self, num_samples: int, length: int = 8, vocab: int = 16, seed: int = 0) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.input_ids = torch.randint(0, vocab, (num_samples, length), generator=generator)
+        self.labels = ((self.input_ids == 1).sum(1) > (self.input_ids == 2).sum(1)).long()
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        ids = self.input_ids[index]
+        return {
+            "input_ids": ids,
+            "attention_mask": torch.ones_like(ids),
+            "labels": self.labels[index],
+        }
+
+
+def make_tiny_bert(seed: int = 0) -> nn.Module:
+    """A randomly initialised ``BertForSequenceClassification`` from a tiny config (no download)."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(seed)
+    config = BertConfig(
+        vocab_size=16,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=16,
+        num_labels=2,
+        hidden_dropout_prob=0.0,  # deterministic, to compare weights with a hand-written loop
+        attention_probs_dropout_prob=0.0,
+    )
+    return BertForSequenceClassification(config)

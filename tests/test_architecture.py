@@ -26,6 +26,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "core",
         (
             "pytorch_accel._checks",
+            "pytorch_accel._batches",
             "pytorch_accel.errors",
             "pytorch_accel.events",
             "pytorch_accel.callback",
@@ -78,7 +79,7 @@ LAYER_ROLES = {
     ),
     "facade": (
         "`Trainer`, one class: the constructor, `train`/`evaluate`/`predict`, the public "
-        "properties, the overridable step methods and hooks, the building of its dataloaders, "
+        "properties, the overridable step methods and hooks (the dataloader hooks among them), "
         "and saving and loading checkpoints and training states. The checks of the entry "
         "points' arguments and data (`_entry_checks`, with `train()`'s arguments as one typed "
         "`TrainArguments`); dry and overfit runs (`dry_run`, redirecting each callback's files "
@@ -89,14 +90,16 @@ LAYER_ROLES = {
         "The loop in one module, level by level (training, evaluation, prediction), with the "
         "one helper that fires each level's start and end events and the stop agreement "
         "(`_loop`); what changes during a run, in one `TrainerState` (`_state`); what "
-        "accelerate prepares (`preparation`); saving, loading and resuming training states "
+        "accelerate prepares, and each run's dataloaders, built through the trainer's hooks "
+        "(`preparation`); saving, loading and resuming training states "
         "(`_checkpointing.training_state`, `_checkpointing.resume`); the run set-up `train()` "
         "applies before the loop (`run_setup`: seeding, determinism, scaling the learning rate)."
     ),
     "core": (
         "The concepts everything else is built from: `StopTrainingError`, the event names, the "
         "callback interface (`TrainerCallback`) and its `CallbackHandler`, the value checks "
-        "and their one message format (`_checks`), the one agreement between processes "
+        "and their one message format (`_checks`), how the default steps read a batch (`_batches`: "
+        "`(inputs, targets)`, or a dict of the model's keyword arguments), the one agreement between processes "
         "(`distributed.AgreedFlag`), run history and loss tracking, the run config, "
         "placeholders, checkpoint and training-state files (`_checkpointing`: the one atomic "
         "writer, safe loader and model/optimizer fit check), schedulers, the "

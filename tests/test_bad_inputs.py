@@ -227,7 +227,6 @@ class Items(Dataset[Any]):
     [
         (Items(lambda x: x), "a Tensor"),
         (Items(lambda x: (x,)), "a list of 1"),
-        (Items(lambda x: {"inputs": x, "targets": x[:1]}), "a dict"),
     ],
 )
 def test_batches_the_default_steps_cannot_read(dataset: Dataset[Any], layout: str) -> None:
@@ -238,6 +237,18 @@ def test_batches_the_default_steps_cannot_read(dataset: Dataset[Any], layout: st
     ):
         make_trainer().train(dataset, num_epochs=1, per_device_batch_size=4)
     with pytest.raises(TypeError, match=rf"calculate_eval_batch_loss: .* got {layout}"):
+        make_trainer().evaluate(dataset, per_device_batch_size=4)
+
+
+def test_a_dict_batch_without_labels_for_the_loss_func() -> None:
+    dataset = Items(lambda x: {"inputs": x, "targets": x[:1]})
+    with pytest.raises(
+        ValueError,
+        match=r"calculate_train_batch_loss: with a loss_func, a dict batch gives the targets as "
+        r"'labels', got keys \['inputs', 'targets'\]\. Add 'labels' to the batch",
+    ):
+        make_trainer().train(dataset, num_epochs=1, per_device_batch_size=4)
+    with pytest.raises(ValueError, match=r"calculate_eval_batch_loss: .* got keys \['inputs'"):
         make_trainer().evaluate(dataset, per_device_batch_size=4)
 
 

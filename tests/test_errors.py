@@ -147,8 +147,9 @@ def test_missing_loss_func_with_default_steps() -> None:
     with pytest.raises(
         TypeError,
         match=r"Trainer\.train: Trainer's loss_func must be a callable while "
-        r"calculate_train_batch_loss is not overridden, got None \(NoneType\)\. Pass a loss "
-        r"function to Trainer\(\.\.\.\), or override that step method\.",
+        r"calculate_train_batch_loss is not overridden and the batches are not dicts, got None "
+        r"\(NoneType\)\. Pass a loss function to Trainer\(\.\.\.\), or override that step "
+        r"method \(with dict batches, the model's output may carry its own 'loss'",
     ):
         trainer.train(DATA, num_epochs=1)
     with pytest.raises(

@@ -217,8 +217,10 @@ def default_prepare(batch: Any, batch_output: Mapping[str, Any]) -> tuple[Any, A
 
     Predictions are ``batch_output["model_outputs"]``, reduced with ``argmax`` over dimension
     1 when that is a class dimension (size > 1), as in logits ``(N, C)`` or ``(N, C, H, W)``;
-    other outputs are passed on as they are. Targets are ``batch[1]``. Metrics that need
-    scores rather than classes (AUROC, calibration) need their own ``prepare``, e.g.
+    other outputs are passed on as they are. Targets are ``batch[1]``, or ``batch["labels"]``
+    for a dict batch (whose ``model_outputs`` the default steps make the model's logits).
+    Metrics that need scores rather than classes (AUROC, calibration) need their own
+    ``prepare``, e.g.
     ``lambda batch, output: (output["model_outputs"].softmax(dim=1), batch[1])``.
 
     Raises:
@@ -233,6 +235,14 @@ def default_prepare(batch: Any, batch_output: Mapping[str, Any]) -> tuple[Any, A
     outputs = batch_output["model_outputs"]
     if isinstance(outputs, torch.Tensor) and outputs.ndim >= 2 and outputs.shape[1] > 1:
         outputs = outputs.argmax(dim=1)
+    if isinstance(batch, Mapping):
+        if "labels" not in batch:
+            raise ValueError(
+                "MetricsCallback: a dict batch gives the targets as 'labels', got keys "
+                f"{sorted(batch)}. Add 'labels' to the batch, or pass MetricsCallback(..., "
+                "prepare=lambda batch, output: (predictions, targets))."
+            )
+        return outputs, batch["labels"]
     return outputs, batch[1]
 
 
