@@ -124,6 +124,7 @@ class Loop:
             self._entry_point("Trainer.train", "training_run", self._epochs)
         finally:
             state.running, state.resume, state.savable = False, None, None
+            state.chosen_rates.note_left(self._trainer.optimizer)
 
     def _epochs(self) -> None:
         config, state = self._config(), self.state

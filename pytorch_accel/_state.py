@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 
 from pytorch_accel._checkpointing.resume import Position, ResumePoint
 from pytorch_accel.errors import StopTrainingError
+from pytorch_accel.run_setup import ChosenRates
 from pytorch_accel.tracking import LossTracker
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ class TrainerState:
         failing_batches: The guard of ``train(skip_failing_batches=...)``, if asked for.
         eval_metric_name: The run-history name of the current eval epoch's mean loss.
         eval_limit: The most batches of the current eval epoch (a sanity check), or ``None``.
+        chosen_rates: The learning rates the user chose, kept across runs (``auto_scale_lr``).
     """
 
     def __init__(self) -> None:
@@ -86,6 +88,7 @@ class TrainerState:
         self.failing_batches: FailingBatchGuard | None = None
         self.eval_metric_name = "eval_loss_epoch"
         self.eval_limit: int | None = None
+        self.chosen_rates = ChosenRates()
 
     @property
     def eval_dataloader(self) -> DataLoader[Any] | None:

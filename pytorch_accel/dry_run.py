@@ -129,6 +129,7 @@ def _kept_as_it_was(trainer: Trainer) -> Iterator[None]:
     model_state = _to_cpu(_bare_model(trainer).state_dict())
     optimizer_state = copy.deepcopy(trainer.optimizer.state_dict())
     kept = (trainer.scheduler, trainer.run_history, trainer.limit_train_batches)
+    chosen_rates = trainer._state.chosen_rates
     limit_eval = trainer.limit_eval_batches
     random_states = _random_states()
     try:
@@ -137,6 +138,7 @@ def _kept_as_it_was(trainer: Trainer) -> Iterator[None]:
         trainer.dry_run_dir = None
         _bare_model(trainer).load_state_dict(model_state)
         trainer.optimizer.load_state_dict(optimizer_state)
+        trainer._state.chosen_rates = chosen_rates.moved_to(trainer.optimizer)
         trainer.scheduler, trainer.run_history, trainer.limit_train_batches = kept
         trainer.limit_eval_batches = limit_eval
         _set_random_states(random_states)

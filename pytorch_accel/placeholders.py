@@ -22,17 +22,25 @@ trees of ``operator`` functions: nothing is ever passed to ``eval``.
 
 Placeholders are resolved in the positional and keyword arguments of a ``functools.partial``,
 in nested partials, and inside lists, tuples and dicts among those arguments.
+
+An expression that gives a float for an argument that takes an int (annotated ``int``, or
+``list[int]`` and the like, or unannotated with an int default; ``StepLR``'s ``step_size``,
+``MultiStepLR``'s ``milestones``) is made an int if it is whole (``4.0``) and refused
+otherwise (``P.NUM_UPDATE_STEPS_PER_EPOCH / 3`` giving ``1.333``): use ``//``.
 """
 
 from __future__ import annotations
 
 import difflib
 import functools
+import inspect
 import operator
+import re
+import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum, EnumMeta
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, Union, get_args, get_origin
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer
@@ -209,11 +217,17 @@ def resolve_placeholders(value: Any, values: Mapping[TrainerPlaceholderValues, i
     if isinstance(value, (TrainerPlaceholderValues, PlaceholderExpression)):
         return _resolve_operand(value, values)
     if isinstance(value, functools.partial):
-        return functools.partial(
-            resolve_placeholders(value.func, values),
-            *(resolve_placeholders(arg, values) for arg in value.args),
-            **{key: resolve_placeholders(arg, values) for key, arg in value.keywords.items()},
-        )
+        func = resolve_placeholders(value.func, values)
+        args = [resolve_placeholders(arg, values) for arg in value.args]
+        keywords = {key: resolve_placeholders(arg, values) for key, arg in value.keywords.items()}
+        for parameter, given, key in _bound(func, value):
+            resolved = args[key] if isinstance(key, int) else keywords[key]
+            whole = _whole_numbers(func, parameter, given, resolved)
+            if isinstance(key, int):
+                args[key] = whole
+            else:
+                keywords[key] = whole
+        return functools.partial(func, *args, **keywords)
     if isinstance(value, dict):
         return {key: resolve_placeholders(item, values) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
@@ -222,6 +236,102 @@ def resolve_placeholders(value: Any, values: Mapping[TrainerPlaceholderValues, i
             return items
         return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
     return value
+
+
+_INT_NAMES = {"int", "int|None", "None|int", "Optional[int]"}
+_INT_ITEMS = re.compile(r"(Iterable|Sequence|Collection|list|List|tuple|Tuple)\[int(,\.\.\.)?\]")
+
+
+def _bound(func: Any, partial: functools.partial[Any]) -> list[tuple[inspect.Parameter, Any, Any]]:
+    """Each argument of ``partial`` that holds a placeholder: its parameter, value and key.
+
+    The key is the position in ``args`` or the name in ``keywords``. Empty when ``func`` has
+    no signature to read.
+    """
+    try:
+        parameters = list(inspect.signature(func).parameters.values())
+    except (TypeError, ValueError):
+        return []
+    positional = [
+        parameter
+        for parameter in parameters
+        if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    named = {parameter.name: parameter for parameter in parameters}
+    found: list[tuple[inspect.Parameter, Any, Any]] = []
+    for index, given in enumerate(partial.args[: len(positional)]):
+        if contains_placeholder(given):
+            found.append((positional[index], given, index))
+    for name, given in partial.keywords.items():
+        if name in named and contains_placeholder(given):
+            found.append((named[name], given, name))
+    return found
+
+
+def _takes_int(parameter: inspect.Parameter) -> str | None:
+    """``"int"`` or ``"items"`` if ``parameter`` takes an int or a collection of ints."""
+    annotation = parameter.annotation
+    if annotation is inspect.Parameter.empty:
+        default = parameter.default
+        return "int" if type(default) is int else None
+    if annotation is int or (
+        get_origin(annotation) in (Union, types.UnionType)
+        and int in get_args(annotation)
+        and set(get_args(annotation)) <= {int, type(None)}
+    ):
+        return "int"
+    if get_origin(annotation) is not None:
+        items = get_args(annotation)
+        return "items" if items and set(items) <= {int, Ellipsis} else None
+    if not isinstance(annotation, str):
+        return None
+    text = annotation.replace(" ", "").replace("typing.", "").replace("collections.abc.", "")
+    if text in _INT_NAMES:
+        return "int"
+    return "items" if _INT_ITEMS.fullmatch(text) else None
+
+
+def _whole_numbers(func: Any, parameter: inspect.Parameter, given: Any, resolved: Any) -> Any:
+    """``resolved`` with whole floats made ints where ``parameter`` takes ints.
+
+    Raises:
+        ValueError: For a fractional float there, naming the callable, the argument, the
+            expression and its value, and ``//``.
+    """
+    kind = _takes_int(parameter)
+    if kind == "int":
+        return _whole(func, f"{parameter.name} must be an int", given, resolved)
+    if kind == "items" and isinstance(resolved, (list, tuple)) and isinstance(given, list | tuple):
+        wanted = f"{parameter.name} must hold ints"
+        items = [
+            _whole(func, wanted, item, value) if contains_placeholder(item) else value
+            for item, value in zip(given, resolved, strict=True)
+        ]
+        return items if isinstance(resolved, list) else type(resolved)(items)
+    return resolved
+
+
+def _whole(func: Any, wanted: str, given: Any, resolved: Any) -> Any:
+    """``resolved`` as an int if it is a whole float; a fractional float is refused."""
+    if not isinstance(resolved, float):
+        return resolved
+    if resolved.is_integer():
+        return int(resolved)
+    while isinstance(func, functools.partial):
+        func = func.func
+    owner = getattr(func, "__qualname__", None) or type(func).__name__
+    raise ValueError(
+        f"Trainer.train: create_scheduler_fn's {owner} argument {wanted}, got {resolved!r} "
+        f"(float) from the placeholder expression {given!r}. Use // instead of / for a whole "
+        f"number, e.g. {_show_floor(given)}."
+    )
+
+
+def _show_floor(given: Any) -> str:
+    """``given`` with its outermost ``/`` shown as ``//`` (the fix), when it is one."""
+    if isinstance(given, PlaceholderExpression) and given.op is operator.truediv:
+        return repr(PlaceholderExpression(operator.floordiv, given.left, given.right))
+    return f"{given!r} // 1"
 
 
 def contains_placeholder(value: Any, _depth: int = 0) -> bool:

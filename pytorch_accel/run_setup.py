@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CUBLAS_WORKSPACE_CONFIG",
+    "ChosenRates",
     "ResumeParts",
     "RunSetup",
     "bare_compiled_models",
@@ -101,14 +102,15 @@ class RunSetup:
             set_seed(seed)
 
     def finish(
-        self, config: TrainerRunConfig, optimizer: torch.optim.Optimizer
+        self, config: TrainerRunConfig, optimizer: torch.optim.Optimizer, rates: ChosenRates
     ) -> TrainerRunConfig:
-        """Scale the learning rates (if asked) and return ``config`` with the set-up recorded."""
-        factor = 1.0
-        if self.auto_scale_lr is not None:
-            factor = scale_learning_rates(
-                optimizer, config.train_total_batch_size, self.auto_scale_lr
-            )
+        """Scale the learning rates (if asked) and return ``config`` with the set-up recorded.
+
+        Without ``auto_scale_lr``, rates an earlier call scaled are put back to the user's.
+        """
+        factor = scale_learning_rates(
+            optimizer, config.train_total_batch_size, self.auto_scale_lr, rates
+        )
         values = {name: getattr(self, name) for name in _RECORDED[:-1]}
         return dataclasses.replace(config, **values, lr_scale_factor=factor)
 
@@ -168,28 +170,101 @@ def optimizer_not_loaded(accelerator: Accelerator, skip: bool) -> Iterator[None]
         registered[:] = saved
 
 
-def scale_learning_rates(
-    optimizer: torch.optim.Optimizer, total_batch_size: int, base_batch_size: int
-) -> float:
-    """Set each group's ``lr`` to its unscaled value times ``total / base``; return the factor.
+class ChosenRates:
+    """The learning rate the user chose for each parameter group, kept across ``train()`` calls.
 
-    The unscaled value is kept in the group (``unscaled_lr``, from ``initial_lr`` if a scheduler
-    recorded one, else ``lr``) the first time, and every later call scales that value again, so
-    repeated ``train()`` calls never compound the factor. A scheduler's ``initial_lr`` is
-    scaled too, so a scheduler created afterwards starts from the scaled rate.
+    A run moves a group's ``lr`` (scaling, a scheduler, a callback); the rate it left is
+    noted when it ends (``note_left``). At the next call, an ``lr`` that differs from it is a
+    rate the user set in between, and becomes the group's chosen rate; otherwise the rate
+    chosen before stays, however the run moved ``lr``. Groups are known by identity: a group
+    replaced by loading an optimizer's state is new (``moved_to`` maps the groups by position
+    where the same state was put back).
+    """
+
+    def __init__(self) -> None:
+        self._groups: list[tuple[dict[str, Any], float, float]] = []  # group, chosen, left
+
+    def chosen(self, group: dict[str, Any]) -> float:
+        """The rate the user chose for ``group``, unscaled and before any scheduler.
+
+        A known group: its ``lr`` if the user changed it since the last run, else the rate
+        chosen before. A new group: the unscaled rate an earlier scaling kept in it
+        (``unscaled_lr``), else a scheduler's ``initial_lr``, else ``lr``.
+        """
+        current, known = float(group["lr"]), self._known(group)
+        if known is None:
+            return float(group.get(UNSCALED_LR, group.get("initial_lr", current)))
+        chosen, left = known
+        return current if current != left else chosen
+
+    def start(self, optimizer: torch.optim.Optimizer, chosen: list[float]) -> None:
+        """Keep each group's chosen rate as a run starts (its ``lr`` is set by then)."""
+        groups = optimizer.param_groups
+        self._groups = [
+            (group, rate, float(group["lr"])) for group, rate in zip(groups, chosen, strict=True)
+        ]
+
+    def note_left(self, optimizer: torch.optim.Optimizer) -> None:
+        """Note the rate each group has as a run ends (not the user's choice).
+
+        Groups that are new by now (added during the run, or loaded by a resume) get the
+        rate ``chosen`` finds in them.
+        """
+        groups = []
+        for group in optimizer.param_groups:
+            known = self._known(group)
+            chosen = self.chosen(group) if known is None else known[0]
+            groups.append((group, chosen, float(group["lr"])))
+        self._groups = groups
+
+    def _known(self, group: dict[str, Any]) -> tuple[float, float] | None:
+        """The chosen rate and the rate left of a known group, or ``None``."""
+        for known, chosen, left in self._groups:
+            if known is group:
+                return chosen, left
+        return None
+
+    def moved_to(self, optimizer: torch.optim.Optimizer) -> ChosenRates:
+        """These rates for ``optimizer``'s groups, by position (after reloading its state).
+
+        Empty before the first run; a group beyond the record is new.
+        """
+        moved = ChosenRates()
+        moved._groups = [
+            (group, chosen, left)
+            for (_, chosen, left), group in zip(self._groups, optimizer.param_groups, strict=False)
+        ]
+        return moved
+
+
+def scale_learning_rates(
+    optimizer: torch.optim.Optimizer,
+    total_batch_size: int,
+    base_batch_size: int | None,
+    rates: ChosenRates,
+) -> float:
+    """Set each group's ``lr`` to the user's rate times ``total / base``; return the factor.
+
+    The user's rate (``rates.chosen``: the ``lr`` set by hand since the last run, else the rate
+    chosen before, never a rate a scheduler or an earlier scaling left) is kept in the group
+    (``unscaled_lr``), so repeated ``train()`` calls never compound the factor. A scheduler's
+    ``initial_lr`` is set too, so a scheduler created afterwards starts from the scaled rate.
+    Without a base (no ``auto_scale_lr``), groups an earlier call scaled get the user's rate
+    back (factor 1) and lose ``unscaled_lr``; the others are left as they are.
 
     Args:
         optimizer: The optimizer whose parameter groups are scaled.
         total_batch_size: Samples per optimizer update over all processes.
-        base_batch_size: The batch size the learning rates were chosen for.
+        base_batch_size: The batch size the learning rates were chosen for, or ``None``.
+        rates: The rates the user chose, kept across calls (updated here).
 
     Returns:
-        The factor ``total_batch_size / base_batch_size``.
+        The factor ``total_batch_size / base_batch_size`` (1.0 without a base).
 
     Raises:
         ValueError: If the total batch size is unknown (a dataloader with a batch sampler).
     """
-    if total_batch_size <= 0:
+    if base_batch_size is not None and total_batch_size <= 0:
         fail(
             ValueError,
             "Trainer.train",
@@ -198,12 +273,17 @@ def scale_learning_rates(
             "None when the train batch size is unknown (a DataLoader with a batch_sampler)",
             "Scale the learning rates yourself, or build the DataLoader with batch_size=.",
         )
-    factor = total_batch_size / base_batch_size
-    for group in optimizer.param_groups:
-        unscaled = float(group.setdefault(UNSCALED_LR, group.get("initial_lr", group["lr"])))
-        group["lr"] = unscaled * factor
+    factor = 1.0 if base_batch_size is None else total_batch_size / base_batch_size
+    chosen = [rates.chosen(group) for group in optimizer.param_groups]
+    for group, rate in zip(optimizer.param_groups, chosen, strict=True):
+        if base_batch_size is not None:
+            group[UNSCALED_LR] = rate
+        elif group.pop(UNSCALED_LR, None) is None:
+            continue  # never scaled: left as the last run left it (as in pytorch-accelerated)
+        group["lr"] = rate * factor
         if "initial_lr" in group:
-            group["initial_lr"] = unscaled * factor
+            group["initial_lr"] = rate * factor
+    rates.start(optimizer, chosen)
     return factor
 
 

@@ -408,7 +408,7 @@ class Trainer:
             eval_every_n_epochs=eval_every_n_epochs,
             sanity_eval_batches=sanity_eval_batches,
         )
-        self.run_config = setup.finish(self.run_config, self.optimizer)
+        self.run_config = setup.finish(self.run_config, self.optimizer, self._state.chosen_rates)
         self._state.failing_batches = setup.failing_batch_guard(self._accelerator.num_processes)
         self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
         self._state.num_updates = 0

@@ -192,6 +192,15 @@ def test_a_loss_that_does_not_reduce() -> None:
             ValueError,
             r"OneCycleLR.total_steps must be at least this run's 4 optimizer updates, got 3",
         ),
+        (
+            functools.partial(
+                torch.optim.lr_scheduler.StepLR,
+                step_size=TrainerPlaceholderValues.NUM_UPDATE_STEPS_PER_EPOCH / 3,
+            ),
+            ValueError,
+            r"create_scheduler_fn's StepLR argument step_size must be an int, got 0.666\d* "
+            r"\(float\) .* Use // instead of /",
+        ),
     ],
 )
 def test_bad_scheduler_factories(factory: Any, error: type[Exception], match: str) -> None:

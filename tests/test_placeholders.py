@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import functools
 from collections import namedtuple
+from typing import Any
 
 import pytest
 import torch
-from helpers import make_regression_dataset, make_trainer
+from helpers import clone_params, make_regression_dataset, make_trainer
 from torch.optim.lr_scheduler import MultiStepLR, OneCycleLR, StepLR
 
 from pytorch_accel import Trainer
@@ -162,3 +163,80 @@ def test_step_lr_with_placeholder_multiple() -> None:
         ),
     )
     assert trainer.optimizer.param_groups[0]["lr"] == 0.5
+
+
+def _period(optimizer: torch.optim.Optimizer, period=10) -> StepLR:  # type: ignore[no-untyped-def]
+    """Unannotated, with an int default: the parameter takes an int."""
+    return StepLR(optimizer, step_size=period)
+
+
+@pytest.mark.parametrize(
+    ("factory", "match"),
+    [
+        (
+            functools.partial(StepLR, step_size=P.NUM_UPDATE_STEPS_PER_EPOCH / 3),
+            r"StepLR argument step_size must be an int, got 1.333\d* \(float\) from the "
+            r"placeholder expression \(TrainerPlaceholderValues.NUM_UPDATE_STEPS_PER_EPOCH / 3\)"
+            r"\. Use // instead of / .*NUM_UPDATE_STEPS_PER_EPOCH // 3\)",
+        ),
+        (
+            functools.partial(
+                functools.partial(StepLR, gamma=0.5), step_size=P.TOTAL_NUM_UPDATE_STEPS * 0.3
+            ),
+            r"StepLR argument step_size must be an int, got 2.4",
+        ),
+        (
+            functools.partial(MultiStepLR, milestones=[2, P.TOTAL_NUM_UPDATE_STEPS / 3]),
+            r"MultiStepLR argument milestones must hold ints, got 2.666",
+        ),
+        (
+            functools.partial(_period, period=P.NUM_UPDATE_STEPS_PER_EPOCH / 3),
+            r"_period argument period must be an int, got 1.333",
+        ),
+    ],
+    ids=["step_size", "nested", "milestones", "int-default"],
+)
+def test_a_fractional_expression_for_an_int_argument_is_refused(
+    factory: functools.partial[Any], match: str
+) -> None:
+    # was accepted: StepLR(step_size=1.333) decays at no update, MultiStepLR never reaches 2.667
+    trainer = make_trainer()
+    before = clone_params(trainer.model)
+    with pytest.raises(ValueError, match=rf"Trainer.train: create_scheduler_fn's {match}"):
+        trainer.train(
+            make_regression_dataset(16),
+            num_epochs=2,
+            per_device_batch_size=4,
+            create_scheduler_fn=factory,
+        )
+    assert all(torch.equal(a, b) for a, b in zip(before, clone_params(trainer.model), strict=True))
+
+
+def test_a_whole_expression_for_an_int_argument_becomes_an_int() -> None:
+    trainer = make_trainer()
+    trainer.train(
+        make_regression_dataset(16),
+        num_epochs=2,
+        per_device_batch_size=4,
+        create_scheduler_fn=functools.partial(
+            StepLR, step_size=P.NUM_UPDATE_STEPS_PER_EPOCH / 2, gamma=0.5
+        ),
+    )
+    assert trainer.scheduler.step_size == 2
+    assert type(trainer.scheduler.step_size) is int  # was 2.0
+
+
+def test_a_fractional_expression_for_a_float_argument_is_kept() -> None:
+    trainer = make_trainer()
+    trainer.train(
+        make_regression_dataset(16),
+        num_epochs=2,
+        per_device_batch_size=4,
+        create_scheduler_fn=functools.partial(
+            OneCycleLR,
+            max_lr=0.1,
+            total_steps=P.TOTAL_NUM_UPDATE_STEPS,
+            pct_start=P.NUM_UPDATE_STEPS_PER_EPOCH / (P.TOTAL_NUM_UPDATE_STEPS * 2),
+        ),
+    )
+    assert trainer.scheduler._schedule_phases[0]["end_step"] == 0.25 * 8 - 1

@@ -165,6 +165,74 @@ def test_a_scheduler_starts_from_the_scaled_rate_in_every_run() -> None:
     assert seen.lrs == pytest.approx([0.4, 0.4])
 
 
+HALVING = functools.partial(StepLR, step_size=1, gamma=0.5)
+
+
+def _set_lr(trainer: Trainer, lr: float) -> None:
+    for group in trainer.optimizer.param_groups:
+        group["lr"] = lr
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        {"auto_scale_lr": 4},
+        {"create_scheduler_fn": HALVING},
+        {"auto_scale_lr": 4, "create_scheduler_fn": HALVING},
+    ],
+    ids=["scaled", "scheduled", "scaled-and-scheduled"],
+)
+def test_a_rate_set_by_hand_between_calls_is_the_one_scaled(first: dict[str, Any]) -> None:
+    seen = FirstLr()
+    trainer = make_trainer(callbacks=(seen,), lr=0.1)
+    data = make_regression_dataset(32)
+    trainer.train(data, num_epochs=1, per_device_batch_size=8, **first)
+    _set_lr(trainer, 0.001)
+    trainer.train(data, num_epochs=1, per_device_batch_size=8, auto_scale_lr=4)
+    trainer.train(data, num_epochs=1, per_device_batch_size=8, **{**first, "auto_scale_lr": 4})
+    # was 0.2 or 0.2: the first call's rate came back, the user's 0.001 was lost
+    assert seen.lrs[1:] == pytest.approx([0.002, 0.002])
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_a_rate_a_scheduler_left_is_not_the_one_scaled(scaled: bool) -> None:
+    seen = FirstLr()
+    trainer = make_trainer(callbacks=(seen,), lr=0.1)
+    data = make_regression_dataset(32)
+    first = {"auto_scale_lr": 4} if scaled else {}
+    trainer.train(data, num_epochs=2, per_device_batch_size=8, create_scheduler_fn=HALVING, **first)
+    assert trainer.optimizer.param_groups[0]["lr"] < 0.01
+    trainer.train(data, num_epochs=1, per_device_batch_size=8, auto_scale_lr=4)
+    assert seen.lrs[1] == pytest.approx(0.2)
+
+
+def test_a_call_without_scaling_after_one_with_it_starts_from_the_users_rate() -> None:
+    seen = FirstLr()
+    trainer = make_trainer(callbacks=(seen,), lr=0.1)
+    data = make_regression_dataset(32)
+    trainer.train(data, num_epochs=1, per_device_batch_size=8, auto_scale_lr=4)
+    trainer.train(data, num_epochs=1, per_device_batch_size=8)  # was 0.2 with factor 1.0
+    assert trainer.run_config is not None
+    assert trainer.run_config.lr_scale_factor == 1.0
+    trainer.train(data, num_epochs=1, per_device_batch_size=8, auto_scale_lr=4)
+    _set_lr(trainer, 0.001)
+    trainer.train(data, num_epochs=1, per_device_batch_size=8, create_scheduler_fn=HALVING)
+    assert seen.lrs == pytest.approx([0.2, 0.1, 0.2, 0.001])
+    assert "unscaled_lr" not in trainer.optimizer.param_groups[0]
+
+
+def test_a_dry_run_keeps_the_rate_set_by_hand() -> None:
+    seen = FirstLr()
+    trainer = make_trainer(callbacks=(seen,), lr=0.1)
+    data = make_regression_dataset(32)
+    trainer.train(data, num_epochs=1, per_device_batch_size=8, auto_scale_lr=4)
+    _set_lr(trainer, 0.001)
+    trainer.train(data, num_epochs=1, per_device_batch_size=8, auto_scale_lr=2, dry_run=True)
+    assert trainer.optimizer.param_groups[0]["lr"] == 0.001
+    trainer.train(data, num_epochs=1, per_device_batch_size=8, auto_scale_lr=4)
+    assert seen.lrs == pytest.approx([0.2, 0.004, 0.002])
+
+
 def test_scaling_needs_a_known_batch_size() -> None:
     data = make_regression_dataset(16)
     sampler = torch.utils.data.BatchSampler(range(16), batch_size=4, drop_last=False)
