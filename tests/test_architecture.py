@@ -98,8 +98,9 @@ LAYER_ROLES = {
     "core": (
         "The concepts everything else is built from: `StopTrainingError`, the event names, the "
         "callback interface (`TrainerCallback`) and its `CallbackHandler`, the value checks "
-        "and their one message format (`_checks`), how the default steps read a batch (`_batches`: "
-        "`(inputs, targets)`, or a dict of the model's keyword arguments), the one agreement between processes "
+        "and their one message format (`_checks`), how the default steps read a batch "
+        "(`_batches`: `(inputs, targets)`, or a dict of the model's keyword arguments), the one "
+        "agreement between processes "
         "(`distributed.AgreedFlag`), run history and loss tracking, the run config, "
         "placeholders, checkpoint and training-state files (`_checkpointing`: the one atomic "
         "writer, safe loader and model/optimizer fit check), schedulers, the "

@@ -75,3 +75,36 @@ def test_importing_the_package_configures_nothing() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert result.stdout.split() == ["0", "0", "0"]
+
+
+RESUME_SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+from helpers import make_regression_dataset, make_trainer
+from pytorch_accel.callbacks import DEFAULT_CALLBACKS, SaveTrainingStateCallback
+states = SaveTrainingStateCallback({states!r}, save_every_n_epochs=1)
+trainer = make_trainer(callbacks=(*DEFAULT_CALLBACKS, states))
+data = make_regression_dataset(16)
+trainer.train(data, num_epochs={epochs}, per_device_batch_size=8, resume_from="latest")
+"""
+
+
+def test_the_resume_messages_show_in_a_plain_script(tmp_path: Path) -> None:
+    def run(epochs: int) -> str:
+        code = RESUME_SCRIPT.format(tests=str(REPO / "tests"), states=str(tmp_path), epochs=epochs)
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=True,
+        )
+        return done.stdout
+
+    # each line is said before the run starts, in a fresh process: before, none showed
+    assert "starting afresh" in run(1)
+    assert "Resuming from" in run(2)
+    assert "nothing is left to train" in run(2)

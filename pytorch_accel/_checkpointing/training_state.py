@@ -45,7 +45,7 @@ from pytorch_accel._checkpointing.store import (
 )
 from pytorch_accel._checks import fail
 from pytorch_accel.callback import TrainerCallback
-from pytorch_accel.logging_setup import get_logger
+from pytorch_accel.logging_setup import setup_logging
 from pytorch_accel.preparation import Preparation
 from pytorch_accel.run_config import TrainerRunConfig
 from pytorch_accel.run_setup import (
@@ -249,7 +249,8 @@ class TrainingStateIO:
             if kept is not None and not parts.optimizer:
                 _rebase_schedule(trainer.scheduler, trainer.optimizer, kept)
         epoch = trainer.run_history.current_epoch
-        get_logger().info(f"Resuming from {str(directory)!r} (epoch {epoch}).")
+        # said before any callback's run start sets the logger up, so set it up here
+        setup_logging().info(f"Resuming from {str(directory)!r} (epoch {epoch}).")
         return ResumePoint(directory, position, shared["callbacks"], rank_state, random_states)
 
     def _resume_directory(self, resume_from: str | os.PathLike[str]) -> Path | None:
@@ -274,7 +275,9 @@ class TrainingStateIO:
             )
         latest = latest_training_state(save_dirs[0])
         if latest is None:
-            get_logger().info(f"No training state in {str(save_dirs[0])!r} yet: starting afresh.")
+            setup_logging().info(
+                f"No training state in {str(save_dirs[0])!r} yet: starting afresh."
+            )
         return latest
 
     def _check_resumable(
@@ -320,7 +323,7 @@ class TrainingStateIO:
                 "more to continue it.",
             )
         if done == num_epochs:
-            get_logger().info(
+            setup_logging().info(
                 f"{str(directory)!r} is the end of a run of {num_epochs} epochs: nothing is left "
                 "to train (pass a larger num_epochs to continue it)."
             )
