@@ -596,7 +596,8 @@ def with_environment_callbacks(callbacks: Iterable[CallbackLike]) -> list[Callba
     """Return ``callbacks`` plus those that environment variables ask for.
 
     When ``PYTORCH_ACCEL_LIMIT_BATCHES`` is set (see ``LimitBatches``), a
-    ``LimitBatchesCallback`` is added unless one was given.
+    ``LimitBatchesCallback`` is added unless one was given. Callbacks that print nothing
+    (none of the console callbacks) are pointed out, once per process.
 
     Args:
         callbacks: The trainer's callbacks, instances or classes.
@@ -611,7 +612,32 @@ def with_environment_callbacks(callbacks: Iterable[CallbackLike]) -> list[Callba
     limit = limit_batches_from_environment()
     if limit is not None and not any(_is_limit_callback(callback) for callback in callbacks):
         callbacks.append(LimitBatchesCallback(limit))
+    _say_once_if_silent(callbacks)
     return callbacks
+
+
+_CONSOLE_CALLBACKS = (PrintProgressCallback, ProgressBarCallback, LogMetricsCallback)
+_said_silent = False
+"""Whether this process was told that its callbacks print nothing (it is said once)."""
+
+
+def _say_once_if_silent(callbacks: list[CallbackLike]) -> None:
+    """Say once per process that the callbacks given dropped the console callbacks.
+
+    As in pytorch-accelerated, ``callbacks=`` replaces ``DEFAULT_CALLBACKS``; a list of one's
+    own callbacks then prints nothing, which surprises users of Lightning and the HF Trainer
+    (whose callbacks add to the defaults). An empty list is a deliberate silence: not said.
+    """
+    global _said_silent
+    kinds = [callback if isinstance(callback, type) else type(callback) for callback in callbacks]
+    if _said_silent or not kinds or any(issubclass(k, _CONSOLE_CALLBACKS) for k in kinds):
+        return
+    _said_silent = True
+    setup_logging().info(
+        "Trainer: the callbacks given replace DEFAULT_CALLBACKS, so nothing prints the run's "
+        "progress or metrics. To keep them, pass callbacks=(*DEFAULT_CALLBACKS, "
+        f"{kinds[0].__name__}(...)). (Said once.)"
+    )
 
 
 def _is_limit_callback(callback: CallbackLike) -> bool:

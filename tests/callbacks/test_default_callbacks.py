@@ -203,3 +203,24 @@ def test_log_metrics_logs_each_metric_once_at_the_end_of_its_phase() -> None:
         ("run_epoch", ["best_accuracy"]),
     ]
     assert logged == epoch * 2
+
+
+def test_callbacks_that_print_nothing_are_pointed_out_once(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytorch_accel.callbacks import EarlyStoppingCallback, defaults
+
+    monkeypatch.setattr(defaults, "_said_silent", False)
+    with caplog.at_level(logging.INFO, logger="pytorch_accel"):
+        make_trainer(callbacks=())  # deliberate silence: nothing said
+        assert "replace DEFAULT_CALLBACKS" not in caplog.text
+        make_trainer(callbacks=(*DEFAULT_CALLBACKS, EarlyStoppingCallback()))
+        assert "replace DEFAULT_CALLBACKS" not in caplog.text
+        make_trainer(callbacks=(EarlyStoppingCallback(),))
+        make_trainer(callbacks=(EarlyStoppingCallback,))
+    said = [r.message for r in caplog.records if "replace DEFAULT_CALLBACKS" in r.message]
+    assert said == [
+        "Trainer: the callbacks given replace DEFAULT_CALLBACKS, so nothing prints the run's "
+        "progress or metrics. To keep them, pass callbacks=(*DEFAULT_CALLBACKS, "
+        "EarlyStoppingCallback(...)). (Said once.)"
+    ]
