@@ -8,6 +8,7 @@ import logging
 from accelerate import notebook_launcher
 from accelerate.utils import set_seed
 
+from pytorch_accel.errors import PredictOutputsError
 from pytorch_accel.failing_batches import SkipFailingBatches
 from pytorch_accel.placeholders import TrainerPlaceholderValues
 from pytorch_accel.trainer import Trainer
@@ -21,6 +22,7 @@ logger = logging.getLogger("pytorch_accel")
 """The library's logger (pytorch-accelerated's ``logger``); configure it with ``logging``."""
 
 __all__ = [
+    "PredictOutputsError",
     "SkipFailingBatches",
     "Trainer",
     "TrainerPlaceholderValues",

@@ -52,7 +52,9 @@ from accelerate.utils import concatenate, send_to_device, slice_tensors
 from pytorch_accel._checkpointing.resume import EpochEntry, ResumePoint, enter_epoch
 from pytorch_accel._checks import (
     check_batch_output,
+    check_predict_outputs,
     explain_backward_failure,
+    explain_unconcatenated_outputs,
     fail,
     shape_mismatches_raise,
 )
@@ -518,6 +520,12 @@ class Loop:
         Returns:
             The outputs of every sample in order, concatenated on the first dimension (a
             tensor, or the same nested structure of tensors as one batch's outputs).
+
+        Raises:
+            TypeError, ValueError: After the first batch, if its outputs could never be
+                concatenated (``check_predict_outputs``).
+            PredictOutputsError: After the last, if the batches' outputs differ in shape or
+                structure; it holds every batch's outputs.
         """
         self._outputs = [] if keep else None
         model = self._trainer.model
@@ -530,7 +538,12 @@ class Loop:
         finally:
             model.train(was_training)
         outputs, self._outputs = self._outputs, None
-        return None if not outputs else concatenate(outputs)
+        if not outputs:
+            return None
+        try:
+            return concatenate(outputs)
+        except Exception as error:  # every batch is computed: keep them all in the error
+            explain_unconcatenated_outputs(outputs, error)
 
     def _predict_batches(
         self, dataloader: DataLoader[Any], output_device: str | torch.device | None
@@ -545,6 +558,8 @@ class Loop:
 
     def _predict_step(self, batch: Any, output_device: str | torch.device | None) -> dict[str, Any]:
         outputs = self._trainer.calculate_predict_batch(batch)
+        if self._outputs is not None and not self._outputs:  # kept; the first batch
+            check_predict_outputs(outputs)  # refuse what could never be concatenated
         accelerator = self._trainer.accelerator
         # one process has nothing to gather (accelerate would still all-gather over a group of
         # one under a launcher), and no repeated samples to drop

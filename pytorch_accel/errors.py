@@ -1,12 +1,15 @@
-"""The exception that ends a run cleanly.
+"""The exception that ends a run cleanly, and the one that keeps ``predict``'s outputs.
 
-Part of the core: the loop catches it and every layer above may raise it. It is re-exported as
-``pytorch_accel.callbacks.StopTrainingError``, where pytorch-accelerated users import it from.
+Part of the core: the loop catches ``StopTrainingError`` and every layer above may raise it. It
+is re-exported as ``pytorch_accel.callbacks.StopTrainingError``, where pytorch-accelerated users
+import it from. ``PredictOutputsError`` is exported as ``pytorch_accel.PredictOutputsError``.
 """
 
 from __future__ import annotations
 
-__all__ = ["CallbackMethodNotImplementedError", "StopTrainingError"]
+from typing import Any
+
+__all__ = ["CallbackMethodNotImplementedError", "PredictOutputsError", "StopTrainingError"]
 
 
 class StopTrainingError(Exception):
@@ -22,3 +25,19 @@ class CallbackMethodNotImplementedError(Exception):
 
     pytorch-accel never raises it: a callback is called only for the events it defines.
     """
+
+
+class PredictOutputsError(ValueError):
+    """``Trainer.predict`` computed every batch, but their outputs cannot be concatenated.
+
+    Raised when the batches' outputs differ in the dimensions after the first (sequences of
+    varying length) or in structure. Nothing computed is lost: ``batches`` holds them.
+
+    Attributes:
+        batches: Every batch's outputs, in order, as ``predict`` gathered them (from every
+            process, moved to its ``output_device``), ready to pad or write out.
+    """
+
+    def __init__(self, message: str, batches: list[Any]) -> None:
+        super().__init__(message)
+        self.batches = batches

@@ -510,7 +510,9 @@ class Trainer:
 
         Returns:
             The outputs concatenated on the first dimension (a tensor, or the structure of one
-            batch's outputs), or ``None`` with ``keep_outputs=False``.
+            batch's outputs), or ``None`` with ``keep_outputs=False``. Outputs that cannot be
+            concatenated are refused after the first batch (a 0-d tensor, a string), or raise
+            ``PredictOutputsError`` after the last, holding every batch's (varying lengths).
         """
         checks.check_trainer_settings("Trainer.predict", self)
         loader = checks.predict_dataloader(

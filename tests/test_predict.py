@@ -10,7 +10,7 @@ from helpers import make_model, make_regression_dataset, make_trainer
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from pytorch_accel import Trainer
+from pytorch_accel import PredictOutputsError, Trainer
 from pytorch_accel.callbacks import TrainerCallback
 
 DATA = make_regression_dataset(21)  # not a multiple of the batch size
@@ -146,3 +146,69 @@ class PredictInsideTraining(TrainerCallback):
 def test_predict_from_inside_train_is_refused() -> None:
     with pytest.raises(RuntimeError, match=r"Trainer\.predict: called while train\(\) is running"):
         make_trainer(callbacks=(PredictInsideTraining(),)).train(DATA, num_epochs=1)
+
+
+# ------------------------------------------------- outputs that cannot be concatenated (issue 29)
+
+
+class Returning(Trainer):
+    """Counts its predict batches; returns what ``shape`` makes of the model's outputs."""
+
+    def __init__(self, shape: Any, callbacks: tuple[Any, ...] = ()) -> None:
+        model = make_model()
+        super().__init__(model, nn.MSELoss(), torch.optim.SGD(model.parameters()), callbacks)
+        self.shape, self.calls = shape, 0
+
+    def calculate_predict_batch(self, batch: Any) -> Any:
+        self.calls += 1
+        return self.shape(self.model(batch[0]), self.calls)
+
+
+@pytest.mark.parametrize(
+    ("shape", "error", "match"),
+    [
+        (lambda out, _: out.mean(), ValueError, r"a 0-d tensor as its output \(tensor\("),
+        (
+            lambda out, _: {"value": out, "label": ["cat"] * len(out)},
+            TypeError,
+            r"a str as outputs\['label'\]\[0\] \('cat'\)",
+        ),
+        (lambda out, _: (out, None), TypeError, r"a NoneType as outputs\[1\] \(None\)"),
+    ],
+)
+def test_outputs_that_never_concatenate_fail_after_the_first_batch(
+    shape: Any, error: type[Exception], match: str
+) -> None:
+    trainer = Returning(shape)
+    with pytest.raises(error, match=rf"Trainer\.predict: calculate_predict_batch returned {match}"):
+        trainer.predict(DATA, per_device_batch_size=4)
+    assert trainer.calls == 1  # not the 6 batches, all lost, of before
+
+
+def test_outputs_of_varying_length_are_all_kept_in_the_error() -> None:
+    trainer = Returning(lambda out, calls: out.repeat(1, calls))  # batch i: i + 1 columns
+    with pytest.raises(
+        PredictOutputsError, match=r"has shape \(4, 2\) in batch 1 and \(4, 1\) in batch 0"
+    ) as info:
+        trainer.predict(DATA, per_device_batch_size=4)
+    batches = info.value.batches
+    shapes = [tuple(batch.shape) for batch in batches]
+    assert shapes == [(4, 1), (4, 2), (4, 3), (4, 4), (4, 5), (1, 6)]
+    reference = expected(trainer, DATA.tensors[0])
+    assert torch.allclose(torch.cat([batch[:, :1] for batch in batches]), reference)
+
+
+def test_a_list_of_samples_is_a_structure_and_its_batches_are_kept() -> None:
+    trainer = Returning(lambda out, _: list(out))  # one tensor per sample: 4, ..., 4, then 1
+    with pytest.raises(
+        PredictOutputsError, match=r"batch 5's outputs have another structure"
+    ) as info:
+        trainer.predict(DATA, per_device_batch_size=4)
+    assert [len(batch) for batch in info.value.batches] == [4, 4, 4, 4, 4, 1]
+
+
+def test_outputs_not_kept_are_not_checked() -> None:
+    collect = Collect()
+    trainer = Returning(lambda out, _: out.mean(), callbacks=(collect,))
+    assert trainer.predict(DATA, per_device_batch_size=4, keep_outputs=False) is None
+    assert [batch.ndim for batch in collect.batches] == [0] * 6

@@ -558,3 +558,77 @@ def test_resume_from_latest_asks_the_callbacks_where_their_states_are(
     resumed = make_trainer(callbacks=(OwnSaver(),))
     resumed.train(regression_dataset, num_epochs=2, per_device_batch_size=8, resume_from="latest")
     assert resumed.num_updates == 16
+
+
+# ------------------------------------------------------------------ symbolic links (issue 29)
+
+
+def listing(directory: Path) -> list[str]:
+    """The entries of ``directory``, a symbolic link marked with ``@``."""
+    return sorted(path.name + "@" * path.is_symlink() for path in directory.iterdir())
+
+
+def move_and_link_back(states: Path, elsewhere: Path, name: str) -> None:
+    """Move a state elsewhere and link it back, as a user short of space would."""
+    elsewhere.mkdir(exist_ok=True)
+    shutil.move(states / name, elsewhere / name)
+    (states / name).symlink_to(elsewhere / name)
+
+
+def test_rotating_a_symlinked_state_removes_the_link_and_keeps_its_target(
+    tmp_path: Path, regression_dataset: TensorDataset
+) -> None:
+    states, elsewhere = tmp_path / "states", tmp_path / "elsewhere"
+    saver = SaveTrainingStateCallback(
+        states, save_every_n_steps=2, max_checkpoints=3, preemption_signals=()
+    )
+    make_trainer(callbacks=(saver,)).train(regression_dataset, num_epochs=1)
+    assert listing(states) == ["final", "updates-00000006", "updates-00000008"]
+    for name in ("updates-00000006", "final"):
+        move_and_link_back(states, elsewhere, name)
+    for _ in range(3):  # each run rotates both links out, then saves those names again
+        make_trainer(callbacks=(saver,)).train(regression_dataset, num_epochs=1)
+        assert listing(states) == ["final", "updates-00000006", "updates-00000008"]
+    assert latest_training_state(states) == states / "final"
+    for name in ("updates-00000006", "final"):  # the user's copies, untouched
+        assert listing(elsewhere / name)[0] == "custom_checkpoint_0.pkl"
+        assert MANIFEST_NAME in listing(elsewhere / name)
+
+
+def test_replacing_a_symlinked_final_state_leaves_nothing_behind(
+    tmp_path: Path, regression_dataset: TensorDataset
+) -> None:
+    states, elsewhere = tmp_path / "states", tmp_path / "elsewhere"
+    saver = SaveTrainingStateCallback(states, preemption_signals=())
+    make_trainer(callbacks=(saver,)).train(regression_dataset, num_epochs=1)
+    move_and_link_back(states, elsewhere, "final")
+    before = (elsewhere / "final" / MANIFEST_NAME).read_bytes()
+    for _ in range(2):
+        make_trainer(callbacks=(saver,)).train(regression_dataset, num_epochs=1)
+        assert listing(states) == ["final"]  # a directory of its own now, no .final.previous
+    assert (elsewhere / "final" / MANIFEST_NAME).read_bytes() == before
+    (states / "final").rename(tmp_path / "gone")
+    (states / "final").symlink_to(tmp_path / "nowhere")  # a broken link is replaced too
+    make_trainer(callbacks=(saver,)).train(regression_dataset, num_epochs=1)
+    assert listing(states) == ["final"]
+
+
+def test_states_rotate_in_a_symlinked_save_dir_and_links_left_by_old_versions_go(
+    tmp_path: Path, regression_dataset: TensorDataset
+) -> None:
+    real, states, elsewhere = tmp_path / "real", tmp_path / "states", tmp_path / "elsewhere"
+    real.mkdir()
+    states.symlink_to(real)
+    elsewhere.mkdir()
+    for name in (".final.previous", ".updates-00000002.deleting"):  # left by earlier versions
+        (elsewhere / name).mkdir()
+        (real / name).symlink_to(elsewhere / name)
+    saver = SaveTrainingStateCallback(
+        states, save_every_n_steps=2, max_checkpoints=2, preemption_signals=()
+    )
+    for _ in range(2):
+        make_trainer(callbacks=(saver,)).train(regression_dataset, num_epochs=1)
+        assert listing(real) == ["final", "updates-00000008"]
+    assert listing(elsewhere) == [".final.previous", ".updates-00000002.deleting"]
+    (real / "best").symlink_to("updates-00000008")  # an alias: not a state of its own
+    assert find_training_states(states) == [states / "updates-00000008", states / "final"]

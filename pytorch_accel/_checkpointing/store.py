@@ -13,6 +13,11 @@ new version (complete, under the hidden temporary name) or else its old one (mov
 in for it, in ``complete_state`` and ``find_training_states``, until ``tidy_save_dir`` puts it
 back under its name. A state is deleted by renaming it aside first, so a kill during the deletion
 leaves nothing that looks like a state.
+
+Symbolic links are operated on, never followed: a state that is a link (moved elsewhere and
+linked back) is deleted or replaced by removing the link, and the directory it points to is left
+as it is. The directory holding the states may itself be a link. A link to another state of the
+same directory is an alias, not a state of its own.
 """
 
 from __future__ import annotations
@@ -33,11 +38,13 @@ from pytorch_accel._checkpointing.files import (
     load_safely,
     read_verified,
 )
+from pytorch_accel.logging_setup import get_logger
 
 __all__ = [
     "MANIFEST_NAME",
     "TrainingStateError",
     "complete_state",
+    "discard",
     "find_training_states",
     "hidden",
     "latest_training_state",
@@ -93,12 +100,12 @@ def publish(temporary: Path, final: Path) -> None:
     between the two renames, ``complete_state(final)`` finds the new one.
     """
     previous = hidden(final, "previous")
-    shutil.rmtree(previous, ignore_errors=True)
-    if final.exists():
+    discard(previous)
+    if _present(final):  # a link (even a broken one) is moved aside and removed, not followed
         os.replace(final, previous)
     os.replace(temporary, final)
     fsync_directory(final.parent)
-    shutil.rmtree(previous, ignore_errors=True)
+    discard(previous)
 
 
 def read_manifest(directory: Path, where: str) -> dict[str, Any]:
@@ -217,7 +224,7 @@ def find_training_states(save_dir: Path) -> list[Path]:
     """
     if not save_dir.is_dir():
         return []
-    names = {path.name for path in save_dir.iterdir() if path.is_dir()}
+    names = {path.name for path in save_dir.iterdir() if path.is_dir() and not _alias(path)}
     names |= {name for path in save_dir.iterdir() if (name := _stood_in_for(path.name))}
     found = []
     for name in names:
@@ -233,13 +240,33 @@ def find_training_states(save_dir: Path) -> list[Path]:
 
 
 def remove_training_state(path: Path) -> None:
-    """Delete a training state: renamed aside first, so a kill midway leaves no partial state."""
-    if not path.exists():
+    """Delete a training state: renamed aside first, so a kill midway leaves no partial state.
+
+    A state that is a symbolic link is deleted as a link: the directory it points to is kept.
+    """
+    if not _present(path):
         return
+    if path.is_symlink():
+        get_logger().info(
+            f"Removed the training state {str(path)!r}, a symbolic link: the directory it "
+            f"points to, {os.readlink(path)!r}, is left in place."
+        )
     doomed = hidden(path, "deleting")
-    shutil.rmtree(doomed, ignore_errors=True)
+    discard(doomed)
     os.replace(path, doomed)
-    shutil.rmtree(doomed, ignore_errors=True)
+    discard(doomed)
+
+
+def discard(path: Path) -> None:
+    """Delete what is at ``path``, and never what a symbolic link there points to.
+
+    A link or a file is unlinked, a directory deleted with its contents; nothing if there is
+    nothing.
+    """
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def tidy_save_dir(save_dir: Path, is_state_name: Callable[[str], bool]) -> None:
@@ -248,8 +275,9 @@ def tidy_save_dir(save_dir: Path, is_state_name: Callable[[str], bool]) -> None:
     A state whose replacement was interrupted is put back under its name (the new version if
     it is complete, else the old one). Then the remains of interrupted saves and deletions are
     deleted: hidden ``.incomplete``, ``.previous`` and ``.deleting`` directories, and the
-    directories named like states (``is_state_name``) that have no manifest. Call it from one
-    process, while no other reads or writes in ``save_dir``.
+    directories named like states (``is_state_name``) that have no manifest. Hidden ones that
+    are symbolic links are removed as links; a link under a state's name is the user's, and is
+    left alone. Call it from one process, while no other reads or writes in ``save_dir``.
     """
     if not save_dir.is_dir():
         return
@@ -258,18 +286,33 @@ def tidy_save_dir(save_dir: Path, is_state_name: Callable[[str], bool]) -> None:
         if name and not (save_dir / name).exists():
             stand_in = complete_state(save_dir / name)
             if stand_in != save_dir / name:
+                discard(save_dir / name)  # a broken link under the state's name
                 os.replace(stand_in, save_dir / name)
     for path in list(save_dir.iterdir()):
         debris = _stood_in_for(path.name) or path.name.endswith(".deleting")
         interrupted = is_state_name(path.name) and not _has_manifest(path)
-        if path.is_dir() and (debris or interrupted):
-            shutil.rmtree(path, ignore_errors=True)
+        link = path.is_symlink()
+        if (debris and (link or path.is_dir())) or (interrupted and path.is_dir() and not link):
+            discard(path)
 
 
 def _stood_in_for(hidden: str) -> str | None:
     """The state name a hidden ``.NAME.incomplete`` or ``.NAME.previous`` belongs to."""
     match = re.fullmatch(r"\.(.+)\.(incomplete|previous)", hidden)
     return match.group(1) if match else None
+
+
+def _present(path: Path) -> bool:
+    """Whether there is anything at ``path``, a broken symbolic link included."""
+    return path.is_symlink() or path.exists()
+
+
+def _alias(path: Path) -> bool:
+    """Whether ``path`` is a symbolic link to another entry of its own directory."""
+    if not path.is_symlink():
+        return False
+    target = path.resolve()
+    return target.parent == path.parent.resolve()
 
 
 def _has_manifest(directory: Path) -> bool:

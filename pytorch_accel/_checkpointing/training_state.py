@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -36,6 +35,7 @@ from pytorch_accel._checkpointing.resume import (
 from pytorch_accel._checkpointing.store import (
     TrainingStateError,
     complete_state,
+    discard,
     hidden,
     latest_training_state,
     publish,
@@ -94,7 +94,7 @@ class TrainingStateIO:
         assert self._saving is not None
         self._prepare_model()
         if accelerator.is_main_process:
-            shutil.rmtree(temporary, ignore_errors=True)
+            discard(temporary)
             temporary.mkdir(parents=True)
         accelerator.wait_for_everyone()
         self._register()
@@ -112,7 +112,7 @@ class TrainingStateIO:
         except BaseException as error:
             full = disk_full_error(error, final, "training state")
             if accelerator.is_main_process:
-                shutil.rmtree(temporary, ignore_errors=True)
+                discard(temporary)
             if full is None:
                 raise
         if full is not None:  # raised here, the failed writers' frames (open files) are freed

@@ -24,3 +24,14 @@ def test_every_rank_gets_every_sample_once_in_order(ranks: list[dict[str, Any]],
         assert rank[case]["equal"]
         assert rank[case]["loader_equal"]
         assert rank[case]["streamed"] == samples
+
+
+def test_outputs_that_cannot_be_concatenated_are_kept_or_refused_on_every_rank(
+    ranks: list[dict[str, Any]],
+) -> None:
+    # issue 29: batches of varying width, gathered from both processes, kept in the error
+    for rank in ranks:
+        report = rank["unconcatenated"]
+        assert report["kept"] == [[8, 2], [8, 4], [5, 6]]  # 21 samples, 4 per process
+        assert report["equal"]
+        assert report["refused"] == [1, True]  # a mean: refused after the first batch

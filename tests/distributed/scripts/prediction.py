@@ -9,7 +9,7 @@ from common import report_and_exit
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from pytorch_accel import Trainer
+from pytorch_accel import PredictOutputsError, Trainer
 from pytorch_accel.callbacks import TrainerCallback
 
 
@@ -21,6 +21,36 @@ class Stream(TrainerCallback):
         self, trainer: Trainer, batch: Any, predictions: Any, **kwargs: Any
     ) -> None:
         self.sizes.append(len(predictions))
+
+
+class Widening(Trainer):
+    """Batch i's outputs have i + 1 times the columns (the same on every process), or a mean."""
+
+    mean = False
+    calls = 0
+
+    def calculate_predict_batch(self, batch: Any) -> Any:
+        self.calls += 1
+        outputs = super().calculate_predict_batch(batch)
+        return outputs.mean() if self.mean else outputs.repeat(1, self.calls)
+
+
+def unconcatenated(model: nn.Module, inputs: torch.Tensor) -> dict[str, Any]:
+    """What predict() keeps of outputs that cannot be concatenated, on this process."""
+    trainer = Widening(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), ())
+    try:
+        trainer.predict(TensorDataset(inputs), per_device_batch_size=4)
+    except PredictOutputsError as error:
+        kept = [list(batch.shape) for batch in error.batches]
+        firsts = torch.cat([batch[:, :2] for batch in error.batches])
+    trainer.mean, trainer.calls = True, 0
+    try:
+        trainer.predict(TensorDataset(inputs), per_device_batch_size=4)
+    except ValueError as error:
+        refused = (trainer.calls, "0-d tensor" in str(error))
+    with torch.no_grad():
+        equal = bool(torch.allclose(firsts, model(inputs), atol=1e-6))
+    return {"kept": kept, "equal": equal, "refused": refused}
 
 
 def main() -> None:
@@ -43,6 +73,7 @@ def main() -> None:
             "loader_equal": bool(torch.allclose(from_loader, reference, atol=1e-6)),
             "streamed": streamed,
         }
+    results["unconcatenated"] = unconcatenated(model, torch.randn(21, 4))
     report_and_exit(results)
 
 
