@@ -75,7 +75,10 @@ class RunRecordCallback(TrackingCallback):
     receive the run config and the hyper-parameters, as hyper-parameters, and the metrics.
 
     Nothing is written by the other processes. A later ``train()`` rewrites the record's
-    files (the log file is appended to): give each run its own directory to keep several.
+    files (the log file is appended to): give each run its own directory to keep several. A
+    resumed ``train(resume_from=...)`` continues the metric files from the training state
+    (see ``TrackingCallback``). A file that cannot be written (a full disk) raises an
+    ``OSError`` naming it, once the trackers are finished and the log file closed.
     Order ``110``: after the console's epoch line, which the log file then holds.
 
     Args:
@@ -289,4 +292,5 @@ class _RunLogHandler(logging.FileHandler):
             super().emit(record)
             return
         get_logger().removeHandler(self)
-        self.close()
+        with contextlib.suppress(OSError):  # what a full disk left unwritten
+            self.close()

@@ -69,6 +69,15 @@ class TrackingCallback(StepLoggingCallback):
     each run its own ``csv_path`` and ``project_name`` to keep several. Order ``100``: it
     sends what every other callback recorded at the same event.
 
+    A resumed ``train(resume_from=...)`` keeps the rows both files hold up to the training
+    state (its epochs before ``run_history.current_epoch``, its updates up to
+    ``num_updates``) and writes the later ones again as the run redoes them: each file stays
+    one series. A ``"tensorboard"`` tracker is then created with ``purge_step`` the next
+    update, which hides from TensorBoard what the stopped run logged after the state.
+
+    A file that cannot be written (a full disk, a read-only directory) raises an ``OSError``
+    naming it, once the trackers are finished.
+
     Args:
         log_with: Tracker names or ``GeneralTracker`` instances; ``()`` for the CSV file only.
         project_name: The run name passed to each tracker (TensorBoard writes to

@@ -183,6 +183,8 @@ def test_a_resumed_run_continues_its_metrics_files_without_gaps_or_repeats(
     before = read_rows(run / "metrics_steps.csv")
     assert [row["step"] for row in before] == [str(step) for step in range(1, 18)]
     assert [row["epoch"] for row in read_rows(run / "metrics.csv")] == ["1", "2"]
+    with open(run / "metrics_steps.csv", "a") as handle:
+        handle.write("1")  # a row a kill cut short: the file is read up to it
 
     train_recorded(tmp_path, resume_from="latest")  # a fresh trainer, as a new process
     steps = read_rows(run / "metrics_steps.csv")
