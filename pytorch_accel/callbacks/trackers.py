@@ -252,7 +252,10 @@ class TrackingCallback(StepLoggingCallback):
     def _writing_tracker(self, tracker: GeneralTracker) -> Iterator[None]:
         """``_writing`` for a tracker that writes local files; other trackers' errors as such."""
         if getattr(tracker, "requires_logging_directory", False):
-            with self._writing(Path(self.logging_dir) / self.project_name, "logging_dir"):
+            # where the tracker writes: accelerate's set it once started (a run name joined)
+            default = os.path.join(self.logging_dir, self.project_name)
+            where = getattr(tracker, "logging_dir", None) or default
+            with self._writing(Path(where), "logging_dir"):
                 yield
             return
         try:
