@@ -268,8 +268,7 @@ def check_loss_func(
             "Use reduction='mean' (or 'sum'), or override the step methods to reduce the "
             "per-sample losses yourself.",
         )
-    layouts = [_first_batch_is_mapping(dataset, collate_fn) for dataset in data]
-    if loss_func is None and defaults and False in layouts:
+    if loss_func is None and defaults and not all(_dict_batches(one, collate_fn) for one in data):
         one = len(defaults) == 1
         fail(
             TypeError,
@@ -284,22 +283,22 @@ def check_loss_func(
         )
 
 
-def _first_batch_is_mapping(data: Any, collate_fn: object) -> bool | None:
-    """Whether a batch of ``data`` (a dataset or ``DataLoader``) is a dict; ``None``: unknown.
+def _dict_batches(data: Any, collate_fn: object) -> bool:
+    """Whether the batches of ``data`` (a dataset or ``DataLoader``) may be dicts.
 
     Reads the first sample of a map-style dataset and collates it alone (with the
-    dataloader's or the given ``collate_fn``); a stream, or a sample that fails to load or
-    collate, is unknown, and the default step then checks its first batch.
+    dataloader's or the given ``collate_fn``). A stream, or a sample that fails to load or
+    collate, may be: the default step then checks its first batch.
     """
     if isinstance(data, DataLoader):
         data, collate_fn = data.dataset, data.collate_fn
     if isinstance(data, IterableDataset) or not hasattr(data, "__getitem__"):
-        return None
+        return True
     try:
         sample = data[0]
         batch = collate_fn([sample]) if callable(collate_fn) else sample
     except Exception:  # the layout is unknown; the step checks it
-        return None
+        return True
     return isinstance(batch, Mapping)
 
 

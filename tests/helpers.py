@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
-from collections.abc import Callable
+import os
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -285,3 +289,31 @@ def make_tiny_bert(seed: int = 0) -> nn.Module:
         attention_probs_dropout_prob=0.0,
     )
     return BertForSequenceClassification(config)
+
+
+@contextlib.contextmanager
+def small_filesystem(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted at ``path`` (needs root, as on the development and CI VMs)."""
+    path.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+        capture_output=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small filesystem here: {mounted.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "--lazy", str(path)], check=True)  # even if a file is open
+
+
+def open_files_under(directory: Path) -> list[str]:
+    """The files under ``directory`` that this process holds open (Linux: ``/proc/self/fd``)."""
+    found = []
+    for descriptor in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor is gone by now
+            target = os.readlink(f"/proc/self/fd/{descriptor}")
+            if target.startswith(str(directory)):
+                found.append(target)
+    return found

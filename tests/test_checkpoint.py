@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import clone_params, make_model, make_regression_dataset, make_trainer
+from helpers import (
+    clone_params,
+    make_model,
+    make_regression_dataset,
+    make_trainer,
+    small_filesystem,
+)
 from torch.optim.lr_scheduler import StepLR
 
 from pytorch_accel._checkpointing.checkpoint import CHECKSUM_KEY
@@ -145,23 +149,6 @@ def test_a_checkpoint_without_a_checksum_still_loads(tmp_path: Path) -> None:
         fresh.get_model().state_dict().values(), state.values(), strict=True
     ):
         assert torch.equal(loaded, expected)
-
-
-@contextlib.contextmanager
-def small_filesystem(path: Path, size: str) -> Iterator[Path]:
-    """A tmpfs of ``size`` mounted at ``path`` (needs root, as on the development and CI VMs)."""
-    path.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-        capture_output=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small filesystem here: {mounted.stderr.decode().strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", str(path)], check=True)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mounts a Linux tmpfs")

@@ -31,6 +31,7 @@ __all__ = [
     "load_pickled",
     "load_safely",
     "read_verified",
+    "write_error",
 ]
 
 _CHUNK = 1 << 22
@@ -111,6 +112,29 @@ def disk_full_error(error: BaseException, path: Path, kind: str = "file") -> OSE
             )
         seen = seen.__cause__ or seen.__context__
     return None
+
+
+def write_error(error: OSError, path: Path, where: str, elsewhere: str) -> OSError:
+    """``error``, raised while writing ``path``, as an ``OSError`` naming the file and the fix.
+
+    For the files written as a run goes (metrics, logs, tracker runs), whose raw errors
+    (``[Errno 28] No space left on device``) name no file.
+
+    Args:
+        error: What writing, opening, flushing or closing ``path`` raised.
+        path: The file (or directory) being written.
+        where: Who writes it, e.g. ``"RunRecordCallback"``.
+        elsewhere: How to write it somewhere else, e.g. ``"pass another csv_path"``.
+
+    Returns:
+        An ``OSError`` with ``error``'s errno (``ENOSPC`` for a full disk), to raise from it.
+    """
+    if disk_full_error(error, path) is not None:
+        code, reason, fix = errno.ENOSPC, "the disk is full", "free some space"
+    else:
+        code, reason = error.errno or errno.EIO, error.strerror or str(error)
+        fix = "check that its directory exists and is writable"
+    return OSError(code, f"{where}: could not write {str(path)!r}: {reason}; {fix}, or {elsewhere}")
 
 
 def _free_space(directory: Path) -> int:

@@ -25,6 +25,7 @@ __all__ = [
     "append_metrics_row",
     "metrics_csv_index",
     "read_metrics_csv",
+    "read_metrics_rows",
     "write_metrics_csv",
 ]
 
@@ -113,6 +114,42 @@ def read_metrics_csv(path: str | os.PathLike[str]) -> dict[str, list[tuple[int, 
                 if value is not None:
                     points.append((epoch, value))
     return series
+
+
+def read_metrics_rows(
+    path: str | os.PathLike[str], index_column: str = EPOCH_COLUMN
+) -> dict[int, dict[str, str]]:
+    """Read back the rows of a file written by ``write_metrics_csv``, cells as written.
+
+    For a resumed run to keep what the file held before it continues the series. Only the
+    complete rows of increasing index are read: the reading stops at the first row that is
+    not (a row cut short by a killed process, say).
+
+    Args:
+        path: The CSV file; it may not exist.
+        index_column: The first column the file must have (``epoch`` or ``step``).
+
+    Returns:
+        ``{index: {metric: cell}}`` with the non-empty cells; empty if there is no such file
+        or it has another first column.
+    """
+    if not os.path.isfile(path):
+        return {}
+    rows: dict[int, dict[str, str]] = {}
+    last = -1
+    with open(path, newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        names = reader.fieldnames or []
+        if not names or names[0] != index_column:
+            return {}
+        for row in reader:
+            index = row[index_column]
+            complete = None not in row and all(row.get(name) is not None for name in names)
+            if not complete or not index.isdigit() or int(index) <= last:
+                break
+            last = int(index)
+            rows[last] = {name: text for name, text in row.items() if name != index_column and text}
+    return rows
 
 
 def metrics_csv_index(fieldnames: Sequence[str] | None) -> str | None:

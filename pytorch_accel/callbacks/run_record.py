@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import os
+import sys
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -74,7 +75,10 @@ class RunRecordCallback(TrackingCallback):
     receive the run config and the hyper-parameters, as hyper-parameters, and the metrics.
 
     Nothing is written by the other processes. A later ``train()`` rewrites the record's
-    files (the log file is appended to): give each run its own directory to keep several.
+    files (the log file is appended to): give each run its own directory to keep several. A
+    resumed ``train(resume_from=...)`` continues the metric files from the training state
+    (see ``TrackingCallback``). A file that cannot be written (a full disk) raises an
+    ``OSError`` naming it, once the trackers are finished and the log file closed.
     Order ``110``: after the console's epoch line, which the log file then holds.
 
     Args:
@@ -126,7 +130,7 @@ class RunRecordCallback(TrackingCallback):
             log_grad_norm=log_grad_norm,
         )
         self.plot = _check_plot(plot)
-        self._log_handler: logging.Handler | None = None
+        self._log_handler: _RunLogHandler | None = None
 
     @contextlib.contextmanager
     def redirect_outputs(self, directory: Path) -> Iterator[None]:
@@ -144,43 +148,70 @@ class RunRecordCallback(TrackingCallback):
         return self.directory / RUN_RECORD_FILES[role]
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Write the record's description of the run; open the log file."""
+        """Write the record's description of the run; open the log file.
+
+        A file that cannot be written (a full disk, a read-only directory) raises an
+        ``OSError`` naming it, here or at a later event, once the record's open files are
+        closed.
+        """
         if trainer.accelerator.is_main_process:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            with self._writing(self.directory, "directory"):
+                self.directory.mkdir(parents=True, exist_ok=True)
             self._open_log(trainer)
             self._write_description(trainer)
         super().on_training_run_start(trainer)
 
     def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         """Send the epoch's metrics; redraw the curves."""
+        self._check_log()
         super().on_training_run_epoch_end(trainer)
         if self.plot and trainer.accelerator.is_main_process:
             self._draw()
 
     def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
         """Send the last metrics, redraw the curves and close the log file."""
+        self._check_log()
         super().on_training_run_end(trainer)
         if self.plot and trainer.accelerator.is_main_process:
             self._draw()
-        self._close_log()
+        with self._writing(self.path("log"), "directory"):
+            self._close_log()
+
+    def log_step(self, trainer: Trainer, metrics: dict[str, float], step: int) -> None:
+        """Send one step-level logging point (see ``TrackingCallback.log_step``)."""
+        self._check_log()
+        super().log_step(trainer, metrics, step)
 
     def _write_description(self, trainer: Trainer) -> None:
         model = trainer.get_model()
         summary = model_summary(model)
-        _write_json(self.path("config"), run_configuration(trainer))
-        _write_json(self.path("hyperparameters"), jsonable(self.hyperparameters))
-        _write_json(self.path("environment"), environment(trainer))
-        _write_json(self.path("model_summary"), summary)
-        _write_text(self.path("model_summary_text"), model_summary_text(summary, model))
+        self._write_json("config", run_configuration(trainer))
+        self._write_json("hyperparameters", jsonable(self.hyperparameters))
+        self._write_json("environment", environment(trainer))
+        self._write_json("model_summary", summary)
+        with self._writing(self.path("model_summary_text"), "directory"):
+            atomic_write(self.path("model_summary_text"), model_summary_text(summary, model))
         get_logger().info("run record: %s", self.directory)
+
+    def _write_json(self, role: str, value: Any) -> None:
+        with self._writing(self.path(role), "directory"):
+            atomic_write(self.path(role), json.dumps(value, indent=2, sort_keys=False) + "\n")
 
     def _open_log(self, trainer: Trainer) -> None:
         self._close_log()
         logger = setup_logging()
-        handler = _RunLogHandler(self.path("log"), weakref.ref(trainer))
+        with self._writing(self.path("log"), "directory"):
+            handler = _RunLogHandler(self.path("log"), weakref.ref(trainer))
         handler.setFormatter(logging.Formatter(_LOG_FORMAT))
         logger.addHandler(handler)
         self._log_handler = handler
+
+    def _check_log(self) -> None:
+        """Raise the error that writing the log file met, if it met one (the handler cannot)."""
+        handler = self._log_handler
+        if handler is not None and handler.failure is not None:
+            with self._writing(self.path("log"), "directory"):
+                raise handler.failure
 
     def _close_log(self) -> None:
         handler, self._log_handler = self._log_handler, None
@@ -188,12 +219,21 @@ class RunRecordCallback(TrackingCallback):
             get_logger().removeHandler(handler)
             handler.close()
 
+    def _close_outputs(self) -> None:
+        """Close the trackers and the log file (quietly: after a failed write)."""
+        super()._close_outputs()
+        with contextlib.suppress(OSError):  # its last lines may not reach a full disk
+            self._close_log()
+
+    def _elsewhere(self, setting: str) -> str:
+        return "give RunRecordCallback a directory elsewhere"
+
     def _draw(self) -> None:
         from pytorch_accel.callbacks.plotting import plot_metrics
 
         for source, image in (("metrics", "plot"), ("step_metrics", "step_plot")):
             if self.path(source).exists():
-                with contextlib.suppress(ValueError):  # nothing numeric to draw yet
+                with contextlib.suppress(ValueError), self._writing(self.path(image), "directory"):
                     plot_metrics(self.path(source), self.path(image))
 
 
@@ -219,25 +259,31 @@ def _check_plot(plot: object) -> bool:
     return plot is not False
 
 
-def _write_json(path: Path, value: Any) -> None:
-    _write_text(path, json.dumps(value, indent=2, sort_keys=False) + "\n")
-
-
-def _write_text(path: Path, text: str) -> None:
-    atomic_write(path, text)
-
-
 class _RunLogHandler(logging.FileHandler):
     """The run's ``train.log``: it takes the run's lines only, and closes once the run is over.
 
     ``on_training_run_end`` closes it; a ``train()`` that raised never gets there, so the
     first line logged after the run (by any trainer) closes it instead of landing in the
-    failed run's log.
+    failed run's log. A line it cannot write (a full disk) closes it too, and the error is
+    kept in ``failure`` for the callback to raise: a handler's errors do not reach the code
+    that logged.
     """
 
     def __init__(self, path: Path, trainer: weakref.ReferenceType[Trainer]) -> None:
         super().__init__(path, encoding="utf-8")
         self._trainer = trainer
+        self.failure: OSError | None = None
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        """Keep an ``OSError`` (a full disk) in ``failure`` and close; print anything else."""
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError):
+            super().handleError(record)
+            return
+        self.failure = error
+        get_logger().removeHandler(self)
+        with contextlib.suppress(OSError):  # closing flushes what could not be written
+            self.close()
 
     def emit(self, record: logging.LogRecord) -> None:
         """Write ``record`` while the run is going on; else detach and close."""
@@ -246,4 +292,5 @@ class _RunLogHandler(logging.FileHandler):
             super().emit(record)
             return
         get_logger().removeHandler(self)
-        self.close()
+        with contextlib.suppress(OSError):  # what a full disk left unwritten
+            self.close()

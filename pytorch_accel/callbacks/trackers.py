@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from pytorch_accel._checkpointing.files import write_error
 from pytorch_accel._checks import callable_name, check_mapping, fail
 from pytorch_accel.callback import redirected_paths
 from pytorch_accel.callbacks._metrics_csv import (
     STEP_COLUMN,
     append_metrics_row,
+    read_metrics_rows,
     write_metrics_csv,
 )
 from pytorch_accel.callbacks.defaults import format_metrics
@@ -65,6 +68,15 @@ class TrackingCallback(StepLoggingCallback):
     complete and readable; a new ``train()`` that resets the run history starts it afresh. Give
     each run its own ``csv_path`` and ``project_name`` to keep several. Order ``100``: it
     sends what every other callback recorded at the same event.
+
+    A resumed ``train(resume_from=...)`` keeps the rows both files hold up to the training
+    state (its epochs before ``run_history.current_epoch``, its updates up to
+    ``num_updates``) and writes the later ones again as the run redoes them: each file stays
+    one series. A ``"tensorboard"`` tracker is then created with ``purge_step`` the next
+    update, which hides from TensorBoard what the stopped run logged after the state.
+
+    A file that cannot be written (a full disk, a read-only directory) raises an ``OSError``
+    naming it, once the trackers are finished.
 
     Args:
         log_with: Tracker names or ``GeneralTracker`` instances; ``()`` for the CSV file only.
@@ -123,8 +135,9 @@ class TrackingCallback(StepLoggingCallback):
         self.trackers: list[GeneralTracker] = []
         self._rows: dict[int, dict[str, Any]] = {}
         self._step_columns: list[str] = []
-        self._step_rows: dict[int, dict[str, float]] = {}
+        self._step_rows: dict[int, dict[str, Any]] = {}
         self._cursor = MetricCursor()
+        self._purge_step: int | None = None
 
     def redirect_outputs(self, directory: Path) -> AbstractContextManager[None]:
         """Write the CSV files and local tracker runs under ``directory`` (for dry runs)."""
@@ -139,9 +152,16 @@ class TrackingCallback(StepLoggingCallback):
         return path.with_name(f"{path.stem}_steps{path.suffix or '.csv'}")
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Start the trackers and store the run config; start the first step interval."""
-        self._start(trainer)
+        """Start the trackers and store the run config; start the first step interval.
+
+        A resumed run keeps the CSV files' rows up to the training state it resumed from
+        and drops the later ones, which it does again (see ``_continue_files``).
+        """
+        resumed = trainer.resumed_from is not None
+        self._start(trainer, purge_step=trainer.num_updates + 1 if resumed else None)
         self._step_columns, self._step_rows = [], {}
+        if resumed and trainer.accelerator.is_main_process:
+            self._continue_files(trainer)
         super().on_training_run_start(trainer)
 
     def on_evaluation_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
@@ -168,10 +188,12 @@ class TrackingCallback(StepLoggingCallback):
         if not trainer.accelerator.is_main_process:
             return
         for tracker in self.trackers:
-            tracker.log(metrics, step=step)
+            with self._writing_tracker(tracker):
+                tracker.log(metrics, step=step)
         path = self.step_csv_path
         if path is not None:
-            self._write_step_row(path, step, metrics)
+            with self._writing(path, "csv_path"):
+                self._write_step_row(path, step, metrics)
         get_logger().debug("update %d: %s", step, format_metrics(metrics))
 
     def log_images(self, images: Mapping[str, Any], step: int, **kwargs: Any) -> None:
@@ -191,6 +213,67 @@ class TrackingCallback(StepLoggingCallback):
         for tracker in self.trackers:
             if callable(getattr(tracker, "log_images", None)):
                 tracker.log_images(dict(images), step=step, **kwargs)
+
+    def _continue_files(self, trainer: Trainer) -> None:
+        """Keep the CSV files' rows up to the resumed state; drop those the run does again.
+
+        The state holds the epochs before ``run_history.current_epoch`` and the updates up to
+        ``num_updates``: their rows, written before the run was stopped, stay as they are;
+        the later rows are written again as the run redoes them, so each file stays one
+        series, without gaps or repeated rows.
+        """
+        if self.csv_path is not None:
+            epoch = trainer.run_history.current_epoch
+            rows = read_metrics_rows(self.csv_path) if self.csv_path.exists() else self._rows
+            self._rows = {index: row for index, row in rows.items() if index < epoch}
+            with self._writing(self.csv_path, "csv_path"):
+                write_metrics_csv(self._rows, self.csv_path)
+        path = self.step_csv_path
+        if path is not None and path.exists():
+            saved = read_metrics_rows(path, STEP_COLUMN)
+            self._step_rows = {
+                step: row for step, row in saved.items() if step <= trainer.num_updates
+            }
+            self._step_columns = sorted({name for row in self._step_rows.values() for name in row})
+            with self._writing(path, "csv_path"):
+                write_metrics_csv(self._step_rows, path, index_column=STEP_COLUMN)
+
+    @contextlib.contextmanager
+    def _writing(self, path: Path, setting: str) -> Iterator[None]:
+        """Close this callback's files if writing ``path`` fails; raise an error naming it."""
+        try:
+            yield
+        except OSError as error:
+            self._close_outputs()
+            where = type(self).__name__
+            raise write_error(error, path, where, self._elsewhere(setting)) from error
+
+    @contextlib.contextmanager
+    def _writing_tracker(self, tracker: GeneralTracker) -> Iterator[None]:
+        """``_writing`` for a tracker that writes local files; other trackers' errors as such."""
+        if getattr(tracker, "requires_logging_directory", False):
+            # where the tracker writes: accelerate's set it once started (a run name joined)
+            default = os.path.join(self.logging_dir, self.project_name)
+            where = getattr(tracker, "logging_dir", None) or default
+            with self._writing(Path(where), "logging_dir"):
+                yield
+            return
+        try:
+            yield
+        except OSError:
+            self._close_outputs()
+            raise
+
+    def _elsewhere(self, setting: str) -> str:
+        """How to have this callback write elsewhere (the end of a failed write's message)."""
+        return f"pass another {setting} to {type(self).__name__}"
+
+    def _close_outputs(self) -> None:
+        """Close every file this callback holds open (after a failed write: quietly)."""
+        trackers, self.trackers = self.trackers, []
+        for tracker in trackers:
+            with contextlib.suppress(Exception):  # it may fail to flush to the same full disk
+                tracker.finish()
 
     def _write_step_row(self, path: Path, step: int, metrics: dict[str, float]) -> None:
         """Append the row; start the file afresh when the run starts or a column appears."""
@@ -215,14 +298,17 @@ class TrackingCallback(StepLoggingCallback):
                 trackers.append(entry)
                 continue
             tracker_class = LOGGER_TYPE_TO_CLASS[entry]
-            kwargs = self.init_kwargs.get(entry, {})
+            kwargs = dict(self.init_kwargs.get(entry, {}))
+            if entry == "tensorboard" and self._purge_step is not None:
+                kwargs.setdefault("purge_step", self._purge_step)
             if tracker_class.requires_logging_directory:
                 trackers.append(tracker_class(self.project_name, self.logging_dir, **kwargs))
             else:
                 trackers.append(tracker_class(self.project_name, **kwargs))
         return trackers
 
-    def _start(self, trainer: Trainer) -> None:
+    def _start(self, trainer: Trainer, purge_step: int | None = None) -> None:
+        """Start the trackers (TensorBoard's dropping what it holds from ``purge_step`` on)."""
         if not trainer.accelerator.is_main_process:
             return
         history = trainer.run_history
@@ -231,12 +317,14 @@ class TrackingCallback(StepLoggingCallback):
             self._rows = {}
         self._cursor.skip_to_end(history)
         self._finish()  # a run that ended with an error left them open
+        self._purge_step = purge_step
         self.trackers = self.create_trackers()
         run_config = {} if trainer.run_config is None else trainer.run_config.to_dict()
         hparams = hparams_of({**run_config, **self.config})
         for tracker in self.trackers:
-            tracker.start()
-            tracker.store_init_configuration(hparams)
+            with self._writing_tracker(tracker):
+                tracker.start()
+                tracker.store_init_configuration(hparams)
 
     def _log_new(self, trainer: Trainer, step: int) -> None:
         if not trainer.accelerator.is_main_process:
@@ -249,9 +337,11 @@ class TrackingCallback(StepLoggingCallback):
         scalars = {name: value for name, value in numbers_only.items() if value is not None}
         if scalars:
             for tracker in self.trackers:
-                tracker.log(scalars, step=step)
+                with self._writing_tracker(tracker):
+                    tracker.log(scalars, step=step)
         if self.csv_path is not None:
-            write_metrics_csv(self._rows, self.csv_path)
+            with self._writing(self.csv_path, "csv_path"):
+                write_metrics_csv(self._rows, self.csv_path)
 
     def _finish(self) -> None:
         trackers, self.trackers = self.trackers, []

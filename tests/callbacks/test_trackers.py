@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import csv
+import errno
 import functools
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -214,3 +216,27 @@ def test_bad_tracker_names_and_missing_packages_name_the_fix(
         TrackingCallback(log_with="tensorboard")
     with pytest.raises(TypeError, match=r"csv_path must be a path"):
         TrackingCallback(log_with=(), csv_path=3)  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="writes to /dev/full")
+def test_a_full_disk_for_the_step_csv_names_it(tmp_path: Path) -> None:
+    # issue 29: a bare "[Errno 28] No space left on device"
+    tracking = TrackingCallback(log_with=(), csv_path=tmp_path / "m.csv", log_every_n_updates=1)
+
+    class Full(TrainerCallback):
+        order = 2000  # after the row is written
+
+        def on_optimizer_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
+            if trainer.num_updates == 1:  # the file is written: its next row finds no space
+                (tmp_path / "m_steps.csv").unlink()
+                (tmp_path / "m_steps.csv").symlink_to("/dev/full")
+
+    trainer = make_trainer(callbacks=(tracking, Full()))
+    message = (
+        r"TrackingCallback: could not write '.*m_steps.csv': the disk is full; free some space, "
+        r"or pass another csv_path to TrackingCallback"
+    )
+    with pytest.raises(OSError, match=message) as info:
+        trainer.train(make_regression_dataset(16), num_epochs=1, per_device_batch_size=4)
+    assert info.value.errno == errno.ENOSPC
+    assert isinstance(info.value.__cause__, OSError)
