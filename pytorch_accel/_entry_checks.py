@@ -102,7 +102,12 @@ class TrainArguments:
 
 
 def check_constructor_arguments(
-    model: object, loss_func: object, optimizer: object, callbacks: object, run_history: object
+    model: object,
+    loss_func: object,
+    optimizer: object,
+    callbacks: object,
+    run_history: object,
+    accelerator_kwargs: object,
 ) -> None:
     """Check the arguments of ``Trainer(...)``."""
     where = "Trainer"
@@ -129,6 +134,27 @@ def check_constructor_arguments(
             "a RunHistory or None",
             "Pass e.g. InMemoryRunHistory(), or leave it out.",
         )
+    _check_accelerator_kwargs(where, accelerator_kwargs)
+
+
+def _check_accelerator_kwargs(where: str, accelerator_kwargs: object) -> None:
+    """Accept ``None`` or a mapping of ``accelerate.Accelerator`` argument names to values."""
+    check_mapping(where, "accelerator_kwargs", accelerator_kwargs)
+    kwargs: Mapping[Any, Any] = accelerator_kwargs or {}  # type: ignore[assignment]
+    known = sorted(set(inspect.signature(Accelerator.__init__).parameters) - {"self"})
+    for name in kwargs:
+        if name not in known:
+            close = difflib.get_close_matches(str(name), known, n=1)
+            fail(
+                TypeError,
+                where,
+                "accelerator_kwargs",
+                {name: "..."},
+                "a mapping of accelerate.Accelerator's arguments",
+                (f"Did you mean {close[0]!r}? " if close else "")
+                + "See accelerate.Accelerator for its arguments (mixed_precision, "
+                "kwargs_handlers, fsdp_plugin, ...).",
+            )
 
 
 def check_accelerator(accelerator: Accelerator) -> None:

@@ -87,6 +87,9 @@ class Trainer:
         optimizer: An optimizer over the model's parameters.
         callbacks: Callback instances or classes; defaults to ``DEFAULT_CALLBACKS``.
         run_history: Where metrics are recorded; a new ``InMemoryRunHistory`` by default.
+        accelerator_kwargs: Arguments of the ``accelerate.Accelerator`` the trainer creates
+            (``mixed_precision``, ``kwargs_handlers`` for DDP and the process group, plugins),
+            over the trainer's defaults.
 
     Attributes:
         limit_train_batches: Use at most this many batches of each training epoch (``None``:
@@ -118,8 +121,13 @@ class Trainer:
         optimizer: torch.optim.Optimizer,
         callbacks: Iterable[CallbackLike] = _DefaultCallbacks(),
         run_history: RunHistory | None = None,
+        *,
+        accelerator_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        checks.check_constructor_arguments(model, loss_func, optimizer, callbacks, run_history)
+        checks.check_constructor_arguments(
+            model, loss_func, optimizer, callbacks, run_history, accelerator_kwargs
+        )
+        self._accelerator_kwargs = dict(accelerator_kwargs or {})
         self.model = model
         self.loss_func = loss_func
         self.optimizer = optimizer
@@ -155,7 +163,7 @@ class Trainer:
         return CallbackHandler(with_environment_callbacks(callbacks), events=self.custom_events)
 
     def _create_accelerator(self) -> Accelerator:
-        """Create the accelerator, once per trainer; override to pass options.
+        """Create the accelerator, once per trainer, with ``Trainer(accelerator_kwargs=...)``.
 
         The default ``Accelerator()`` reads the configuration of ``accelerate config`` and
         ``accelerate launch`` (processes, mixed precision, FSDP/DeepSpeed plugins). When a
@@ -163,11 +171,13 @@ class Trainer:
         ``Accelerator(cpu=True)``: one gloo process group instead of independent copies.
         Batches are copied to GPUs without blocking (from the pinned memory the default
         dataloaders use there), so loading never synchronises the host with the device.
+        ``accelerator_kwargs`` override these defaults; overriding this method still works.
         """
-        return Accelerator(
-            cpu=needs_cpu_distributed(),
-            dataloader_config=DataLoaderConfiguration(non_blocking=True),
-        )
+        defaults = {
+            "cpu": needs_cpu_distributed(),
+            "dataloader_config": DataLoaderConfiguration(non_blocking=True),
+        }
+        return Accelerator(**{**defaults, **self._accelerator_kwargs})
 
     @property
     def accelerator(self) -> Accelerator:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import hand_written_loop, make_model, make_trainer
+from torch import nn
 from torch.utils.data import TensorDataset
+
+from pytorch_accel import Trainer
 
 UNSHUFFLED = {"shuffle": False}
 
@@ -44,3 +47,48 @@ def test_fp16_is_ignored_on_cpu(
         trainer.accelerator.scaler is None
     )  # accelerate uses no grad scaler and no autocast on CPU
     assert max_difference(trainer.get_model(), reference) == 0.0
+
+
+def test_bf16_from_the_constructor(regression_dataset: TensorDataset) -> None:
+    model = make_model()
+    reference = hand_written_loop(model, regression_dataset, batch_size=8, num_epochs=2)
+    trainer = Trainer(
+        model,
+        nn.MSELoss(),
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        (),
+        accelerator_kwargs={"mixed_precision": "bf16"},
+    )
+    trainer.train(regression_dataset, num_epochs=2, train_dataloader_kwargs=UNSHUFFLED)
+    assert trainer.run_config is not None
+    assert trainer.run_config.mixed_precision == "bf16"
+    assert 0 < max_difference(trainer.get_model(), reference) < 1e-2  # autocast ran in bf16
+
+
+@pytest.mark.parametrize(
+    ("accelerator_kwargs", "error", "message"),
+    [
+        (
+            {"mixed_precison": "bf16"},
+            TypeError,
+            r"Trainer: accelerator_kwargs must be a mapping of accelerate\.Accelerator's "
+            r"arguments, got \{'mixed_precison': '\.\.\.'\} \(dict\)\. Did you mean "
+            r"'mixed_precision'\?",
+        ),
+        (["bf16"], TypeError, r"Trainer: accelerator_kwargs must be a dict or None"),
+        (
+            {"gradient_accumulation_steps": 4},
+            ValueError,
+            r"gradient_accumulation_steps must be 1 on the Accelerator, got 4",
+        ),
+    ],
+)
+def test_bad_accelerator_kwargs(accelerator_kwargs: object, error: type, message: str) -> None:
+    model = make_model()
+    with pytest.raises(error, match=message):
+        Trainer(
+            model,
+            nn.MSELoss(),
+            torch.optim.SGD(model.parameters(), lr=0.05),
+            accelerator_kwargs=accelerator_kwargs,  # type: ignore[arg-type]
+        )
