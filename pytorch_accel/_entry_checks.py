@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import DistributedType, parse_flag_from_env
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
@@ -35,7 +36,7 @@ from pytorch_accel._checks import (
     fail,
 )
 from pytorch_accel.dataloaders import merge_dataloader_kwargs, named_eval_sets, num_batches
-from pytorch_accel.distributed import check_world_size
+from pytorch_accel.distributed import check_world_size, needs_cpu_distributed
 from pytorch_accel.failing_batches import SkipFailingBatches, skip_policy
 from pytorch_accel.tracking import RunHistory
 
@@ -155,6 +156,32 @@ def _check_accelerator_kwargs(where: str, accelerator_kwargs: object) -> None:
                 + "See accelerate.Accelerator for its arguments (mixed_precision, "
                 "kwargs_handlers, fsdp_plugin, ...).",
             )
+    _check_deepspeed_request(where, kwargs)
+
+
+def _check_deepspeed_request(where: str, kwargs: Mapping[Any, Any]) -> None:
+    """Refuse DeepSpeed where accelerate would drop it (CPU processes) or cannot run it (no CUDA).
+
+    accelerate switches to DeepSpeed only on GPUs; with ``cpu=True`` (the trainer's default
+    when several processes run on a machine without GPUs) the request would become DDP.
+    """
+    requested = (
+        kwargs.get("deepspeed_plugin") is not None
+        or kwargs.get("deepspeed_plugins") is not None
+        or parse_flag_from_env("ACCELERATE_USE_DEEPSPEED")
+    )
+    cpu = bool(kwargs.get("cpu", needs_cpu_distributed())) or parse_flag_from_env(
+        "ACCELERATE_USE_CPU"
+    )
+    if requested and (cpu or not torch.cuda.is_available()):
+        raise ValueError(
+            f"{where}: DeepSpeed was asked for (deepspeed_plugin in accelerator_kwargs, or "
+            "ACCELERATE_USE_DEEPSPEED=true from `accelerate launch --use_deepspeed`) but this "
+            "run is on the CPU (no CUDA GPU, or cpu=True / ACCELERATE_USE_CPU), where "
+            "accelerate cannot run DeepSpeed and would silently train with DDP. Shard on the "
+            "CPU with FSDP instead: accelerator_kwargs={'fsdp_plugin': "
+            "FullyShardedDataParallelPlugin(fsdp_version=2)}, or launch on CUDA GPUs."
+        )
 
 
 def check_accelerator(accelerator: Accelerator) -> None:
@@ -170,6 +197,27 @@ def check_accelerator(accelerator: Accelerator) -> None:
             "The trainer accumulates itself: pass train(gradient_accumulation_steps=N) and "
             "leave the Accelerator's (and ACCELERATE_GRADIENT_ACCUMULATION_STEPS) at 1.",
         )
+    _check_fsdp_plugin(accelerator)
+
+
+def _check_fsdp_plugin(accelerator: Accelerator) -> None:
+    """Refuse FSDP1 without the original parameters: the trainer's optimizer would not train."""
+    if accelerator.distributed_type != DistributedType.FSDP:
+        return
+    plugin = accelerator.state.fsdp_plugin
+    if plugin.fsdp_version == 1 and not plugin.use_orig_params:
+        fail(
+            ValueError,
+            "Trainer",
+            "FullyShardedDataParallelPlugin(use_orig_params=...)",
+            plugin.use_orig_params,
+            "True under FSDP version 1",
+            "The trainer's optimizer is created before the model is wrapped, and FSDP1 "
+            "without the original parameters never connects it (accelerate issue 3256): "
+            "pass FullyShardedDataParallelPlugin(fsdp_version=2) (or use_orig_params=True), "
+            "or set FSDP_VERSION=2 (or FSDP_USE_ORIG_PARAMS=true) with "
+            "`accelerate launch --use_fsdp`.",
+        )
 
 
 def check_train_arguments(trainer: Trainer, base: type, arguments: TrainArguments) -> None:
@@ -183,6 +231,18 @@ def check_train_arguments(trainer: Trainer, base: type, arguments: TrainArgument
     _check_train_data(where, a)
     check_positive_int(where, "gradient_accumulation_steps", a.gradient_accumulation_steps)
     _check_clipping(where, a.gradient_clip_value, a.max_grad_norm)
+    if a.gradient_clip_value is not None and trainer.accelerator.distributed_type == (
+        DistributedType.FSDP
+    ):
+        fail(
+            ValueError,
+            where,
+            "gradient_clip_value",
+            a.gradient_clip_value,
+            "None under FSDP",
+            "FSDP cannot clip sharded gradients by value; clip by norm instead: "
+            f"train(max_grad_norm={a.gradient_clip_value}), which is right under sharding.",
+        )
     check_callable(
         where,
         "create_scheduler_fn",

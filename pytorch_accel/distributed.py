@@ -15,13 +15,17 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from accelerate.utils import broadcast_object_list
+from accelerate import Accelerator
+from accelerate.state import PartialState
+from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin, broadcast_object_list
 
 __all__ = [
     "AgreedFlag",
     "LaggedFlag",
     "agreement_group",
+    "apply_fsdp_request",
     "check_world_size",
+    "fsdp_requested",
     "launcher_world_size",
     "main_process_object",
     "needs_cpu_distributed",
@@ -55,6 +59,40 @@ def needs_cpu_distributed() -> bool:
     independent copies; ``Accelerator(cpu=True)`` makes them one gloo process group instead.
     """
     return launcher_world_size() > 1 and not _has_gpu_like_device()
+
+
+def fsdp_requested(fsdp_plugin: object = None) -> bool:
+    """Return whether FSDP was asked for: a plugin, or ``ACCELERATE_USE_FSDP`` (``--use_fsdp``)."""
+    return fsdp_plugin is not None or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
+
+
+def apply_fsdp_request(accelerator: Accelerator, fsdp_plugin: object = None) -> None:
+    """Make an FSDP request real in a gloo process group, where accelerate drops it.
+
+    accelerate switches to FSDP only from GPU-like run types, so with ``Accelerator(cpu=True)``
+    (the trainer's default when several processes were launched on a machine without GPUs) an
+    FSDP plugin or ``accelerate launch --use_fsdp`` would silently give DDP. Called right after
+    the accelerator is created, before anything is prepared, this sets the run type to FSDP
+    with the plugin (the given one, else one from the ``FSDP_*`` environment variables), as
+    accelerate does on GPUs. torch's FSDP2 and FSDP1 run on gloo; FSDP1 takes the device
+    without an index (``cpu``), as its compute device has none there.
+
+    Args:
+        accelerator: The trainer's new accelerator.
+        fsdp_plugin: The ``fsdp_plugin`` passed in ``Trainer(accelerator_kwargs=...)``.
+    """
+    if accelerator.distributed_type != DistributedType.MULTI_CPU or not fsdp_requested(fsdp_plugin):
+        return
+    plugin: Any = fsdp_plugin if fsdp_plugin is not None else FullyShardedDataParallelPlugin()
+    state = accelerator.state
+    if state.mixed_precision != "no":
+        plugin.set_mixed_precision(state.mixed_precision)
+    # both shared states: accelerate refreshes the accelerator's from the process's
+    shared = PartialState._shared_state
+    state.distributed_type = shared["distributed_type"] = DistributedType.FSDP
+    state.fsdp_plugin = plugin
+    if plugin.fsdp_version == 1:
+        state.device = shared["device"] = torch.device("cpu")
 
 
 def check_world_size(num_processes: int) -> None:

@@ -34,7 +34,7 @@ from pytorch_accel._compat import with_ported_attributes
 from pytorch_accel._loop import Loop
 from pytorch_accel._state import TrainerState
 from pytorch_accel.dataloaders import merge_dataloader_kwargs
-from pytorch_accel.distributed import needs_cpu_distributed
+from pytorch_accel.distributed import apply_fsdp_request, needs_cpu_distributed
 from pytorch_accel.dry_run import run_dry_or_overfit
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.failing_batches import SkipFailingBatches
@@ -134,6 +134,7 @@ class Trainer:
         self.callback_handler = self._create_callback_handler(callbacks)
         self.run_history: RunHistory = run_history or InMemoryRunHistory()
         self._accelerator = self._create_accelerator()
+        apply_fsdp_request(self._accelerator, self._accelerator_kwargs.get("fsdp_plugin"))
         checks.check_accelerator(self._accelerator)
         self.scheduler: Any = None
         self.create_scheduler_fn: Callable[[torch.optim.Optimizer], Any] | None = None

@@ -1,0 +1,136 @@
+"""FSDP in a gloo process group: asked for, really sharded, trained like DDP, refused early.
+
+``python fsdp.py OUT_DIR SCENARIO``; the scenarios:
+
+- ``parity``: the same run under 2-process DDP and under FSDP2 (through
+  ``Trainer(accelerator_kwargs={"fsdp_plugin": ...})``), with accumulation (a short last
+  window) and clipping by norm; then ``evaluate`` and ``predict`` under both; and
+  ``gradient_clip_value`` refused at ``train()``.
+- ``env``: FSDP asked for by ``accelerate launch --use_fsdp``'s variables: FSDP1 without the
+  original parameters is refused at the constructor, FSDP2 shards.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import torch
+from accelerate import FullyShardedDataParallelPlugin
+from accelerate.state import AcceleratorState, GradientState, PartialState
+from accelerate.utils import DistributedType
+from common import report_and_exit
+from helpers import make_model, make_regression_dataset
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from pytorch_accel import Trainer
+
+UNSHUFFLED = {"shuffle": False}
+
+
+def reset_state() -> None:
+    """Let a new accelerator choose its run type again (the process group stays)."""
+    AcceleratorState._reset_state(reset_partial_state=False)
+    GradientState._reset_state()
+    if PartialState._shared_state:
+        PartialState._shared_state["distributed_type"] = DistributedType.MULTI_CPU
+
+
+def fresh_trainer(**accelerator_kwargs: Any) -> Trainer:
+    """A new trainer with a new accelerator state in this process (the process group stays)."""
+    reset_state()
+    os.environ.pop("ACCELERATE_USE_FSDP", None)  # accelerate sets it when given a plugin
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    return Trainer(model, nn.MSELoss(), optimizer, (), accelerator_kwargs=accelerator_kwargs)
+
+
+def full_parameters(trainer: Trainer) -> torch.Tensor:
+    """The model's parameters, gathered where sharded, flattened into one tensor."""
+    return torch.cat(
+        [
+            (p.full_tensor() if isinstance(p, DTensor) else p).detach().flatten()
+            for p in trainer.get_model().parameters()
+        ]
+    )
+
+
+def sharding(trainer: Trainer) -> dict[str, Any]:
+    return {
+        "type": str(trainer.accelerator.distributed_type),
+        "dtensors": all(isinstance(p, DTensor) for p in trainer.model.parameters()),
+    }
+
+
+def run(trainer: Trainer) -> dict[str, Any]:
+    """Train with accumulation (windows of 3, 2) and clipping, then evaluate and predict."""
+    dataset = make_regression_dataset(40)
+    trainer.train(
+        dataset,
+        num_epochs=2,
+        per_device_batch_size=4,
+        gradient_accumulation_steps=3,
+        max_grad_norm=0.5,
+        train_dataloader_kwargs=UNSHUFFLED,
+    )
+    sharded = sharding(trainer)
+    evaluation = trainer.evaluate(make_regression_dataset(12, seed=1), per_device_batch_size=4)
+    predictions = trainer.predict(make_regression_dataset(14, seed=2), per_device_batch_size=4)
+    return {
+        "parameters": full_parameters(trainer),
+        "loss": evaluation["evaluation_loss"],
+        "predictions": predictions,
+        **sharded,
+    }
+
+
+def parity() -> dict[str, Any]:
+    ddp = run(fresh_trainer())
+    trainer = fresh_trainer(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+    fsdp = run(trainer)
+    try:
+        trainer.train(make_regression_dataset(8), num_epochs=1, gradient_clip_value=1.0)
+        clip_value_refusal = ""
+    except ValueError as error:
+        clip_value_refusal = str(error)
+    return {
+        "ddp_type": ddp["type"],
+        "fsdp_type": fsdp["type"],
+        "dtensors": fsdp["dtensors"],
+        "parameters": (fsdp["parameters"] - ddp["parameters"]).abs().max().item(),
+        "moved": (fsdp["parameters"] - full_parameters(fresh_trainer())).abs().max().item(),
+        "loss": abs(fsdp["loss"] - ddp["loss"]),
+        "predictions": (fsdp["predictions"] - ddp["predictions"]).abs().max().item(),
+        "num_predictions": len(fsdp["predictions"]),
+        "clip_value_refusal": clip_value_refusal,
+    }
+
+
+def env() -> dict[str, Any]:
+    os.environ.update({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"})
+    os.environ.pop("FSDP_USE_ORIG_PARAMS", None)
+    try:
+        fresh_trainer_from_env()
+        fsdp1_refusal = ""
+    except ValueError as error:
+        fsdp1_refusal = str(error)
+    os.environ["FSDP_VERSION"] = "2"
+    trainer = fresh_trainer_from_env()
+    trainer.train(make_regression_dataset(16), num_epochs=1, per_device_batch_size=4)
+    return {"fsdp1_refusal": fsdp1_refusal, **sharding(trainer)}
+
+
+def fresh_trainer_from_env() -> Trainer:
+    """``fresh_trainer`` with FSDP asked for by the environment only (no plugin)."""
+    requested = os.environ["ACCELERATE_USE_FSDP"]
+    reset_state()
+    os.environ["ACCELERATE_USE_FSDP"] = requested
+    model = make_model()
+    return Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.05), ())
+
+
+if __name__ == "__main__":
+    scenario = sys.argv[2]
+    report_and_exit({scenario: {"parity": parity, "env": env}[scenario]()})

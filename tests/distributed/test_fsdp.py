@@ -1,0 +1,58 @@
+"""FSDP in 2 gloo processes: asked for on the CPU, sharded, trained like DDP, refused early."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from launcher import launch
+
+TOLERANCE = 1e-6
+
+
+@pytest.fixture(scope="module")
+def parity(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    outcome = launch("fsdp.py", "parity", out_dir=tmp_path_factory.mktemp("fsdp"), timeout=150)
+    assert outcome.returncode == 0, outcome.output[-4000:]
+    assert len(outcome.ranks) == 2
+    return outcome.ranks
+
+
+def test_an_fsdp_plugin_on_the_cpu_shards_the_model(parity: list[dict[str, Any]]) -> None:
+    for rank in parity:
+        assert rank["parity"]["ddp_type"] == "DistributedType.MULTI_CPU"
+        assert rank["parity"]["fsdp_type"] == "DistributedType.FSDP"
+        assert rank["parity"]["dtensors"]
+
+
+def test_fsdp2_trains_evaluates_and_predicts_like_ddp(parity: list[dict[str, Any]]) -> None:
+    for rank in parity:
+        result = rank["parity"]
+        assert result["moved"] > 0.01  # it trained
+        assert result["parameters"] <= TOLERANCE
+        assert result["loss"] <= TOLERANCE
+        assert result["predictions"] <= TOLERANCE
+        assert result["num_predictions"] == 14
+    assert parity[0] == parity[1]
+
+
+def test_gradient_clip_value_under_fsdp_is_refused_at_train(
+    parity: list[dict[str, Any]],
+) -> None:
+    message = parity[0]["parity"]["clip_value_refusal"]
+    assert "Trainer.train: gradient_clip_value must be None under FSDP" in message
+    assert "max_grad_norm=1.0" in message
+
+
+def test_fsdp_asked_for_by_the_launcher_shards_and_fsdp1_needs_original_parameters(
+    tmp_path: Path,
+) -> None:
+    outcome = launch("fsdp.py", "env", out_dir=tmp_path, timeout=120)
+    assert outcome.returncode == 0, outcome.output[-4000:]
+    for rank in outcome.ranks:
+        assert rank["env"]["type"] == "DistributedType.FSDP"
+        assert rank["env"]["dtensors"]
+        refusal = rank["env"]["fsdp1_refusal"]
+        assert "use_orig_params=...) must be True under FSDP version 1" in refusal
+        assert "accelerate issue 3256" in refusal
