@@ -21,6 +21,12 @@ from torch import nn
 
 from pytorch_accel._checkpointing.files import atomic_save, load_safely
 from pytorch_accel._checkpointing.fit import misfit
+from pytorch_accel._checkpointing.sharded import (
+    full_optimizer_state,
+    is_sharded,
+    load_full_states,
+    sharded_model_tensors,
+)
 
 __all__ = [
     "CHECKSUM_KEY",
@@ -167,7 +173,9 @@ def write_checkpoint(
                 f"for a Path). ({error})"
             ) from error
     checkpoint = {"model_state_dict": model_state_dict(accelerator, model)}
-    if optimizer is not None:
+    if optimizer is not None and is_sharded(accelerator):  # gathered, numbered as unsharded
+        checkpoint["optimizer_state_dict"] = full_optimizer_state(model, optimizer)
+    elif optimizer is not None:
         checkpoint["optimizer_state_dict"] = optimizer.state_dict()
     if scheduler is not None:
         checkpoint["scheduler_state_dict"] = scheduler.state_dict()
@@ -189,7 +197,8 @@ def restore_checkpoint(
 
     The optimizer and scheduler are loaded unless ``None``. Everything is checked before
     anything is changed: a file that does not fit leaves the model, optimizer and scheduler
-    as they were.
+    as they were. A model sharded by FSDP (and its optimizer) takes the full states, each
+    process keeping its shard.
 
     Raises:
         ValueError: If the file's model, optimizer or scheduler state does not fit, naming the
@@ -198,17 +207,23 @@ def restore_checkpoint(
     accelerator.wait_for_everyone()
     checkpoint = load_checkpoint_file(path)
     bare = accelerator.unwrap_model(model, keep_torch_compile=False)
+    sharded = is_sharded(accelerator)
+    tensors = sharded_model_tensors(model) if sharded else None
     parts: list[tuple[str, Any, Any]] = [("model", bare, checkpoint["model_state_dict"])]
     for name, target in (("optimizer", optimizer), ("scheduler", scheduler)):
         if target is not None and f"{name}_state_dict" in checkpoint:
             parts.append((name, target, checkpoint[f"{name}_state_dict"]))
     for name, target, state in parts:
-        problem = misfit(name, target, state)
+        problem = misfit(name, target, state, tensors)
         if problem:
             raise ValueError(
                 f"load_checkpoint: {os.fspath(path)!r} does not fit this {name}: {problem}. "
                 "Nothing was loaded."
             )
+    if sharded:
+        loaded = dict((name, state) for name, _, state in parts)
+        load_full_states(model, loaded["model"], optimizer, loaded.get("optimizer"))
+        parts = [part for part in parts if part[0] == "scheduler"]
     for _, target, state in parts:
         target.load_state_dict(state)
     return checkpoint

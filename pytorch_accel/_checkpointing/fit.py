@@ -14,20 +14,27 @@ SCHEDULER_KEYS = frozenset({"initial_lr", "max_lr", "min_lr", "max_momentum", "b
 """Settings torch's learning-rate schedulers add to an optimizer's parameter groups."""
 
 
-def model_misfit(model: nn.Module, saved: Mapping[str, tuple[int, ...]]) -> str:
+def model_misfit(
+    model: nn.Module,
+    saved: Mapping[str, tuple[int, ...]],
+    tensors: Mapping[str, Any] | None = None,
+) -> str:
     """Describe how parameter names and shapes ``saved`` differ from ``model``'s, or ''.
 
     Keys are compared without the DDP (``module.``) and ``torch.compile`` (``_orig_mod.``)
-    prefixes; a tied weight saved once under one of its names is not missing.
+    prefixes; a tied weight saved once under one of its names is not missing. ``tensors``:
+    the model's tensors by key, with their full shapes, where ``model.state_dict()`` does not
+    have them (a model sharded by FSDP: ``sharded.sharded_model_tensors``).
     """
-    current = {_plain_key(key): tensor for key, tensor in model.state_dict().items()}
+    tensors = model.state_dict() if tensors is None else tensors
+    current = {_plain_key(key): tensor for key, tensor in tensors.items()}
     shapes = {_plain_key(key): tuple(shape) for key, shape in saved.items()}
-    present = {tensor.data_ptr() for key, tensor in current.items() if key in shapes}
+    present = {_storage(tensor) for key, tensor in current.items() if key in shapes}
     problems = [f"unexpected {key}" for key in sorted(set(shapes) - set(current))]
     problems += [
         f"missing {key}"
         for key in sorted(set(current) - set(shapes))
-        if current[key].data_ptr() not in present  # tied weights are saved once
+        if _storage(current[key]) not in present  # tied weights are saved once
     ]
     problems += [
         f"{key}: saved {list(shapes[key])}, model {list(current[key].shape)}"
@@ -37,11 +44,14 @@ def model_misfit(model: nn.Module, saved: Mapping[str, tuple[int, ...]]) -> str:
     return "; ".join(problems[:8]) + (" ..." if len(problems) > 8 else "")
 
 
-def misfit(name: str, target: Any, state: Any) -> str:
-    """Describe why ``state`` does not fit ``target`` (a model, optimizer or scheduler), or ''."""
+def misfit(name: str, target: Any, state: Any, tensors: Mapping[str, Any] | None = None) -> str:
+    """Describe why ``state`` does not fit ``target`` (a model, optimizer or scheduler), or ''.
+
+    ``tensors``: a sharded model's tensors with their full shapes (see ``model_misfit``).
+    """
     if name == "model":
         shapes = {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
-        return model_misfit(target, shapes)
+        return model_misfit(target, shapes, tensors)
     current = target.state_dict()
     if name == "optimizer":
         saved_groups, groups = state.get("param_groups", []), current["param_groups"]
@@ -73,3 +83,10 @@ def misfit(name: str, target: Any, state: Any) -> str:
 def _plain_key(key: str) -> str:
     """A state-dict key without the DDP (``module.``) and ``torch.compile`` prefixes."""
     return key.removeprefix("module.").replace("_orig_mod.", "")
+
+
+def _storage(tensor: Any) -> int:
+    """Where a tensor's data (a shard's, for a sharded one) starts, to find tied weights."""
+    local = getattr(tensor, "_local_tensor", None)  # a DTensor's shard
+    source = local if isinstance(local, torch.Tensor) else tensor
+    return int(source.data_ptr()) if isinstance(source, torch.Tensor) else id(tensor)

@@ -22,7 +22,12 @@ from typing import TYPE_CHECKING, Any
 import accelerate.accelerator
 import torch
 
-from pytorch_accel._checkpointing.files import atomic_save, disk_full_error, load_pickled
+from pytorch_accel._checkpointing.files import (
+    atomic_save,
+    disk_full_error,
+    load_pickled,
+    load_safely,
+)
 from pytorch_accel._checkpointing.fit import model_misfit
 from pytorch_accel._checkpointing.resume import (
     PER_PROCESS,
@@ -32,6 +37,7 @@ from pytorch_accel._checkpointing.resume import (
     callback_states,
     gradients,
 )
+from pytorch_accel._checkpointing.sharded import is_sharded, sharded_model_tensors
 from pytorch_accel._checkpointing.store import (
     TrainingStateError,
     complete_state,
@@ -204,7 +210,7 @@ class TrainingStateIO:
         directory = complete_state(directory)
         loaded = verify_training_state(directory, accelerator.num_processes, where)["loaded"]
         self._prepare_model()
-        _check_model_fits(self._trainer.model, directory, where)
+        _check_model_fits(accelerator, self._trainer.model, directory, where)
         self._register()
         registered = list(getattr(accelerator, "_custom_objects", []))
         states = [loaded.get(f"custom_checkpoint_{index}.pkl") for index in range(len(registered))]
@@ -385,24 +391,60 @@ def _check_saved_states_load_safely(directory: Path) -> None:
             ) from error
 
 
-def _check_model_fits(model: torch.nn.Module, directory: Path, where: str) -> None:
-    """Compare the saved parameter names and shapes with the model's, before loading."""
-    path = directory / "model.safetensors"
-    if not path.is_file():
-        return
-    from safetensors import safe_open
+def _check_model_fits(
+    accelerator: Any, model: torch.nn.Module, directory: Path, where: str
+) -> None:
+    """Compare the saved parameter names and shapes with the model's, before loading.
 
-    try:
-        with safe_open(str(path), framework="pt") as handle:
-            saved = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}  # noqa: SIM118
-    except Exception as error:
-        raise TrainingStateError(f"{where}: could not read {str(path)!r}: {error}") from error
-    problems = model_misfit(model, saved)
+    The weights are ``model.safetensors``, or under FSDP ``pytorch_model_fsdp.bin`` (a full
+    state) or ``pytorch_model_fsdp_0`` (a sharded one, whose metadata has the full shapes).
+    """
+    saved = _saved_model_shapes(directory, where)
+    if saved is None:
+        return
+    path, shapes = saved
+    tensors = sharded_model_tensors(model) if is_sharded(accelerator) else None
+    problems = model_misfit(model, shapes, tensors)
     if problems:
         raise TrainingStateError(
             f"{where}: {str(path)!r} holds a different model: {problems}. Resume with the "
             "model it was saved from."
         )
+
+
+def _saved_model_shapes(
+    directory: Path, where: str
+) -> tuple[Path, dict[str, tuple[int, ...]]] | None:
+    """The saved model's parameter shapes by name, and the file they are in (or ``None``)."""
+    path = directory / "model.safetensors"
+    try:
+        if path.is_file():
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="pt") as handle:
+                return path, {
+                    key: tuple(handle.get_slice(key).get_shape())
+                    for key in handle.keys()  # noqa: SIM118
+                }
+        path = directory / "pytorch_model_fsdp.bin"
+        if path.is_file():
+            state = load_safely(path.read_bytes(), path, where, TrainingStateError)
+            return path, {k: tuple(v.shape) for k, v in state.items() if hasattr(v, "shape")}
+        path = directory / "pytorch_model_fsdp_0"
+        if path.is_dir():
+            from torch.distributed.checkpoint.filesystem import FileSystemReader
+
+            metadata = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+            return path, {
+                key.removeprefix("model."): tuple(item.size)
+                for key, item in metadata.items()
+                if hasattr(item, "size")
+            }
+    except TrainingStateError:
+        raise
+    except Exception as error:
+        raise TrainingStateError(f"{where}: could not read {str(path)!r}: {error}") from error
+    return None
 
 
 class _SavedByAccelerate:

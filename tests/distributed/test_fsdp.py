@@ -56,3 +56,35 @@ def test_fsdp_asked_for_by_the_launcher_shards_and_fsdp1_needs_original_paramete
         refusal = rank["env"]["fsdp1_refusal"]
         assert "use_orig_params=...) must be True under FSDP version 1" in refusal
         assert "accelerate issue 3256" in refusal
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    out_dir = tmp_path_factory.mktemp("fsdp_checkpoints")
+    outcome = launch("fsdp.py", "checkpoints", out_dir=out_dir, timeout=150)
+    assert outcome.returncode == 0, outcome.output[-4000:]
+    assert len(outcome.ranks) == 2
+    return [rank["checkpoints"] for rank in outcome.ranks]
+
+
+def test_save_checkpoint_under_fsdp2_gathers_the_full_optimizer_state(
+    checkpoints: list[dict[str, Any]],
+) -> None:
+    for rank in checkpoints:
+        assert rank["saved_like_ddp"] == 0.0  # the same file as a DDP run's, bit for bit
+        assert rank["optimizer_keys"] == [0, 1, 2, 3]  # numbered as unsharded
+
+
+def test_load_checkpoint_into_a_sharded_model_restores_model_and_optimizer(
+    checkpoints: list[dict[str, Any]],
+) -> None:
+    for rank in checkpoints:
+        assert rank["round_trip"] == 0.0
+
+
+def test_the_fit_check_of_a_training_state_runs_under_fsdp(
+    checkpoints: list[dict[str, Any]],
+) -> None:
+    for rank in checkpoints:
+        assert rank["misfit"].startswith("TrainingStateError: Trainer.load_training_state: ")
+        assert "holds a different model: 0.bias: saved [8], model [6]" in rank["misfit"]

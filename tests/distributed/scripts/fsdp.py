@@ -6,6 +6,9 @@
   ``Trainer(accelerator_kwargs={"fsdp_plugin": ...})``), with accumulation (a short last
   window) and clipping by norm; then ``evaluate`` and ``predict`` under both; and
   ``gradient_clip_value`` refused at ``train()``.
+- ``checkpoints``: ``save_checkpoint`` with the optimizer gathers full states (the file equals
+  a DDP run's), ``load_checkpoint`` puts them back into a sharded model (saving again gives the
+  same file), and a training state of another model is refused by the fit check.
 - ``env``: FSDP asked for by ``accelerate launch --use_fsdp``'s variables: FSDP1 without the
   original parameters is refused at the constructor, FSDP2 shards.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -108,6 +112,77 @@ def parity() -> dict[str, Any]:
     }
 
 
+def adam_trainer(**accelerator_kwargs: Any) -> Trainer:
+    """``fresh_trainer`` with AdamW, whose state has a tensor per parameter."""
+    trainer = fresh_trainer(**accelerator_kwargs)
+    trainer.optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=0.01)
+    return trainer
+
+
+def tensors_of(path: Path) -> list[torch.Tensor]:
+    """Every tensor of a checkpoint file, in order."""
+    checkpoint = torch.load(path, weights_only=True)
+    checkpoint.pop("pytorch_accel_sha256")
+    found: list[torch.Tensor] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, dict):
+            for key in sorted(value, key=str):
+                walk(value[key])
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item)
+
+    walk(checkpoint)
+    return found
+
+
+def files_differ(first: Path, second: Path) -> float:
+    pairs = zip(tensors_of(first), tensors_of(second), strict=True)
+    return max((a.double() - b.double()).abs().max().item() for a, b in pairs)
+
+
+def checkpoints() -> dict[str, Any]:
+    out = Path(sys.argv[1])
+    dataset = make_regression_dataset(24)
+    options = {"num_epochs": 1, "per_device_batch_size": 4, "train_dataloader_kwargs": UNSHUFFLED}
+    ddp = adam_trainer()
+    ddp.train(dataset, **options)
+    ddp.save_checkpoint(out / "ddp.pt")
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
+    trainer = adam_trainer(fsdp_plugin=plugin)
+    trainer.train(dataset, **options)
+    trainer.save_checkpoint(out / "fsdp.pt")
+    trainer.save_training_state(out / "state")
+    restored = adam_trainer(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+    restored.train(make_regression_dataset(8, seed=3), num_epochs=1, per_device_batch_size=4)
+    restored.load_checkpoint(out / "fsdp.pt")
+    restored.save_checkpoint(out / "again.pt")
+    reset_state()
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 1))
+    other = Trainer(
+        model,
+        nn.MSELoss(),
+        torch.optim.AdamW(model.parameters()),
+        (),
+        accelerator_kwargs={"fsdp_plugin": FullyShardedDataParallelPlugin(fsdp_version=2)},
+    )
+    try:
+        other.load_training_state(out / "state")
+        misfit = ""
+    except Exception as error:
+        misfit = f"{type(error).__name__}: {error}"
+    main = trainer.accelerator.is_main_process
+    return {
+        "saved_like_ddp": files_differ(out / "ddp.pt", out / "fsdp.pt") if main else 0.0,
+        "round_trip": files_differ(out / "fsdp.pt", out / "again.pt") if main else 0.0,
+        "optimizer_keys": sorted(torch.load(out / "fsdp.pt")["optimizer_state_dict"]["state"]),
+        "misfit": misfit,
+    }
+
+
 def env() -> dict[str, Any]:
     os.environ.update({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"})
     os.environ.pop("FSDP_USE_ORIG_PARAMS", None)
@@ -133,4 +208,5 @@ def fresh_trainer_from_env() -> Trainer:
 
 if __name__ == "__main__":
     scenario = sys.argv[2]
-    report_and_exit({scenario: {"parity": parity, "env": env}[scenario]()})
+    scenarios = {"parity": parity, "checkpoints": checkpoints, "env": env}
+    report_and_exit({scenario: scenarios[scenario]()})
