@@ -89,11 +89,33 @@ class TrainingStateIO:
         """Write a training state to ``output_dir`` (see ``Trainer.save_training_state``)."""
         final = Path(output_dir)
         self._saving = self._loop.position("Trainer.save_training_state")
+        self._refuse_open_window(self._saving)
         try:
             self._write(final, hidden(final))
         finally:
             self._saving = None
         return final
+
+    def _refuse_open_window(self, position: Position) -> None:
+        """Refuse a save inside an accumulation window under FSDP (its gradients are not saved).
+
+        FSDP keeps a window's unsynchronised gradients inside its own state, out of reach of
+        the parameters' ``.grad`` that a training state saves, so the resumed window would be
+        wrong (FSDP2) or fail (FSDP1). Every process refuses at the same step.
+        """
+        config = self._trainer.run_config
+        if not position.in_run or config is None or not is_sharded(self._trainer.accelerator):
+            return
+        steps, done = config.gradient_accumulation_steps, position.batches_done
+        if steps > 1 and done % steps and done != config.train_dataloader_len:
+            raise RuntimeError(
+                f"Trainer.save_training_state: under FSDP a training state can only be saved "
+                f"where an accumulation window ends, but {done} batches of this epoch are "
+                f"done with gradient_accumulation_steps={steps}: FSDP keeps the window's "
+                "gradients where a training state cannot save them. Save after an optimizer "
+                f"update (after a multiple of {steps} steps, as SaveTrainingStateCallback's "
+                "save_every_n_steps does) or at the end of an epoch."
+            )
 
     def _write(self, final: Path, temporary: Path) -> None:
         accelerator = self._trainer.accelerator

@@ -88,3 +88,14 @@ def test_the_fit_check_of_a_training_state_runs_under_fsdp(
     for rank in checkpoints:
         assert rank["misfit"].startswith("TrainingStateError: Trainer.load_training_state: ")
         assert "holds a different model: 0.bias: saved [8], model [6]" in rank["misfit"]
+
+
+def test_a_training_state_inside_an_accumulation_window_is_refused_under_fsdp(
+    checkpoints: list[dict[str, Any]],
+) -> None:
+    for rank in checkpoints:
+        assert rank["saves_before_refusal"] == 1  # after the update
+        assert rank["mid_window_refusal"].startswith(
+            "Trainer.save_training_state: under FSDP a training state can only be saved where "
+            "an accumulation window ends, but 3 batches of this epoch are done"
+        )

@@ -30,6 +30,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from pytorch_accel import Trainer
+from pytorch_accel.callbacks import TrainerCallback
 
 UNSHUFFLED = {"shuffle": False}
 
@@ -176,11 +177,43 @@ def checkpoints() -> dict[str, Any]:
         misfit = f"{type(error).__name__}: {error}"
     main = trainer.accelerator.is_main_process
     return {
+        **mid_window_saves(out),
         "saved_like_ddp": files_differ(out / "ddp.pt", out / "fsdp.pt") if main else 0.0,
         "round_trip": files_differ(out / "fsdp.pt", out / "again.pt") if main else 0.0,
         "optimizer_keys": sorted(torch.load(out / "fsdp.pt")["optimizer_state_dict"]["state"]),
         "misfit": misfit,
     }
+
+
+class SaveEveryStep(TrainerCallback):
+    """Saves a training state after steps 2 (an update) and 3 (inside a window)."""
+
+    def __init__(self, out: Path) -> None:
+        self.out, self.steps, self.saved = out, 0, 0
+
+    def on_train_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        self.steps += 1
+        if self.steps >= 2:  # after the first update (2 batches), then inside the next window
+            trainer.save_training_state(self.out / f"step{self.steps}")
+            self.saved += 1
+
+
+def mid_window_saves(out: Path) -> dict[str, Any]:
+    """A save after an update works; one inside an accumulation window is refused."""
+    trainer = adam_trainer(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+    saver = SaveEveryStep(out)
+    trainer.callback_handler.add_callback(saver)
+    try:
+        trainer.train(
+            make_regression_dataset(40),
+            num_epochs=1,
+            per_device_batch_size=4,
+            gradient_accumulation_steps=2,
+        )
+        refusal = ""
+    except RuntimeError as error:
+        refusal = str(error)
+    return {"saves_before_refusal": saver.saved, "mid_window_refusal": refusal}
 
 
 def env() -> dict[str, Any]:
