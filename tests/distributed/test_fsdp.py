@@ -37,6 +37,17 @@ def test_fsdp2_trains_evaluates_and_predicts_like_ddp(parity: list[dict[str, Any
     assert parity[0] == parity[1]
 
 
+def test_fsdp1_with_the_original_parameters_trains_like_ddp(
+    parity: list[dict[str, Any]],
+) -> None:
+    for rank in parity:
+        result = rank["parity"]
+        assert result["fsdp1_type"] == "DistributedType.FSDP"
+        assert result["fsdp1_parameters"] <= TOLERANCE
+        assert result["fsdp1_loss"] <= TOLERANCE
+        assert result["fsdp1_predictions"] <= TOLERANCE
+
+
 def test_gradient_clip_value_under_fsdp_is_refused_at_train(
     parity: list[dict[str, Any]],
 ) -> None:

@@ -27,6 +27,7 @@ from accelerate.utils import DistributedType
 from common import report_and_exit
 from helpers import make_model, make_regression_dataset
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor
 
 from pytorch_accel import Trainer
@@ -54,12 +55,9 @@ def fresh_trainer(**accelerator_kwargs: Any) -> Trainer:
 
 def full_parameters(trainer: Trainer) -> torch.Tensor:
     """The model's parameters, gathered where sharded, flattened into one tensor."""
-    return torch.cat(
-        [
-            (p.full_tensor() if isinstance(p, DTensor) else p).detach().flatten()
-            for p in trainer.get_model().parameters()
-        ]
-    )
+    options = StateDictOptions(full_state_dict=True)
+    state = get_model_state_dict(trainer.model, options=options)
+    return torch.cat([state[key].detach().flatten() for key in sorted(state)])
 
 
 def sharding(trainer: Trainer) -> dict[str, Any]:
@@ -100,7 +98,16 @@ def parity() -> dict[str, Any]:
         clip_value_refusal = ""
     except ValueError as error:
         clip_value_refusal = str(error)
+    fsdp1 = run(
+        fresh_trainer(
+            fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=1, use_orig_params=True)
+        )
+    )
     return {
+        "fsdp1_type": fsdp1["type"],
+        "fsdp1_parameters": (fsdp1["parameters"] - ddp["parameters"]).abs().max().item(),
+        "fsdp1_loss": abs(fsdp1["loss"] - ddp["loss"]),
+        "fsdp1_predictions": (fsdp1["predictions"] - ddp["predictions"]).abs().max().item(),
         "ddp_type": ddp["type"],
         "fsdp_type": fsdp["type"],
         "dtensors": fsdp["dtensors"],
