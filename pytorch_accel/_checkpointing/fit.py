@@ -87,6 +87,8 @@ def _plain_key(key: str) -> str:
 
 def _storage(tensor: Any) -> int:
     """Where a tensor's data (a shard's, for a sharded one) starts, to find tied weights."""
-    local = getattr(tensor, "_local_tensor", None)  # a DTensor's shard
-    source = local if isinstance(local, torch.Tensor) else tensor
+    source = getattr(tensor, "_local_tensor", tensor)  # a DTensor's shard (FSDP2)
+    if hasattr(source, "local_shards"):  # a ShardedTensor (FSDP1)
+        shards = source.local_shards()
+        source = shards[0].tensor if shards else None
     return int(source.data_ptr()) if isinstance(source, torch.Tensor) else id(tensor)

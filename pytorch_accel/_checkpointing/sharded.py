@@ -25,19 +25,24 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 __all__ = [
+    "fsdp_version",
     "full_optimizer_state",
     "is_sharded",
     "load_full_states",
     "sharded_model_tensors",
 ]
 
-_GATHERED = StateDictOptions(full_state_dict=True, cpu_offload=True)
-"""Full states, gathered to the main process's CPU memory (the others get none)."""
-
 
 def is_sharded(accelerator: Accelerator) -> bool:
     """Whether the accelerator shards the model with FSDP (version 1 or 2)."""
     return accelerator.distributed_type == DistributedType.FSDP  # type: ignore[no-any-return]
+
+
+def fsdp_version(accelerator: Accelerator) -> int | None:
+    """The FSDP version the accelerator shards with (``None``: not sharded by FSDP)."""
+    if not is_sharded(accelerator):
+        return None
+    return int(accelerator.state.fsdp_plugin.fsdp_version)
 
 
 def sharded_model_tensors(model: nn.Module) -> dict[str, Any]:
@@ -46,14 +51,19 @@ def sharded_model_tensors(model: nn.Module) -> dict[str, Any]:
 
 
 def full_optimizer_state(model: nn.Module, optimizer: Any) -> dict[str, Any]:
-    """The optimizer's full state on the main process (``{}`` elsewhere), numbered as unsharded.
+    """The optimizer's full state on the main process (at least), numbered as unsharded.
 
     Args:
         model: The FSDP model.
         optimizer: The trainer's optimizer (accelerate's wrapper or the torch optimizer).
     """
     inner = getattr(optimizer, "optimizer", optimizer)
-    state: Any = get_optimizer_state_dict(model, inner, options=_GATHERED)
+    # gathered to the main process's CPU memory, or on every process when the parameters are
+    # on the CPU already (where FSDP1's offloading gather mixes up the states on gloo: its
+    # exp_avg came back as exp_avg_sq)
+    on_cpu = all(p.device.type == "cpu" for p in model.parameters())
+    options = StateDictOptions(full_state_dict=True, cpu_offload=not on_cpu)
+    state: Any = get_optimizer_state_dict(model, inner, options=options)
     if not state:
         return {}
     numbers = _parameter_numbers(state["param_groups"])

@@ -110,3 +110,25 @@ def test_a_training_state_inside_an_accumulation_window_is_refused_under_fsdp(
             "Trainer.save_training_state: under FSDP a training state can only be saved where "
             "an accumulation window ends, but 3 batches of this epoch are done"
         )
+
+
+def test_fsdp1_under_save_checkpoint_and_load_checkpoint(
+    checkpoints: list[dict[str, Any]],
+) -> None:
+    for rank in checkpoints:
+        assert rank["fsdp1_saved_like_ddp"] == 0.0
+        assert rank["fsdp1_round_trip"] == 0.0
+
+
+def test_fsdp2_resumes_bitwise_from_a_state_saved_after_an_update(
+    checkpoints: list[dict[str, Any]],
+) -> None:
+    for rank in checkpoints:
+        assert rank["resumed"] == 0.0
+
+
+def test_training_states_under_fsdp1_are_refused(checkpoints: list[dict[str, Any]]) -> None:
+    for rank in checkpoints:
+        assert rank["fsdp1_state_refusal"].startswith(
+            "Trainer.save_training_state: training states are not supported under FSDP version 1"
+        )

@@ -184,11 +184,58 @@ def checkpoints() -> dict[str, Any]:
         misfit = f"{type(error).__name__}: {error}"
     main = trainer.accelerator.is_main_process
     return {
+        **fsdp1_checkpoints(out),
+        **resumes(out),
         **mid_window_saves(out),
         "saved_like_ddp": files_differ(out / "ddp.pt", out / "fsdp.pt") if main else 0.0,
         "round_trip": files_differ(out / "fsdp.pt", out / "again.pt") if main else 0.0,
         "optimizer_keys": sorted(torch.load(out / "fsdp.pt")["optimizer_state_dict"]["state"]),
         "misfit": misfit,
+    }
+
+
+def fsdp1_plugin() -> FullyShardedDataParallelPlugin:
+    return FullyShardedDataParallelPlugin(fsdp_version=1, use_orig_params=True)
+
+
+def fsdp1_checkpoints(out: Path) -> dict[str, Any]:
+    """save_checkpoint and load_checkpoint under FSDP1: the same file as FSDP2's and DDP's."""
+    options = {"num_epochs": 1, "per_device_batch_size": 4, "train_dataloader_kwargs": UNSHUFFLED}
+    trainer = adam_trainer(fsdp_plugin=fsdp1_plugin())
+    trainer.train(make_regression_dataset(24), **options)
+    trainer.save_checkpoint(out / "fsdp1.pt")
+    restored = adam_trainer(fsdp_plugin=fsdp1_plugin())
+    restored.train(make_regression_dataset(8, seed=3), num_epochs=1, per_device_batch_size=4)
+    restored.load_checkpoint(out / "fsdp1.pt")
+    restored.save_checkpoint(out / "fsdp1_again.pt")
+    main = trainer.accelerator.is_main_process
+    return {
+        "fsdp1_saved_like_ddp": files_differ(out / "ddp.pt", out / "fsdp1.pt") if main else 0.0,
+        "fsdp1_round_trip": files_differ(out / "fsdp1.pt", out / "fsdp1_again.pt") if main else 0.0,
+    }
+
+
+def resumes(out: Path) -> dict[str, Any]:
+    """FSDP2: a run resumed after epoch 1 ends bitwise where the whole run ends; FSDP1 refuses."""
+    options = {"per_device_batch_size": 4, "gradient_accumulation_steps": 2, "max_grad_norm": 1.0}
+    dataset = make_regression_dataset(40)
+    whole = adam_trainer(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+    whole.train(dataset, num_epochs=2, **options)
+    expected = full_parameters(whole)
+    first = adam_trainer(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+    first.train(dataset, num_epochs=1, **options)
+    first.save_training_state(out / "resume")
+    resumed = adam_trainer(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+    resumed.train(dataset, num_epochs=2, resume_from=out / "resume", **options)
+    fsdp1 = adam_trainer(fsdp_plugin=fsdp1_plugin())
+    try:
+        fsdp1.save_training_state(out / "fsdp1_state")
+        fsdp1_refusal = ""
+    except RuntimeError as error:
+        fsdp1_refusal = str(error)
+    return {
+        "resumed": (full_parameters(resumed) - expected).abs().max().item(),
+        "fsdp1_state_refusal": fsdp1_refusal,
     }
 
 
