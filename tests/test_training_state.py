@@ -184,15 +184,19 @@ def test_a_different_model_is_refused_with_the_mismatch(
         make_trainer(wider).load_training_state(tmp_path / "state")
 
 
-def test_a_different_world_size_is_refused(
+def test_a_different_world_size_is_refused_mid_epoch(
     tmp_path: Path, regression_dataset: TensorDataset
 ) -> None:
     saved_after_training(tmp_path, regression_dataset)
     manifest_path = tmp_path / "state" / MANIFEST_NAME
     manifest = json.loads(manifest_path.read_text())
     manifest["world_size"] = 2
+    manifest["position"]["batches_done"] = 3
     manifest_path.write_text(json.dumps(manifest))
-    with pytest.raises(TrainingStateError, match="saved by 2 processes, but this run has 1"):
+    with pytest.raises(
+        TrainingStateError,
+        match="saved by 2 processes in the middle of an epoch, but this run has 1",
+    ):
         make_trainer().load_training_state(tmp_path / "state")
 
 

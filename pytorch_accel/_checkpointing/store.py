@@ -150,17 +150,24 @@ def verify_training_state(directory: Path, world_size: int, where: str) -> dict[
     here: the manifest gets ``"loaded"``, their deserialised contents by name, from exactly the
     bytes that were verified.
 
+    A state saved between epochs (or after a run) may be resumed by another number of processes
+    than saved it (``world_size``); one saved mid-epoch only by as many.
+
     Raises:
         TrainingStateError: Naming the file and what is wrong with it, or the world size.
     """
     manifest = read_manifest(directory, where)
     saved_world = manifest.get("world_size")
-    if saved_world != world_size:
+    position = manifest.get("position") or {}
+    between_epochs = position.get("batches_done", 1) == 0
+    if saved_world != world_size and not (between_epochs and isinstance(saved_world, int)):
         raise TrainingStateError(
-            f"{where}: {str(directory)!r} was saved by {saved_world} processes, but this run "
-            f"has {world_size}. Resume with the same number of processes (e.g. `accelerate "
-            f"launch --num_processes {saved_world}`)."
+            f"{where}: {str(directory)!r} was saved by {saved_world} processes in the middle "
+            f"of an epoch, but this run has {world_size}. Resume with the same number of "
+            f"processes (e.g. `accelerate launch --num_processes {saved_world}`), or from a "
+            "state saved between epochs, which resumes on any number of processes."
         )
+    world_size = saved_world
     listed = manifest["files"]
     for path in sorted(p for p in directory.rglob("*") if p.is_file()):
         name = path.relative_to(directory).as_posix()

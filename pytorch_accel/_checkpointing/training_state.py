@@ -232,7 +232,14 @@ class TrainingStateIO:
         accelerator = self._trainer.accelerator
         refuse_fsdp1(accelerator, where)
         directory = complete_state(directory)
-        loaded = verify_training_state(directory, accelerator.num_processes, where)["loaded"]
+        manifest = verify_training_state(directory, accelerator.num_processes, where)
+        saved_world, loaded = int(manifest["world_size"]), manifest["loaded"]
+        if saved_world != accelerator.num_processes and is_sharded(accelerator):
+            raise TrainingStateError(
+                f"{where}: {str(directory)!r} was saved by {saved_world} processes, and a run "
+                f"sharded by FSDP resumes it only with as many (this one has "
+                f"{accelerator.num_processes}). Resume with {saved_world} processes."
+            )
         self._prepare_model()
         _check_model_fits(accelerator, self._trainer.model, directory, where)
         self._register()
@@ -251,7 +258,9 @@ class TrainingStateIO:
                 f"{where}: {str(directory)!r} does not fit this trainer's model or optimizer: "
                 f"{error}"
             ) from error
-        return shared, loaded[rank_state_name(accelerator.process_index)]
+        # another number of processes (between epochs): process i takes saved process i's
+        # own state, or (beyond them) process i modulo their number's
+        return shared, loaded[rank_state_name(accelerator.process_index % saved_world)]
 
     def resume_point(
         self, resume_from: str | os.PathLike[str] | None, parts: ResumeParts | None = None
@@ -362,6 +371,9 @@ class TrainingStateIO:
         """Raise if this call's batches per epoch differ from the saved run's."""
         assert self._trainer.run_config is not None
         now = _resume_relevant(self._trainer.run_config)
+        elastic = saved.get("num_processes") != now["num_processes"]
+        if elastic and why != "it stopped mid-epoch":  # the updates per epoch matter, not
+            now = {k: v for k, v in now.items() if k in _UPDATES_PER_EPOCH}  # how they split
         for name, value in now.items():
             if name in saved and saved[name] != value:
                 fail(
@@ -389,6 +401,10 @@ class TrainingStateIO:
         if not self._registered:
             self._trainer.accelerator.register_for_checkpointing(self._checkpointed)
             self._registered = True
+
+
+_UPDATES_PER_EPOCH = ("gradient_accumulation_steps", "train_dataloader_len")
+"""The settings that fix a run's updates per epoch, which its count of updates continues."""
 
 
 def _resume_relevant(config: TrainerRunConfig) -> dict[str, Any]:

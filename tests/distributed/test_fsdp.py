@@ -6,9 +6,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from helpers import make_model, make_regression_dataset
 from launcher import launch
+from torch import nn
+
+from pytorch_accel import Trainer
 
 TOLERANCE = 1e-6
+UNSHUFFLED = {"shuffle": False}
+
+
+def max_difference(model: nn.Module, reference: nn.Module) -> float:
+    pairs = zip(model.parameters(), reference.parameters(), strict=True)
+    return max((a.detach() - b.detach()).abs().max().item() for a, b in pairs)
 
 
 @pytest.fixture(scope="module")
@@ -132,3 +143,20 @@ def test_training_states_under_fsdp1_are_refused(checkpoints: list[dict[str, Any
         assert rank["fsdp1_state_refusal"].startswith(
             "Trainer.save_training_state: training states are not supported under FSDP version 1"
         )
+
+
+def test_a_state_of_2_processes_resumes_in_1_between_epochs(
+    checkpoints: list[dict[str, Any]],
+) -> None:
+    """2 processes x batch 4 saved after epoch 1; 1 process x batch 8 trains epoch 2."""
+    dataset = make_regression_dataset(24)
+    options: dict[str, Any] = {"per_device_batch_size": 8, "train_dataloader_kwargs": UNSHUFFLED}
+    model = make_model()
+    whole = Trainer(model, nn.MSELoss(), torch.optim.AdamW(model.parameters(), lr=0.01), ())
+    whole.train(dataset, num_epochs=2, **options)
+    model = make_model(seed=1)  # the saved weights replace these
+    resumed = Trainer(model, nn.MSELoss(), torch.optim.AdamW(model.parameters(), lr=0.01), ())
+    resumed.train(dataset, num_epochs=2, resume_from=checkpoints[0]["elastic_state"], **options)
+    assert resumed.run_history.current_epoch == whole.run_history.current_epoch
+    assert max_difference(resumed.model, whole.model) <= TOLERANCE
+    assert max_difference(resumed.model, make_model(seed=1)) > 0.01

@@ -8,7 +8,8 @@
   ``gradient_clip_value`` refused at ``train()``.
 - ``checkpoints``: ``save_checkpoint`` with the optimizer gathers full states (the file equals
   a DDP run's), ``load_checkpoint`` puts them back into a sharded model (saving again gives the
-  same file), and a training state of another model is refused by the fit check.
+  same file), and a training state of another model is refused by the fit check; a DDP
+  training state for the test to resume in 1 process.
 - ``env``: FSDP asked for by ``accelerate launch --use_fsdp``'s variables: FSDP1 without the
   original parameters is refused at the constructor, FSDP2 shards.
 """
@@ -159,6 +160,7 @@ def checkpoints() -> dict[str, Any]:
     ddp = adam_trainer()
     ddp.train(dataset, **options)
     ddp.save_checkpoint(out / "ddp.pt")
+    ddp.save_training_state(out / "elastic")  # resumed in 1 process by the test
     plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
     trainer = adam_trainer(fsdp_plugin=plugin)
     trainer.train(dataset, **options)
@@ -184,6 +186,7 @@ def checkpoints() -> dict[str, Any]:
         misfit = f"{type(error).__name__}: {error}"
     main = trainer.accelerator.is_main_process
     return {
+        "elastic_state": str(out / "elastic"),
         **fsdp1_checkpoints(out),
         **resumes(out),
         **mid_window_saves(out),
