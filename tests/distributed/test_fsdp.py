@@ -86,7 +86,10 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]
     outcome = launch("fsdp.py", "checkpoints", out_dir=out_dir, timeout=150)
     assert outcome.returncode == 0, outcome.output[-4000:]
     assert len(outcome.ranks) == 2
-    return [rank["checkpoints"] for rank in outcome.ranks]
+    ranks = [rank["checkpoints"] for rank in outcome.ranks]
+    for rank in ranks:  # the FSDP2 trainers that saved, loaded and checked were sharded
+        assert rank["sharded"] == ["DistributedType.FSDP"] * 3
+    return ranks
 
 
 def test_save_checkpoint_under_fsdp2_gathers_the_full_optimizer_state(
@@ -160,3 +163,23 @@ def test_a_state_of_2_processes_resumes_in_1_between_epochs(
     assert resumed.run_history.current_epoch == whole.run_history.current_epoch
     assert max_difference(resumed.model, whole.model) <= TOLERANCE
     assert max_difference(resumed.model, make_model(seed=1)) > 0.01
+
+
+def test_a_state_of_1_process_resumes_in_2_between_epochs(tmp_path: Path) -> None:
+    """1 process x batch 8 saved after epoch 1; 2 processes x batch 4 train epoch 2."""
+    dataset = make_regression_dataset(24)
+    options: dict[str, Any] = {"per_device_batch_size": 8, "train_dataloader_kwargs": UNSHUFFLED}
+    model = make_model()
+    whole = Trainer(model, nn.MSELoss(), torch.optim.AdamW(model.parameters(), lr=0.01), ())
+    whole.train(dataset, num_epochs=2, **options)
+    model = make_model()
+    first = Trainer(model, nn.MSELoss(), torch.optim.AdamW(model.parameters(), lr=0.01), ())
+    first.train(dataset, num_epochs=1, **options)
+    first.save_training_state(tmp_path / "state")
+    outcome = launch("fsdp.py", "grow", str(tmp_path / "state"), out_dir=tmp_path, timeout=120)
+    assert outcome.returncode == 0, outcome.output[-4000:]
+    state = whole.model.state_dict()  # in the script's order: by key
+    expected = torch.cat([state[key].detach().flatten() for key in sorted(state)])
+    for rank in outcome.ranks:
+        resumed = torch.tensor(rank["grow"]["parameters"])
+        assert (resumed - expected).abs().max().item() <= TOLERANCE

@@ -10,6 +10,7 @@
   a DDP run's), ``load_checkpoint`` puts them back into a sharded model (saving again gives the
   same file), and a training state of another model is refused by the fit check; a DDP
   training state for the test to resume in 1 process.
+- ``grow``: a DDP run resumes the training state of 1 process given as the next argument.
 - ``env``: FSDP asked for by ``accelerate launch --use_fsdp``'s variables: FSDP1 without the
   original parameters is refused at the constructor, FSDP2 shards.
 """
@@ -186,6 +187,7 @@ def checkpoints() -> dict[str, Any]:
         misfit = f"{type(error).__name__}: {error}"
     main = trainer.accelerator.is_main_process
     return {
+        "sharded": [sharding(run)["type"] for run in (trainer, restored, other)],
         "elastic_state": str(out / "elastic"),
         **fsdp1_checkpoints(out),
         **resumes(out),
@@ -273,6 +275,22 @@ def mid_window_saves(out: Path) -> dict[str, Any]:
     return {"saves_before_refusal": saver.saved, "mid_window_refusal": refusal}
 
 
+def grow() -> dict[str, Any]:
+    """Resume a state saved by 1 process after epoch 1 (argv[3]) in these processes."""
+    trainer = adam_trainer()
+    with torch.no_grad():  # the saved weights replace these
+        for parameter in trainer.model.parameters():
+            parameter.add_(1.0)
+    trainer.train(
+        make_regression_dataset(24),
+        num_epochs=2,
+        per_device_batch_size=4,
+        train_dataloader_kwargs=UNSHUFFLED,
+        resume_from=sys.argv[3],
+    )
+    return {"parameters": full_parameters(trainer).tolist()}
+
+
 def env() -> dict[str, Any]:
     os.environ.update({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"})
     os.environ.pop("FSDP_USE_ORIG_PARAMS", None)
@@ -298,5 +316,5 @@ def fresh_trainer_from_env() -> Trainer:
 
 if __name__ == "__main__":
     scenario = sys.argv[2]
-    scenarios = {"parity": parity, "checkpoints": checkpoints, "env": env}
+    scenarios = {"parity": parity, "checkpoints": checkpoints, "grow": grow, "env": env}
     report_and_exit({scenario: scenarios[scenario]()})
