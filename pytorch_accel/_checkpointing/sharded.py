@@ -5,7 +5,8 @@ keys without wrapper prefixes, the optimizer's parameters numbered in the order 
 parameter groups (``torch.optim.Optimizer.state_dict``). So a file saved under FSDP loads in
 one process and the other way round. Gathering and scattering go through
 ``torch.distributed.checkpoint.state_dict``: every process must call these functions, at the
-same point.
+same point. torch's state-dict module is imported when first needed (it takes about a
+second to import).
 """
 
 from __future__ import annotations
@@ -16,13 +17,6 @@ from typing import Any
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 __all__ = [
     "fsdp_version",
@@ -47,6 +41,8 @@ def fsdp_version(accelerator: Accelerator) -> int | None:
 
 def sharded_model_tensors(model: nn.Module) -> dict[str, Any]:
     """The sharded model's tensors by plain key, each with its full shape (no gathering)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=False))
 
 
@@ -57,6 +53,11 @@ def full_optimizer_state(model: nn.Module, optimizer: Any) -> dict[str, Any]:
         model: The FSDP model.
         optimizer: The trainer's optimizer (accelerate's wrapper or the torch optimizer).
     """
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+    )
+
     inner = getattr(optimizer, "optimizer", optimizer)
     # gathered to the main process's CPU memory, or on every process when the parameters are
     # on the CPU already (where FSDP1's offloading gather mixes up the states on gloo: its
@@ -86,6 +87,13 @@ def load_full_states(
 
     Every process passes the whole state; each keeps its shard.
     """
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
     options = StateDictOptions(full_state_dict=True)
     set_model_state_dict(model, dict(model_state), options=options)
     if optimizer is None or optimizer_state is None:
