@@ -231,6 +231,16 @@ class Trainer:
         self._state.assign_num_updates(value)
 
     @property
+    def global_num_updates(self) -> int:
+        """Optimizer updates (on this process) of the whole run: the x-axis of step curves.
+
+        ``num_updates`` plus the updates of the earlier ``train()`` calls that this run
+        continues (``reset_run_history=False``); a call that resets the run history starts a
+        new run, at 0. Saved in training states, so a resumed run continues it.
+        """
+        return self._state.global_num_updates
+
+    @property
     def is_training(self) -> bool:
         """Whether ``train()`` is running (for callbacks that also serve ``evaluate()``)."""
         return self._state.running
@@ -411,7 +421,7 @@ class Trainer:
         self.run_config = setup.finish(self.run_config, self.optimizer, self._state.chosen_rates)
         self._state.failing_batches = setup.failing_batch_guard(self._accelerator.num_processes)
         self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
-        self._state.num_updates = 0
+        self._state.start_counting(continue_run=not reset_run_history)
         self.optimizer.zero_grad()  # a stop inside an accumulation window leaves gradients behind
         resume = None
         if resume_from is not None:
@@ -842,7 +852,7 @@ class Trainer:
         return self._states.save(output_dir)
 
     def load_training_state(self, input_dir: str | os.PathLike[str]) -> dict[str, Any]:
-        """Restore the model, optimizer, scaler, random states and run history of a saved state.
+        """Restore the model, optimizer, scaler, random states, run history and update counts.
 
         To continue training where the state was saved (scheduler, callbacks, position in the
         epoch included), use ``train(..., resume_from=input_dir)`` instead. The directory is
@@ -862,4 +872,6 @@ class Trainer:
         """
         shared, _ = self._states.load(Path(input_dir), "Trainer.load_training_state")
         self.run_history.load_state_dict(shared["history"])
+        self._state.num_updates = int(shared["num_updates"])  # a later call continues them
+        self._state.updates_before = int(shared.get("updates_before", 0))
         return shared

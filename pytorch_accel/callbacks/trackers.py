@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import numbers
 import os
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -34,6 +35,14 @@ if TYPE_CHECKING:
 __all__ = ["TrackingCallback", "hparams_of"]
 
 _INSTALL_HINTS = {"tensorboard": 'pip install "pytorch-accel[tracking]"'}
+
+
+def _no_trainer() -> None:
+    return None
+
+
+_NO_TRAINER: Any = _no_trainer
+"""Called like a dead ``weakref.ref``: no trainer yet."""
 
 
 class TrackingCallback(StepLoggingCallback):
@@ -138,6 +147,8 @@ class TrackingCallback(StepLoggingCallback):
         self._step_rows: dict[int, dict[str, Any]] = {}
         self._cursor = MetricCursor()
         self._purge_step: int | None = None
+        self._trainer: weakref.ReferenceType[Trainer] = _NO_TRAINER
+        self._finalizer: weakref.finalize[Any, Any] | None = None
 
     def redirect_outputs(self, directory: Path) -> AbstractContextManager[None]:
         """Write the CSV files and local tracker runs under ``directory`` (for dry runs)."""
@@ -158,29 +169,41 @@ class TrackingCallback(StepLoggingCallback):
         and drops the later ones, which it does again (see ``_continue_files``).
         """
         resumed = trainer.resumed_from is not None
-        self._start(trainer, purge_step=trainer.num_updates + 1 if resumed else None)
-        self._step_columns, self._step_rows = [], {}
+        new_run = resumed or not _continues(trainer)
+        purge_step = trainer.global_num_updates + 1 if resumed else None
+        self._start(trainer, purge_step=purge_step, new_run=new_run)
+        if new_run:
+            self._step_columns, self._step_rows = [], {}
         if resumed and trainer.accelerator.is_main_process:
             self._continue_files(trainer)
         super().on_training_run_start(trainer)
 
     def on_evaluation_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Start the trackers and store the run config."""
-        self._start(trainer)
+        """Continue the run's trackers, or start them and store the run config."""
+        self._start(trainer, new_run=False)
 
     def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         """Send the epoch's new metrics, at step = the epoch number."""
         self._log_new(trainer, trainer.run_history.current_epoch)
 
     def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Send what a stopped epoch recorded and the last step interval; finish the trackers."""
+        """Send what a stopped epoch recorded and the last step interval; flush the trackers."""
         self._log_new(trainer, trainer.run_history.current_epoch)
         super().on_training_run_end(trainer)
-        self._finish()
+        self._flush()
 
     def on_evaluation_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Send the evaluation's metrics, at step = the epochs trained so far; finish."""
+        """Send the evaluation's metrics, at step = the epochs trained so far; flush."""
         self._log_new(trainer, trainer.run_history.current_epoch - 1)
+        self._flush()
+
+    def finish(self) -> None:
+        """Finish the trackers of the run now (else at the next run's start, or at exit).
+
+        The trackers of a run stay open across the ``train()`` and ``evaluate()`` calls
+        that continue it, so the run is one tracker run; call this when it is over, to close
+        it before the program ends (a W&B or MLflow run, a TensorBoard file).
+        """
         self._finish()
 
     def log_step(self, trainer: Trainer, metrics: dict[str, float], step: int) -> None:
@@ -231,9 +254,8 @@ class TrackingCallback(StepLoggingCallback):
         path = self.step_csv_path
         if path is not None and path.exists():
             saved = read_metrics_rows(path, STEP_COLUMN)
-            self._step_rows = {
-                step: row for step, row in saved.items() if step <= trainer.num_updates
-            }
+            updates = trainer.global_num_updates
+            self._step_rows = {step: row for step, row in saved.items() if step <= updates}
             self._step_columns = sorted({name for row in self._step_rows.values() for name in row})
             with self._writing(path, "csv_path"):
                 write_metrics_csv(self._step_rows, path, index_column=STEP_COLUMN)
@@ -270,10 +292,7 @@ class TrackingCallback(StepLoggingCallback):
 
     def _close_outputs(self) -> None:
         """Close every file this callback holds open (after a failed write: quietly)."""
-        trackers, self.trackers = self.trackers, []
-        for tracker in trackers:
-            with contextlib.suppress(Exception):  # it may fail to flush to the same full disk
-                tracker.finish()
+        _finish_trackers(self.trackers, quietly=True)
 
     def _write_step_row(self, path: Path, step: int, metrics: dict[str, float]) -> None:
         """Append the row; start the file afresh when the run starts or a column appears."""
@@ -307,8 +326,14 @@ class TrackingCallback(StepLoggingCallback):
                 trackers.append(tracker_class(self.project_name, **kwargs))
         return trackers
 
-    def _start(self, trainer: Trainer, purge_step: int | None = None) -> None:
-        """Start the trackers (TensorBoard's dropping what it holds from ``purge_step`` on)."""
+    def _start(self, trainer: Trainer, purge_step: int | None = None, new_run: bool = True) -> None:
+        """Start the trackers, unless the run continues with them open.
+
+        A new run (``new_run``) finishes the trackers of the last one (also left open by a
+        run that ended with an error) and starts new ones (TensorBoard's dropping what it
+        holds from ``purge_step`` on); so do the trackers of another trainer's
+        ``TrackingCallback`` that are still open (W&B and MLflow have one run at a time).
+        """
         if not trainer.accelerator.is_main_process:
             return
         history = trainer.run_history
@@ -316,9 +341,19 @@ class TrackingCallback(StepLoggingCallback):
         if not names:  # a fresh run history: a fresh table
             self._rows = {}
         self._cursor.skip_to_end(history)
-        self._finish()  # a run that ended with an error left them open
+        if self.trackers and not new_run:
+            return
+        self._finish()
+        for other in list(_OPEN):
+            if other._trainer() is not trainer:
+                other._finish()
         self._purge_step = purge_step
         self.trackers = self.create_trackers()
+        self._trainer = weakref.ref(trainer)
+        _OPEN.add(self)
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _finish_trackers, self.trackers, True)
         run_config = {} if trainer.run_config is None else trainer.run_config.to_dict()
         hparams = hparams_of({**run_config, **self.config})
         for tracker in self.trackers:
@@ -344,9 +379,37 @@ class TrackingCallback(StepLoggingCallback):
                 write_metrics_csv(self._rows, self.csv_path)
 
     def _finish(self) -> None:
-        trackers, self.trackers = self.trackers, []
-        for tracker in trackers:
+        _finish_trackers(self.trackers)
+
+    def _flush(self) -> None:
+        """Write what the trackers hold to their files (TensorBoard's writer buffers it)."""
+        for tracker in self.trackers:
+            flush = getattr(getattr(tracker, "tracker", None), "flush", None)
+            if callable(flush):
+                with self._writing_tracker(tracker):
+                    flush()
+
+
+_OPEN: weakref.WeakSet[TrackingCallback] = weakref.WeakSet()
+"""The ``TrackingCallback``s with trackers open."""
+
+
+def _finish_trackers(trackers: list[GeneralTracker], quietly: bool = False) -> None:
+    """Finish ``trackers`` and empty the list (in place: a finaliser holds it too)."""
+    finishing = list(trackers)
+    trackers.clear()
+    for tracker in finishing:
+        if quietly:
+            with contextlib.suppress(Exception):  # it may fail to flush to the same full disk
+                tracker.finish()
+        else:
             tracker.finish()
+
+
+def _continues(trainer: Trainer) -> bool:
+    """Whether a training run continues the last one (``reset_run_history=False``)."""
+    history = trainer.run_history
+    return history.current_epoch > 1 or bool(history.get_metric_names())
 
 
 def hparams_of(config: Mapping[str, Any], prefix: str = "") -> dict[str, bool | int | float | str]:
