@@ -27,6 +27,7 @@ from pytorch_accel.callbacks import (
     TrackingCallback,
     TrainerCallback,
 )
+from pytorch_accel.callbacks._metrics_csv import read_metrics_csv
 from pytorch_accel.placeholders import TrainerPlaceholderValues as Placeholders
 
 TRAIN, EVAL = make_regression_dataset(32), make_regression_dataset(8, seed=1)
@@ -249,3 +250,33 @@ def test_a_finished_one_cycle_run_resumed_for_more_epochs_follows_the_longer_sch
     reference = make_trainer(callbacks=(longer,))
     reference.train(TRAIN, num_epochs=4, per_device_batch_size=8, create_scheduler_fn=one_cycle)
     assert resumed.used == pytest.approx(longer.used[8:], rel=1e-12)
+
+
+def test_epoch_metrics_can_share_the_step_metrics_axis(tmp_path: Path) -> None:
+    tracking = TrackingCallback(
+        logging_dir=tmp_path / "runs",
+        csv_path=tmp_path / "metrics.csv",
+        project_name="axis",
+        log_every_n_updates=3,
+        epoch_x_axis="update",
+    )
+    trainer = make_trainer(callbacks=(tracking,))
+    trainer.train(TRAIN, **STAGE)
+    trainer.train(TRAIN, reset_run_history=False, **STAGE)
+    trainer.evaluate(EVAL)
+    tracking.finish()
+    run_dir = tmp_path / "runs" / "axis"
+    for name in ("train_loss_epoch", "eval_loss_epoch"):
+        assert scalar_steps(run_dir, name) == [4, 8, 12, 16]  # the update at each epoch's end
+    assert scalar_steps(run_dir, "evaluation_loss") == [16]
+    with open(tmp_path / "metrics.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(row["epoch"], row["update"]) for row in rows] == [
+        ("1", "4"),
+        ("2", "8"),
+        ("3", "12"),
+        ("4", "16"),
+    ]
+    assert "update" not in read_metrics_csv(tmp_path / "metrics.csv")  # not a metric to plot
+    with pytest.raises(ValueError, match=r"epoch_x_axis.*'epoch' or 'update'"):
+        TrackingCallback(epoch_x_axis="step")

@@ -18,6 +18,7 @@ from pytorch_accel._checks import callable_name, check_mapping, fail
 from pytorch_accel.callback import redirected_paths
 from pytorch_accel.callbacks._metrics_csv import (
     STEP_COLUMN,
+    UPDATE_COLUMN,
     append_metrics_row,
     read_metrics_rows,
     write_metrics_csv,
@@ -52,24 +53,32 @@ class TrackingCallback(StepLoggingCallback):
     the trackers itself, on the main process only, from the names accelerate knows
     (``"tensorboard"``, ``"wandb"``, ``"mlflow"``, ``"comet_ml"``, ``"aim"``, ``"clearml"``,
     ``"dvclive"``, ``"swanlab"``, ``"trackio"``) or as ``accelerate.tracking.GeneralTracker``
-    instances you built. They are started when each ``train()`` or ``evaluate()`` starts,
-    receive the run config (``trainer.run_config.to_dict()`` flattened by ``hparams_of``, plus
-    ``config``), and are finished when the run ends, also after an early stop.
+    instances you built. One run of the trainer is one tracker run: the trackers are started
+    by the run's first ``train()`` or ``evaluate()``, receive the run config then
+    (``trainer.run_config.to_dict()`` flattened by ``hparams_of``, plus ``config``), and stay
+    open across the calls that continue the run (``train(reset_run_history=False)``,
+    ``evaluate()``), flushed at the end of each. They are finished when a new run starts (a
+    ``train()`` that resets the run history, or a resumed one), when another trainer's
+    ``TrackingCallback`` starts its run (W&B and MLflow have one run at a time), by
+    ``finish()``, or at exit.
 
     Metrics are sent as in ``LogMetricsCallback``: each newly recorded one, with its latest
     value, at the end of each training-run epoch (step = the epoch number) and of each
     evaluation run (step = the number of epochs trained so far). A run stopped inside an epoch
     sends that epoch's metrics at its end. Trackers get the numeric values; the CSV file gets
-    every value.
+    every value. With ``epoch_x_axis="update"`` the trackers get them at step = the run's
+    update count then (``trainer.global_num_updates``), the axis of the step-level metrics,
+    and the CSV file gets an ``update`` column with it.
 
     Step-level metrics (a ``StepLoggingCallback``): every ``log_every_n_updates`` optimizer
     updates (50 by default) and at the end of the run, ``train_loss_step`` (the mean over the
     interval), ``lr`` (or ``lr_group_<i>``), ``grad_norm`` (with ``log_grad_norm=True``),
     ``samples_per_second`` and, on CUDA or XPU, ``max_memory_allocated_gb`` go to every
-    tracker with step = the update count of the run (``trainer.num_updates``), and to a
-    second CSV file beside ``csv_path``, ``<stem>_steps.csv`` (a ``step`` column, one row per
-    logging point, appended to). Between logging points nothing is read on the host; at each,
-    one read (see ``StepMetrics``).
+    tracker with step = the update count of the run (``trainer.global_num_updates``, which
+    continues across the ``train()`` calls of a run), and to a second CSV file beside
+    ``csv_path``, ``<stem>_steps.csv`` (a ``step`` column, one row per logging point,
+    appended to; a new run starts it afresh). Between logging points nothing is read on the
+    host; at each, one read (see ``StepMetrics``).
 
     The CSV file (``csv_path``, on the main process) has one row per epoch: an ``epoch``
     column, then one column per metric in alphabetical order, empty where a metric has no
@@ -80,7 +89,7 @@ class TrackingCallback(StepLoggingCallback):
 
     A resumed ``train(resume_from=...)`` keeps the rows both files hold up to the training
     state (its epochs before ``run_history.current_epoch``, its updates up to
-    ``num_updates``) and writes the later ones again as the run redoes them: each file stays
+    ``global_num_updates``) and writes the later ones again as the run redoes them: each file stays
     one series. A ``"tensorboard"`` tracker is then created with ``purge_step`` the next
     update, which hides from TensorBoard what the stopped run logged after the state.
 
@@ -99,10 +108,13 @@ class TrackingCallback(StepLoggingCallback):
         log_every_n_updates: The step-level logging interval, in optimizer updates; ``None``
             for epoch-level metrics only.
         log_grad_norm: Also log the gradient norm at each step-level logging point.
+        epoch_x_axis: The trackers' x-axis of the epoch-level metrics: ``"epoch"`` (the
+            epoch number) or ``"update"`` (the run's update count at the epoch's end, to
+            overlay them on the step-level curves).
 
     Raises:
-        ValueError: If a tracker name is unknown, or ``log_every_n_updates`` is not a
-            positive int.
+        ValueError: If a tracker name is unknown, ``log_every_n_updates`` is not a
+            positive int, or ``epoch_x_axis`` is neither ``"epoch"`` nor ``"update"``.
         ImportError: If the package of a named tracker is not installed.
 
     Example:
@@ -130,8 +142,19 @@ class TrackingCallback(StepLoggingCallback):
         config: Mapping[str, Any] | None = None,
         log_every_n_updates: int | None = DEFAULT_LOG_EVERY_N_UPDATES,
         log_grad_norm: bool = False,
+        epoch_x_axis: str = "epoch",
     ) -> None:
         super().__init__(log_every_n_updates, log_grad_norm)
+        if epoch_x_axis not in ("epoch", "update"):
+            fail(
+                ValueError,
+                "TrackingCallback",
+                "epoch_x_axis",
+                epoch_x_axis,
+                "'epoch' or 'update'",
+                "Pass 'update' to draw the epoch metrics on the step metrics' axis.",
+            )
+        self.epoch_x_axis = epoch_x_axis
         self.log_with = _check_trackers(log_with)
         _check_strings(project_name, logging_dir, csv_path)
         check_mapping("TrackingCallback", "init_kwargs", init_kwargs)
@@ -222,9 +245,10 @@ class TrackingCallback(StepLoggingCallback):
     def log_images(self, images: Mapping[str, Any], step: int, **kwargs: Any) -> None:
         """Send images to the trackers that take them (TensorBoard, W&B, Aim, ...).
 
-        Call it while a run is going (the trackers are open from the start to the end of each
-        ``train()`` and ``evaluate()``), e.g. from a callback's ``on_eval_epoch_end``. On
-        processes other than the main one there are no trackers, and it does nothing.
+        Call it while the trackers are open (from the run's first ``train()`` or
+        ``evaluate()`` until the run is finished), e.g. from a callback's
+        ``on_eval_epoch_end``. On processes other than the main one there are no trackers, and
+        it does nothing.
 
         Args:
             images: Tag -> images, in the form the trackers take: for TensorBoard a batch
@@ -367,7 +391,10 @@ class TrackingCallback(StepLoggingCallback):
         new = self._cursor.read_new(trainer.run_history)
         if not new:
             return
-        self._rows.setdefault(step, {}).update(new)
+        row = self._rows.setdefault(step, {})
+        row.update(new)
+        if self.epoch_x_axis == "update":
+            step = row[UPDATE_COLUMN] = trainer.global_num_updates
         numbers_only = {name: _number(value) for name, value in new.items()}
         scalars = {name: value for name, value in numbers_only.items() if value is not None}
         if scalars:
