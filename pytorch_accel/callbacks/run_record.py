@@ -78,8 +78,9 @@ class RunRecordCallback(TrackingCallback):
     (``reset_run_history=False``) continues the metric files and the tracker run; one that
     starts a new run rewrites the record's files (the log file is appended to): give each run
     its own directory to keep several. A resumed ``train(resume_from=...)`` continues the
-    metric files from the training state (see ``TrackingCallback``). A file that cannot be written (a full disk) raises an
-    ``OSError`` naming it, once the trackers are finished and the log file closed.
+    metric files from the training state (see ``TrackingCallback``). A file that cannot be
+    written (a full disk) raises an ``OSError`` naming it, once the trackers are finished and
+    the log file closed.
     Order ``110``: after the console's epoch line, which the log file then holds.
 
     Args:
