@@ -22,7 +22,9 @@ from torch.optim.lr_scheduler import LambdaLR, OneCycleLR
 
 from pytorch_accel import Trainer, TrainerPlaceholderValues
 from pytorch_accel.callbacks import (
+    RunRecordCallback,
     SaveBestModelCallback,
+    SaveTrainingStateCallback,
     StepLoggingCallback,
     TrackingCallback,
     TrainerCallback,
@@ -280,3 +282,43 @@ def test_epoch_metrics_can_share_the_step_metrics_axis(tmp_path: Path) -> None:
     assert "update" not in read_metrics_csv(tmp_path / "metrics.csv")  # not a metric to plot
     with pytest.raises(ValueError, match=r"epoch_x_axis.*'epoch' or 'update'"):
         TrackingCallback(epoch_x_axis="step")
+
+
+class KillAtRunUpdate(TrainerCallback):
+    """Raise (as a killed process would stop) at the run's update ``update``."""
+
+    def __init__(self, update: int) -> None:
+        self.update = update
+
+    def on_optimizer_step_end(self, trainer: Trainer, **kwargs: object) -> None:
+        if trainer.global_num_updates == self.update:
+            raise RuntimeError("killed")
+
+
+def train_two_stages(directory: Path, *extra: TrainerCallback, resume: bool = False) -> Trainer:
+    """Stage 1 (8 updates) then stage 2 (8 more), a step row every update; states every 3."""
+    record = RunRecordCallback(directory / "run", log_every_n_updates=1, plot=False)
+    states = SaveTrainingStateCallback(directory / "states", save_every_n_steps=3)
+    trainer = make_trainer(callbacks=(record, states, *extra))
+    if not resume:
+        trainer.train(TRAIN, **STAGE)
+    stage_2 = {"resume_from": "latest"} if resume else {}
+    trainer.train(TRAIN, reset_run_history=False, **STAGE, **stage_2)  # type: ignore[arg-type]
+    record.finish()
+    return trainer
+
+
+def test_a_resumed_stage_continues_the_run_s_files_and_axis(tmp_path: Path) -> None:
+    train_two_stages(tmp_path / "whole")
+    with pytest.raises(RuntimeError, match="killed"):
+        train_two_stages(tmp_path, KillAtRunUpdate(14))  # stage 2's last state: run update 11
+    trainer = train_two_stages(tmp_path, resume=True)  # a fresh trainer, as a new process
+    assert (trainer.num_updates, trainer.global_num_updates) == (8, 16)
+    run = tmp_path / "run"
+    assert step_column(run / "metrics_steps.csv") == list(range(1, 17))
+    assert scalar_steps(run / "tensorboard", "train_loss_step") == list(range(1, 17))
+    with open(run / "metrics_steps.csv", newline="") as resumed_file:
+        resumed = [row["train_loss_step"] for row in csv.DictReader(resumed_file)]
+    with open(tmp_path / "whole" / "run" / "metrics_steps.csv", newline="") as whole_file:
+        whole = [row["train_loss_step"] for row in csv.DictReader(whole_file)]
+    assert resumed == whole  # an exact resume, on the run's axis
