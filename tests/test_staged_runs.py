@@ -181,13 +181,23 @@ def test_the_run_count_is_saved_in_training_states(tmp_path: Path) -> None:
     assert loaded.global_num_updates == 24
 
 
-def test_a_dry_run_leaves_the_run_count_as_it_was() -> None:
-    trainer = make_trainer()
+def test_a_dry_run_between_stages_leaves_the_run_as_it_was(tmp_path: Path) -> None:
+    tracking = TrackingCallback(
+        logging_dir=tmp_path / "runs", csv_path=tmp_path / "metrics.csv", log_every_n_updates=3
+    )
+    trainer = make_trainer(callbacks=(tracking,))
     trainer.train(TRAIN, **STAGE)
     trainer.train(TRAIN, reset_run_history=False, dry_run=True, **STAGE)
     assert trainer.global_num_updates == 8  # num_updates: the dry run's
     trainer.train(TRAIN, reset_run_history=False, **STAGE)
     assert trainer.global_num_updates == 16
+    tracking.finish()
+    assert step_column(tmp_path / "metrics_steps.csv") == [3, 6, 8, 9, 12, 15, 16]
+    with open(tmp_path / "metrics.csv", newline="") as handle:
+        assert [row["epoch"] for row in csv.DictReader(handle)] == ["1", "2", "3", "4"]
+    run_dir = tmp_path / "runs" / "pytorch-accel"
+    assert scalar_steps(run_dir, "train_loss_step") == [3, 6, 8, 9, 12, 15, 16]
+    assert len(list(run_dir.glob("events.out.tfevents.*"))) == 1
 
 
 class LastLr(StepLoggingCallback):

@@ -141,7 +141,8 @@ class RunRecordCallback(TrackingCallback):
         self.directory = directory / self.directory.name
         self.logging_dir, self.csv_path = os.fspath(self.directory), self.path("metrics")
         try:
-            yield
+            with self._set_aside():
+                yield
         finally:
             self.directory, self.logging_dir, self.csv_path = saved
 

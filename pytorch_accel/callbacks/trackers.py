@@ -7,7 +7,6 @@ import numbers
 import os
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -173,9 +172,25 @@ class TrackingCallback(StepLoggingCallback):
         self._trainer: weakref.ReferenceType[Trainer] = _NO_TRAINER
         self._finalizer: weakref.finalize[Any, Any] | None = None
 
-    def redirect_outputs(self, directory: Path) -> AbstractContextManager[None]:
+    @contextlib.contextmanager
+    def redirect_outputs(self, directory: Path) -> Iterator[None]:
         """Write the CSV files and local tracker runs under ``directory`` (for dry runs)."""
-        return redirected_paths(self, directory, "logging_dir", "csv_path")
+        with redirected_paths(self, directory, "logging_dir", "csv_path"), self._set_aside():
+            yield
+
+    @contextlib.contextmanager
+    def _set_aside(self) -> Iterator[None]:
+        """Keep the run's open trackers and tables out of a dry run; put them back after it."""
+        kept = (self.trackers, self._finalizer, self._trainer)
+        tables = (self._rows, self._step_rows, self._step_columns)
+        self.trackers, self._finalizer = [], None
+        try:
+            yield
+        finally:
+            _finish_trackers(self.trackers, quietly=True)  # the dry run's
+            self._drop_finalizer()
+            self.trackers, self._finalizer, self._trainer = kept
+            self._rows, self._step_rows, self._step_columns = tables
 
     @property
     def step_csv_path(self) -> Path | None:
@@ -375,8 +390,7 @@ class TrackingCallback(StepLoggingCallback):
         self.trackers = self.create_trackers()
         self._trainer = weakref.ref(trainer)
         _OPEN.add(self)
-        if self._finalizer is not None:
-            self._finalizer.detach()
+        self._drop_finalizer()
         self._finalizer = weakref.finalize(self, _finish_trackers, self.trackers, True)
         run_config = {} if trainer.run_config is None else trainer.run_config.to_dict()
         hparams = hparams_of({**run_config, **self.config})
@@ -384,6 +398,12 @@ class TrackingCallback(StepLoggingCallback):
             with self._writing_tracker(tracker):
                 tracker.start()
                 tracker.store_init_configuration(hparams)
+
+    def _drop_finalizer(self) -> None:
+        """Forget the finaliser of the trackers started last (their list is empty by now)."""
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
 
     def _log_new(self, trainer: Trainer, step: int) -> None:
         if not trainer.accelerator.is_main_process:
