@@ -332,3 +332,12 @@ def test_a_resumed_stage_continues_the_run_s_files_and_axis(tmp_path: Path) -> N
     with open(tmp_path / "whole" / "run" / "metrics_steps.csv", newline="") as whole_file:
         whole = [row["train_loss_step"] for row in csv.DictReader(whole_file)]
     assert resumed == whole  # an exact resume, on the run's axis
+
+
+def test_training_states_are_named_by_the_run_s_update_count(tmp_path: Path) -> None:
+    states = SaveTrainingStateCallback(tmp_path, save_every_n_steps=3, save_at_end=False)
+    trainer = make_trainer(callbacks=(states,))
+    trainer.train(TRAIN, **STAGE)
+    trainer.train(TRAIN, reset_run_history=False, **STAGE)  # stage 2 replaces none of stage 1's
+    names = sorted(path.name for path in tmp_path.iterdir())
+    assert names == [f"updates-{n:08d}" for n in (3, 6, 9, 12, 15)]
