@@ -251,10 +251,11 @@ class TrainingStateIO:
             trainer.scheduler.load_state_dict(shared["scheduler"])
             if kept is not None and not parts.optimizer:
                 _rebase_schedule(trainer.scheduler, trainer.optimizer, kept)
-            self._lengthen_schedule(directory, int(shared["num_updates"]))
         epoch = trainer.run_history.current_epoch
         # said before any callback's run start sets the logger up, so set it up here
         setup_logging().info(f"Resuming from {str(directory)!r} (epoch {epoch}).")
+        if trainer.scheduler is not None and parts.scheduler:
+            self._lengthen_schedule(directory, int(shared["num_updates"]))
         return ResumePoint(directory, position, shared["callbacks"], rank_state, random_states)
 
     def _lengthen_schedule(self, directory: Path, updates: int) -> None:
