@@ -9,6 +9,7 @@ training state (``position``, ``num_updates``, ``pass_random_state``, ``train_lo
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -115,6 +116,11 @@ class TrainerState:
         """
         self.updates_before = self.global_num_updates if continue_run else 0
         self.num_updates = 0
+
+    def restore_counts(self, saved: Mapping[str, Any]) -> None:
+        """Set both update counts to those of a saved training state's trainer part."""
+        self.num_updates = int(saved["num_updates"])
+        self.updates_before = int(saved.get("updates_before", 0))  # 0: saved before it existed
 
     @property
     def visible_num_updates(self) -> int:

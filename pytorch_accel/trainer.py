@@ -234,9 +234,8 @@ class Trainer:
     def global_num_updates(self) -> int:
         """Optimizer updates (on this process) of the whole run: the x-axis of step curves.
 
-        ``num_updates`` plus the updates of the earlier ``train()`` calls that this run
-        continues (``reset_run_history=False``); a call that resets the run history starts a
-        new run, at 0. Saved in training states, so a resumed run continues it.
+        ``num_updates`` plus those of the earlier ``train()`` calls the run continues
+        (``reset_run_history=False``); 0 when a call starts a new run. Saved in training states.
         """
         return self._state.global_num_updates
 
@@ -872,6 +871,5 @@ class Trainer:
         """
         shared, _ = self._states.load(Path(input_dir), "Trainer.load_training_state")
         self.run_history.load_state_dict(shared["history"])
-        self._state.num_updates = int(shared["num_updates"])  # a later call continues them
-        self._state.updates_before = int(shared.get("updates_before", 0))
+        self._state.restore_counts(shared)  # a later call continues them
         return shared

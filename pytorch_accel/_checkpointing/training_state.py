@@ -244,8 +244,7 @@ class TrainingStateIO:
         position = Position.from_dict(shared["position"])
         trainer = self._trainer
         trainer.run_history.load_state_dict(shared["history"])
-        self._loop.num_updates = int(shared["num_updates"])
-        self._loop.updates_before = int(shared.get("updates_before", 0))
+        self._loop.restore_counts(shared)
         if trainer.scheduler is not None and parts.scheduler:
             kept = getattr(trainer.scheduler, "base_lrs", None)
             trainer.scheduler.load_state_dict(shared["scheduler"])
