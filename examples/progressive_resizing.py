@@ -1,10 +1,17 @@
 r"""Progressive resizing: train a timm model in stages of growing image size.
 
 Small images early make the first epochs cheap; larger ones later recover the detail. Each
-stage is one `train()` call on the same trainer with `reset_run_history=False`, so the run
-history, the epoch count, early stopping and the best checkpoint carry across stages. Each stage
-gets its own `OneCycleLR` built from placeholders, so it ends exactly at the stage's last
+stage is one `train()` call on the same trainer with `reset_run_history=False`: one run, whose
+history, epoch count and update count (`trainer.global_num_updates`) carry across stages, so
+the curves (and, with `--log_dir`, the TensorBoard run and the CSV files) are one series. Each
+stage gets its own `OneCycleLR` built from placeholders, so it ends exactly at the stage's last
 update whatever the image size or data size.
+
+The validation accuracy of a stage is measured at that stage's image size, so it does not rank
+epochs across stages: `SaveBestModelCallback` and `EarlyStoppingCallback` start afresh at each
+stage (`reset_on_train=True`). Each stage ends with its own best weights, which the next stage
+starts from, and the model handed back is the best of the last, full-size stage (its
+checkpoint in `--output`).
 
 The data are a folder of images with one subfolder per class, split into `train/` and `val/`:
 
@@ -41,6 +48,7 @@ from pytorch_accel.callbacks import (
     EarlyStoppingCallback,
     MetricsCallback,
     SaveBestModelCallback,
+    TrackingCallback,
 )
 
 
@@ -56,6 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--patience", type=int, default=2)
     parser.add_argument("--output", type=Path, default=Path("best_model.pt"))
     parser.add_argument("--num_workers", type=int, default=None)
+    parser.add_argument("--log_dir", type=Path, default=None, help="TensorBoard run and CSVs")
     parser.add_argument("--seed", type=int, default=42)
     return parser.parse_args(argv)
 
@@ -86,7 +95,10 @@ def image_folders(data_dir: Path, image_size: int) -> tuple[datasets.ImageFolder
 
 
 def build_trainer(args: argparse.Namespace, num_classes: int) -> Trainer:
-    """A timm model (no pretrained weights) with accuracy, early stopping and best-model saving."""
+    """A timm model (no pretrained weights) with accuracy, early stopping and best-model saving.
+
+    Both rank the epochs of each stage on their own (see the module's docstring).
+    """
     model = timm.create_model(args.model, pretrained=False, num_classes=num_classes)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.05)
     callbacks = (
@@ -99,16 +111,25 @@ def build_trainer(args: argparse.Namespace, num_classes: int) -> Trainer:
             early_stopping_threshold=0.001,
             watch_metric="accuracy",
             greater_is_better=True,
-            reset_on_train=False,
+            reset_on_train=True,
         ),
         SaveBestModelCallback(
             save_path=args.output,
             watch_metric="accuracy",
             greater_is_better=True,
-            reset_on_train=False,
+            reset_on_train=True,
             load_saved_checkpoint=True,
         ),
     )
+    if args.log_dir is not None:  # one TensorBoard run and one step series for all stages
+        callbacks += (
+            TrackingCallback(
+                logging_dir=args.log_dir,
+                csv_path=args.log_dir / "metrics.csv",
+                project_name="progressive_resizing",
+                epoch_x_axis="update",
+            ),
+        )
     return Trainer(model, nn.CrossEntropyLoss(label_smoothing=0.1), optimizer, callbacks=callbacks)
 
 
@@ -140,12 +161,18 @@ def train_in_stages(args: argparse.Namespace) -> Trainer:
 
 
 def main(argv: list[str] | None = None) -> float:
-    """Train in stages and return the best eval accuracy (the weights loaded at the end)."""
+    """Train in stages; return the last stage's best eval accuracy (the weights handed back)."""
     args = parse_args(argv)
     set_seed(args.seed)
     trainer = train_in_stages(args)
-    best = max(trainer.run_history.get_metric_values("accuracy"))
-    trainer.print(f"best eval accuracy: {best:.3f} (checkpoint: {args.output})")
+    saver = next(
+        callback
+        for callback in trainer.callback_handler.callbacks
+        if isinstance(callback, SaveBestModelCallback)
+    )
+    best = saver.best_metric  # the last stage's: the ranking starts afresh at each stage
+    assert best is not None
+    trainer.print(f"best eval accuracy of the last stage: {best:.3f} (checkpoint: {args.output})")
     return float(best)
 
 

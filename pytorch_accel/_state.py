@@ -9,6 +9,7 @@ training state (``position``, ``num_updates``, ``pass_random_state``, ``train_lo
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -37,6 +38,8 @@ class TrainerState:
             so that a stop raised there still counts the step).
         eval_step: Batches done in the current evaluation epoch.
         num_updates: Optimizer updates so far in the current ``train()`` (the loop's count).
+        updates_before: Optimizer updates of the earlier ``train()`` calls of the same run
+            (those that continued it with ``reset_run_history=False``); 0 in a new run.
         running: Whether ``train()`` is running.
         savable: Where a training state may be saved now: ``"step"`` (between steps),
             ``"epoch"`` (between epochs), ``"end"`` (after the last epoch) or ``None``.
@@ -68,6 +71,7 @@ class TrainerState:
         self.step = 0
         self.eval_step = 0
         self.num_updates = 0
+        self.updates_before = 0
         self._assigned_updates: int | None = None
         self._warned_assignment = False
         self.running = False
@@ -97,6 +101,26 @@ class TrainerState:
         if self.eval_set in loaders:  # no truth test: that would ask each loader its length
             return loaders[self.eval_set]
         return next(iter(loaders.values()), None)
+
+    @property
+    def global_num_updates(self) -> int:
+        """``Trainer.global_num_updates``: the updates of the whole run, earlier calls included."""
+        return self.updates_before + self.num_updates
+
+    def start_counting(self, continue_run: bool) -> None:
+        """Start a ``train()`` call's update count at 0; carry the run's count on, or restart it.
+
+        Args:
+            continue_run: The call continues the run (``reset_run_history=False``): the
+                updates of the calls before are kept in ``updates_before``.
+        """
+        self.updates_before = self.global_num_updates if continue_run else 0
+        self.num_updates = 0
+
+    def restore_counts(self, saved: Mapping[str, Any]) -> None:
+        """Set both update counts to those of a saved training state's trainer part."""
+        self.num_updates = int(saved["num_updates"])
+        self.updates_before = int(saved.get("updates_before", 0))  # 0: saved before it existed
 
     @property
     def visible_num_updates(self) -> int:

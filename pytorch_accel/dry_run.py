@@ -130,6 +130,7 @@ def _kept_as_it_was(trainer: Trainer) -> Iterator[None]:
     optimizer_state = copy.deepcopy(trainer.optimizer.state_dict())
     kept = (trainer.scheduler, trainer.run_history, trainer.limit_train_batches)
     chosen_rates = trainer._state.chosen_rates
+    run_updates = trainer._state.global_num_updates
     limit_eval = trainer.limit_eval_batches
     random_states = _random_states()
     try:
@@ -139,6 +140,8 @@ def _kept_as_it_was(trainer: Trainer) -> Iterator[None]:
         _bare_model(trainer).load_state_dict(model_state)
         trainer.optimizer.load_state_dict(optimizer_state)
         trainer._state.chosen_rates = chosen_rates.moved_to(trainer.optimizer)
+        # num_updates tells the dry run's updates, as before; the run's count is as it was
+        trainer._state.updates_before = run_updates - trainer._state.num_updates
         trainer.scheduler, trainer.run_history, trainer.limit_train_batches = kept
         trainer.limit_eval_batches = limit_eval
         _set_random_states(random_states)

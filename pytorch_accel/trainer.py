@@ -242,6 +242,15 @@ class Trainer:
         self._state.assign_num_updates(value)
 
     @property
+    def global_num_updates(self) -> int:
+        """Optimizer updates (on this process) of the whole run: the x-axis of step curves.
+
+        ``num_updates`` plus those of the earlier ``train()`` calls the run continues
+        (``reset_run_history=False``); 0 when a call starts a new run. Saved in training states.
+        """
+        return self._state.global_num_updates
+
+    @property
     def is_training(self) -> bool:
         """Whether ``train()`` is running (for callbacks that also serve ``evaluate()``)."""
         return self._state.running
@@ -422,7 +431,7 @@ class Trainer:
         self.run_config = setup.finish(self.run_config, self.optimizer, self._state.chosen_rates)
         self._state.failing_batches = setup.failing_batch_guard(self._accelerator.num_processes)
         self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
-        self._state.num_updates = 0
+        self._state.start_counting(continue_run=not reset_run_history)
         self.optimizer.zero_grad()  # a stop inside an accumulation window leaves gradients behind
         resume = None
         if resume_from is not None:
@@ -853,7 +862,7 @@ class Trainer:
         return self._states.save(output_dir)
 
     def load_training_state(self, input_dir: str | os.PathLike[str]) -> dict[str, Any]:
-        """Restore the model, optimizer, scaler, random states and run history of a saved state.
+        """Restore the model, optimizer, scaler, random states, run history and update counts.
 
         To continue training where the state was saved (scheduler, callbacks, position in the
         epoch included), use ``train(..., resume_from=input_dir)`` instead. The directory is
@@ -873,4 +882,5 @@ class Trainer:
         """
         shared, _ = self._states.load(Path(input_dir), "Trainer.load_training_state")
         self.run_history.load_state_dict(shared["history"])
+        self._state.restore_counts(shared)  # a later call continues them
         return shared

@@ -15,6 +15,7 @@ import contextlib
 import functools
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -159,6 +160,7 @@ class TrainingStateIO:
         return {
             "position": position.to_dict(),
             "num_updates": self._loop.num_updates,
+            "updates_before": self._loop.updates_before,
             "run": {} if config is None else _resume_relevant(config),
             "history": history,
             "scheduler": None if trainer.scheduler is None else trainer.scheduler.state_dict(),
@@ -281,7 +283,7 @@ class TrainingStateIO:
         position = Position.from_dict(shared["position"])
         trainer = self._trainer
         trainer.run_history.load_state_dict(shared["history"])
-        self._loop.num_updates = int(shared["num_updates"])
+        self._loop.restore_counts(shared)
         if trainer.scheduler is not None and parts.scheduler:
             kept = getattr(trainer.scheduler, "base_lrs", None)
             trainer.scheduler.load_state_dict(shared["scheduler"])
@@ -290,7 +292,35 @@ class TrainingStateIO:
         epoch = trainer.run_history.current_epoch
         # said before any callback's run start sets the logger up, so set it up here
         setup_logging().info(f"Resuming from {str(directory)!r} (epoch {epoch}).")
+        if trainer.scheduler is not None and parts.scheduler:
+            self._lengthen_schedule(directory, int(shared["num_updates"]))
         return ResumePoint(directory, position, shared["callbacks"], rank_state, random_states)
+
+    def _lengthen_schedule(self, directory: Path, updates: int) -> None:
+        """Replace a loaded schedule too short for the resumed run by one built for its length.
+
+        A ``OneCycleLR`` (any scheduler with ``total_steps``) saved at the end of a run of N
+        updates fails at update N + 1; resumed for more epochs, the run gets the scheduler
+        ``create_scheduler_fn`` builds for its new length, moved to the saved update count:
+        the schedule of the longer run, from where the saved run stopped.
+        """
+        trainer = self._trainer
+        saved_length = getattr(trainer.scheduler, "total_steps", None)
+        assert trainer.run_config is not None
+        needed = trainer.run_config.total_num_update_steps
+        if not isinstance(saved_length, int) or saved_length >= needed:
+            return
+        scheduler = trainer.create_scheduler()
+        with warnings.catch_warnings():  # stepped before any optimizer step, on purpose
+            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step", UserWarning)
+            for _ in range(updates):
+                scheduler.step()
+        trainer.scheduler = scheduler
+        setup_logging().info(
+            f"The scheduler saved in {str(directory)!r} ({type(scheduler).__name__}) was built "
+            f"for {saved_length} updates; this run has {needed}: it continues with the one "
+            f"create_scheduler_fn builds for {needed} updates, at update {updates}."
+        )
 
     def _resume_directory(self, resume_from: str | os.PathLike[str]) -> Path | None:
         if os.fspath(resume_from) != "latest":

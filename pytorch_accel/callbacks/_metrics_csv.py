@@ -22,6 +22,7 @@ from pytorch_accel._checkpointing.files import atomic_write
 __all__ = [
     "EPOCH_COLUMN",
     "STEP_COLUMN",
+    "UPDATE_COLUMN",
     "append_metrics_row",
     "metrics_csv_index",
     "read_metrics_csv",
@@ -34,6 +35,10 @@ EPOCH_COLUMN = "epoch"
 
 STEP_COLUMN = "step"
 """The name of the first column of the step-level file."""
+
+UPDATE_COLUMN = "update"
+"""The per-epoch file's column of the run's update count at each epoch's end (not a metric),
+written by ``TrackingCallback(epoch_x_axis="update")``."""
 
 _INDEX_COLUMNS = (EPOCH_COLUMN, STEP_COLUMN)
 
@@ -105,7 +110,7 @@ def read_metrics_csv(path: str | os.PathLike[str]) -> dict[str, list[tuple[int, 
                 "pass a file written by TrackingCallback."
             )
         series: dict[str, list[tuple[int, float]]] = {
-            name: [] for name in reader.fieldnames if name != index
+            name: [] for name in reader.fieldnames if name not in (index, UPDATE_COLUMN)
         }
         for row in reader:
             epoch = int(row[index])

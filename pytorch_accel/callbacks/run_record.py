@@ -74,11 +74,13 @@ class RunRecordCallback(TrackingCallback):
     installed; the trackers (``tensorboard/`` by default, when tensorboard is installed)
     receive the run config and the hyper-parameters, as hyper-parameters, and the metrics.
 
-    Nothing is written by the other processes. A later ``train()`` rewrites the record's
-    files (the log file is appended to): give each run its own directory to keep several. A
-    resumed ``train(resume_from=...)`` continues the metric files from the training state
-    (see ``TrackingCallback``). A file that cannot be written (a full disk) raises an
-    ``OSError`` naming it, once the trackers are finished and the log file closed.
+    Nothing is written by the other processes. A later ``train()`` that continues the run
+    (``reset_run_history=False``) continues the metric files and the tracker run; one that
+    starts a new run rewrites the record's files (the log file is appended to): give each run
+    its own directory to keep several. A resumed ``train(resume_from=...)`` continues the
+    metric files from the training state (see ``TrackingCallback``). A file that cannot be
+    written (a full disk) raises an ``OSError`` naming it, once the trackers are finished and
+    the log file closed.
     Order ``110``: after the console's epoch line, which the log file then holds.
 
     Args:
@@ -139,7 +141,8 @@ class RunRecordCallback(TrackingCallback):
         self.directory = directory / self.directory.name
         self.logging_dir, self.csv_path = os.fspath(self.directory), self.path("metrics")
         try:
-            yield
+            with self._set_aside():
+                yield
         finally:
             self.directory, self.logging_dir, self.csv_path = saved
 

@@ -40,6 +40,16 @@ class SaveBestModelCallback(TrainerCallback):
     ``{"model_state_dict": ..., "eval_loss_epoch": 0.12, "epoch": 3}``. At the end of the run
     (also after an early stop) the best checkpoint is loaded, if one was saved.
 
+    Several ``train()`` calls (stages of one run): with ``reset_on_train=True`` (the default)
+    each call ranks its own epochs and ends with its own best. With ``reset_on_train=False``
+    the ranking spans the calls, and a call ends by loading the best only if that best was
+    saved during the call: a best from an earlier call is never loaded over a later stage's
+    weights (that would silently undo the stages since). The model then keeps the call's
+    last weights, and a message names the earlier best, its epoch and how to load it
+    (``trainer.load_checkpoint(save_path)``). pytorch-accelerated loaded it; here that is
+    asked for explicitly. A resumed ``train(resume_from=...)`` continues the saved call: a
+    best saved before the interruption counts as saved during the call.
+
     With ``save_top_k=k > 1`` the ``k`` best epochs are also kept as ``<stem>-epoch<N><suffix>``
     next to ``save_path`` (``best_model-epoch3.pt`` for ``best_model.pt``); ``save_path`` always
     holds a copy of the best one. A file that drops out of the top ``k`` is deleted by the main
@@ -60,10 +70,12 @@ class SaveBestModelCallback(TrainerCallback):
         greater_is_better: Whether larger values of the metric are better. Left out, lower is
             better, with a warning unless the metric's name says it is a loss or an error.
         reset_on_train: Start a new ranking at each ``train()``; ``False`` keeps the best of
-            earlier runs (a later run then saves only what beats them).
+            earlier calls (a later call then saves only what beats them, and loads a best at
+            its end only if it saved one).
         save_optimizer: Include the optimizer state in the checkpoints.
         save_scheduler: Include the scheduler state, if there is a scheduler.
-        load_saved_checkpoint: Load the best checkpoint at the end of each run.
+        load_saved_checkpoint: Load the best checkpoint at the end of each ``train()`` call,
+            if that call saved it.
         save_top_k: How many of the best epochs to keep as files.
 
     Attributes:
@@ -121,6 +133,7 @@ class SaveBestModelCallback(TrainerCallback):
         self.best_metric: float | None = None
         self.best_metric_epoch: int | None = None
         self._ranking: list[tuple[float, int]] = []  # (value, epoch), best first
+        self._best_in_call = False  # whether the current train() call saved best_metric
         self._watch = MetricWatch(where, watch_metric, greater_is_better)
 
     def redirect_outputs(self, directory: Path) -> AbstractContextManager[None]:
@@ -150,6 +163,7 @@ class SaveBestModelCallback(TrainerCallback):
             "best_metric": self.best_metric,
             "best_metric_epoch": self.best_metric_epoch,
             "ranking": [list(entry) for entry in self._ranking],
+            "best_in_call": self._best_in_call,
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -157,11 +171,13 @@ class SaveBestModelCallback(TrainerCallback):
         self.best_metric = state_dict["best_metric"]
         self.best_metric_epoch = state_dict["best_metric_epoch"]
         self._ranking = [(float(value), int(epoch)) for value, epoch in state_dict["ranking"]]
+        self._best_in_call = bool(state_dict.get("best_in_call", True))
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Start a new ranking (if ``reset_on_train``); check that the metric can be recorded."""
         if self.reset_on_train:
             self._forget(trainer)
+        self._best_in_call = False
         self._watch.start_run(trainer)
 
     def on_training_run_epoch_end(
@@ -181,6 +197,15 @@ class SaveBestModelCallback(TrainerCallback):
             get_logger().info(
                 f"SaveBestModelCallback: no checkpoint was saved (no completed epoch with a "
                 f"value of {self.watch_metric}); the model keeps its last weights."
+            )
+            return
+        if not self._best_in_call:
+            get_logger().info(
+                f"SaveBestModelCallback: the best checkpoint {str(self.save_path)!r} "
+                f"({self.watch_metric} = {self.best_metric} in epoch {self.best_metric_epoch}) "
+                "is from an earlier train() call: the model keeps this call's last weights "
+                "rather than go back to an earlier stage. To use the best, call "
+                f"trainer.load_checkpoint({str(self.save_path)!r})."
             )
             return
         get_logger().info(
@@ -205,6 +230,7 @@ class SaveBestModelCallback(TrainerCallback):
         if self._watch.is_better(value, self.best_metric):
             trainer.save_checkpoint(self.save_path, contents, **options)
             self.best_metric, self.best_metric_epoch = value, epoch
+            self._best_in_call = True
         # An epoch number seen before (a new run with reset_run_history) replaces that file.
         self._ranking = [entry for entry in self._ranking if entry[1] != epoch]
         self._ranking.append((value, epoch))

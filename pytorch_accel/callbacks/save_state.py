@@ -41,10 +41,12 @@ class SaveTrainingStateCallback(TrainerCallback):
     (with this callback among the trainer's callbacks), which also starts afresh when there is
     none yet, so the same command serves the first launch and every requeue.
 
-    Names: ``updates-<n>`` (every ``save_every_n_steps`` optimizer updates, counted per
-    ``train()`` call), ``epoch-<n>`` (every ``save_every_n_epochs`` epochs, numbered as in the
-    run history), ``preempted-<n>``, ``time-limit-<n>`` (``TimeBudgetCallback``, through
-    ``save_to_resume``) and ``final`` (when training ends, unless preempted or interrupted).
+    Names: ``updates-<n>`` (every ``save_every_n_steps`` optimizer updates, counted over the
+    run, ``trainer.global_num_updates``, so a later ``train()`` that continues the run never
+    replaces an earlier call's states), ``epoch-<n>`` (every ``save_every_n_epochs`` epochs,
+    numbered as in the run history), ``preempted-<n>``, ``time-limit-<n>``
+    (``TimeBudgetCallback``, through ``save_to_resume``) and ``final`` (when training ends,
+    unless preempted or interrupted).
 
     On a preemption signal (SIGTERM by default; add ``signal.SIGUSR1`` for SLURM's
     ``--signal=USR1@90``) the current step is finished, a state is saved, the run stops
@@ -125,7 +127,7 @@ class SaveTrainingStateCallback(TrainerCallback):
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Repair and clear what killed saves left, and install the signal handlers."""
         self.preempted_by, self._received, self._interrupted = None, None, False
-        self._updates_seen = trainer.num_updates
+        self._updates_seen = trainer.global_num_updates
         trainer.accelerator.wait_for_everyone()  # every process has loaded what it resumed from
         if trainer.accelerator.is_main_process:
             tidy_save_dir(self.save_dir, _is_state_name)
@@ -142,7 +144,7 @@ class SaveTrainingStateCallback(TrainerCallback):
     ) -> None:
         """Save on a preemption signal, or every ``save_every_n_steps`` updates."""
         self._handle_preemption(trainer, at_epoch_end=False)
-        updates = trainer.num_updates
+        updates = trainer.global_num_updates
         every = self.save_every_n_steps
         if every is not None and updates != self._updates_seen and updates % every == 0:
             self._save(trainer, f"updates-{updates:08d}")
@@ -183,7 +185,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         is the name before the update count, e.g. ``"time-limit"``; returns the state's directory.
         """
         self._interrupted = True
-        return self._save(trainer, f"{prefix}-{trainer.num_updates:08d}")
+        return self._save(trainer, f"{prefix}-{trainer.global_num_updates:08d}")
 
     def _save(self, trainer: Trainer, name: str) -> Path:
         path = trainer.save_training_state(self.save_dir / name)
@@ -203,7 +205,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         if received is None:
             return
         self.preempted_by = signal.Signals(received)
-        path = self._save(trainer, f"preempted-{trainer.num_updates:08d}")
+        path = self._save(trainer, f"preempted-{trainer.global_num_updates:08d}")
         raise StopTrainingError(
             f"Preempted by {self.preempted_by.name}: the training state was saved to "
             f"{str(path)!r}; resume with train(..., resume_from='latest')."

@@ -47,12 +47,17 @@ class StepMetrics:
     - ``train_loss_step``: the sample-weighted mean training loss over the interval, over
       every process.
     - ``lr`` (one parameter group), or ``lr_group_0``, ``lr_group_1``, ...: the learning rate
-      the update at the logging point used.
+      the update at the logging point used (at the end of a run, the last update's, kept
+      when it was made: a callback that loads a checkpoint at the run's end changes nothing).
     - ``grad_norm``: the total gradient norm of that update, before clipping (if asked for).
     - ``samples_per_second``: the interval's samples, over every process, per second of wall
       clock, without the evaluations run inside it.
     - ``max_memory_allocated_gb``: the peak memory allocated on this process's accelerator
       since the program started (or since its peak was last reset), on CUDA and XPU.
+
+    The logging points are the multiples of ``every_n_updates`` in the run's update count
+    (``trainer.global_num_updates``), which continues across ``train()`` calls that continue
+    the run (``reset_run_history=False``).
 
     Args:
         every_n_updates: The interval, in optimizer updates.
@@ -66,6 +71,7 @@ class StepMetrics:
         self._seen: tuple[torch.Tensor | None, int | torch.Tensor] = (None, 0)
         self._pause_start: float | None = None
         self._device: torch.device | None = None
+        self._update_lrs: list[Any] | None = None
 
     def _reset_interval(self, now: float, updates: int) -> None:
         self._loss: torch.Tensor | None = None
@@ -77,8 +83,9 @@ class StepMetrics:
 
     def start_run(self, trainer: Trainer) -> None:
         """Start the first interval (at ``on_training_run_start``)."""
-        self._reset_interval(time.perf_counter(), trainer.num_updates)
+        self._reset_interval(time.perf_counter(), trainer.global_num_updates)
         self._seen = (None, 0)
+        self._update_lrs = None
         self._device = trainer.device
 
     def state_dict(self) -> dict[str, Any]:
@@ -124,14 +131,25 @@ class StepMetrics:
             self._pause_start = None
 
     def is_due(self, trainer: Trainer, ahead: int = 0) -> bool:
-        """Whether update ``num_updates + ahead`` is a logging point."""
-        return (trainer.num_updates + ahead) % self.every_n_updates == 0
+        """Whether update ``global_num_updates + ahead`` is a logging point."""
+        return (trainer.global_num_updates + ahead) % self.every_n_updates == 0
 
     def before_update(self, trainer: Trainer) -> None:
         """Keep the gradient norm of an update at a logging point (``on_optimizer_step_start``)."""
         if self.log_grad_norm and self.is_due(trainer, ahead=1):
             norm = trainer.grad_norm
             self._grad_norm = norm if norm is not None else _total_norm(trainer.model)
+
+    def after_update(self, trainer: Trainer) -> None:
+        """Keep the learning rates the update used (``on_optimizer_step_end``, per update).
+
+        Read at the run's end, after the scheduler's last step and whatever the run-end
+        callbacks load; a tensor rate is copied on the device (the scheduler fills it in place).
+        """
+        self._update_lrs = [
+            lr.clone() if isinstance(lr, torch.Tensor) else lr
+            for lr in (group["lr"] for group in trainer.optimizer.param_groups)
+        ]
 
     def read(self, trainer: Trainer) -> dict[str, float] | None:
         """Read the interval's metrics (one host read) and start the next interval.
@@ -142,10 +160,10 @@ class StepMetrics:
         Returns:
             The metrics, or ``None`` if no update was made since the last read.
         """
-        if trainer.num_updates == self._logged_at:
+        if trainer.global_num_updates == self._logged_at:
             return None
         self._take(trainer)
-        lrs = [group["lr"] for group in trainer.optimizer.param_groups]
+        lrs = self._update_lrs or [group["lr"] for group in trainer.optimizer.param_groups]
         values = self._read_on_host(trainer, lrs)
         seconds = time.perf_counter() - self._clock - self._paused
         loss_sum, count = values[0], values[1]
@@ -159,7 +177,7 @@ class StepMetrics:
         memory = _max_memory_allocated_gb(trainer.device)
         if memory is not None:
             metrics["max_memory_allocated_gb"] = memory
-        self._reset_interval(time.perf_counter(), trainer.num_updates)
+        self._reset_interval(time.perf_counter(), trainer.global_num_updates)
         return metrics
 
     def _take(self, trainer: Trainer) -> None:
@@ -221,10 +239,12 @@ class StepLoggingCallback(TrainerCallback):
 
     Every ``log_every_n_updates`` updates, and once more at the end of a training run for the
     updates since the last logging point, it calls ``log_step(trainer, metrics, step)`` with
-    ``step`` the update count of the run (``trainer.num_updates``). By default that logs one
-    line on the ``pytorch_accel`` logger (``update 50/360  train_loss_step 0.4121  lr 0.001
-    ...``); override ``log_step`` to send the metrics elsewhere. ``TrackingCallback`` is one:
-    it sends them to the experiment trackers and a CSV file.
+    ``step`` the update count of the run (``trainer.global_num_updates``: it continues across
+    ``train()`` calls that continue the run with ``reset_run_history=False``, and restarts
+    at 0 with a new run). By default that logs one line on the ``pytorch_accel`` logger
+    (``update 50/360  train_loss_step 0.4121  lr 0.001 ...``, out of the run's updates up
+    to the end of this call); override ``log_step`` to send the metrics elsewhere.
+    ``TrackingCallback`` is one: it sends them to the experiment trackers and a CSV file.
 
     Between logging points it reads nothing on the host; at each, one host read and, with
     several processes, one collective (every process must run the callback). Order ``100``.
@@ -306,10 +326,12 @@ class StepLoggingCallback(TrainerCallback):
             self.step_metrics.before_update(trainer)
 
     def on_optimizer_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Log the interval's metrics at each logging point."""
+        """Keep the update's learning rates; log the interval's metrics at each logging point."""
         steps = self.step_metrics
-        if steps is not None and steps.is_due(trainer):
-            self._log(trainer, steps)
+        if steps is not None:
+            steps.after_update(trainer)
+            if steps.is_due(trainer):
+                self._log(trainer, steps)
 
     def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
         """Log the updates since the last logging point."""
@@ -320,12 +342,14 @@ class StepLoggingCallback(TrainerCallback):
         """Log one logging point's metrics; override to send them elsewhere.
 
         Called on every process with the ``metrics`` by name (see ``StepMetrics``) and
-        ``step``, the update count of the run; the default logs one line, on the main process.
+        ``step``, the update count of the run (``trainer.global_num_updates``); the default
+        logs one line, on the main process.
         """
-        total = trainer.run_config.total_num_update_steps if trainer.run_config else step
+        config, before = trainer.run_config, trainer.global_num_updates - trainer.num_updates
+        total = before + config.total_num_update_steps if config else step
         get_logger().info(SEPARATOR.join([f"update {step}/{total}", format_metrics(metrics)]))
 
     def _log(self, trainer: Trainer, steps: StepMetrics) -> None:
         metrics = steps.read(trainer)
         if metrics is not None:
-            self.log_step(trainer, metrics, trainer.num_updates)
+            self.log_step(trainer, metrics, trainer.global_num_updates)

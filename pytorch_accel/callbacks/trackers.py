@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 import numbers
 import os
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +17,7 @@ from pytorch_accel._checks import callable_name, check_mapping, fail
 from pytorch_accel.callback import redirected_paths
 from pytorch_accel.callbacks._metrics_csv import (
     STEP_COLUMN,
+    UPDATE_COLUMN,
     append_metrics_row,
     read_metrics_rows,
     write_metrics_csv,
@@ -36,6 +37,14 @@ __all__ = ["TrackingCallback", "hparams_of"]
 _INSTALL_HINTS = {"tensorboard": 'pip install "pytorch-accel[tracking]"'}
 
 
+def _no_trainer() -> None:
+    return None
+
+
+_NO_TRAINER: Any = _no_trainer
+"""Called like a dead ``weakref.ref``: no trainer yet."""
+
+
 class TrackingCallback(StepLoggingCallback):
     """Log metrics to accelerate's experiment trackers (TensorBoard, W&B, ...) and CSV files.
 
@@ -43,24 +52,32 @@ class TrackingCallback(StepLoggingCallback):
     the trackers itself, on the main process only, from the names accelerate knows
     (``"tensorboard"``, ``"wandb"``, ``"mlflow"``, ``"comet_ml"``, ``"aim"``, ``"clearml"``,
     ``"dvclive"``, ``"swanlab"``, ``"trackio"``) or as ``accelerate.tracking.GeneralTracker``
-    instances you built. They are started when each ``train()`` or ``evaluate()`` starts,
-    receive the run config (``trainer.run_config.to_dict()`` flattened by ``hparams_of``, plus
-    ``config``), and are finished when the run ends, also after an early stop.
+    instances you built. One run of the trainer is one tracker run: the trackers are started
+    by the run's first ``train()`` or ``evaluate()``, receive the run config then
+    (``trainer.run_config.to_dict()`` flattened by ``hparams_of``, plus ``config``), and stay
+    open across the calls that continue the run (``train(reset_run_history=False)``,
+    ``evaluate()``), flushed at the end of each. They are finished when a new run starts (a
+    ``train()`` that resets the run history, or a resumed one), when another trainer's
+    ``TrackingCallback`` starts its run (W&B and MLflow have one run at a time), by
+    ``finish()``, or at exit.
 
     Metrics are sent as in ``LogMetricsCallback``: each newly recorded one, with its latest
     value, at the end of each training-run epoch (step = the epoch number) and of each
     evaluation run (step = the number of epochs trained so far). A run stopped inside an epoch
     sends that epoch's metrics at its end. Trackers get the numeric values; the CSV file gets
-    every value.
+    every value. With ``epoch_x_axis="update"`` the trackers get them at step = the run's
+    update count then (``trainer.global_num_updates``), the axis of the step-level metrics,
+    and the CSV file gets an ``update`` column with it.
 
     Step-level metrics (a ``StepLoggingCallback``): every ``log_every_n_updates`` optimizer
     updates (50 by default) and at the end of the run, ``train_loss_step`` (the mean over the
     interval), ``lr`` (or ``lr_group_<i>``), ``grad_norm`` (with ``log_grad_norm=True``),
     ``samples_per_second`` and, on CUDA or XPU, ``max_memory_allocated_gb`` go to every
-    tracker with step = the update count of the run (``trainer.num_updates``), and to a
-    second CSV file beside ``csv_path``, ``<stem>_steps.csv`` (a ``step`` column, one row per
-    logging point, appended to). Between logging points nothing is read on the host; at each,
-    one read (see ``StepMetrics``).
+    tracker with step = the update count of the run (``trainer.global_num_updates``, which
+    continues across the ``train()`` calls of a run), and to a second CSV file beside
+    ``csv_path``, ``<stem>_steps.csv`` (a ``step`` column, one row per logging point,
+    appended to; a new run starts it afresh). Between logging points nothing is read on the
+    host; at each, one read (see ``StepMetrics``).
 
     The CSV file (``csv_path``, on the main process) has one row per epoch: an ``epoch``
     column, then one column per metric in alphabetical order, empty where a metric has no
@@ -71,7 +88,7 @@ class TrackingCallback(StepLoggingCallback):
 
     A resumed ``train(resume_from=...)`` keeps the rows both files hold up to the training
     state (its epochs before ``run_history.current_epoch``, its updates up to
-    ``num_updates``) and writes the later ones again as the run redoes them: each file stays
+    ``global_num_updates``) and writes the later ones again as the run redoes them: each file stays
     one series. A ``"tensorboard"`` tracker is then created with ``purge_step`` the next
     update, which hides from TensorBoard what the stopped run logged after the state.
 
@@ -90,10 +107,13 @@ class TrackingCallback(StepLoggingCallback):
         log_every_n_updates: The step-level logging interval, in optimizer updates; ``None``
             for epoch-level metrics only.
         log_grad_norm: Also log the gradient norm at each step-level logging point.
+        epoch_x_axis: The trackers' x-axis of the epoch-level metrics: ``"epoch"`` (the
+            epoch number) or ``"update"`` (the run's update count at the epoch's end, to
+            overlay them on the step-level curves).
 
     Raises:
-        ValueError: If a tracker name is unknown, or ``log_every_n_updates`` is not a
-            positive int.
+        ValueError: If a tracker name is unknown, ``log_every_n_updates`` is not a
+            positive int, or ``epoch_x_axis`` is neither ``"epoch"`` nor ``"update"``.
         ImportError: If the package of a named tracker is not installed.
 
     Example:
@@ -121,8 +141,19 @@ class TrackingCallback(StepLoggingCallback):
         config: Mapping[str, Any] | None = None,
         log_every_n_updates: int | None = DEFAULT_LOG_EVERY_N_UPDATES,
         log_grad_norm: bool = False,
+        epoch_x_axis: str = "epoch",
     ) -> None:
         super().__init__(log_every_n_updates, log_grad_norm)
+        if epoch_x_axis not in ("epoch", "update"):
+            fail(
+                ValueError,
+                "TrackingCallback",
+                "epoch_x_axis",
+                epoch_x_axis,
+                "'epoch' or 'update'",
+                "Pass 'update' to draw the epoch metrics on the step metrics' axis.",
+            )
+        self.epoch_x_axis = epoch_x_axis
         self.log_with = _check_trackers(log_with)
         _check_strings(project_name, logging_dir, csv_path)
         check_mapping("TrackingCallback", "init_kwargs", init_kwargs)
@@ -138,10 +169,28 @@ class TrackingCallback(StepLoggingCallback):
         self._step_rows: dict[int, dict[str, Any]] = {}
         self._cursor = MetricCursor()
         self._purge_step: int | None = None
+        self._trainer: weakref.ReferenceType[Trainer] = _NO_TRAINER
+        self._finalizer: weakref.finalize[Any, Any] | None = None
 
-    def redirect_outputs(self, directory: Path) -> AbstractContextManager[None]:
+    @contextlib.contextmanager
+    def redirect_outputs(self, directory: Path) -> Iterator[None]:
         """Write the CSV files and local tracker runs under ``directory`` (for dry runs)."""
-        return redirected_paths(self, directory, "logging_dir", "csv_path")
+        with redirected_paths(self, directory, "logging_dir", "csv_path"), self._set_aside():
+            yield
+
+    @contextlib.contextmanager
+    def _set_aside(self) -> Iterator[None]:
+        """Keep the run's open trackers and tables out of a dry run; put them back after it."""
+        kept = (self.trackers, self._finalizer, self._trainer)
+        tables = (self._rows, self._step_rows, self._step_columns)
+        self.trackers, self._finalizer = [], None
+        try:
+            yield
+        finally:
+            _finish_trackers(self.trackers, quietly=True)  # the dry run's
+            self._drop_finalizer()
+            self.trackers, self._finalizer, self._trainer = kept
+            self._rows, self._step_rows, self._step_columns = tables
 
     @property
     def step_csv_path(self) -> Path | None:
@@ -158,29 +207,41 @@ class TrackingCallback(StepLoggingCallback):
         and drops the later ones, which it does again (see ``_continue_files``).
         """
         resumed = trainer.resumed_from is not None
-        self._start(trainer, purge_step=trainer.num_updates + 1 if resumed else None)
-        self._step_columns, self._step_rows = [], {}
+        new_run = resumed or not _continues(trainer)
+        purge_step = trainer.global_num_updates + 1 if resumed else None
+        self._start(trainer, purge_step=purge_step, new_run=new_run)
+        if new_run:
+            self._step_columns, self._step_rows = [], {}
         if resumed and trainer.accelerator.is_main_process:
             self._continue_files(trainer)
         super().on_training_run_start(trainer)
 
     def on_evaluation_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Start the trackers and store the run config."""
-        self._start(trainer)
+        """Continue the run's trackers, or start them and store the run config."""
+        self._start(trainer, new_run=False)
 
     def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         """Send the epoch's new metrics, at step = the epoch number."""
         self._log_new(trainer, trainer.run_history.current_epoch)
 
     def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Send what a stopped epoch recorded and the last step interval; finish the trackers."""
+        """Send what a stopped epoch recorded and the last step interval; flush the trackers."""
         self._log_new(trainer, trainer.run_history.current_epoch)
         super().on_training_run_end(trainer)
-        self._finish()
+        self._flush()
 
     def on_evaluation_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Send the evaluation's metrics, at step = the epochs trained so far; finish."""
+        """Send the evaluation's metrics, at step = the epochs trained so far; flush."""
         self._log_new(trainer, trainer.run_history.current_epoch - 1)
+        self._flush()
+
+    def finish(self) -> None:
+        """Finish the trackers of the run now (else at the next run's start, or at exit).
+
+        The trackers of a run stay open across the ``train()`` and ``evaluate()`` calls
+        that continue it, so the run is one tracker run; call this when it is over, to close
+        it before the program ends (a W&B or MLflow run, a TensorBoard file).
+        """
         self._finish()
 
     def log_step(self, trainer: Trainer, metrics: dict[str, float], step: int) -> None:
@@ -199,9 +260,10 @@ class TrackingCallback(StepLoggingCallback):
     def log_images(self, images: Mapping[str, Any], step: int, **kwargs: Any) -> None:
         """Send images to the trackers that take them (TensorBoard, W&B, Aim, ...).
 
-        Call it while a run is going (the trackers are open from the start to the end of each
-        ``train()`` and ``evaluate()``), e.g. from a callback's ``on_eval_epoch_end``. On
-        processes other than the main one there are no trackers, and it does nothing.
+        Call it while the trackers are open (from the run's first ``train()`` or
+        ``evaluate()`` until the run is finished), e.g. from a callback's
+        ``on_eval_epoch_end``. On processes other than the main one there are no trackers, and
+        it does nothing.
 
         Args:
             images: Tag -> images, in the form the trackers take: for TensorBoard a batch
@@ -231,9 +293,8 @@ class TrackingCallback(StepLoggingCallback):
         path = self.step_csv_path
         if path is not None and path.exists():
             saved = read_metrics_rows(path, STEP_COLUMN)
-            self._step_rows = {
-                step: row for step, row in saved.items() if step <= trainer.num_updates
-            }
+            updates = trainer.global_num_updates
+            self._step_rows = {step: row for step, row in saved.items() if step <= updates}
             self._step_columns = sorted({name for row in self._step_rows.values() for name in row})
             with self._writing(path, "csv_path"):
                 write_metrics_csv(self._step_rows, path, index_column=STEP_COLUMN)
@@ -270,10 +331,7 @@ class TrackingCallback(StepLoggingCallback):
 
     def _close_outputs(self) -> None:
         """Close every file this callback holds open (after a failed write: quietly)."""
-        trackers, self.trackers = self.trackers, []
-        for tracker in trackers:
-            with contextlib.suppress(Exception):  # it may fail to flush to the same full disk
-                tracker.finish()
+        _finish_trackers(self.trackers, quietly=True)
 
     def _write_step_row(self, path: Path, step: int, metrics: dict[str, float]) -> None:
         """Append the row; start the file afresh when the run starts or a column appears."""
@@ -307,8 +365,14 @@ class TrackingCallback(StepLoggingCallback):
                 trackers.append(tracker_class(self.project_name, **kwargs))
         return trackers
 
-    def _start(self, trainer: Trainer, purge_step: int | None = None) -> None:
-        """Start the trackers (TensorBoard's dropping what it holds from ``purge_step`` on)."""
+    def _start(self, trainer: Trainer, purge_step: int | None = None, new_run: bool = True) -> None:
+        """Start the trackers, unless the run continues with them open.
+
+        A new run (``new_run``) finishes the trackers of the last one (also left open by a
+        run that ended with an error) and starts new ones (TensorBoard's dropping what it
+        holds from ``purge_step`` on); so do the trackers of another trainer's
+        ``TrackingCallback`` that are still open (W&B and MLflow have one run at a time).
+        """
         if not trainer.accelerator.is_main_process:
             return
         history = trainer.run_history
@@ -316,9 +380,18 @@ class TrackingCallback(StepLoggingCallback):
         if not names:  # a fresh run history: a fresh table
             self._rows = {}
         self._cursor.skip_to_end(history)
-        self._finish()  # a run that ended with an error left them open
+        if self.trackers and not new_run:
+            return
+        self._finish()
+        for other in list(_OPEN):
+            if other._trainer() is not trainer:
+                other._finish()
         self._purge_step = purge_step
         self.trackers = self.create_trackers()
+        self._trainer = weakref.ref(trainer)
+        _OPEN.add(self)
+        self._drop_finalizer()
+        self._finalizer = weakref.finalize(self, _finish_trackers, self.trackers, True)
         run_config = {} if trainer.run_config is None else trainer.run_config.to_dict()
         hparams = hparams_of({**run_config, **self.config})
         for tracker in self.trackers:
@@ -326,13 +399,22 @@ class TrackingCallback(StepLoggingCallback):
                 tracker.start()
                 tracker.store_init_configuration(hparams)
 
+    def _drop_finalizer(self) -> None:
+        """Forget the finaliser of the trackers started last (their list is empty by now)."""
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+
     def _log_new(self, trainer: Trainer, step: int) -> None:
         if not trainer.accelerator.is_main_process:
             return
         new = self._cursor.read_new(trainer.run_history)
         if not new:
             return
-        self._rows.setdefault(step, {}).update(new)
+        row = self._rows.setdefault(step, {})
+        row.update(new)
+        if self.epoch_x_axis == "update":
+            step = row[UPDATE_COLUMN] = trainer.global_num_updates
         numbers_only = {name: _number(value) for name, value in new.items()}
         scalars = {name: value for name, value in numbers_only.items() if value is not None}
         if scalars:
@@ -344,9 +426,37 @@ class TrackingCallback(StepLoggingCallback):
                 write_metrics_csv(self._rows, self.csv_path)
 
     def _finish(self) -> None:
-        trackers, self.trackers = self.trackers, []
-        for tracker in trackers:
+        _finish_trackers(self.trackers)
+
+    def _flush(self) -> None:
+        """Write what the trackers hold to their files (TensorBoard's writer buffers it)."""
+        for tracker in self.trackers:
+            flush = getattr(getattr(tracker, "tracker", None), "flush", None)
+            if callable(flush):
+                with self._writing_tracker(tracker):
+                    flush()
+
+
+_OPEN: weakref.WeakSet[TrackingCallback] = weakref.WeakSet()
+"""The ``TrackingCallback``s with trackers open."""
+
+
+def _finish_trackers(trackers: list[GeneralTracker], quietly: bool = False) -> None:
+    """Finish ``trackers`` and empty the list (in place: a finaliser holds it too)."""
+    finishing = list(trackers)
+    trackers.clear()
+    for tracker in finishing:
+        if quietly:
+            with contextlib.suppress(Exception):  # it may fail to flush to the same full disk
+                tracker.finish()
+        else:
             tracker.finish()
+
+
+def _continues(trainer: Trainer) -> bool:
+    """Whether a training run continues the last one (``reset_run_history=False``)."""
+    history = trainer.run_history
+    return history.current_epoch > 1 or bool(history.get_metric_names())
 
 
 def hparams_of(config: Mapping[str, Any], prefix: str = "") -> dict[str, bool | int | float | str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -185,6 +186,26 @@ def test_reset_on_train(tmp_path: Path, reset_on_train: bool) -> None:
         assert saver.top_checkpoints == [(1, 1.0), (2, 2.0)]
         assert files(tmp_path) == ["best-epoch1.pt", "best-epoch2.pt", "best.pt"]
     assert load_checkpoint_file(tmp_path / "best.pt")["epoch"] == saver.top_checkpoints[0][0]
+
+
+def test_reset_on_train_false_loads_a_best_only_from_the_call_that_saved_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Stages of one run: an earlier stage's best never replaces a later stage's weights."""
+    scripted = ScriptedMetric([3.0, 1.0, 2.0, 4.0])  # the best, 1.0, in stage 2's first epoch
+    saver = SaveBestModelCallback(
+        tmp_path / "best.pt", watch_metric="score", greater_is_better=False, reset_on_train=False
+    )
+    trainer = make_trainer(callbacks=(scripted, saver), optimizer_class=MOMENTUM_SGD)
+    trainer.train(TRAIN, num_epochs=1, per_device_batch_size=8)
+    trainer.train(TRAIN, num_epochs=2, per_device_batch_size=8, reset_run_history=False)
+    assert_state_equal(trainer.get_model().state_dict(), scripted.weights[2])  # its own best
+    with caplog.at_level(logging.INFO, logger="pytorch_accel"):
+        trainer.train(TRAIN, num_epochs=1, per_device_batch_size=8, reset_run_history=False)
+    assert_state_equal(trainer.get_model().state_dict(), scripted.weights[4])  # not epoch 2's
+    assert (saver.best_metric, saver.best_metric_epoch) == (1.0, 2)
+    assert "(score = 1.0 in epoch 2) is from an earlier train() call" in caplog.text
+    assert "trainer.load_checkpoint(" in caplog.text
 
 
 def test_missing_metric_names_the_recorded_ones(tmp_path: Path) -> None:

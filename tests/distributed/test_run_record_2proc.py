@@ -39,7 +39,8 @@ def test_the_record_is_complete_and_parseable(run: tuple[Launch, Path]) -> None:
 
 def test_written_once_by_the_main_process(run: tuple[Launch, Path]) -> None:
     result, record = run
-    assert [rank["trackers"] for rank in result.ranks] == [0, 0]  # finished at the run's end
+    assert [rank["trackers"] for rank in result.ranks] == [1, 0]  # the main process's only
+    assert [rank["trackers_after_finish"] for rank in result.ranks] == [0, 0]
     log = (record / "train.log").read_text().splitlines()
     assert [line.split(" INFO ", 1)[1].split("  ")[0] for line in log] == [
         f"run record: {record}",

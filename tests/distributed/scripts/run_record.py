@@ -32,11 +32,14 @@ def main() -> None:
     )
     print("AFTER-TRAINING", flush=True)
     history = trainer.run_history
+    open_trackers = len(record.trackers)  # open while the run may continue
+    record.finish()
     report_and_exit(
         {
             "train_loss_epoch": list(history.get_metric_values("train_loss_epoch")),
             "num_updates": trainer.num_updates,
-            "trackers": len(record.trackers),
+            "trackers": open_trackers,
+            "trackers_after_finish": len(record.trackers),
         }
     )
 
