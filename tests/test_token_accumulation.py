@@ -18,7 +18,7 @@ from helpers import (
     make_tiny_gpt2,
 )
 from torch import nn
-from torch.utils.data import DataLoader, default_collate
+from torch.utils.data import default_collate
 
 from pytorch_accel import Trainer
 from pytorch_accel.callbacks import TrainerCallback
