@@ -48,8 +48,26 @@ def difference(make: Any, accumulation: int, shift: bool, collate: Any = None) -
     return max_difference(trainer.get_model(), reference)
 
 
+def all_reduces(collate: Any) -> int:
+    """The all-reduces one accumulated run issues (2 epochs of 2 windows)."""
+    calls = []
+    original = torch.distributed.all_reduce
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    torch.distributed.all_reduce = counted
+    try:
+        train(TinyTokenModel(), VariableLengthTokens(16), 2, collate)
+    finally:
+        torch.distributed.all_reduce = original
+    return len(calls)
+
+
 def main() -> None:
     results: dict[str, Any] = {
+        "extra_all_reduces": all_reduces(counting_collate()) - all_reduces(default_collate),
         "accumulated": difference(TinyTokenModel, 2, shift=False),
         "one_batch_per_update": difference(TinyTokenModel, 1, shift=False),
         "gpt2_accumulated": difference(make_tiny_gpt2, 2, shift=True),
