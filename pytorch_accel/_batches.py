@@ -20,6 +20,7 @@ __all__ = [
     "missing_loss_func",
     "output_field",
     "predictions_of",
+    "without_count",
 ]
 
 
@@ -151,3 +152,14 @@ def dict_batch_loss(
     if num_items is not None:
         output["num_items"] = num_items
     return output
+
+
+def without_count(batch: Any) -> Any:
+    """Return a dict batch without its ``num_items_in_batch`` (other batches as they are).
+
+    For the first rows of a batch (``slice_tensors``): the count has no rows to slice, and
+    holds the whole batch's elements.
+    """
+    if isinstance(batch, Mapping) and NUM_ITEMS_IN_BATCH in batch:
+        return {key: value for key, value in batch.items() if key != NUM_ITEMS_IN_BATCH}
+    return batch

@@ -24,6 +24,7 @@ counts stay on it.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -76,6 +77,25 @@ class ItemWeighting:
         """
         self._num_processes, self.in_use = num_processes, None
         self._count, self._batches, self._reference = 0, 0, 1.0
+
+    def start_unweighted(self, batch_output: Mapping[str, Any]) -> None:
+        """Note that the run's first batch carries no ``num_items``: the run is not weighted.
+
+        Code ported from pytorch-accelerated may return ``num_items_in_batch`` instead, which
+        pytorch-accelerated read as a loss already divided by the count over all processes
+        (and multiplied by the number of processes); it is pointed to ``num_items`` once.
+        """
+        self.in_use = False
+        if "num_items_in_batch" in batch_output:
+            warnings.warn(
+                "Trainer.train: batch_output['num_items_in_batch'] is not interpreted (it was "
+                "pytorch-accelerated's key). For token-exact gradient accumulation return "
+                "'num_items', the number of loss elements the batch's mean loss averages "
+                "(the loop then normalises each window by their total over all processes); "
+                "else rename the key.",
+                UserWarning,
+                stacklevel=2,
+            )
 
     def weight(self, num_items: Any, step: int, epoch_index: int) -> float | torch.Tensor:
         """Count a micro-batch's elements; return the factor its mean loss is multiplied by.

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.utils import concatenate, send_to_device, slice_tensors
 
+from pytorch_accel._batches import without_count
 from pytorch_accel._checkpointing.resume import EpochEntry, ResumePoint, enter_epoch
 from pytorch_accel._checks import (
     check_batch_output,
@@ -252,8 +253,8 @@ class Loop:
         if num_items is not None or weighting.in_use:  # token-exact: weighted by num_items
             scaled = loss * weighting.weight(num_items, self.state.step, self.state.epoch_index)
         else:
-            if weighting.in_use is None:
-                weighting.in_use = False
+            if weighting.in_use is None:  # the run's first batch: not weighted
+                weighting.start_unweighted(batch_output)
             scaled = loss if scale == 1.0 else loss * scale
         self.state.train_loss_tracker.update(
             loss, batch_output["batch_size"] if num_items is None else num_items
@@ -487,9 +488,12 @@ class Loop:
             weight = batch_output.get("num_items", batch_output["batch_size"])
             state.eval_loss_tracker.update(batch_output["loss"], weight)
         elif real_samples > 0:
-            real_batch = slice_tensors(batch, slice(0, real_samples))
+            real_batch = slice_tensors(without_count(batch), slice(0, real_samples))
             real_output = check_batch_output(trainer.calculate_eval_batch_loss(real_batch), method)
             weight = real_output.get("num_items", real_samples)
+            if "num_items" in batch_output and "num_items" not in real_output:
+                # the real rows' share of the batch's count (their own is not known)
+                weight = batch_output["num_items"] * real_samples / batch_output["batch_size"]
             state.eval_loss_tracker.update(real_output["loss"], weight)
         state.eval_step += 1
         return {"batch": batch, "batch_output": batch_output}

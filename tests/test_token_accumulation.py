@@ -278,3 +278,18 @@ def test_the_loss_is_not_read_on_the_host(monkeypatch: pytest.MonkeyPatch) -> No
         callbacks=(Probe(),),
     )
     assert reads == []
+
+
+def test_pytorch_accelerateds_count_key_is_pointed_to_num_items() -> None:
+    """Ported code returning ``num_items_in_batch`` expects a compensation that is not made."""
+
+    class Ported(Trainer):
+        def calculate_train_batch_loss(self, batch: Any) -> dict[str, Any]:
+            output = super().calculate_train_batch_loss(batch)
+            output["num_items_in_batch"] = (batch["labels"] != -100).sum()
+            return output
+
+    model = TinyTokenModel()
+    trainer = Ported(model, None, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.warns(UserWarning, match=r"num_items_in_batch'\] is not interpreted.*'num_items'"):
+        trainer.train(VariableLengthTokens(8), num_epochs=1, per_device_batch_size=2)
