@@ -37,19 +37,19 @@ __all__ = ["ItemWeighting", "check_num_items"]
 
 
 def check_num_items(value: Any, method: str) -> None:
-    """Raise unless ``value`` is a ``num_items`` the loop can weight by: an int or a scalar tensor.
+    """Raise unless ``value`` is a ``num_items`` the loop can weight by: a number or scalar tensor.
 
     Only the type and the shape are read: no host synchronisation.
 
     Raises:
-        TypeError: If ``value`` is neither an int nor a one-element tensor.
+        TypeError: If ``value`` is neither an int, a float nor a one-element tensor.
     """
-    if type(value) is int or (isinstance(value, torch.Tensor) and value.numel() == 1):
+    if type(value) in (int, float) or (isinstance(value, torch.Tensor) and value.numel() == 1):
         return
     shape = f" of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else ""
     raise TypeError(
         f"Trainer.{method}: batch_output['num_items'] must be the number of loss elements the "
-        f"batch's loss is the mean of (an int or a one-element tensor), got "
+        f"batch's loss is the mean of (an int, a float or a one-element tensor), got "
         f"{type(value).__name__}{shape}. Return e.g. (labels != -100).sum() for a token loss."
     )
 
@@ -110,7 +110,7 @@ class ItemWeighting:
 
         Raises:
             ValueError: If some of the run's batches carry ``num_items`` and others do not.
-            TypeError: If ``num_items`` is not an int or a one-element tensor.
+            TypeError: If ``num_items`` is not a number or a one-element tensor.
         """
         if self.in_use is None:
             self.in_use = True

@@ -131,23 +131,28 @@ def test_train_and_eval_losses_are_token_means() -> None:
 class CountingTrainer(Trainer):
     """Returns ``num_items`` from an overridden step, for batches chosen by ``counted``."""
 
-    def __init__(self, *args: Any, counted: Any = lambda step: True, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, counted: Any = lambda step: True, as_int: bool = False, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
-        self.counted, self.steps = counted, 0
+        self.counted, self.as_int, self.steps = counted, as_int, 0
 
     def calculate_train_batch_loss(self, batch: Any) -> dict[str, Any]:
         output = super().calculate_train_batch_loss(batch)
         if self.counted(self.steps):
-            output["num_items"] = (batch["labels"] != -100).sum()
+            count = (batch["labels"] != -100).sum()
+            output["num_items"] = int(count) if self.as_int else count
         self.steps += 1
         return output
 
 
-def test_an_overridden_step_returning_num_items_is_token_exact() -> None:
+@pytest.mark.parametrize("as_int", [False, True])
+def test_an_overridden_step_returning_num_items_is_token_exact(as_int: bool) -> None:
     data = VariableLengthTokens(16)
     model = TinyTokenModel()
     reference = large_batch_loop(model, data, window_samples=8, num_epochs=2)
-    trainer = CountingTrainer(model, None, torch.optim.SGD(model.parameters(), lr=0.1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = CountingTrainer(model, None, optimizer, as_int=as_int)
     trainer.train(
         data,
         num_epochs=2,
