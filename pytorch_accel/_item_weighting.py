@@ -16,7 +16,8 @@ its ``loss`` is the mean of, the loop uses ``ItemWeighting`` instead:
   window, as one large batch gives.
 
 ``reference`` is a power of two agreed by every process: that of the previous window's mean
-number of elements per micro-batch (1 for the first window). It keeps the back-propagated
+number of elements per micro-batch (for the run's first window, of the processes' mean count
+of their first micro-batch: one more all-reduce per ``train()`` call). It keeps the back-propagated
 values at the size of a mean (mixed precision gradient scalers do not overflow), and,
 being a power of two, changes no bit of the result. Nothing here waits for the device: the
 counts stay on it.
@@ -24,6 +25,7 @@ counts stay on it.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -66,17 +68,19 @@ class ItemWeighting:
         self._num_processes = 1
         self._count: int | torch.Tensor = 0
         self._batches = 0
-        self._reference: float | torch.Tensor = 1.0
+        self._reference: float | torch.Tensor | None = None
+        self._device = torch.device("cpu")
         self.in_use: bool | None = None
 
-    def start_run(self, num_processes: int) -> None:
+    def start_run(self, num_processes: int, device: torch.device) -> None:
         """Start a ``train()`` call: its first batch decides whether it weights by ``num_items``.
 
         Args:
             num_processes: The processes whose gradients DDP averages.
+            device: Where the processes exchange their counts (the trainer's device).
         """
-        self._num_processes, self.in_use = num_processes, None
-        self._count, self._batches, self._reference = 0, 0, 1.0
+        self._num_processes, self._device, self.in_use = num_processes, device, None
+        self._count, self._batches, self._reference = 0, 0, None
 
     def start_unweighted(self, batch_output: Mapping[str, Any]) -> None:
         """Note that the run's first batch carries no ``num_items``: the run is not weighted.
@@ -128,8 +132,19 @@ class ItemWeighting:
         check_num_items(num_items, "calculate_train_batch_loss")
         self._count = self._count + num_items
         self._batches += 1
+        if self._reference is None:  # the run's first batch
+            self._reference = self._first_reference(num_items)
         factor: float | torch.Tensor = num_items / self._reference
         return factor
+
+    def _first_reference(self, num_items: int | float | torch.Tensor) -> float | torch.Tensor:
+        """The power of two of the processes' mean count of their first micro-batch."""
+        if self._num_processes == 1 and not isinstance(num_items, torch.Tensor):
+            return float(2.0 ** round(math.log2(max(num_items, 1))))
+        count = torch.as_tensor(num_items).to(self._device, torch.float32).reshape(())
+        if self._num_processes > 1:
+            count = sum_across_processes(count.clone()) / self._num_processes
+        return _power_of_two(count)
 
     def normalise(self, parameters: Iterable[torch.nn.Parameter], device: torch.device) -> None:
         """Divide the window's gradients by its elements over every process; start a new window.
@@ -150,6 +165,7 @@ class ItemWeighting:
         if self._num_processes > 1:
             total = sum_across_processes(total)
         total = total.clamp(min=1)
+        assert self._reference is not None  # chosen by the window's first batch
         factor = (self._num_processes * self._reference) / total
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for parameter in parameters:
@@ -158,7 +174,7 @@ class ItemWeighting:
         for dtype, grads in by_dtype.items():
             torch._foreach_mul_(grads, factor.to(dtype))
         per_batch = total / (self._num_processes * self._batches)
-        self._reference = torch.exp2(torch.round(torch.log2(per_batch))).to(torch.float32)
+        self._reference = _power_of_two(per_batch)
         self._count, self._batches = 0, 0
 
     def state_dict(self) -> dict[str, Any]:
@@ -179,5 +195,10 @@ class ItemWeighting:
         self.in_use = state_dict["in_use"]
 
 
-def _to_cpu(value: int | float | torch.Tensor) -> int | float | torch.Tensor:
+def _power_of_two(value: torch.Tensor) -> torch.Tensor:
+    """The power of two nearest to ``value`` (at least 1), in float32, on its device."""
+    return torch.exp2(torch.round(torch.log2(value.clamp(min=1)))).to(torch.float32)
+
+
+def _to_cpu(value: int | float | torch.Tensor | None) -> int | float | torch.Tensor | None:
     return value.detach().cpu() if isinstance(value, torch.Tensor) else value

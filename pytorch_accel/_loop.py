@@ -123,7 +123,8 @@ class Loop:
         state = self.state
         state.resume, state.running = resume, True
         state.resumed_from = None if resume is None else resume.directory
-        state.item_weighting.start_run(self._trainer.accelerator.num_processes)
+        trainer = self._trainer
+        state.item_weighting.start_run(trainer.accelerator.num_processes, trainer.device)
         try:
             self._entry_point("Trainer.train", "training_run", self._epochs)
         finally:

@@ -298,3 +298,30 @@ def test_pytorch_accelerateds_count_key_is_pointed_to_num_items() -> None:
     trainer = Ported(model, None, torch.optim.SGD(model.parameters(), lr=0.1))
     with pytest.warns(UserWarning, match=r"num_items_in_batch'\] is not interpreted.*'num_items'"):
         trainer.train(VariableLengthTokens(8), num_epochs=1, per_device_batch_size=2)
+
+
+def test_the_back_propagated_loss_stays_the_size_of_a_mean() -> None:
+    """Weighted by num_items / (a power of two near the usual count), not by num_items alone.
+
+    Mixed precision's gradient scaler would otherwise see losses (and gradients) as many times
+    larger as a micro-batch has tokens, and skip updates until it has scaled them down.
+    """
+    ratios: list[float] = []
+
+    class Recording(CountingTrainer):
+        def calculate_train_batch_loss(self, batch: Any) -> dict[str, Any]:
+            output = super().calculate_train_batch_loss(batch)
+            self.loss = output["loss"].detach()
+            return output
+
+        def backward_step(self, loss: torch.Tensor) -> None:
+            ratios.append(float(loss.detach() / self.loss))
+            super().backward_step(loss)
+
+    data = VariableLengthTokens(32, length=40)  # 2 to 80 tokens per micro-batch of 2
+    model = TinyTokenModel()
+    trainer = Recording(model, None, torch.optim.SGD(model.parameters(), lr=0.1))
+    trainer.train(data, num_epochs=1, per_device_batch_size=2, gradient_accumulation_steps=4)
+    assert 0.7 < ratios[0] < 1.42  # the first micro-batch's count, to the nearest power of two
+    assert 0.5 < sorted(ratios)[len(ratios) // 2] < 2  # by num_items alone: about 40
+    assert max(ratios) < 10  # by num_items alone: up to 80
