@@ -416,6 +416,7 @@ def large_batch_loop(
     window_samples: int,
     num_epochs: int,
     lr: float = 0.1,
+    max_grad_norm: float | None = None,
 ) -> nn.Module:
     """The reference of token-exact accumulation: one large batch per window, one update each.
 
@@ -427,6 +428,8 @@ def large_batch_loop(
     for _ in range(num_epochs):
         for batch in DataLoader(dataset, batch_size=window_samples):
             model(**batch)["loss"].backward()
+            if max_grad_norm is not None:
+                nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
             optimizer.step()
             optimizer.zero_grad()
     return model

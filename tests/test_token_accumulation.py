@@ -325,3 +325,15 @@ def test_the_back_propagated_loss_stays_the_size_of_a_mean() -> None:
     assert 0.7 < ratios[0] < 1.42  # the first micro-batch's count, to the nearest power of two
     assert 0.5 < sorted(ratios)[len(ratios) // 2] < 2  # by num_items alone: about 40
     assert max(ratios) < 10  # by num_items alone: up to 80
+
+
+def test_the_norm_is_clipped_after_the_window_is_normalised() -> None:
+    data = VariableLengthTokens(16)
+    model = TinyTokenModel()
+    reference = large_batch_loop(model, data, window_samples=8, num_epochs=2, max_grad_norm=0.05)
+    trainer = train(
+        model, data, batch_size=2, accumulation=4, collate_fn=counting_collate(), max_grad_norm=0.05
+    )
+    assert max_difference(trainer.get_model(), reference) < 1e-6
+    unclipped = large_batch_loop(model, data, window_samples=8, num_epochs=2)
+    assert max_difference(unclipped, reference) > 1e-3  # the clipping mattered
