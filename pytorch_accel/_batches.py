@@ -13,13 +13,22 @@ from typing import Any, NoReturn
 import torch
 
 __all__ = [
+    "NUM_ITEMS_IN_BATCH",
     "dict_batch_loss",
     "dict_batch_size",
     "inputs_and_targets",
     "missing_loss_func",
     "output_field",
     "predictions_of",
+    "without_count",
 ]
+
+
+NUM_ITEMS_IN_BATCH = "num_items_in_batch"
+"""The key of a dict batch that counts its loss elements (Hugging Face's name for it)."""
+
+_NOT_INPUTS = frozenset({"labels", NUM_ITEMS_IN_BATCH})
+"""What a model whose loss a ``loss_func`` computes does not get from a dict batch."""
 
 
 def inputs_and_targets(batch: Any, method: str) -> tuple[Any, Any]:
@@ -100,6 +109,12 @@ def dict_batch_loss(
     the output; ``batch_size`` is the first dimension of ``labels`` (or of the first
     tensor in the batch).
 
+    A batch may carry ``num_items_in_batch``, the number of loss elements (tokens) of the
+    batch, as Hugging Face's ``Trainer`` passes it to the model: with ``loss_func=None`` the
+    model gets it (a Hugging Face model then divides its summed loss by it), with a
+    ``loss_func`` it is left out of the model's inputs; either way it is returned as
+    ``num_items``, which makes the loop weight the batch by it (token-exact accumulation).
+
     Args:
         model: The (prepared) model.
         loss_func: The trainer's loss function, or ``None``.
@@ -107,7 +122,7 @@ def dict_batch_loss(
         method: The calling step method, for messages.
 
     Returns:
-        A dict with ``loss``, ``model_outputs`` and ``batch_size``.
+        A dict with ``loss``, ``model_outputs`` and ``batch_size`` (and ``num_items``).
     """
     if not isinstance(batch, Mapping):  # loss_func is None: a stream's batches show it here
         missing_loss_func(batch, method)
@@ -129,7 +144,22 @@ def dict_batch_loss(
                 f"'labels', got keys {sorted(batch)}. Add 'labels' to the batch (in the "
                 f"dataset or a collate_fn), or override {method}."
             )
-        inputs = {key: value for key, value in batch.items() if key != "labels"}
+        inputs = {key: value for key, value in batch.items() if key not in _NOT_INPUTS}
         predictions = predictions_of(model(**inputs))
         loss = loss_func(predictions, batch["labels"])
-    return {"loss": loss, "model_outputs": predictions, "batch_size": dict_batch_size(batch)}
+    output = {"loss": loss, "model_outputs": predictions, "batch_size": dict_batch_size(batch)}
+    num_items = batch.get(NUM_ITEMS_IN_BATCH)
+    if num_items is not None:
+        output["num_items"] = num_items
+    return output
+
+
+def without_count(batch: Any) -> Any:
+    """Return a dict batch without its ``num_items_in_batch`` (other batches as they are).
+
+    For the first rows of a batch (``slice_tensors``): the count has no rows to slice, and
+    holds the whole batch's elements.
+    """
+    if isinstance(batch, Mapping) and NUM_ITEMS_IN_BATCH in batch:
+        return {key: value for key, value in batch.items() if key != NUM_ITEMS_IN_BATCH}
+    return batch

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.utils import concatenate, send_to_device, slice_tensors
 
+from pytorch_accel._batches import without_count
 from pytorch_accel._checkpointing.resume import EpochEntry, ResumePoint, enter_epoch
 from pytorch_accel._checks import (
     check_batch_output,
@@ -122,6 +123,8 @@ class Loop:
         state = self.state
         state.resume, state.running = resume, True
         state.resumed_from = None if resume is None else resume.directory
+        trainer = self._trainer
+        state.item_weighting.start_run(trainer.accelerator.num_processes, trainer.device)
         try:
             self._entry_point("Trainer.train", "training_run", self._epochs)
         finally:
@@ -246,13 +249,22 @@ class Loop:
             if guarded is None:
                 return dict(SKIPPED_OUTPUT)
             batch_output = guarded
-        loss = batch_output["loss"]
-        self.state.train_loss_tracker.update(loss, batch_output["batch_size"])
+        loss, num_items = batch_output["loss"], batch_output.get("num_items")
+        weighting = self.state.item_weighting
+        if num_items is not None or weighting.in_use:  # token-exact: weighted by num_items
+            scaled = loss * weighting.weight(num_items, self.state.step, self.state.epoch_index)
+        else:
+            if weighting.in_use is None:  # the run's first batch: not weighted
+                weighting.start_unweighted(batch_output)
+            scaled = loss if scale == 1.0 else loss * scale
+        self.state.train_loss_tracker.update(
+            loss, batch_output["batch_size"] if num_items is None else num_items
+        )
         handler = trainer.callback_handler  # an event nobody listens to costs one set look-up
         if "on_backward_start" in handler.active_events:
             self._fire("on_backward_start", {})
         try:
-            trainer.backward_step(loss if scale == 1.0 else loss * scale)
+            trainer.backward_step(scaled)
         except (AttributeError, RuntimeError) as error:  # checked only once it failed
             explain_backward_failure(loss, "calculate_train_batch_loss", error)
             raise
@@ -277,6 +289,8 @@ class Loop:
     def _update(self) -> None:
         trainer = self._trainer
         config = self._config()
+        if self.state.item_weighting.in_use:  # the window's mean over its loss elements
+            self.state.item_weighting.normalise(trainer.model.parameters(), trainer.device)
         if config.gradient_clip_value is not None:
             trainer.accelerator.clip_grad_value_(
                 trainer.model.parameters(), config.gradient_clip_value
@@ -354,7 +368,11 @@ class Loop:
         """Where this epoch starts: the resume seam (from its first batch unless resuming)."""
         state = self.state
         resume, state.resume = state.resume, None
-        return enter_epoch(resume, state.resumable, self._trainer, state.train_loss_tracker)
+        entry = enter_epoch(resume, state.resumable, self._trainer, state.train_loss_tracker)
+        saved = None if resume is None else resume.rank_state.get("item_weighting")
+        if saved is not None and entry.batches_done:  # inside a window weighted by num_items
+            state.item_weighting.load_state_dict(saved, self._trainer.device)
+        return entry
 
     # ------------------------------------------------------------------------ evaluation
 
@@ -466,12 +484,18 @@ class Loop:
         method = "calculate_eval_batch_loss"
         batch_output = check_batch_output(trainer.calculate_eval_batch_loss(batch), method)
         real_samples = self._real_samples(dataloader, batch_output["batch_size"])
+        # weighted by the loss elements where the step counts them (num_items), else by samples
         if real_samples is None:
-            state.eval_loss_tracker.update(batch_output["loss"], batch_output["batch_size"])
+            weight = batch_output.get("num_items", batch_output["batch_size"])
+            state.eval_loss_tracker.update(batch_output["loss"], weight)
         elif real_samples > 0:
-            real_batch = slice_tensors(batch, slice(0, real_samples))
+            real_batch = slice_tensors(without_count(batch), slice(0, real_samples))
             real_output = check_batch_output(trainer.calculate_eval_batch_loss(real_batch), method)
-            state.eval_loss_tracker.update(real_output["loss"], real_samples)
+            weight = real_output.get("num_items", real_samples)
+            if "num_items" in batch_output and "num_items" not in real_output:
+                # the real rows' share of the batch's count (their own is not known)
+                weight = batch_output["num_items"] * real_samples / batch_output["batch_size"]
+            state.eval_loss_tracker.update(real_output["loss"], weight)
         state.eval_step += 1
         return {"batch": batch, "batch_output": batch_output}
 

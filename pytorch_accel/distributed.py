@@ -30,6 +30,7 @@ __all__ = [
     "main_process_object",
     "needs_cpu_distributed",
     "remove_padding",
+    "sum_across_processes",
     "synchronise_replicas",
 ]
 
@@ -210,6 +211,16 @@ def main_process_object(value: Any) -> Any:
     shared = [value]
     broadcast_object_list(shared, from_process=0)  # on the device each backend needs
     return shared[0]
+
+
+def sum_across_processes(value: torch.Tensor) -> torch.Tensor:
+    """Sum ``value`` over every process, in place, on its device; return it.
+
+    One all-reduce over the default process group (NCCL on GPUs), queued on the device like
+    DDP's own: the host does not wait for it. Every process must call it, at the same point.
+    """
+    dist.all_reduce(value)
+    return value
 
 
 def synchronise_replicas(model: torch.nn.Module) -> None:

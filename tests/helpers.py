@@ -317,3 +317,119 @@ def open_files_under(directory: Path) -> list[str]:
             if target.startswith(str(directory)):
                 found.append(target)
     return found
+
+
+class VariableLengthTokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    """Token sequences of 1 to ``length`` tokens, right-padded: a language model's batches.
+
+    ``labels`` are the tokens, ``-100`` (ignored by the loss) at the padding, so batches hold
+    very different numbers of loss elements.
+    """
+
+    def __init__(self, num_samples: int, length: int = 10, vocab: int = 12, seed: int = 0) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.input_ids = torch.randint(1, vocab, (num_samples, length), generator=generator)
+        lengths = torch.randint(1, length + 1, (num_samples,), generator=generator)
+        self.attention_mask = (torch.arange(length) < lengths[:, None]).long()
+        self.input_ids = self.input_ids * self.attention_mask
+        self.labels = self.input_ids.masked_fill(self.attention_mask == 0, -100)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {
+            "input_ids": self.input_ids[index],
+            "attention_mask": self.attention_mask[index],
+            "labels": self.labels[index],
+        }
+
+
+def counting_collate(shift: bool = False) -> Callable[[list[Any]], dict[str, Any]]:
+    """A collate_fn that adds ``num_items_in_batch``: the batch's labels that are not -100.
+
+    ``shift``: count ``labels[:, 1:]``, as a causal language model's loss predicts the next token.
+    """
+
+    def collate(samples: list[Any]) -> dict[str, Any]:
+        batch: dict[str, Any] = torch.utils.data.default_collate(samples)
+        labels = batch["labels"][:, 1:] if shift else batch["labels"]
+        batch["num_items_in_batch"] = (labels != -100).sum()
+        return batch
+
+    return collate
+
+
+class TinyTokenModel(nn.Module):
+    """A per-token classifier returning ``{"loss", "logits"}``, as Hugging Face models do.
+
+    The loss is the sum of the tokens' cross-entropies divided by ``num_items_in_batch``
+    when given, else their mean over the labels that are not -100.
+    """
+
+    def __init__(self, vocab: int = 12, dim: int = 8, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed = nn.Embedding(vocab, dim)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> dict[str, torch.Tensor]:
+        logits = self.head(torch.tanh(self.embed(input_ids)))
+        outputs = {"logits": logits}
+        if labels is not None:
+            loss = nn.functional.cross_entropy(
+                logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum"
+            )
+            count = (labels != -100).sum() if num_items_in_batch is None else num_items_in_batch
+            outputs["loss"] = loss / count
+        return outputs
+
+
+def make_tiny_gpt2(seed: int = 0) -> nn.Module:
+    """A randomly initialised ``GPT2LMHeadModel`` from a tiny config (no download)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(
+        vocab_size=12,
+        n_positions=16,
+        n_embd=16,
+        n_layer=1,
+        n_head=2,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    return GPT2LMHeadModel(config)
+
+
+def large_batch_loop(
+    model: nn.Module,
+    dataset: torch.utils.data.Dataset[Any],
+    *,
+    window_samples: int,
+    num_epochs: int,
+    lr: float = 0.1,
+    max_grad_norm: float | None = None,
+) -> nn.Module:
+    """The reference of token-exact accumulation: one large batch per window, one update each.
+
+    The model's loss over the large batch is the mean over all its loss elements.
+    """
+    model = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(num_epochs):
+        for batch in DataLoader(dataset, batch_size=window_samples):
+            model(**batch)["loss"].backward()
+            if max_grad_norm is not None:
+                nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad()
+    return model

@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "pytorch_accel._checks",
             "pytorch_accel._batches",
+            "pytorch_accel._item_weighting",
             "pytorch_accel.errors",
             "pytorch_accel.events",
             "pytorch_accel.callback",
@@ -99,7 +100,8 @@ LAYER_ROLES = {
         "The concepts everything else is built from: `StopTrainingError`, the event names, the "
         "callback interface (`TrainerCallback`) and its `CallbackHandler`, the value checks "
         "and their one message format (`_checks`), how the default steps read a batch "
-        "(`_batches`: `(inputs, targets)`, or a dict of the model's keyword arguments), the one "
+        "(`_batches`: `(inputs, targets)`, or a dict of the model's keyword arguments), the "
+        "token-exact weighting of accumulation windows (`_item_weighting`), the one "
         "agreement between processes "
         "(`distributed.AgreedFlag`), run history and loss tracking, the run config, "
         "placeholders, checkpoint and training-state files (`_checkpointing`: the one atomic "

@@ -128,3 +128,29 @@ def test_each_precision_gives_the_weights_of_an_accelerate_loop(
     assert (trainer.accelerator.scaler is not None) == (precision == "fp16")
     weights = clone_params(trainer.get_model())
     assert all(torch.equal(a, b) for a, b in zip(weights, reference, strict=True))
+
+
+@pytest.mark.parametrize("precision", ["no", "bf16", "fp16"])
+def test_token_exact_accumulation_never_synchronises(
+    monkeypatch: pytest.MonkeyPatch, precision: str
+) -> None:
+    """Weighting by ``num_items`` and normalising each window stay on the device."""
+    from helpers import TinyTokenModel, VariableLengthTokens, counting_collate, large_batch_loop
+
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", precision)
+    data = VariableLengthTokens(48)
+    model = TinyTokenModel()
+    reference = large_batch_loop(model, data, window_samples=12, num_epochs=2)
+    trainer = Trainer(model, None, torch.optim.SGD(model.parameters(), lr=0.1), (SyncGuard(),))
+    trainer.train(
+        data,
+        num_epochs=2,
+        per_device_batch_size=4,
+        gradient_accumulation_steps=3,
+        collate_fn=counting_collate(),
+        train_dataloader_kwargs={"shuffle": False},
+    )
+    assert trainer.device.type == "cuda"
+    if precision == "no":  # the large batch's weights, on the GPU's float32 arithmetic
+        weights = zip(trainer.get_model().parameters(), reference.parameters(), strict=True)
+        assert max((a.cpu() - b).abs().max().item() for a, b in weights) < 1e-5
