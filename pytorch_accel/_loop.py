@@ -66,6 +66,7 @@ from pytorch_accel.failing_batches import SKIPPED_OUTPUT, is_empty_batch
 from pytorch_accel.logging_setup import get_logger, setup_logging
 from pytorch_accel.preparation import Preparation
 from pytorch_accel.run_config import TrainerRunConfig
+from pytorch_accel.tracking import BATCH_OUTPUT_KEYS
 
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
@@ -122,6 +123,7 @@ class Loop:
         state = self.state
         state.resume, state.running = resume, True
         state.resumed_from = None if resume is None else resume.directory
+        state.logged.reset()
         try:
             self._entry_point("Trainer.train", "training_run", self._epochs)
         finally:
@@ -169,6 +171,7 @@ class Loop:
             Whether the run's updates are all done.
         """
         self.state.train_loss_tracker.reset()
+        self.state.logged.start_epoch("train")
         self.state.step = 0
         self._train_progress = self._progress("on_train_progress")
         self._with_events("train_epoch", self._train_batches, dataloader, finish=self._end_epoch)
@@ -248,6 +251,8 @@ class Loop:
             batch_output = guarded
         loss = batch_output["loss"]
         self.state.train_loss_tracker.update(loss, batch_output["batch_size"])
+        if batch_output.keys() - BATCH_OUTPUT_KEYS:  # a loss's components: logged
+            self.state.logged.log_batch_output(batch_output, trainer.device)
         handler = trainer.callback_handler  # an event nobody listens to costs one set look-up
         if "on_backward_start" in handler.active_events:
             self._fire("on_backward_start", {})
@@ -302,6 +307,7 @@ class Loop:
         self._train_progress.finish(state.step)
         loss = state.train_loss_tracker.reduce(trainer.accelerator)
         trainer.run_history.update_metric("train_loss_epoch", loss)
+        state.logged.end_epoch(trainer.run_history, trainer.device)
         if state.failing_batches is not None:
             state.failing_batches.finish_epoch(trainer)
 
@@ -435,6 +441,7 @@ class Loop:
         """Run one eval epoch level over ``dataloader`` (``Trainer._run_eval_epoch``)."""
         state = self.state
         state.eval_loss_tracker.reset()
+        state.logged.start_epoch("eval")
         state.eval_step = 0
         self._eval_progress = self._progress("on_eval_progress")
         self._with_events(
@@ -468,10 +475,16 @@ class Loop:
         real_samples = self._real_samples(dataloader, batch_output["batch_size"])
         if real_samples is None:
             state.eval_loss_tracker.update(batch_output["loss"], batch_output["batch_size"])
+            if batch_output.keys() - BATCH_OUTPUT_KEYS:  # a loss's components: logged
+                state.logged.log_batch_output(batch_output, trainer.device)
         elif real_samples > 0:
             real_batch = slice_tensors(batch, slice(0, real_samples))
             real_output = check_batch_output(trainer.calculate_eval_batch_loss(real_batch), method)
             state.eval_loss_tracker.update(real_output["loss"], real_samples)
+            if real_output.keys() - BATCH_OUTPUT_KEYS:
+                state.logged.log_batch_output(
+                    {**real_output, "batch_size": real_samples}, trainer.device
+                )
         state.eval_step += 1
         return {"batch": batch, "batch_output": batch_output}
 
@@ -499,6 +512,7 @@ class Loop:
         self._eval_progress.finish(state.eval_step)
         loss = state.eval_loss_tracker.reduce(trainer.accelerator)
         trainer.run_history.update_metric(metric_name, loss)
+        state.logged.end_epoch(trainer.run_history, trainer.device)
 
     # ------------------------------------------------------------------------ prediction
 

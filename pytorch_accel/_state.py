@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 from pytorch_accel._checkpointing.resume import Position, ResumePoint
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.run_setup import ChosenRates
-from pytorch_accel.tracking import LossTracker
+from pytorch_accel.tracking import LoggedMetrics, LossTracker
 
 if TYPE_CHECKING:
     from pytorch_accel._checkpointing.resume import ResumableLoader
@@ -56,6 +56,7 @@ class TrainerState:
         resumable: The controls of a train dataloader that can resume mid-epoch, if it can.
         train_loss_tracker: The on-device tracker of the current training epoch's loss.
         eval_loss_tracker: The on-device tracker of the current evaluation epoch's loss.
+        logged: What ``Trainer.log`` logged in the current epochs and logging intervals.
         failing_batches: The guard of ``train(skip_failing_batches=...)``, if asked for.
         eval_metric_name: The run-history name of the current eval epoch's mean loss.
         eval_limit: The most batches of the current eval epoch (a sanity check), or ``None``.
@@ -85,6 +86,7 @@ class TrainerState:
         self.resumable: ResumableLoader | None = None
         self.train_loss_tracker = LossTracker()
         self.eval_loss_tracker = LossTracker()
+        self.logged = LoggedMetrics()
         self.failing_batches: FailingBatchGuard | None = None
         self.eval_metric_name = "eval_loss_epoch"
         self.eval_limit: int | None = None

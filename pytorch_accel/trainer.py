@@ -22,11 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from pytorch_accel import _entry_checks as checks
-from pytorch_accel._batches import (
-    dict_batch_loss,
-    inputs_and_targets,
-    predictions_of,
-)
+from pytorch_accel._batches import dict_batch_loss, inputs_and_targets, predictions_of
 from pytorch_accel._checkpointing.checkpoint import restore_checkpoint, write_checkpoint
 from pytorch_accel._checkpointing.training_state import TrainingStateIO
 from pytorch_accel._compat import trainer_module_attribute as __getattr__  # noqa: F401
@@ -47,7 +43,13 @@ from pytorch_accel.placeholders import (
 from pytorch_accel.preparation import Preparation
 from pytorch_accel.run_config import TrainerRunConfig
 from pytorch_accel.run_setup import ResumeParts, RunSetup
-from pytorch_accel.tracking import InMemoryRunHistory, LossTracker, MetricCursor, RunHistory
+from pytorch_accel.tracking import (
+    InMemoryRunHistory,
+    LoggedMetrics,
+    LossTracker,
+    MetricCursor,
+    RunHistory,
+)
 
 __all__ = [  # DEFAULT_CALLBACKS and the other ported names: served by __getattr__ (_compat)
     "Trainer",
@@ -253,6 +255,11 @@ class Trainer:
         value (``.item()``) synchronises with the device, so log it at an interval.
         """
         return self._state.grad_norm
+
+    @property
+    def logged_metrics(self) -> LoggedMetrics:
+        """What ``log`` logged (step-logging callbacks open their intervals on it)."""
+        return self._state.logged
 
     @checks.suggest_arguments
     def train(
@@ -701,6 +708,29 @@ class Trainer:
 
     def evaluation_run_end(self) -> None:
         """Hook at the end of an evaluation run."""
+
+    def log(self, name: str, value: Any, *, reduce: str = "mean", weight: Any = 1) -> None:
+        """Log a metric: kept on the device, reduced across processes once per epoch or interval.
+
+        In a training epoch (a step method or callback) it joins ``train_<name>_epoch`` (run
+        history) and ``train_<name>_step`` (step logging); in an eval epoch, ``eval_<name>_epoch``;
+        elsewhere it is reduced at once, recorded as ``<name>``. See docs/trackers.md.
+
+        Args:
+            name: The metric's name.
+            value: A one-element tensor (not read on the host) or a real number.
+            reduce: ``"mean"`` (weighted by ``weight``), ``"sum"``, ``"max"`` or ``"min"``,
+                over the calls and over the processes (every process must log the same names).
+            weight: The value's weight in a mean, e.g. the batch size.
+        """
+        self._state.logged.log({name: value}, reduce, weight, self.run_history, self.device)
+
+    def log_dict(
+        self, metrics: Mapping[str, Any], *, reduce: str = "mean", weight: Any = 1
+    ) -> None:
+        """Log several metrics at once, as ``log`` does each (one collective between epochs)."""
+        logged = self._state.logged
+        logged.log(metrics, reduce, weight, self.run_history, self.device, "Trainer.log_dict")
 
     def gather(self, tensor: Any, padding_value: float | None = None) -> Any:
         """Gather tensors from all processes, concatenated on the first dimension.
