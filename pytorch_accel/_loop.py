@@ -66,7 +66,7 @@ from pytorch_accel.failing_batches import SKIPPED_OUTPUT, is_empty_batch
 from pytorch_accel.logging_setup import get_logger, setup_logging
 from pytorch_accel.preparation import Preparation
 from pytorch_accel.run_config import TrainerRunConfig
-from pytorch_accel.tracking import BATCH_OUTPUT_KEYS
+from pytorch_accel.tracking import BATCH_OUTPUT_KEYS, TRAIN_LOSS_NAME
 
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
@@ -171,7 +171,7 @@ class Loop:
             Whether the run's updates are all done.
         """
         self.state.train_loss_tracker.reset()
-        self.state.logged.start_epoch("train")
+        self.state.logged.start_epoch(TRAIN_LOSS_NAME)
         self.state.step = 0
         self._train_progress = self._progress("on_train_progress")
         self._with_events("train_epoch", self._train_batches, dataloader, finish=self._end_epoch)
@@ -306,7 +306,7 @@ class Loop:
         state, trainer = self.state, self._trainer
         self._train_progress.finish(state.step)
         loss = state.train_loss_tracker.reduce(trainer.accelerator)
-        trainer.run_history.update_metric("train_loss_epoch", loss)
+        trainer.run_history.update_metric(TRAIN_LOSS_NAME, loss)
         state.logged.end_epoch(trainer.run_history, trainer.device)
         if state.failing_batches is not None:
             state.failing_batches.finish_epoch(trainer)
@@ -441,7 +441,7 @@ class Loop:
         """Run one eval epoch level over ``dataloader`` (``Trainer._run_eval_epoch``)."""
         state = self.state
         state.eval_loss_tracker.reset()
-        state.logged.start_epoch("eval")
+        state.logged.start_epoch(state.eval_metric_name)
         state.eval_step = 0
         self._eval_progress = self._progress("on_eval_progress")
         self._with_events(

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BATCH_OUTPUT_KEYS",
+    "TRAIN_LOSS_NAME",
     "InMemoryRunHistory",
     "LoggedMetrics",
     "LoggedValues",
@@ -26,6 +27,7 @@ __all__ = [
     "MetricCursor",
     "MetricNotFoundError",
     "RunHistory",
+    "logged_name",
     "reduction_dtype",
 ]
 
@@ -469,6 +471,21 @@ class LoggedValues:
         return self.results(reduce_across_processes(packed, reductions).tolist())
 
 
+TRAIN_LOSS_NAME = "train_loss_epoch"
+"""The run-history name of a training epoch's mean loss."""
+
+
+def logged_name(loss_name: str, name: str) -> str:
+    """The run-history name of a value logged as ``name`` in an epoch whose loss is ``loss_name``.
+
+    The loss's name with its first ``loss`` replaced by ``name`` (``train_loss_epoch``:
+    ``train_<name>_epoch``; ``eval_loss_epoch``: ``eval_<name>_epoch``; ``evaluate()``'s
+    ``loss``: ``<name>``, which gets the evaluation's prefix); ``<loss_name>_<name>`` if it
+    has no ``loss``.
+    """
+    return loss_name.replace("loss", name, 1) if "loss" in loss_name else f"{loss_name}_{name}"
+
+
 BATCH_OUTPUT_KEYS = frozenset({"loss", "model_outputs", "batch_size", "num_items_in_batch"})
 """The keys of a step's ``batch_output`` that are never logged as metrics."""
 
@@ -477,25 +494,27 @@ class LoggedMetrics:
     """What ``Trainer.log`` and the steps' extra ``batch_output`` values logged, on the device.
 
     Inside a train or eval epoch (``start_epoch`` to ``end_epoch``, nested for an evaluation
-    run inside a training epoch) each value is added to the epoch's ``LoggedValues`` of its
-    phase, which ``end_epoch`` reduces across processes (one collective) and records in the
-    run history as ``<phase>_<name>_epoch``; training values are also added to each logging
-    interval opened with ``open_interval`` (the step-logging callbacks read them at their
-    logging points). Outside an epoch a value is reduced and recorded at once, as ``<name>``.
+    run inside a training epoch) each value is added to the epoch's ``LoggedValues``, which
+    ``end_epoch`` reduces across processes (one collective) and records in the run history
+    under the name of the epoch's loss with ``loss`` replaced by the value's name
+    (``train_loss_epoch``: ``train_<name>_epoch``; see ``logged_name``); training values are
+    also added to each logging interval opened with ``open_interval`` (the step-logging
+    callbacks read them at their logging points). Outside an epoch a value is reduced and
+    recorded at once, as ``<name>``.
     """
 
     def __init__(self) -> None:
         self._intervals: list[LoggedValues] = []
-        self._phases: list[tuple[str, LoggedValues]] = []
+        self._epochs: list[tuple[str, LoggedValues]] = []
 
     def reset(self) -> None:
         """Forget every span (at the start of a training run)."""
-        self._intervals, self._phases = [], []
+        self._intervals, self._epochs = [], []
 
     @property
-    def phase(self) -> str | None:
-        """``"train"``, ``"eval"`` (inside an epoch of that phase), or ``None``."""
-        return self._phases[-1][0] if self._phases else None
+    def in_training_epoch(self) -> bool:
+        """Whether the innermost epoch is a training epoch (its values join the intervals)."""
+        return bool(self._epochs) and self._epochs[-1][0] == TRAIN_LOSS_NAME
 
     def open_interval(self) -> LoggedValues:
         """Return a span that receives every training value from now on (``take`` reads it)."""
@@ -503,16 +522,16 @@ class LoggedMetrics:
         self._intervals.append(interval)
         return interval
 
-    def start_epoch(self, phase: str) -> None:
-        """Start collecting the values of a ``"train"`` or ``"eval"`` epoch."""
-        self._phases.append((phase, LoggedValues()))
+    def start_epoch(self, loss_name: str) -> None:
+        """Start collecting the values of an epoch whose mean loss is recorded as ``loss_name``."""
+        self._epochs.append((loss_name, LoggedValues()))
 
     def end_epoch(self, history: RunHistory, device: torch.device) -> None:
-        """Record the epoch's values as ``<phase>_<name>_epoch`` (one collective if any)."""
-        phase, values = self._phases.pop()
+        """Record the epoch's values under their ``logged_name`` (one collective if any)."""
+        loss_name, values = self._epochs.pop()
         if len(values):
             for name, value in values.reduce(device).items():
-                history.update_metric(f"{phase}_{name}_epoch", value)
+                history.update_metric(logged_name(loss_name, name), value)
 
     def log(
         self,
@@ -537,7 +556,7 @@ class LoggedMetrics:
             fail(ValueError, where, "reduce", reduce, f"one of {REDUCTIONS}", "Pass reduce='mean'.")
         if not isinstance(weight, (numbers.Real, torch.Tensor)):
             fail(TypeError, where, "weight", weight, "a number", "Pass e.g. weight=batch_size.")
-        values = self._phases[-1][1] if self._phases else LoggedValues()
+        values = self._epochs[-1][1] if self._epochs else LoggedValues()
         checked = {
             name: _checked_value(where, name, value, device) for name, value in metrics.items()
         }
@@ -554,7 +573,7 @@ class LoggedMetrics:
                 )
         for name, value in checked.items():
             self._add(values, name, value, reduce, weight)
-        if not self._phases:  # between epochs: reduced and recorded now
+        if not self._epochs:  # between epochs: reduced and recorded now
             for name, value in values.reduce(device).items():
                 history.update_metric(name, value)
 
@@ -564,9 +583,9 @@ class LoggedMetrics:
         Skipped: ``BATCH_OUTPUT_KEYS``, names starting with ``_``, and anything that is not a
         0-dimensional floating-point tensor or a Python float (counts, outputs, lists).
         """
-        if not self._phases:
+        if not self._epochs:
             return
-        values, weight = self._phases[-1][1], batch_output["batch_size"]
+        values, weight = self._epochs[-1][1], batch_output["batch_size"]
         for name, value in batch_output.items():
             if name in BATCH_OUTPUT_KEYS or not isinstance(name, str) or name.startswith("_"):
                 continue
@@ -585,7 +604,7 @@ class LoggedMetrics:
         self, values: LoggedValues, name: str, value: Any, reduction: str, weight: Any
     ) -> None:
         values.update(name, value, reduction, weight)
-        if self._phases and self._phases[-1][0] == "train":
+        if self.in_training_epoch:
             for interval in self._intervals:
                 interval.update(name, value, reduction, weight)
 

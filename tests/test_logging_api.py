@@ -170,6 +170,15 @@ def test_extra_scalars_of_batch_output_are_logged_sample_weighted() -> None:
     }
 
 
+def test_evaluate_returns_the_logged_values_under_its_prefix() -> None:
+    trainer = make(ReturnsLossParts)
+    metrics = trainer.evaluate(make_regression_dataset(10), per_device_batch_size=4)
+    assert metrics["evaluation_ce"] == pytest.approx(metrics["evaluation_loss"] * 0.25, rel=1e-6)
+    assert metrics["evaluation_aux"] == pytest.approx(0.5)
+    named = trainer.evaluate({"clean": make_regression_dataset(8)}, metric_prefix="test_")
+    assert set(named) == {"test_clean_loss", "test_clean_ce", "test_clean_aux"}
+
+
 def test_values_logged_outside_an_epoch_are_recorded_under_their_name() -> None:
     class EpochEnd(TrainerCallback):
         def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
@@ -222,7 +231,8 @@ def test_a_step_evaluation_inside_a_training_epoch_keeps_the_phases_apart() -> N
     )
     history = trainer.run_history
     assert history.get_metric_values("train_where_epoch") == [1.0]
-    assert history.get_metric_values("eval_where_epoch") == [2.0, 2.0]
+    assert history.get_metric_values("mid_eval_where") == [2.0]  # named as its loss
+    assert history.get_metric_values("eval_where_epoch") == [2.0]
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks.defaults import SEPARATOR, format_metrics
 from pytorch_accel.distributed import reduce_across_processes
 from pytorch_accel.logging_setup import get_logger, setup_logging
-from pytorch_accel.tracking import LoggedValues, reduction_dtype
+from pytorch_accel.tracking import LoggedValues, logged_name, reduction_dtype
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer
@@ -167,7 +167,9 @@ class StepMetrics:
         if memory is not None:
             metrics["max_memory_allocated_gb"] = memory
         user = logged.results(values[len(values) - logged.num_parts :])
-        metrics.update({f"train_{name}_step": value for name, value in user.items()})
+        metrics.update(
+            {logged_name("train_loss_step", name): value for name, value in user.items()}
+        )
         self._reset_interval(time.perf_counter(), trainer.num_updates)
         return metrics
 
