@@ -421,15 +421,13 @@ class LoggedValues:
         entry = self._trackers.get(name)
         return None if entry is None else entry[0]
 
-    def update(
-        self, name: str, value: torch.Tensor, reduction: str, weight: int | float | torch.Tensor
-    ) -> None:
+    def update(self, name: str, value: torch.Tensor, reduction: str, weight: Any) -> None:
         """Add one value of ``name`` (a one-element tensor), with its weight (for a mean)."""
         entry = self._trackers.get(name)
         if entry is None:
             tracker = LossTracker() if reduction in ("mean", "sum") else _ExtremeTracker(reduction)
             entry = self._trackers[name] = (reduction, tracker)
-        entry[1].update(value, weight)  # type: ignore[arg-type]
+        entry[1].update(value, weight)
 
     def take(self) -> LoggedValues:
         """Return the values logged so far and start the span afresh."""
@@ -550,17 +548,16 @@ class LoggedMetrics:
             ValueError: If ``reduce`` is unknown, a name empty, a tensor has several elements,
                 or a name was logged with another reduction in the same epoch.
         """
-        if not isinstance(metrics, Mapping):
+        if type(metrics) is not dict and not isinstance(metrics, Mapping):
             fail(TypeError, where, "metrics", metrics, "a dict", "Pass e.g. {'aux_loss': aux}.")
         if reduce not in REDUCTIONS:
             fail(ValueError, where, "reduce", reduce, f"one of {REDUCTIONS}", "Pass reduce='mean'.")
-        if not isinstance(weight, (numbers.Real, torch.Tensor)):
+        if type(weight) is not int and not isinstance(weight, (numbers.Real, torch.Tensor)):
             fail(TypeError, where, "weight", weight, "a number", "Pass e.g. weight=batch_size.")
         values = self._epochs[-1][1] if self._epochs else LoggedValues()
-        checked = {
-            name: _checked_value(where, name, value, device) for name, value in metrics.items()
-        }
-        for name in checked:
+        intervals = self._intervals if self.in_training_epoch else ()
+        for name, value in metrics.items():
+            checked = _checked_value(where, name, value, device)
             logged = values.reduction_of(name)
             if logged is not None and logged != reduce:
                 fail(
@@ -571,8 +568,9 @@ class LoggedMetrics:
                     f"{logged!r}, as {name!r} was logged",
                     "Log each name with one reduction, or log the other under another name.",
                 )
-        for name, value in checked.items():
-            self._add(values, name, value, reduce, weight)
+            values.update(name, checked, reduce, weight)
+            for interval in intervals:
+                interval.update(name, checked, reduce, weight)
         if not self._epochs:  # between epochs: reduced and recorded now
             for name, value in values.reduce(device).items():
                 history.update_metric(name, value)
@@ -586,6 +584,7 @@ class LoggedMetrics:
         if not self._epochs:
             return
         values, weight = self._epochs[-1][1], batch_output["batch_size"]
+        intervals = self._intervals if self.in_training_epoch else ()
         for name, value in batch_output.items():
             if name in BATCH_OUTPUT_KEYS or not isinstance(name, str) or name.startswith("_"):
                 continue
@@ -598,20 +597,14 @@ class LoggedMetrics:
             else:
                 continue
             if values.reduction_of(name) in (None, "mean"):
-                self._add(values, name, value, "mean", weight)
-
-    def _add(
-        self, values: LoggedValues, name: str, value: Any, reduction: str, weight: Any
-    ) -> None:
-        values.update(name, value, reduction, weight)
-        if self.in_training_epoch:
-            for interval in self._intervals:
-                interval.update(name, value, reduction, weight)
+                values.update(name, value, "mean", weight)
+                for interval in intervals:
+                    interval.update(name, value, "mean", weight)
 
 
 def _checked_value(where: str, name: object, value: object, device: torch.device) -> Any:
     """``value`` as logged: a detached one-element tensor, or a float on ``device``."""
-    if not isinstance(name, str) or not name:
+    if type(name) is not str or not name:
         fail(
             TypeError if not isinstance(name, str) else ValueError,
             where,
@@ -621,7 +614,7 @@ def _checked_value(where: str, name: object, value: object, device: torch.device
             "Pass e.g. trainer.log('aux_loss', aux).",
         )
     if isinstance(value, torch.Tensor):
-        if value.numel() != 1 or value.is_complex():
+        if (value.ndim and value.numel() != 1) or value.is_complex():
             fail(
                 ValueError,
                 where,
