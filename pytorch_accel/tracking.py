@@ -429,6 +429,22 @@ class LoggedValues:
             entry = self._trackers[name] = (reduction, tracker)
         entry[1].update(value, weight)
 
+    def state_dict(self) -> dict[str, Any]:
+        """Return each name's reduction and tracker state, on the CPU (for training states)."""
+        return {
+            name: {"reduction": reduction, "tracker": tracker.state_dict()}
+            for name, (reduction, tracker) in self._trackers.items()
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any], device: torch.device) -> None:
+        """Replace the values with those ``state_dict`` returned, on ``device``."""
+        self._trackers = {}
+        for name, saved in state.items():
+            reduction = saved["reduction"]
+            tracker = LossTracker() if reduction in ("mean", "sum") else _ExtremeTracker(reduction)
+            tracker.load_state_dict(saved["tracker"], device)
+            self._trackers[name] = (reduction, tracker)
+
     def take(self) -> LoggedValues:
         """Return the values logged so far and start the span afresh."""
         taken = LoggedValues()
@@ -513,6 +529,15 @@ class LoggedMetrics:
     def in_training_epoch(self) -> bool:
         """Whether the innermost epoch is a training epoch (its values join the intervals)."""
         return bool(self._epochs) and self._epochs[-1][0] == TRAIN_LOSS_NAME
+
+    def state_dict(self) -> dict[str, Any]:
+        """The values of the training epoch in progress (a training state saved mid-epoch)."""
+        return self._epochs[-1][1].state_dict() if self.in_training_epoch else {}
+
+    def load_state_dict(self, state: Mapping[str, Any] | None, device: torch.device) -> None:
+        """Continue the training epoch in progress from ``state_dict`` (``None``: nothing)."""
+        if state and self.in_training_epoch:
+            self._epochs[-1][1].load_state_dict(state, device)
 
     def open_interval(self) -> LoggedValues:
         """Return a span that receives every training value from now on (``take`` reads it)."""

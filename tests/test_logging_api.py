@@ -274,3 +274,54 @@ def test_a_nan_value_is_recorded_as_nan() -> None:
     trainer = make(LogsNan)
     trainer.train(make_regression_dataset(8), num_epochs=1, per_device_batch_size=4)
     assert math.isnan(trainer.run_history.get_latest_metric("train_bad_epoch"))
+
+
+class TargetStats(Trainer):
+    """Logs values that depend on each batch only, so a resumed run must log the same."""
+
+    def calculate_train_batch_loss(self, batch: Any) -> dict[str, Any]:
+        output = super().calculate_train_batch_loss(batch)
+        targets = batch[1]
+        self.log("target_mean", targets.mean())
+        self.log("target_max", targets.max(), reduce="max")
+        return {**output, "target_min": targets.min()}
+
+
+class StepValues(StepLoggingCallback):
+    def __init__(self) -> None:
+        super().__init__(log_every_n_updates=3)
+        self.logged: dict[int, dict[str, float]] = {}
+
+    def log_step(self, trainer: Trainer, metrics: dict[str, float], step: int) -> None:
+        self.logged[step] = {name: value for name, value in metrics.items() if "target" in name}
+
+
+def run_target_stats(*extra: Any, resume_from: Path | None = None) -> tuple[Trainer, StepValues]:
+    steps = StepValues()
+    model = make_model()
+    trainer = TargetStats(
+        model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.01), (steps, *extra)
+    )
+    trainer.train(
+        make_regression_dataset(64),
+        num_epochs=2,
+        per_device_batch_size=8,
+        resume_from=resume_from,
+    )
+    return trainer, steps
+
+
+@pytest.mark.parametrize("step", [4, 13])  # mid epoch 1, mid epoch 2; both mid-interval
+def test_a_mid_epoch_resume_records_the_same_logged_values(tmp_path: Path, step: int) -> None:
+    from helpers import SaveAtStep
+
+    uninterrupted, all_steps = run_target_stats()
+    run_target_stats(SaveAtStep(tmp_path / "state", step))
+    resumed, steps = run_target_stats(resume_from=tmp_path / "state")
+    expected = uninterrupted.run_history.state_dict()["metrics"]
+    got = resumed.run_history.state_dict()["metrics"]
+    for name in ("train_target_mean_epoch", "train_target_max_epoch", "train_target_min_epoch"):
+        assert got[name] == pytest.approx(expected[name], rel=1e-6), name
+    assert steps.logged
+    for update, values in steps.logged.items():
+        assert values == pytest.approx(all_steps.logged[update], rel=1e-6), update

@@ -97,6 +97,7 @@ class StepMetrics:
             "seen_count": seen_count,
             "logged_at": self._logged_at,
             "seconds": time.perf_counter() - self._clock - self._paused,
+            "logged": self._logged.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -110,6 +111,7 @@ class StepMetrics:
         self._seen = (state["seen_total"], state["seen_count"])
         self._logged_at = int(state["logged_at"])
         self._clock, self._paused = time.perf_counter() - float(state["seconds"]), 0.0
+        self._logged.load_state_dict(state.get("logged", {}), self._device or torch.device("cpu"))
 
     def start_epoch(self) -> None:
         """The trainer's running loss starts again from zero (at ``on_train_epoch_start``)."""
