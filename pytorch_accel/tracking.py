@@ -638,6 +638,16 @@ def _checked_value(where: str, name: object, value: object, device: torch.device
             "a non-empty str",
             "Pass e.g. trainer.log('aux_loss', aux).",
         )
+    if name == "loss":
+        fail(
+            ValueError,
+            where,
+            "name",
+            name,
+            "a name other than 'loss'",
+            "The trainer records the loss itself (train_loss_epoch, eval_loss_epoch); log a "
+            "part of it under its own name, e.g. 'main_loss'.",
+        )
     if isinstance(value, torch.Tensor):
         if (value.ndim and value.numel() != 1) or value.is_complex():
             fail(

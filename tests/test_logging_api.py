@@ -244,6 +244,7 @@ def test_a_step_evaluation_inside_a_training_epoch_keeps_the_phases_apart() -> N
         (lambda t: t.log(3, 1.0), TypeError, r"Trainer.log: name must be a non-empty str"),
         (lambda t: t.log("x", 1.0, reduce="median"), ValueError, r"reduce must be one of"),
         (lambda t: t.log("x", 1.0, weight="4"), TypeError, r"weight must be a number"),
+        (lambda t: t.log("loss", 1.0), ValueError, r"name must be a name other than 'loss'"),
         (lambda t: t.log_dict(5), TypeError, r"Trainer.log_dict: metrics must be a dict"),
         (lambda t: t.log("x", 1j), TypeError, r"x must be a number"),
         (lambda t: t.log("x", torch.tensor(1j)), ValueError, r"x must be a real scalar"),
