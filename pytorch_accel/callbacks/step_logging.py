@@ -40,8 +40,9 @@ class StepMetrics:
     parameter groups (a tensor learning rate is read with the rest); the gradient norm, when
     asked for, is that of the update at the logging point (``trainer.grad_norm`` when
     ``train(max_grad_norm=...)`` computes it, else computed then on the device). At each
-    logging point everything is stacked into one tensor, summed across processes with one
-    collective when there are several, and read with one ``tolist()``.
+    logging point everything is stacked into one tensor, combined across processes with one
+    collective when there are several (``reduce_across_processes``), and read with one
+    ``tolist()``.
 
     The metrics, by name:
 
