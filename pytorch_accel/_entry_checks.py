@@ -97,6 +97,19 @@ class TrainArguments:
     dry_run: bool | int = False
     overfit_batches: int | None = None
 
+    def run_settings(self) -> dict[str, Any]:
+        """The arguments the run config records (``create_run_config``'s settings)."""
+        names = (
+            "num_epochs",
+            "gradient_accumulation_steps",
+            "max_num_train_steps",
+            "gradient_clip_value",
+            "max_grad_norm",
+            "eval_every_n_epochs",
+            "sanity_eval_batches",
+        )
+        return {name: getattr(self, name) for name in names}
+
     def as_kwargs(self) -> dict[str, Any]:
         """The arguments by name, to call ``train(**...)`` again (values not copied)."""
         return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}

@@ -67,6 +67,7 @@ from pytorch_accel.failing_batches import SKIPPED_OUTPUT, is_empty_batch
 from pytorch_accel.logging_setup import get_logger, setup_logging
 from pytorch_accel.preparation import Preparation
 from pytorch_accel.run_config import TrainerRunConfig
+from pytorch_accel.tracking import BATCH_OUTPUT_KEYS, TRAIN_LOSS_NAME
 
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
@@ -125,6 +126,7 @@ class Loop:
         state.resumed_from = None if resume is None else resume.directory
         trainer = self._trainer
         state.item_weighting.start_run(trainer.accelerator.num_processes, trainer.device)
+        state.logged.reset()
         try:
             self._entry_point("Trainer.train", "training_run", self._epochs)
         finally:
@@ -172,6 +174,7 @@ class Loop:
             Whether the run's updates are all done.
         """
         self.state.train_loss_tracker.reset()
+        self.state.logged.start_epoch(TRAIN_LOSS_NAME)
         self.state.step = 0
         self._train_progress = self._progress("on_train_progress")
         self._with_events("train_epoch", self._train_batches, dataloader, finish=self._end_epoch)
@@ -260,6 +263,8 @@ class Loop:
         self.state.train_loss_tracker.update(
             loss, batch_output["batch_size"] if num_items is None else num_items
         )
+        if batch_output.keys() - BATCH_OUTPUT_KEYS:  # a loss's components: logged
+            self.state.logged.log_batch_output(batch_output, trainer.device)
         handler = trainer.callback_handler  # an event nobody listens to costs one set look-up
         if "on_backward_start" in handler.active_events:
             self._fire("on_backward_start", {})
@@ -315,7 +320,8 @@ class Loop:
         state, trainer = self.state, self._trainer
         self._train_progress.finish(state.step)
         loss = state.train_loss_tracker.reduce(trainer.accelerator)
-        trainer.run_history.update_metric("train_loss_epoch", loss)
+        trainer.run_history.update_metric(TRAIN_LOSS_NAME, loss)
+        state.logged.end_epoch(trainer.run_history, trainer.device)
         if state.failing_batches is not None:
             state.failing_batches.finish_epoch(trainer)
 
@@ -453,6 +459,7 @@ class Loop:
         """Run one eval epoch level over ``dataloader`` (``Trainer._run_eval_epoch``)."""
         state = self.state
         state.eval_loss_tracker.reset()
+        state.logged.start_epoch(state.eval_metric_name)
         state.eval_step = 0
         self._eval_progress = self._progress("on_eval_progress")
         self._with_events(
@@ -488,6 +495,8 @@ class Loop:
         if real_samples is None:
             weight = batch_output.get("num_items", batch_output["batch_size"])
             state.eval_loss_tracker.update(batch_output["loss"], weight)
+            if batch_output.keys() - BATCH_OUTPUT_KEYS:  # a loss's components: logged
+                state.logged.log_batch_output(batch_output, trainer.device)
         elif real_samples > 0:
             real_batch = slice_tensors(without_count(batch), slice(0, real_samples))
             real_output = check_batch_output(trainer.calculate_eval_batch_loss(real_batch), method)
@@ -496,6 +505,10 @@ class Loop:
                 # the real rows' share of the batch's count (their own is not known)
                 weight = batch_output["num_items"] * real_samples / batch_output["batch_size"]
             state.eval_loss_tracker.update(real_output["loss"], weight)
+            if real_output.keys() - BATCH_OUTPUT_KEYS:
+                state.logged.log_batch_output(
+                    {**real_output, "batch_size": real_samples}, trainer.device
+                )
         state.eval_step += 1
         return {"batch": batch, "batch_output": batch_output}
 
@@ -523,6 +536,7 @@ class Loop:
         self._eval_progress.finish(state.eval_step)
         loss = state.eval_loss_tracker.reduce(trainer.accelerator)
         trainer.run_history.update_metric(metric_name, loss)
+        state.logged.end_epoch(trainer.run_history, trainer.device)
 
     # ------------------------------------------------------------------------ prediction
 

@@ -20,7 +20,7 @@ from pytorch_accel._checkpointing.resume import Position, ResumePoint
 from pytorch_accel._item_weighting import ItemWeighting
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.run_setup import ChosenRates
-from pytorch_accel.tracking import LossTracker
+from pytorch_accel.tracking import LoggedMetrics, LossTracker
 
 if TYPE_CHECKING:
     from pytorch_accel._checkpointing.resume import ResumableLoader
@@ -62,6 +62,7 @@ class TrainerState:
         eval_loss_tracker: The on-device tracker of the current evaluation epoch's loss.
         item_weighting: The token-exact weighting of the accumulation windows, for steps
             whose ``batch_output`` carries ``num_items``.
+        logged: What ``Trainer.log`` logged in the current epochs and logging intervals.
         failing_batches: The guard of ``train(skip_failing_batches=...)``, if asked for.
         eval_metric_name: The run-history name of the current eval epoch's mean loss.
         eval_limit: The most batches of the current eval epoch (a sanity check), or ``None``.
@@ -93,6 +94,7 @@ class TrainerState:
         self.train_loss_tracker = LossTracker()
         self.eval_loss_tracker = LossTracker()
         self.item_weighting = ItemWeighting()
+        self.logged = LoggedMetrics()
         self.failing_batches: FailingBatchGuard | None = None
         self.eval_metric_name = "eval_loss_epoch"
         self.eval_limit: int | None = None

@@ -5,12 +5,14 @@ blocking (``settle``: at an epoch's or a run's end, where the trainer agrees on 
 started at one step and read at a later one (``start``/``finish``: a check that runs at every
 step, such as a preemption signal or a time budget, blocks no step). A callback stops training
 by raising ``StopTrainingError``; the trainer agrees on it at fixed points (see
-``pytorch_accel._loop``), a callback that agrees itself uses an ``AgreedFlag``.
+``pytorch_accel._loop``), a callback that agrees itself uses an ``AgreedFlag``. Metric values
+are combined with ``reduce_across_processes``: one collective per logging point, on the device.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -29,6 +31,7 @@ __all__ = [
     "launcher_world_size",
     "main_process_object",
     "needs_cpu_distributed",
+    "reduce_across_processes",
     "remove_padding",
     "sum_across_processes",
     "synchronise_replicas",
@@ -221,6 +224,46 @@ def sum_across_processes(value: torch.Tensor) -> torch.Tensor:
     """
     dist.all_reduce(value)
     return value
+
+
+REDUCTIONS = ("mean", "sum", "max", "min")
+"""How ``reduce_across_processes`` combines a value across processes."""
+
+
+def reduce_across_processes(values: torch.Tensor, reductions: Sequence[str]) -> torch.Tensor:
+    """Combine a 1-D tensor across processes, each element by its own reduction, at once.
+
+    One collective (an ``all_gather`` of the tensor, on its device), then each element is
+    the ``"sum"``, ``"mean"``, ``"max"`` or ``"min"`` of the processes' values, on the device:
+    nothing is read on the host. Every process must call it at the same point, with a tensor
+    of the same length and the same ``reductions``; in one process it returns ``values``.
+
+    Args:
+        values: The values of this process, one per element.
+        reductions: One of ``REDUCTIONS`` per element.
+
+    Returns:
+        The combined values, the same on every process.
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return values
+    gathered = [torch.empty_like(values) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, values)
+    stacked = torch.stack(gathered)
+    combined = stacked.sum(0)
+    if "mean" in reductions:
+        combined = torch.where(
+            _mask(reductions, "mean", values), combined / len(gathered), combined
+        )
+    for name, reduce in (("max", torch.amax), ("min", torch.amin)):
+        if name in reductions:
+            combined = torch.where(_mask(reductions, name, values), reduce(stacked, 0), combined)
+    return combined
+
+
+def _mask(reductions: Sequence[str], name: str, like: torch.Tensor) -> torch.Tensor:
+    """Where ``reductions`` is ``name``, as a bool tensor on ``like``'s device."""
+    return torch.tensor([reduction == name for reduction in reductions]).to(like.device)
 
 
 def synchronise_replicas(model: torch.nn.Module) -> None:

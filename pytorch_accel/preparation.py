@@ -25,6 +25,7 @@ from pytorch_accel.dataloaders import default_dataloader_kwargs, loader_settings
 from pytorch_accel.run_config import TrainerRunConfig, create_run_config
 
 if TYPE_CHECKING:
+    from pytorch_accel._entry_checks import TrainArguments
     from pytorch_accel._state import TrainerState
     from pytorch_accel.trainer import Trainer
 
@@ -89,24 +90,21 @@ class Preparation:
         self.prepare_dataloaders(train_dl, eval_dls)
 
     def build_dataloaders(
-        self,
-        trainer: Trainer,
-        train: Any,
-        evaluation: Any,
-        batch_size: int | None,
-        train_kwargs: Mapping[str, Any] | None,
-        eval_kwargs: Mapping[str, Any] | None,
+        self, trainer: Trainer, arguments: TrainArguments
     ) -> tuple[DataLoader[Any], dict[str | None, DataLoader[Any]]]:
         """Return a run's dataloaders: those the user built, or built by ``trainer``'s hooks.
 
         Sets the trainer's ``train_dataset`` and ``eval_dataset``; the hooks
         (``create_train_dataloader``, ``create_eval_dataloader``) may be overridden.
         """
+        a, batch_size = arguments, arguments.per_device_batch_size or 8
         trainer._train_dl_kwargs = {}
-        train_dl = _adopt(trainer, "train", train)
+        train_dl = _adopt(trainer, "train", a.train_dataset)
         if train_dl is None:
-            train_dl = trainer.create_train_dataloader(batch_size or 8, train_kwargs)
-        evals = self.build_eval_dataloaders(trainer, evaluation, batch_size or 8, eval_kwargs)
+            train_dl = trainer.create_train_dataloader(batch_size, a.train_dataloader_kwargs)
+        evals = self.build_eval_dataloaders(
+            trainer, a.eval_dataset, batch_size, a.eval_dataloader_kwargs
+        )
         return train_dl, evals
 
     def build_eval_dataloaders(

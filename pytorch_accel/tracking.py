@@ -3,21 +3,31 @@
 from __future__ import annotations
 
 import contextlib
+import math
+import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from pytorch_accel._checks import fail
+from pytorch_accel.distributed import REDUCTIONS, reduce_across_processes
+
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
 __all__ = [
+    "BATCH_OUTPUT_KEYS",
+    "TRAIN_LOSS_NAME",
     "InMemoryRunHistory",
+    "LoggedMetrics",
+    "LoggedValues",
     "LossTracker",
     "MetricCursor",
     "MetricNotFoundError",
     "RunHistory",
+    "logged_name",
     "reduction_dtype",
 ]
 
@@ -368,6 +378,292 @@ class LossTracker:
             totals = accelerator.reduce(totals, reduction="sum")
         loss_sum, count_sum = totals.tolist()
         return loss_sum / count_sum if count_sum else float("nan")
+
+
+class _ExtremeTracker(LossTracker):
+    """A ``LossTracker`` whose running value is the largest (or smallest) value, not a sum."""
+
+    def __init__(self, reduction: str) -> None:
+        super().__init__()
+        self._combine = torch.maximum if reduction == "max" else torch.minimum
+        self._extreme = torch.amax if reduction == "max" else torch.amin
+
+    def _fold(self) -> None:
+        pending = self._pending
+        values = torch.stack([value for value, _ in pending])
+        folded = self._extreme(values.to(torch.promote_types(values.dtype, torch.float32)))
+        self._total = folded if self._total is None else self._combine(self._total, folded)
+        self._folded_count = sum((size for _, size in pending), self._folded_count)
+        self._last_folded, self._pending = pending[-1][0], []
+
+
+class LoggedValues:
+    """The values logged under each name over one span (an epoch, a logging interval).
+
+    Each name keeps an on-device tracker of its reduction: a ``LossTracker`` (a weighted sum
+    and the sum of the weights) for ``"mean"`` and ``"sum"``, the running extreme for
+    ``"max"`` and ``"min"``; nothing is read on the host until the span is reduced.
+    """
+
+    def __init__(self) -> None:
+        self._trackers: dict[str, tuple[str, LossTracker]] = {}
+
+    def __len__(self) -> int:
+        return len(self._trackers)
+
+    @property
+    def num_parts(self) -> int:
+        """How many values ``parts`` returns: two for a mean (total, weight), else one."""
+        return sum(2 if reduction == "mean" else 1 for reduction, _ in self._trackers.values())
+
+    def reduction_of(self, name: str) -> str | None:
+        """The reduction ``name`` was logged with in this span, or ``None``."""
+        entry = self._trackers.get(name)
+        return None if entry is None else entry[0]
+
+    def update(self, name: str, value: torch.Tensor, reduction: str, weight: Any) -> None:
+        """Add one value of ``name`` (a one-element tensor), with its weight (for a mean)."""
+        entry = self._trackers.get(name)
+        if entry is None:
+            tracker = LossTracker() if reduction in ("mean", "sum") else _ExtremeTracker(reduction)
+            entry = self._trackers[name] = (reduction, tracker)
+        entry[1].update(value, weight)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return each name's reduction and tracker state, on the CPU (for training states)."""
+        return {
+            name: {"reduction": reduction, "tracker": tracker.state_dict()}
+            for name, (reduction, tracker) in self._trackers.items()
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any], device: torch.device) -> None:
+        """Replace the values with those ``state_dict`` returned, on ``device``."""
+        self._trackers = {}
+        for name, saved in state.items():
+            reduction = saved["reduction"]
+            tracker = LossTracker() if reduction in ("mean", "sum") else _ExtremeTracker(reduction)
+            tracker.load_state_dict(saved["tracker"], device)
+            self._trackers[name] = (reduction, tracker)
+
+    def take(self) -> LoggedValues:
+        """Return the values logged so far and start the span afresh."""
+        taken = LoggedValues()
+        taken._trackers, self._trackers = self._trackers, {}
+        return taken
+
+    def parts(self) -> tuple[list[Any], list[str]]:
+        """The span's totals, by name, and how each combines across processes."""
+        parts: list[Any] = []
+        reductions: list[str] = []
+        for _, (reduction, tracker) in sorted(self._trackers.items()):
+            total = tracker.total_loss
+            assert total is not None
+            parts.append(total)
+            reductions.append("sum" if reduction == "mean" else reduction)
+            if reduction == "mean":
+                parts.append(tracker.running_count)
+                reductions.append("sum")
+        return parts, reductions
+
+    def results(self, values: Sequence[float]) -> dict[str, float]:
+        """The value of each name, from the combined ``parts`` (in their order)."""
+        numbers_in_order = iter(values)
+        results = {}
+        for name, (reduction, _) in sorted(self._trackers.items()):
+            value = next(numbers_in_order)
+            if reduction == "mean":
+                count = next(numbers_in_order)
+                value = value / count if count else math.nan
+            results[name] = value
+        return results
+
+    def reduce(self, device: torch.device) -> dict[str, float]:
+        """Combine the span's values across processes (one collective) and read them once."""
+        parts, reductions = self.parts()
+        dtype = reduction_dtype(device)
+        packed = torch.stack([torch.as_tensor(part).to(device, dtype) for part in parts])
+        return self.results(reduce_across_processes(packed, reductions).tolist())
+
+
+TRAIN_LOSS_NAME = "train_loss_epoch"
+"""The run-history name of a training epoch's mean loss."""
+
+
+def logged_name(loss_name: str, name: str) -> str:
+    """The run-history name of a value logged as ``name`` in an epoch whose loss is ``loss_name``.
+
+    The loss's name with its first ``loss`` replaced by ``name`` (``train_loss_epoch``:
+    ``train_<name>_epoch``; ``eval_loss_epoch``: ``eval_<name>_epoch``; ``evaluate()``'s
+    ``loss``: ``<name>``, which gets the evaluation's prefix); ``<loss_name>_<name>`` if it
+    has no ``loss``.
+    """
+    return loss_name.replace("loss", name, 1) if "loss" in loss_name else f"{loss_name}_{name}"
+
+
+BATCH_OUTPUT_KEYS = frozenset(
+    {"loss", "model_outputs", "batch_size", "num_items", "num_items_in_batch"}
+)
+"""The keys of a step's ``batch_output`` that are never logged as metrics."""
+
+
+class LoggedMetrics:
+    """What ``Trainer.log`` and the steps' extra ``batch_output`` values logged, on the device.
+
+    Inside a train or eval epoch (``start_epoch`` to ``end_epoch``, nested for an evaluation
+    run inside a training epoch) each value is added to the epoch's ``LoggedValues``, which
+    ``end_epoch`` reduces across processes (one collective) and records in the run history
+    under the name of the epoch's loss with ``loss`` replaced by the value's name
+    (``train_loss_epoch``: ``train_<name>_epoch``; see ``logged_name``); training values are
+    also added to each logging interval opened with ``open_interval`` (the step-logging
+    callbacks read them at their logging points). Outside an epoch a value is reduced and
+    recorded at once, as ``<name>``.
+    """
+
+    def __init__(self) -> None:
+        self._intervals: list[LoggedValues] = []
+        self._epochs: list[tuple[str, LoggedValues]] = []
+
+    def reset(self) -> None:
+        """Forget every span (at the start of a training run)."""
+        self._intervals, self._epochs = [], []
+
+    @property
+    def in_training_epoch(self) -> bool:
+        """Whether the innermost epoch is a training epoch (its values join the intervals)."""
+        return bool(self._epochs) and self._epochs[-1][0] == TRAIN_LOSS_NAME
+
+    def state_dict(self) -> dict[str, Any]:
+        """The values of the training epoch in progress (a training state saved mid-epoch)."""
+        return self._epochs[-1][1].state_dict() if self.in_training_epoch else {}
+
+    def load_state_dict(self, state: Mapping[str, Any] | None, device: torch.device) -> None:
+        """Continue the training epoch in progress from ``state_dict`` (``None``: nothing)."""
+        if state and self.in_training_epoch:
+            self._epochs[-1][1].load_state_dict(state, device)
+
+    def open_interval(self) -> LoggedValues:
+        """Return a span that receives every training value from now on (``take`` reads it)."""
+        interval = LoggedValues()
+        self._intervals.append(interval)
+        return interval
+
+    def start_epoch(self, loss_name: str) -> None:
+        """Start collecting the values of an epoch whose mean loss is recorded as ``loss_name``."""
+        self._epochs.append((loss_name, LoggedValues()))
+
+    def end_epoch(self, history: RunHistory, device: torch.device) -> None:
+        """Record the epoch's values under their ``logged_name`` (one collective if any)."""
+        loss_name, values = self._epochs.pop()
+        if len(values):
+            for name, value in values.reduce(device).items():
+                history.update_metric(logged_name(loss_name, name), value)
+
+    def log(
+        self,
+        metrics: Mapping[str, Any],
+        reduce: str,
+        weight: Any,
+        history: RunHistory,
+        device: torch.device,
+        where: str = "Trainer.log",
+    ) -> None:
+        """Log each value of ``metrics``, checked first (see ``Trainer.log``).
+
+        Raises:
+            TypeError: If a name is not a string, a value not a real number or one-element
+                tensor, or ``weight`` not a number or tensor.
+            ValueError: If ``reduce`` is unknown, a name empty, a tensor has several elements,
+                or a name was logged with another reduction in the same epoch.
+        """
+        if type(metrics) is not dict and not isinstance(metrics, Mapping):
+            fail(TypeError, where, "metrics", metrics, "a dict", "Pass e.g. {'aux_loss': aux}.")
+        if reduce not in REDUCTIONS:
+            fail(ValueError, where, "reduce", reduce, f"one of {REDUCTIONS}", "Pass reduce='mean'.")
+        if type(weight) is not int and not isinstance(weight, (numbers.Real, torch.Tensor)):
+            fail(TypeError, where, "weight", weight, "a number", "Pass e.g. weight=batch_size.")
+        values = self._epochs[-1][1] if self._epochs else LoggedValues()
+        intervals = self._intervals if self.in_training_epoch else ()
+        for name, value in metrics.items():
+            checked = _checked_value(where, name, value, device)
+            logged = values.reduction_of(name)
+            if logged is not None and logged != reduce:
+                fail(
+                    ValueError,
+                    where,
+                    "reduce",
+                    reduce,
+                    f"{logged!r}, as {name!r} was logged",
+                    "Log each name with one reduction, or log the other under another name.",
+                )
+            values.update(name, checked, reduce, weight)
+            for interval in intervals:
+                interval.update(name, checked, reduce, weight)
+        if not self._epochs:  # between epochs: reduced and recorded now
+            for name, value in values.reduce(device).items():
+                history.update_metric(name, value)
+
+    def log_batch_output(self, batch_output: Mapping[str, Any], device: torch.device) -> None:
+        """Log the extra floating-point scalars of a step's ``batch_output``, by batch size.
+
+        Skipped: ``BATCH_OUTPUT_KEYS``, names starting with ``_``, and anything that is not a
+        0-dimensional floating-point tensor or a Python float (counts, outputs, lists).
+        """
+        if not self._epochs:
+            return
+        values, weight = self._epochs[-1][1], batch_output["batch_size"]
+        intervals = self._intervals if self.in_training_epoch else ()
+        for name, value in batch_output.items():
+            if name in BATCH_OUTPUT_KEYS or not isinstance(name, str) or name.startswith("_"):
+                continue
+            if isinstance(value, torch.Tensor):
+                if value.ndim or not value.is_floating_point():
+                    continue
+                value = value.data
+            elif type(value) is float:
+                value = torch.full((), value, device=device)
+            else:
+                continue
+            if values.reduction_of(name) in (None, "mean"):
+                values.update(name, value, "mean", weight)
+                for interval in intervals:
+                    interval.update(name, value, "mean", weight)
+
+
+def _checked_value(where: str, name: object, value: object, device: torch.device) -> Any:
+    """``value`` as logged: a detached one-element tensor, or a float on ``device``."""
+    if type(name) is not str or not name:
+        fail(
+            TypeError if not isinstance(name, str) else ValueError,
+            where,
+            "name",
+            name,
+            "a non-empty str",
+            "Pass e.g. trainer.log('aux_loss', aux).",
+        )
+    if name == "loss":
+        fail(
+            ValueError,
+            where,
+            "name",
+            name,
+            "a name other than 'loss'",
+            "The trainer records the loss itself (train_loss_epoch, eval_loss_epoch); log a "
+            "part of it under its own name, e.g. 'main_loss'.",
+        )
+    if isinstance(value, torch.Tensor):
+        if (value.ndim and value.numel() != 1) or value.is_complex():
+            fail(
+                ValueError,
+                where,
+                name,
+                value,
+                "a real scalar (a one-element tensor)",
+                "Reduce it first, e.g. value.mean(), or log each element under its own name.",
+            )
+        return value.data
+    if isinstance(value, numbers.Real):
+        return torch.full((), float(value), device=device)
+    fail(TypeError, where, name, value, "a number or a one-element tensor", "Log a scalar.")
 
 
 def _as_device_tensor(sizes: list[int | torch.Tensor], like: torch.Tensor) -> torch.Tensor:

@@ -22,11 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from pytorch_accel import _entry_checks as checks
-from pytorch_accel._batches import (
-    dict_batch_loss,
-    inputs_and_targets,
-    predictions_of,
-)
+from pytorch_accel._batches import dict_batch_loss, inputs_and_targets, predictions_of
 from pytorch_accel._checkpointing.checkpoint import restore_checkpoint, write_checkpoint
 from pytorch_accel._checkpointing.training_state import TrainingStateIO
 from pytorch_accel._compat import trainer_module_attribute as __getattr__  # noqa: F401
@@ -47,7 +43,13 @@ from pytorch_accel.placeholders import (
 from pytorch_accel.preparation import Preparation
 from pytorch_accel.run_config import TrainerRunConfig
 from pytorch_accel.run_setup import ResumeParts, RunSetup
-from pytorch_accel.tracking import InMemoryRunHistory, LossTracker, MetricCursor, RunHistory
+from pytorch_accel.tracking import (
+    InMemoryRunHistory,
+    LoggedMetrics,
+    LossTracker,
+    MetricCursor,
+    RunHistory,
+)
 
 __all__ = [  # DEFAULT_CALLBACKS and the other ported names: served by __getattr__ (_compat)
     "Trainer",
@@ -172,7 +174,6 @@ class Trainer:
         ``Accelerator(cpu=True)``: one gloo process group instead of independent copies.
         Batches are copied to GPUs without blocking (from the pinned memory the default
         dataloaders use there), so loading never synchronises the host with the device.
-        ``accelerator_kwargs`` override these defaults; overriding this method still works.
         """
         defaults = {
             "cpu": needs_cpu_distributed(),
@@ -273,6 +274,11 @@ class Trainer:
         value (``.item()``) synchronises with the device, so log it at an interval.
         """
         return self._state.grad_norm
+
+    @property
+    def logged_metrics(self) -> LoggedMetrics:
+        """What ``log`` logged (step-logging callbacks open their intervals on it)."""
+        return self._state.logged
 
     @checks.suggest_arguments
     def train(
@@ -401,14 +407,7 @@ class Trainer:
         self.create_scheduler_fn, self.collate_fn = create_scheduler_fn, collate_fn
         if reset_run_history:
             self.run_history.reset()
-        train_dl, eval_dls = self._preparation.build_dataloaders(
-            self,
-            train_dataset,
-            eval_dataset,
-            per_device_batch_size,
-            train_dataloader_kwargs,
-            eval_dataloader_kwargs,
-        )
+        train_dl, eval_dls = self._preparation.build_dataloaders(self, arguments)
         checks.check_train_dataloader(train_dl, self._accelerator.num_processes)
         self._preparation.prepare(self, train_dl, eval_dls)
         checks.check_has_batches(
@@ -420,23 +419,15 @@ class Trainer:
         self.run_config = self._preparation.run_config(
             self.limit_train_batches,
             (self._train_dl_kwargs, self._eval_dl_kwargs),
-            num_epochs=num_epochs,
-            gradient_accumulation_steps=gradient_accumulation_steps,
-            max_num_train_steps=max_num_train_steps,
-            gradient_clip_value=gradient_clip_value,
-            max_grad_norm=max_grad_norm,
-            eval_every_n_epochs=eval_every_n_epochs,
-            sanity_eval_batches=sanity_eval_batches,
+            **arguments.run_settings(),
         )
         self.run_config = setup.finish(self.run_config, self.optimizer, self._state.chosen_rates)
         self._state.failing_batches = setup.failing_batch_guard(self._accelerator.num_processes)
         self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
         self._state.start_counting(continue_run=not reset_run_history)
         self.optimizer.zero_grad()  # a stop inside an accumulation window leaves gradients behind
-        resume = None
-        if resume_from is not None:
-            parts = ResumeParts(optimizer=resume_optimizer, scheduler=resume_scheduler)
-            resume = self._states.resume_point(resume_from, parts)
+        parts = ResumeParts(optimizer=resume_optimizer, scheduler=resume_scheduler)
+        resume = None if resume_from is None else self._states.resume_point(resume_from, parts)
         self._loop.train(resume)
 
     @checks.suggest_arguments
@@ -721,6 +712,29 @@ class Trainer:
 
     def evaluation_run_end(self) -> None:
         """Hook at the end of an evaluation run."""
+
+    def log(self, name: str, value: Any, *, reduce: str = "mean", weight: Any = 1) -> None:
+        """Log a metric: kept on the device, reduced across processes once per epoch or interval.
+
+        In a training epoch (a step method or callback) it joins ``train_<name>_epoch`` (run
+        history) and ``train_<name>_step`` (step logging); in an eval epoch, ``eval_<name>_epoch``;
+        elsewhere it is reduced at once, recorded as ``<name>``. See docs/trackers.md.
+
+        Args:
+            name: The metric's name.
+            value: A one-element tensor (not read on the host) or a real number.
+            reduce: ``"mean"`` (weighted by ``weight``), ``"sum"``, ``"max"`` or ``"min"``,
+                over the calls and over the processes (every process must log the same names).
+            weight: The value's weight in a mean, e.g. the batch size.
+        """
+        self._state.logged.log({name: value}, reduce, weight, self.run_history, self.device)
+
+    def log_dict(
+        self, metrics: Mapping[str, Any], *, reduce: str = "mean", weight: Any = 1
+    ) -> None:
+        """Log several metrics at once, as ``log`` does each (one collective between epochs)."""
+        logged = self._state.logged
+        logged.log(metrics, reduce, weight, self.run_history, self.device, "Trainer.log_dict")
 
     def gather(self, tensor: Any, padding_value: float | None = None) -> Any:
         """Gather tensors from all processes, concatenated on the first dimension.

@@ -222,3 +222,44 @@ def test_evaluation_and_prediction_read_no_tensor_per_batch(counter: SyncCounter
     assert len(per_batch["eval"]) == 3 * 7  # 3 eval epochs of 8 batches
     assert len(per_batch["predict"]) == 7
     assert all(reads == [] for reads in per_batch["eval"] + per_batch["predict"]), per_batch
+
+
+def test_trainer_log_and_loss_components_read_nothing_between_logging_points(
+    counter: SyncCounter, tmp_path: Path
+) -> None:
+    """``trainer.log`` per step and extra ``batch_output`` scalars: still one read per interval.
+
+    The logged values ride in the step logging's one ``tolist`` at each logging point (every 4
+    updates) and are read once more per epoch, at its end (outside the counted steps).
+    """
+
+    class LogsEveryStep(Trainer):
+        def calculate_train_batch_loss(self, batch: Any) -> dict[str, Any]:
+            output = super().calculate_train_batch_loss(batch)
+            self.log("aux", output["loss"] * 2)
+            self.log_dict({"peak": output["loss"], "ones": 1.0}, reduce="max")
+            return {**output, "ce": output["loss"] * 0.5, "extra": 0.25}
+
+        def calculate_eval_batch_loss(self, batch: Any) -> dict[str, Any]:
+            output = super().calculate_eval_batch_loss(batch)
+            self.log("eval_aux", output["loss"])
+            return {**output, "ce": output["loss"] * 0.5}
+
+    tracking = TrackingCallback(
+        log_with=(), csv_path=tmp_path / "metrics.csv", log_every_n_updates=4
+    )
+    model = make_model()
+    trainer = LogsEveryStep(
+        model,
+        nn.MSELoss(),
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        callbacks=(*DEFAULT_CALLBACKS, tracking, *probes(counter)),
+    )
+    trainer.progress_interval = 0
+    train_then_evaluate(trainer, 1)
+    assert counter.calls == ["tolist"] * 8  # 32 updates: 8 logging points, nothing else
+    rows = list(csv.DictReader((tmp_path / "metrics_steps.csv").open()))
+    assert len(rows) == 8
+    assert all(float(row["train_ones_step"]) == 1.0 for row in rows)
+    assert "train_ce_epoch" in trainer.run_history.get_metric_names()
+    assert "eval_eval_aux_epoch" in trainer.run_history.get_metric_names()

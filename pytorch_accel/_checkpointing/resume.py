@@ -342,6 +342,7 @@ def enter_epoch(
         return EpochEntry(resumable=resumable)
     resume.restore_callbacks(trainer.callback_handler)
     loss_tracker.load_state_dict(resume.rank_state["loss_tracker"], trainer.device)
+    trainer.logged_metrics.load_state_dict(resume.rank_state.get("logged"), trainer.device)
     restore_gradients(trainer.model, resume.rank_state["gradients"])
     if resumable is None:  # replay the pass from its start, dropping the batches done
         epoch_states = resume.epoch_states

@@ -192,6 +192,7 @@ class TrainingStateIO:
         return {
             "loss_tracker": self._loop.train_loss_tracker.state_dict() if mid_epoch else None,
             "item_weighting": self._loop.item_weighting.state_dict() if mid_epoch else None,
+            "logged": self._loop.logged.state_dict() if mid_epoch else None,
             "callbacks": callback_states(self._trainer.callback_handler.callbacks, PER_PROCESS),
             "gradients": gradients(self._trainer.model),
             "loader": loader,

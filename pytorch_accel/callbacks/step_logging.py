@@ -17,8 +17,9 @@ from accelerate.utils import send_to_device
 from pytorch_accel._checks import check_bool, check_positive_int
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks.defaults import SEPARATOR, format_metrics
+from pytorch_accel.distributed import reduce_across_processes
 from pytorch_accel.logging_setup import get_logger, setup_logging
-from pytorch_accel.tracking import reduction_dtype
+from pytorch_accel.tracking import LoggedValues, logged_name, reduction_dtype
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer
@@ -39,8 +40,9 @@ class StepMetrics:
     parameter groups (a tensor learning rate is read with the rest); the gradient norm, when
     asked for, is that of the update at the logging point (``trainer.grad_norm`` when
     ``train(max_grad_norm=...)`` computes it, else computed then on the device). At each
-    logging point everything is stacked into one tensor, summed across processes with one
-    collective when there are several, and read with one ``tolist()``.
+    logging point everything is stacked into one tensor, combined across processes with one
+    collective when there are several (``reduce_across_processes``), and read with one
+    ``tolist()``.
 
     The metrics, by name:
 
@@ -54,6 +56,9 @@ class StepMetrics:
       clock, without the evaluations run inside it.
     - ``max_memory_allocated_gb``: the peak memory allocated on this process's accelerator
       since the program started (or since its peak was last reset), on CUDA and XPU.
+    - ``train_<name>_step``: each value logged in the interval's training steps with
+      ``trainer.log`` (or an extra scalar of ``batch_output``), reduced over the interval's
+      calls and every process as logged (a mean by default); it rides in the same collective.
 
     The logging points are the multiples of ``every_n_updates`` in the run's update count
     (``trainer.global_num_updates``), which continues across ``train()`` calls that continue
@@ -72,6 +77,7 @@ class StepMetrics:
         self._pause_start: float | None = None
         self._device: torch.device | None = None
         self._update_lrs: list[Any] | None = None
+        self._logged = LoggedValues()
 
     def _reset_interval(self, now: float, updates: int) -> None:
         self._loss: torch.Tensor | None = None
@@ -87,6 +93,7 @@ class StepMetrics:
         self._seen = (None, 0)
         self._update_lrs = None
         self._device = trainer.device
+        self._logged = trainer.logged_metrics.open_interval()
 
     def state_dict(self) -> dict[str, Any]:
         """Return this process's part of the interval so far, for a training state."""
@@ -98,6 +105,7 @@ class StepMetrics:
             "seen_count": seen_count,
             "logged_at": self._logged_at,
             "seconds": time.perf_counter() - self._clock - self._paused,
+            "logged": self._logged.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -111,6 +119,7 @@ class StepMetrics:
         self._seen = (state["seen_total"], state["seen_count"])
         self._logged_at = int(state["logged_at"])
         self._clock, self._paused = time.perf_counter() - float(state["seconds"]), 0.0
+        self._logged.load_state_dict(state.get("logged", {}), self._device or torch.device("cpu"))
 
     def start_epoch(self) -> None:
         """The trainer's running loss starts again from zero (at ``on_train_epoch_start``)."""
@@ -164,7 +173,8 @@ class StepMetrics:
             return None
         self._take(trainer)
         lrs = self._update_lrs or [group["lr"] for group in trainer.optimizer.param_groups]
-        values = self._read_on_host(trainer, lrs)
+        logged = self._logged.take()
+        values = self._read_on_host(trainer, lrs, logged)
         seconds = time.perf_counter() - self._clock - self._paused
         loss_sum, count = values[0], values[1]
         metrics = {"train_loss_step": loss_sum / count if count else math.nan}
@@ -177,6 +187,10 @@ class StepMetrics:
         memory = _max_memory_allocated_gb(trainer.device)
         if memory is not None:
             metrics["max_memory_allocated_gb"] = memory
+        user = logged.results(values[len(values) - logged.num_parts :])
+        metrics.update(
+            {logged_name("train_loss_step", name): value for name, value in user.items()}
+        )
         self._reset_interval(time.perf_counter(), trainer.global_num_updates)
         return metrics
 
@@ -193,19 +207,23 @@ class StepMetrics:
         self._count = self._count + (count - seen_count)
         self._seen = (total, count)
 
-    def _read_on_host(self, trainer: Trainer, lrs: list[Any]) -> list[float]:
-        """Stack the interval's device values, combine them across processes, read them once."""
+    def _read_on_host(self, trainer: Trainer, lrs: list[Any], logged: LoggedValues) -> list[float]:
+        """Stack the interval's device values, combine them across processes, read them once.
+
+        The loss and sample count are summed, the gradient norm and learning rates averaged
+        (the same on every process), the logged values reduced as they were logged.
+        """
         device = trainer.device
         dtype = reduction_dtype(device)
         parts: list[Any] = [0.0 if self._loss is None else self._loss, self._count]
         if self._grad_norm is not None:
             parts.append(self._grad_norm)
         parts += [lr for lr in lrs if isinstance(lr, torch.Tensor)]
+        reductions = ["sum", "sum"] + ["mean"] * (len(parts) - 2)
+        logged_parts, logged_reductions = logged.parts()
+        parts += logged_parts
         packed = torch.stack([torch.as_tensor(part).to(device, dtype) for part in parts])
-        processes = trainer.accelerator.num_processes
-        if processes > 1:
-            packed = trainer.accelerator.reduce(packed, reduction="sum")
-            packed[2:] /= processes  # the same on every process: their mean
+        packed = reduce_across_processes(packed, reductions + logged_reductions)
         values: list[float] = packed.tolist()  # the one host read of the interval
         return values
 
