@@ -6,7 +6,7 @@ export OMP_NUM_THREADS ?= 1
 # mkdocs-material prints an end-of-life banner on every build unless this is set.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: demo test bench lint typecheck docs docs-build clean
+.PHONY: demo test bad-inputs bench lint typecheck docs docs-build clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,10 @@ docs: $(VENV)/.dev-installed
 
 test: lint typecheck docs-build
 	$(BIN)/python -m pytest
+
+# The catalogue of bad inputs, each with its clear error or warning, in one command.
+bad-inputs: $(VENV)/.dev-installed
+	$(BIN)/python -m pytest -q -m bad_input
 
 $(VENV)/.bench-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e ".[bench]"

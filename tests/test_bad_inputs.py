@@ -29,6 +29,8 @@ from pytorch_accel.callbacks import (
     TrainerCallback,
 )
 
+pytestmark = pytest.mark.bad_input  # the catalogue: make bad-inputs
+
 DATA = make_regression_dataset(16)
 
 

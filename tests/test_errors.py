@@ -12,6 +12,8 @@ from torch.utils.data import IterableDataset, TensorDataset
 
 from pytorch_accel import Trainer
 
+pytestmark = pytest.mark.bad_input  # the catalogue: make bad-inputs
+
 DATA = make_regression_dataset(16)
 
 

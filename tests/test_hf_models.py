@@ -118,6 +118,7 @@ def test_a_loss_func_over_dict_batches_reads_the_labels() -> None:
     )
 
 
+@pytest.mark.bad_input
 def test_a_dict_batch_without_labels_and_a_loss_func_is_a_clear_error() -> None:
     model = DictModule()
     trainer = Trainer(model, nn.CrossEntropyLoss(), torch.optim.SGD(model.parameters(), lr=0.1), ())
@@ -133,6 +134,7 @@ def test_a_dict_batch_without_labels_and_a_loss_func_is_a_clear_error() -> None:
         trainer.train(classification_data(), num_epochs=1, collate_fn=features_only)
 
 
+@pytest.mark.bad_input
 def test_a_model_output_without_a_loss_and_no_loss_func_is_a_clear_error() -> None:
     model = DictModule()
     trainer = Trainer(model, None, torch.optim.SGD(model.parameters(), lr=0.1), ())
@@ -150,6 +152,7 @@ def test_a_model_output_without_a_loss_and_no_loss_func_is_a_clear_error() -> No
     assert trainer.num_updates == 0
 
 
+@pytest.mark.bad_input
 def test_no_loss_func_with_tuple_batches_from_a_stream_is_a_clear_error() -> None:
     class Stream(torch.utils.data.IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         def __iter__(self) -> Any:

@@ -235,6 +235,7 @@ def test_a_step_evaluation_inside_a_training_epoch_keeps_the_phases_apart() -> N
     assert history.get_metric_values("eval_where_epoch") == [2.0]
 
 
+@pytest.mark.bad_input
 @pytest.mark.parametrize(
     ("call", "error", "match"),
     [
@@ -255,6 +256,7 @@ def test_bad_values_are_refused_at_the_call(call: Any, error: type[Exception], m
         call(make(Trainer))
 
 
+@pytest.mark.bad_input
 def test_one_name_with_two_reductions_in_one_epoch_is_refused() -> None:
     class Mixed(Trainer):
         def calculate_train_batch_loss(self, batch: Any) -> dict[str, Any]:

@@ -22,9 +22,9 @@ trainer.train(make_regression_dataset(16), num_epochs=2, per_device_batch_size=8
 """
 
 
-def run_script(setup: str) -> subprocess.CompletedProcess[str]:
+def run_script(setup: str, script: str = SCRIPT, **fields: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    code = SCRIPT.format(tests=str(REPO / "tests"), setup=setup)
+    code = script.format(tests=str(REPO / "tests"), setup=setup, **fields)
     return subprocess.run(
         [sys.executable, "-c", code],
         cwd=REPO,
@@ -91,18 +91,7 @@ trainer.train(data, num_epochs={epochs}, per_device_batch_size=8, resume_from="l
 
 def test_the_resume_messages_show_in_a_plain_script(tmp_path: Path) -> None:
     def run(epochs: int) -> str:
-        code = RESUME_SCRIPT.format(tests=str(REPO / "tests"), states=str(tmp_path), epochs=epochs)
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        done = subprocess.run(
-            [sys.executable, "-c", code],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=240,
-            check=True,
-        )
-        return done.stdout
+        return run_script("", RESUME_SCRIPT, states=str(tmp_path), epochs=str(epochs)).stdout
 
     # each line is said before the run starts, in a fresh process: before, none showed
     assert "starting afresh" in run(1)

@@ -65,6 +65,7 @@ def test_bf16_from_the_constructor(regression_dataset: TensorDataset) -> None:
     assert 0 < max_difference(trainer.get_model(), reference) < 1e-2  # autocast ran in bf16
 
 
+@pytest.mark.bad_input
 @pytest.mark.parametrize(
     ("accelerator_kwargs", "error", "message"),
     [

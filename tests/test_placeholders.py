@@ -75,6 +75,7 @@ def test_placeholders_are_not_evaluated_as_strings() -> None:
         P.NUM_EPOCHS + "1"  # type: ignore[operator]
 
 
+@pytest.mark.bad_input
 def test_eval_dataloader_len_without_eval_set_is_a_clear_error() -> None:
     trainer = make_trainer()
     scheduler_fn = functools.partial(StepLR, step_size=P.EVAL_DATALOADER_LEN)
@@ -170,6 +171,7 @@ def _period(optimizer: torch.optim.Optimizer, period=10) -> StepLR:  # type: ign
     return StepLR(optimizer, step_size=period)
 
 
+@pytest.mark.bad_input
 @pytest.mark.parametrize(
     ("factory", "match"),
     [

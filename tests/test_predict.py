@@ -106,6 +106,7 @@ def test_structured_outputs_and_an_overridden_predict_step() -> None:
     )
 
 
+@pytest.mark.bad_input
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
@@ -143,6 +144,7 @@ class PredictInsideTraining(TrainerCallback):
         trainer.predict(DATA)
 
 
+@pytest.mark.bad_input
 def test_predict_from_inside_train_is_refused() -> None:
     with pytest.raises(RuntimeError, match=r"Trainer\.predict: called while train\(\) is running"):
         make_trainer(callbacks=(PredictInsideTraining(),)).train(DATA, num_epochs=1)
@@ -164,6 +166,7 @@ class Returning(Trainer):
         return self.shape(self.model(batch[0]), self.calls)
 
 
+@pytest.mark.bad_input
 @pytest.mark.parametrize(
     ("shape", "error", "match"),
     [
@@ -185,6 +188,7 @@ def test_outputs_that_never_concatenate_fail_after_the_first_batch(
     assert trainer.calls == 1  # not the 6 batches, all lost, of before
 
 
+@pytest.mark.bad_input
 def test_outputs_of_varying_length_are_all_kept_in_the_error() -> None:
     trainer = Returning(lambda out, calls: out.repeat(1, calls))  # batch i: i + 1 columns
     with pytest.raises(
@@ -198,6 +202,7 @@ def test_outputs_of_varying_length_are_all_kept_in_the_error() -> None:
     assert torch.allclose(torch.cat([batch[:, :1] for batch in batches]), reference)
 
 
+@pytest.mark.bad_input
 def test_a_list_of_samples_is_a_structure_and_its_batches_are_kept() -> None:
     trainer = Returning(lambda out, _: list(out))  # one tensor per sample: 4, ..., 4, then 1
     with pytest.raises(

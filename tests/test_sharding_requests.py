@@ -6,6 +6,7 @@ import pytest
 from helpers import make_trainer
 
 
+@pytest.mark.bad_input
 def test_deepspeed_without_cuda_is_refused_not_trained_as_ddp(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

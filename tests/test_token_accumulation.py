@@ -163,6 +163,7 @@ def test_an_overridden_step_returning_num_items_is_token_exact(as_int: bool) -> 
     assert max_difference(trainer.get_model(), reference) < 1e-6
 
 
+@pytest.mark.bad_input
 @pytest.mark.parametrize(
     ("counted", "message"),
     [
@@ -179,6 +180,7 @@ def test_a_run_mixing_counted_and_uncounted_batches_is_refused(counted: Any, mes
         trainer.train(VariableLengthTokens(8), num_epochs=1, per_device_batch_size=2)
 
 
+@pytest.mark.bad_input
 def test_a_count_that_is_not_a_number_is_refused() -> None:
     def collate(samples: list[Any]) -> dict[str, Any]:
         batch: dict[str, Any] = default_collate(samples)
@@ -285,6 +287,7 @@ def test_the_loss_is_not_read_on_the_host(monkeypatch: pytest.MonkeyPatch) -> No
     assert reads == []
 
 
+@pytest.mark.bad_input
 def test_pytorch_accelerateds_count_key_is_pointed_to_num_items() -> None:
     """Ported code returning ``num_items_in_batch`` expects a compensation that is not made."""
 
