@@ -266,8 +266,8 @@ class Loop:
         if batch_output.keys() - BATCH_OUTPUT_KEYS:  # a loss's components: logged
             self.state.logged.log_batch_output(batch_output, trainer.device)
         handler = trainer.callback_handler  # an event nobody listens to costs one set look-up
-        if "on_backward_start" in handler.active_events:
-            self._fire("on_backward_start", {})
+        if "on_backward_start" in handler.active_events:  # the loss, before it changes weights
+            self._fire("on_backward_start", {"batch": batch, "batch_output": batch_output})
         try:
             trainer.backward_step(scaled)
         except (AttributeError, RuntimeError) as error:  # checked only once it failed
