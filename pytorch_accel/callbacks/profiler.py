@@ -81,7 +81,7 @@ class ProfilerCallback(TrainerCallback):
         ```
     """
 
-    order = -200  # steps first: the profiler's step span ends before other callbacks' work
+    order = 2000  # steps last: a step's span holds every callback's work at the step's end
     may_stop_training = False
 
     def __init__(

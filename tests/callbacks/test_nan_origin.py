@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+from host_reads import HostReads
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
@@ -169,3 +170,14 @@ def test_dict_batches_of_a_model_computing_its_own_loss() -> None:
         "body.2 (Scale), "
     )
     assert callback.origin.endswith("; the batch is finite")
+
+
+@pytest.mark.parametrize(("report_origin", "reads"), [(False, 0), (True, 16)])
+def test_the_report_costs_one_host_read_per_step_and_nothing_without_it(
+    monkeypatch: pytest.MonkeyPatch, report_origin: bool, reads: int
+) -> None:
+    counted = HostReads(monkeypatch)
+    callback = TerminateOnNaNCallback(report_origin=report_origin)
+    run(GatedModel(), gated_dataset(bad_sample=0, value=1.0), callback, *counted.callbacks)
+    assert counted.calls == ["__bool__"] * reads  # 2 epochs of 8 steps, every loss finite
+    assert callback.origin is None

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import make_model, make_regression_dataset
+from host_reads import HostReads
 
 from pytorch_accel import Trainer
 from pytorch_accel.callbacks import ProfilerCallback
@@ -95,6 +96,9 @@ def test_a_dry_run_writes_its_traces_elsewhere(
     )
     trainer.train(make_regression_dataset(16), num_epochs=1, per_device_batch_size=8, dry_run=True)
     assert not (tmp_path / "profiles").exists()
+    (trace,) = profiler.trace_files  # written under the dry run's directory, deleted since
+    assert trace.is_absolute()
+    assert not trace.exists()
     assert profiler.directory == Path("profiles")
 
 
@@ -115,3 +119,20 @@ def test_bad_arguments_are_refused(
 ) -> None:
     with pytest.raises(error, match=match):
         ProfilerCallback(**kwargs)  # type: ignore[arg-type]
+
+
+def test_profiled_steps_read_nothing_on_the_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads = HostReads(monkeypatch)
+    profiler = ProfilerCallback(tmp_path, wait=2, warmup=1, active=3)
+    model = make_model()
+    trainer = Trainer(
+        model,
+        torch.nn.MSELoss(),
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        callbacks=(profiler, *reads.callbacks),
+    )
+    trainer.train(make_regression_dataset(80), num_epochs=1, per_device_batch_size=8)
+    assert len(profiler.trace_files) == 1
+    assert reads.calls == []
