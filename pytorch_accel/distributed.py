@@ -12,14 +12,19 @@ are combined with ``reduce_across_processes``: one collective per logging point,
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from accelerate import Accelerator
 from accelerate.state import PartialState
-from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin, broadcast_object_list
+from accelerate.utils import (
+    DataLoaderConfiguration,
+    DistributedType,
+    FullyShardedDataParallelPlugin,
+    broadcast_object_list,
+)
 
 __all__ = [
     "AgreedFlag",
@@ -27,6 +32,7 @@ __all__ = [
     "agreement_group",
     "apply_fsdp_request",
     "check_world_size",
+    "create_accelerator",
     "fsdp_requested",
     "launcher_world_size",
     "main_process_object",
@@ -54,6 +60,23 @@ def _has_gpu_like_device() -> bool:
         return True
     xpu = getattr(torch, "xpu", None)
     return bool(xpu is not None and xpu.is_available())
+
+
+def create_accelerator(accelerator_kwargs: Mapping[str, Any]) -> Accelerator:
+    """Create a trainer's accelerator, with ``Trainer(accelerator_kwargs=...)`` over the defaults.
+
+    The default ``Accelerator()`` reads the configuration of ``accelerate config`` and
+    ``accelerate launch`` (processes, mixed precision, FSDP/DeepSpeed plugins). When a
+    launcher started several processes on a machine without GPUs, it is
+    ``Accelerator(cpu=True)``: one gloo process group instead of independent copies.
+    Batches are copied to GPUs without blocking (from the pinned memory the default
+    dataloaders use there), so loading never synchronises the host with the device.
+    """
+    defaults = {
+        "cpu": needs_cpu_distributed(),
+        "dataloader_config": DataLoaderConfiguration(non_blocking=True),
+    }
+    return Accelerator(**{**defaults, **accelerator_kwargs})
 
 
 def needs_cpu_distributed() -> bool:
