@@ -333,6 +333,10 @@ class Preparation:
             self._accelerator, train_dataloader, limit_train_batches, dl_kwargs, **settings
         )
 
+    def evaluation_run_config(self, eval_kwargs: Mapping[str, Any]) -> TrainerRunConfig:
+        """Describe an ``evaluate()`` run: one epoch over its prepared eval dataloaders."""
+        return self.run_config(None, ({}, eval_kwargs), num_epochs=1)
+
     def training_run_config(
         self, trainer: Trainer, arguments: TrainArguments, setup: RunSetup
     ) -> TrainerRunConfig:

@@ -367,8 +367,7 @@ class Trainer:
             overfit_batches=overfit_batches,
         )
         checks.check_train_arguments(self, Trainer, arguments)
-        if arguments.dry_run or arguments.overfit_batches is not None:
-            run_dry_or_overfit(self, arguments)  # train() again, with the run's settings
+        if run_dry_or_overfit(self, arguments):  # train() again, with the run's settings
             return
         setup = RunSetup.from_arguments(arguments)
         setup.apply_randomness(self._accelerator)
@@ -433,16 +432,12 @@ class Trainer:
             collate_fn,
             metric_prefix,
         )
-        self.collate_fn, self._train_dl_kwargs = collate_fn, {}
-        self._preparation.prepare_evaluation(
-            self, dataset, per_device_batch_size, dataloader_kwargs
-        )
+        self.collate_fn, self._train_dl_kwargs, batch_size = collate_fn, {}, per_device_batch_size
+        self._preparation.prepare_evaluation(self, dataset, batch_size, dataloader_kwargs)
         checks.check_has_batches(
             "Trainer.evaluate", self._preparation, dataloader_kwargs=self._eval_dl_kwargs
         )
-        self.run_config = self._preparation.run_config(
-            None, ({}, self._eval_dl_kwargs), num_epochs=1
-        )
+        self.run_config = self._preparation.evaluation_run_config(self._eval_dl_kwargs)
         return self._loop.evaluate(metric_prefix)
 
     @checks.suggest_arguments
