@@ -43,7 +43,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from pytorch_accel.distributed import sum_across_processes
+from pytorch_accel.distributed import reduce_across_processes
 from pytorch_accel.tracking import reduction_dtype
 
 __all__ = [
@@ -307,7 +307,7 @@ class ItemWeighting:
             return float(2.0 ** round(math.log2(max(num_items, 1))))
         count = torch.as_tensor(num_items).to(self._device, torch.float32).reshape(())
         if self._num_processes > 1:
-            count = sum_across_processes(count.clone()) / self._num_processes
+            count = reduce_across_processes(count.clone()) / self._num_processes
         return _power_of_two(count)
 
     def normalise(self, parameters: Iterable[torch.nn.Parameter], device: torch.device) -> None:
@@ -327,7 +327,7 @@ class ItemWeighting:
                 host = host.pin_memory()
             total = host.to(device, non_blocking=True)
         if self._num_processes > 1:
-            total = sum_across_processes(total)
+            total = reduce_across_processes(total)
         total = total.clamp(min=1)
         assert self._reference is not None  # chosen by the window's first batch
         factor = (self._num_processes * self._reference) / total

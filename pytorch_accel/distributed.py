@@ -39,7 +39,6 @@ __all__ = [
     "needs_cpu_distributed",
     "reduce_across_processes",
     "remove_padding",
-    "sum_across_processes",
     "synchronise_replicas",
 ]
 
@@ -239,36 +238,33 @@ def main_process_object(value: Any) -> Any:
     return shared[0]
 
 
-def sum_across_processes(value: torch.Tensor) -> torch.Tensor:
-    """Sum ``value`` over every process, in place, on its device; return it.
-
-    One all-reduce over the default process group (NCCL on GPUs), queued on the device like
-    DDP's own: the host does not wait for it. Every process must call it, at the same point.
-    """
-    dist.all_reduce(value)
-    return value
-
-
 REDUCTIONS = ("mean", "sum", "max", "min")
 """How ``reduce_across_processes`` combines a value across processes."""
 
 
-def reduce_across_processes(values: torch.Tensor, reductions: Sequence[str]) -> torch.Tensor:
-    """Combine a 1-D tensor across processes, each element by its own reduction, at once.
+def reduce_across_processes(
+    values: torch.Tensor, reductions: Sequence[str] = ("sum",)
+) -> torch.Tensor:
+    """Combine a tensor across processes, each element by its own reduction, at once.
 
-    One collective (an ``all_gather`` of the tensor, on its device), then each element is
-    the ``"sum"``, ``"mean"``, ``"max"`` or ``"min"`` of the processes' values, on the device:
-    nothing is read on the host. Every process must call it at the same point, with a tensor
-    of the same length and the same ``reductions``; in one process it returns ``values``.
+    One collective, on the device and queued like DDP's own: the host does not wait for it
+    and nothing is read on the host. When every element is summed, an all-reduce, in place;
+    otherwise an ``all_gather`` of the 1-D tensor, then each element is the ``"sum"``,
+    ``"mean"``, ``"max"`` or ``"min"`` of the processes' values. Every process must call it at
+    the same point, with a tensor of the same length and the same ``reductions``; in one
+    process it returns ``values``.
 
     Args:
         values: The values of this process, one per element.
-        reductions: One of ``REDUCTIONS`` per element.
+        reductions: One of ``REDUCTIONS`` per element; by default every element is summed.
 
     Returns:
         The combined values, the same on every process.
     """
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return values
+    if all(reduction == "sum" for reduction in reductions):
+        dist.all_reduce(values)
         return values
     gathered = [torch.empty_like(values) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, values)
