@@ -13,7 +13,7 @@ from accelerate.utils import ProfileKwargs
 
 from pytorch_accel._checks import check_bool, check_count, check_path, check_positive_int, fail
 from pytorch_accel.callback import TrainerCallback, redirected_paths
-from pytorch_accel.logging_setup import get_logger
+from pytorch_accel.tracking import get_logger
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer
