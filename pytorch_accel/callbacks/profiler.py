@@ -130,6 +130,7 @@ class ProfilerCallback(TrainerCallback):
         self.trace_files: list[Path] = []
         self._running = False
         self._steps = 0
+        self._recorded: list[str] = []
 
     def redirect_outputs(self, directory: Path) -> contextlib.AbstractContextManager[None]:
         """Write the traces under ``directory`` meanwhile (for ``train(dry_run=...)``)."""
@@ -141,6 +142,7 @@ class ProfilerCallback(TrainerCallback):
         activities = self.activities
         if activities is None:
             activities = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+        self._recorded = list(activities)
         settings = ProfileKwargs(
             activities=list(activities),
             schedule_option=dict(self.schedule),
@@ -204,8 +206,7 @@ class ProfilerCallback(TrainerCallback):
         """
         if self.profiler is None:
             return ""
-        cuda = "cuda" in (self.activities or ("cuda" if torch.cuda.is_available() else "cpu",))
-        sort_by = "self_device_time_total" if cuda else "self_cpu_time_total"
+        sort_by = "self_device_time_total" if "cuda" in self._recorded else "self_cpu_time_total"
         limit = rows or self.summary_rows or 20
         return str(self.profiler.key_averages().table(sort_by=sort_by, row_limit=limit))
 

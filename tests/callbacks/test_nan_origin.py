@@ -181,3 +181,15 @@ def test_the_report_costs_one_host_read_per_step_and_nothing_without_it(
     run(GatedModel(), gated_dataset(bad_sample=0, value=1.0), callback, *counted.callbacks)
     assert counted.calls == ["__bool__"] * reads  # 2 epochs of 8 steps, every loss finite
     assert callback.origin is None
+
+
+@pytest.mark.cuda
+def test_on_cuda_the_origin_is_the_same() -> None:
+    callback = TerminateOnNaNCallback(report_origin=True)
+    with pytest.warns(RuntimeWarning):
+        trainer = run(GatedModel(), gated_dataset(bad_sample=27), callback)
+    assert trainer.device.type == "cuda"
+    assert callback.origin == (
+        "the loss was nan in epoch 1 after 3 updates, on process 0: first non-finite output: "
+        "gate (Log), 1 of 8 values NaN; the batch is finite"
+    )

@@ -136,3 +136,15 @@ def test_profiled_steps_read_nothing_on_the_host(
     trainer.train(make_regression_dataset(80), num_epochs=1, per_device_batch_size=8)
     assert len(profiler.trace_files) == 1
     assert reads.calls == []
+
+
+@pytest.mark.cuda
+def test_on_cuda_the_trace_holds_the_kernels(tmp_path: Path) -> None:
+    profiler = ProfilerCallback(tmp_path, wait=1, warmup=1, active=2)
+    trainer = train(profiler)
+    assert trainer.device.type == "cuda"
+    (trace,) = profiler.trace_files
+    assert profiled_steps(trace) == [2, 3]
+    categories = {e.get("cat") for e in json.loads(trace.read_text())["traceEvents"]}
+    assert "kernel" in categories
+    assert "Self CUDA" in profiler.summary(5)
