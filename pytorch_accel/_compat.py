@@ -12,11 +12,16 @@
 from __future__ import annotations
 
 import operator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from pytorch_accel.handler import CallbackLike
 
 __all__ = [
     "TRAINER_ATTRIBUTES",
     "TRAINER_MODULE_NAMES",
+    "DefaultCallbacks",
     "trainer_module_attribute",
     "with_ported_attributes",
 ]
@@ -34,6 +39,22 @@ TRAINER_MODULE_NAMES = (
     "worker_init_fn",
 )
 """The extra names of pytorch-accelerated's ``trainer`` module."""
+
+
+class DefaultCallbacks:
+    """``DEFAULT_CALLBACKS``, read when a trainer is created: the default of ``callbacks``.
+
+    The facade reaches the callback catalogue only when a trainer is built (here and in
+    ``Trainer._create_callback_handler``), never when a module is imported.
+    """
+
+    def __iter__(self) -> Iterator[CallbackLike]:
+        from pytorch_accel.callbacks.defaults import DEFAULT_CALLBACKS
+
+        return iter(DEFAULT_CALLBACKS)
+
+    def __repr__(self) -> str:
+        return "DEFAULT_CALLBACKS"
 
 
 def trainer_module_attribute(name: str) -> Any:

@@ -10,7 +10,7 @@ below it.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -25,8 +25,8 @@ from pytorch_accel import _entry_checks as checks
 from pytorch_accel._batches import dict_batch_loss, inputs_and_targets, predictions_of
 from pytorch_accel._checkpointing.checkpoint import restore_checkpoint, write_checkpoint
 from pytorch_accel._checkpointing.training_state import TrainingStateIO
+from pytorch_accel._compat import DefaultCallbacks, with_ported_attributes
 from pytorch_accel._compat import trainer_module_attribute as __getattr__  # noqa: F401
-from pytorch_accel._compat import with_ported_attributes
 from pytorch_accel._loop import Loop
 from pytorch_accel._state import TrainerState
 from pytorch_accel.dataloaders import merge_dataloader_kwargs
@@ -42,6 +42,7 @@ from pytorch_accel.placeholders import (
 )
 from pytorch_accel.preparation import Preparation
 from pytorch_accel.run_config import TrainerRunConfig
+from pytorch_accel.run_directory import RunDirectory
 from pytorch_accel.run_setup import ResumeParts, RunSetup
 from pytorch_accel.tracking import (
     InMemoryRunHistory,
@@ -56,22 +57,6 @@ __all__ = [  # DEFAULT_CALLBACKS and the other ported names: served by __getattr
     "TrainerPlaceholderValues",
     "replace_trainer_placeholder_values",
 ]
-
-
-class _DefaultCallbacks:
-    """``DEFAULT_CALLBACKS``, read when a trainer is created: the default of ``callbacks``.
-
-    The facade reaches the callback catalogue only when a trainer is built (here and in
-    ``Trainer._create_callback_handler``), never when this module is imported.
-    """
-
-    def __iter__(self) -> Iterator[CallbackLike]:
-        from pytorch_accel.callbacks.defaults import DEFAULT_CALLBACKS
-
-        return iter(DEFAULT_CALLBACKS)
-
-    def __repr__(self) -> str:
-        return "DEFAULT_CALLBACKS"
 
 
 @with_ported_attributes
@@ -92,6 +77,8 @@ class Trainer:
         accelerator_kwargs: Arguments of the ``accelerate.Accelerator`` the trainer creates
             (``mixed_precision``, ``kwargs_handlers`` for DDP and the process group, plugins),
             over the trainer's defaults.
+        output_dir: The root of the run directories: callbacks' default paths are then under
+            ``<output_dir>/<run name>`` (``run_dir``), not the working directory.
 
     Attributes:
         limit_train_batches: Use at most this many batches of each training epoch (``None``:
@@ -121,10 +108,11 @@ class Trainer:
         model: nn.Module,
         loss_func: Callable[..., torch.Tensor] | None,
         optimizer: torch.optim.Optimizer,
-        callbacks: Iterable[CallbackLike] = _DefaultCallbacks(),
+        callbacks: Iterable[CallbackLike] = DefaultCallbacks(),
         run_history: RunHistory | None = None,
         *,
         accelerator_kwargs: Mapping[str, Any] | None = None,
+        output_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         checks.check_constructor_arguments(
             model, loss_func, optimizer, callbacks, run_history, accelerator_kwargs
@@ -138,6 +126,7 @@ class Trainer:
         self._accelerator = self._create_accelerator()
         apply_fsdp_request(self._accelerator, self._accelerator_kwargs.get("fsdp_plugin"))
         checks.check_accelerator(self._accelerator)
+        self._run_directory = RunDirectory(output_dir, self._accelerator)
         self.scheduler: Any = None
         self.create_scheduler_fn: Callable[[torch.optim.Optimizer], Any] | None = None
         self.collate_fn: Callable[..., Any] | None = None
@@ -190,6 +179,11 @@ class Trainer:
     def device(self) -> torch.device:
         """The device this process trains on."""
         return self._accelerator.device  # type: ignore[no-any-return]
+
+    @property
+    def run_dir(self) -> Path | None:
+        """``<output_dir>/<run name>``, where callbacks keep their default files; ``None``: none."""
+        return self._run_directory.path
 
     @property
     def train_dataloader(self) -> DataLoader[Any] | None:
@@ -310,6 +304,7 @@ class Trainer:
         skip_failing_batches: int | SkipFailingBatches | None = None,
         dry_run: bool | int = False,
         overfit_batches: int | None = None,
+        run_name: str | None = None,
     ) -> None:
         """Train for ``num_epochs`` (or ``max_num_train_steps`` updates, whichever ends first).
 
@@ -369,6 +364,9 @@ class Trainer:
                 training state, in a temporary directory; weights, optimizer, scheduler, run
                 history and callback files are left as they were.
             overfit_batches: Train (and evaluate) on the first N batches only, in order.
+            run_name: With ``Trainer(output_dir=...)``: the run's directory under it, for this
+                call and later ones (default: the time the trainer was created, or with
+                ``resume_from="latest"`` the run holding the newest state).
         """
         arguments = checks.TrainArguments(
             train_dataset=train_dataset,
@@ -397,11 +395,12 @@ class Trainer:
             skip_failing_batches=skip_failing_batches,
             dry_run=dry_run,
             overfit_batches=overfit_batches,
+            run_name=run_name,
         )
         checks.check_train_arguments(self, Trainer, arguments)
-        if arguments.dry_run or arguments.overfit_batches is not None:
-            run_dry_or_overfit(self, arguments)  # train() again, with the run's settings
+        if run_dry_or_overfit(self, arguments):  # train() again, with the run's settings
             return
+        self._run_directory.start_training(self.callback_handler.callbacks, run_name, resume_from)
         setup = RunSetup.from_arguments(arguments)
         setup.apply_randomness(self._accelerator)
         self.create_scheduler_fn, self.collate_fn = create_scheduler_fn, collate_fn
@@ -472,6 +471,7 @@ class Trainer:
             metric_prefix,
         )
         self.collate_fn, self._train_dl_kwargs = collate_fn, {}
+        self._run_directory.place(self.callback_handler.callbacks)
         batch_size = per_device_batch_size or 8
         self._preparation.prepare(
             self,

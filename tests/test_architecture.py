@@ -56,6 +56,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel._checkpointing.training_state",
             "pytorch_accel.failing_batches",
             "pytorch_accel.run_setup",
+            "pytorch_accel.run_directory",
         ),
     ),
     (
@@ -94,7 +95,9 @@ LAYER_ROLES = {
         "accelerate prepares, and each run's dataloaders, built through the trainer's hooks "
         "(`preparation`); saving, loading and resuming training states "
         "(`_checkpointing.training_state`, `_checkpointing.resume`); the run set-up `train()` "
-        "applies before the loop (`run_setup`: seeding, determinism, scaling the learning rate)."
+        "applies before the loop (`run_setup`: seeding, determinism, scaling the learning rate); "
+        "the run directory under `Trainer(output_dir=...)`, its name agreed across processes, "
+        "and where callbacks put their default files (`run_directory`)."
     ),
     "core": (
         "The concepts everything else is built from: `StopTrainingError`, the event names, the "

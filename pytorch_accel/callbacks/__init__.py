@@ -10,7 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pytorch_accel.callback import TrainerCallback, redirected_paths
+    from pytorch_accel.callback import DefaultPath, RunPaths, TrainerCallback, redirected_paths
     from pytorch_accel.callbacks.defaults import (
         DEFAULT_CALLBACKS,
         LogMetricsCallback,
@@ -56,6 +56,7 @@ __all__ = [
     "CallbackHandler",
     "CallbackMethodNotImplementedError",
     "ConvertSyncBatchNormCallback",
+    "DefaultPath",
     "EarlyStoppingCallback",
     "LimitBatches",
     "LimitBatchesCallback",
@@ -67,6 +68,7 @@ __all__ = [
     "PlotMetricsCallback",
     "PrintProgressCallback",
     "ProgressBarCallback",
+    "RunPaths",
     "RunRecordCallback",
     "SaveBestModelCallback",
     "SaveTrainingStateCallback",
@@ -122,6 +124,8 @@ _MODULES = {
     "limit_batches_from_environment": "pytorch_accel.callbacks.limit_batches",
     "plot_metrics": "pytorch_accel.callbacks.plotting",
     "redirected_paths": "pytorch_accel.callback",
+    "DefaultPath": "pytorch_accel.callback",
+    "RunPaths": "pytorch_accel.callback",
 }
 
 
