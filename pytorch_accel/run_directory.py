@@ -35,7 +35,7 @@ from pytorch_accel._checkpointing.store import newest_training_state
 from pytorch_accel._checks import check_path
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.distributed import main_process_object
-from pytorch_accel.logging_setup import get_logger
+from pytorch_accel.logging_setup import setup_logging
 
 __all__ = ["RUN_NAME_FORMAT", "RunDirectory", "new_run_name"]
 
@@ -107,7 +107,7 @@ class RunDirectory:
             assert path is not None
             if self._accelerator.is_main_process:
                 path.mkdir(parents=True, exist_ok=True)
-            get_logger().info("run directory: %s", path)
+            setup_logging().info("run directory: %s", path)
         self.place(callbacks)
 
     def place(self, callbacks: Iterable[Any]) -> None:
@@ -159,7 +159,7 @@ class RunDirectory:
             name = None if newest is None else newest.relative_to(self.output_dir).parts[0]
         name = main_process_object(name)
         if name is not None and name != self.name:
-            get_logger().info(
+            setup_logging().info(
                 f"resume_from='latest': continuing the run {name!r}, which holds the newest "
                 f"training state under {str(self.output_dir)!r}."
             )
