@@ -79,7 +79,7 @@ class TrainerCallback:
         """Put the files whose location the user left at its default under ``run_dir``.
 
         With ``Trainer(output_dir=...)``, the trainer calls it with ``trainer.run_dir`` at the
-        start of every ``train()``, ``evaluate()`` and ``predict()``, before any event, so a
+        start of every ``train()`` and ``evaluate()``, before any event, so a
         callback's default paths live in the run's directory; without ``output_dir`` it is
         never called. The default places nothing. A callback whose path arguments default to
         ``DefaultPath`` values records them in a ``RunPaths`` and places that: a path the user
