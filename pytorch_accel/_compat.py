@@ -5,6 +5,8 @@
   ``from pytorch_accel.trainer import TrainerWithTimmScheduler, ProgressBarCallback, set_seed``
   works as it did, without the facade importing them all (``TrainerWithTimmScheduler`` is a
   subclass of ``Trainer``, defined after it).
+- ``DefaultCallbacks``: the default of ``Trainer(callbacks=...)``, a lazy view of
+  ``DEFAULT_CALLBACKS``.
 - ``TRAINER_ATTRIBUTES``: private attributes of pytorch-accelerated's ``Trainer`` that ported
   code reads; ``with_ported_attributes`` adds them to ``Trainer`` as read-only aliases.
 """
@@ -16,7 +18,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from pytorch_accel.handler import CallbackLike
+    from pytorch_accel.callback import CallbackLike
 
 __all__ = [
     "TRAINER_ATTRIBUTES",
@@ -39,22 +41,6 @@ TRAINER_MODULE_NAMES = (
     "worker_init_fn",
 )
 """The extra names of pytorch-accelerated's ``trainer`` module."""
-
-
-class DefaultCallbacks:
-    """``DEFAULT_CALLBACKS``, read when a trainer is created: the default of ``callbacks``.
-
-    The facade reaches the callback catalogue only when a trainer is built (here and in
-    ``Trainer._create_callback_handler``), never when a module is imported.
-    """
-
-    def __iter__(self) -> Iterator[CallbackLike]:
-        from pytorch_accel.callbacks.defaults import DEFAULT_CALLBACKS
-
-        return iter(DEFAULT_CALLBACKS)
-
-    def __repr__(self) -> str:
-        return "DEFAULT_CALLBACKS"
 
 
 def trainer_module_attribute(name: str) -> Any:
@@ -108,3 +94,19 @@ def with_ported_attributes(trainer_class: TrainerType) -> TrainerType:
         alias = property(operator.attrgetter(public), doc=f"``{public}``, under {ported!r}.")
         setattr(trainer_class, ported, alias)
     return trainer_class
+
+
+class DefaultCallbacks:
+    """``DEFAULT_CALLBACKS``, read when a trainer is created: the default of ``callbacks``.
+
+    The facade reaches the callback catalogue only when a trainer is built (here and in
+    ``Trainer._create_callback_handler``), never when a module is imported.
+    """
+
+    def __iter__(self) -> Iterator[CallbackLike]:
+        from pytorch_accel.callbacks.defaults import DEFAULT_CALLBACKS
+
+        return iter(DEFAULT_CALLBACKS)
+
+    def __repr__(self) -> str:
+        return "DEFAULT_CALLBACKS"
