@@ -12,7 +12,7 @@ import torch
 from accelerate.utils import ProfileKwargs
 
 from pytorch_accel._checks import check_bool, check_count, check_path, check_positive_int, fail
-from pytorch_accel.callback import TrainerCallback, redirected_paths
+from pytorch_accel.callback import DefaultPath, RunPaths, TrainerCallback, redirected_paths
 from pytorch_accel.tracking import get_logger
 
 if TYPE_CHECKING:
@@ -54,7 +54,9 @@ class ProfilerCallback(TrainerCallback):
     recording inside it.
 
     Args:
-        directory: Where the traces are written (created when the first is).
+        directory: Where the traces are written (created when the first is); left at its
+            default, under the trainer's run directory when it has one
+            (``Trainer(output_dir=...)``).
         wait: Steps not recorded at the start of each cycle.
         warmup: Steps recorded then thrown away (the profiler's own start-up) before ``active``.
         active: Steps recorded in each cycle.
@@ -86,7 +88,7 @@ class ProfilerCallback(TrainerCallback):
 
     def __init__(
         self,
-        directory: str | os.PathLike[str] = "profiles",
+        directory: str | os.PathLike[str] = DefaultPath("profiles"),
         wait: int = 1,
         warmup: int = 1,
         active: int = 3,
@@ -116,6 +118,7 @@ class ProfilerCallback(TrainerCallback):
             check_bool(where, name, flag)
         check_positive_int(where, "summary_rows", summary_rows, allow_none=True)
         self.directory = Path(directory)
+        self._run_paths = RunPaths(directory=directory)
         self.schedule = {
             "wait": wait,
             "warmup": warmup,
@@ -135,6 +138,10 @@ class ProfilerCallback(TrainerCallback):
     def redirect_outputs(self, directory: Path) -> contextlib.AbstractContextManager[None]:
         """Write the traces under ``directory`` meanwhile (for ``train(dry_run=...)``)."""
         return redirected_paths(self, directory, "directory")
+
+    def place_outputs(self, run_dir: Path) -> None:
+        """Put the traces under ``run_dir`` if ``directory`` was left at its default."""
+        self._run_paths.place(self, run_dir)
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Start a new profiler for this run."""

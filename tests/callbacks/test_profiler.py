@@ -148,3 +148,22 @@ def test_on_cuda_the_trace_holds_the_kernels(tmp_path: Path) -> None:
     categories = {e.get("cat") for e in json.loads(trace.read_text())["traceEvents"]}
     assert "kernel" in categories
     assert "CUDA" in profiler.summary(5)
+
+
+def test_the_default_directory_follows_the_run_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    profiler = ProfilerCallback(wait=0, warmup=0, active=1)
+    model = make_model()
+    trainer = Trainer(
+        model,
+        torch.nn.MSELoss(),
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        callbacks=(profiler,),
+        output_dir="runs",
+    )
+    trainer.train(make_regression_dataset(16), num_epochs=1, per_device_batch_size=8, run_name="a")
+    assert profiler.trace_files == [Path("runs/a/profiles/rank0.1.pt.trace.json")]
+    assert (tmp_path / "runs/a/profiles/rank0.1.pt.trace.json").is_file()
+    assert not (tmp_path / "profiles").exists()
