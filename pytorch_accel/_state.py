@@ -20,6 +20,7 @@ from pytorch_accel._checkpointing.resume import Position, ResumePoint
 from pytorch_accel._item_weighting import ItemWeighting
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.run_setup import ChosenRates
+from pytorch_accel.schedulers.stepping import SchedulerStepping
 from pytorch_accel.tracking import LoggedMetrics, LossTracker
 
 if TYPE_CHECKING:
@@ -99,6 +100,7 @@ class TrainerState:
         self.eval_metric_name = "eval_loss_epoch"
         self.eval_limit: int | None = None
         self.chosen_rates = ChosenRates()
+        self.scheduler_stepping = SchedulerStepping()  # the run's, set when the loop starts
 
     @property
     def eval_dataloader(self) -> DataLoader[Any] | None:

@@ -648,8 +648,8 @@ class Trainer:
         (self._preparation.direct_optimizer or self.optimizer).step()
 
     def scheduler_step(self) -> None:
-        """Step the scheduler (called after each optimizer update that was not skipped)."""
-        self.scheduler.step()
+        """Step the scheduler: after each update, or each epoch (see ``SchedulerStepping``)."""
+        self._state.scheduler_stepping.step(self.scheduler, self.run_history)
 
     def optimizer_zero_grad(self) -> None:
         """Reset the gradients after an update (to ``None``, as both torch and accelerate do)."""
