@@ -155,7 +155,8 @@ class SchedulerStepping:
         Raises:
             ValueError: If ``ReduceLROnPlateau`` is asked to step per update.
         """
-        interval, monitor = None, None
+        interval: SchedulerInterval | None = None
+        monitor: str | None = None
         if isinstance(factory, functools.partial) and factory.func is _configured:
             interval, monitor = factory.keywords["interval"], factory.keywords["monitor"]
         if _is_plateau(scheduler):
