@@ -35,6 +35,7 @@ from pytorch_accel.dry_run import run_dry_or_overfit
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.failing_batches import SkipFailingBatches
 from pytorch_accel.handler import CallbackHandler, CallbackLike
+from pytorch_accel.lr_finder import find_lr
 from pytorch_accel.placeholders import (
     TrainerPlaceholderValues,
     check_resolved,
@@ -51,11 +52,8 @@ from pytorch_accel.tracking import (
     RunHistory,
 )
 
-__all__ = [  # DEFAULT_CALLBACKS and the other ported names: served by __getattr__ (_compat)
-    "Trainer",
-    "TrainerPlaceholderValues",
-    "replace_trainer_placeholder_values",
-]
+# DEFAULT_CALLBACKS and the other ported names: served by __getattr__ (_compat)
+__all__ = ["Trainer", "TrainerPlaceholderValues", "replace_trainer_placeholder_values"]
 
 
 class _DefaultCallbacks:
@@ -541,10 +539,9 @@ class Trainer:
     def create_scheduler(self) -> Any:
         """Create the scheduler from ``create_scheduler_fn``, resolving its placeholders.
 
-        It receives the optimizer whose ``step`` the trainer calls (see
-        ``optimizer_step``) and is stepped by ``scheduler_step`` once per
-        optimizer update on each process. It is not passed through ``accelerator.prepare``,
-        which would step it once per process per update.
+        It receives the optimizer ``optimizer_step`` steps, and ``scheduler_step`` steps it
+        on each process (per update, or per epoch: ``SchedulerStepping``); it is not passed
+        through ``accelerator.prepare``, which would step it once per process per update.
         """
         factory = replace_trainer_placeholder_values(self, self.create_scheduler_fn)
         optimizer = self._preparation.direct_optimizer or self.optimizer
@@ -768,6 +765,8 @@ class Trainer:
         return self._accelerator.unwrap_model(  # type: ignore[no-any-return]
             self.model, keep_torch_compile=keep_torch_compile
         )
+
+    find_lr = find_lr  # the learning-rate range test (pytorch_accel.lr_finder)
 
     # ------------------------------------------------------------------------ dataloaders
 

@@ -65,6 +65,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel._compat",
             "pytorch_accel._entry_checks",
             "pytorch_accel.dry_run",
+            "pytorch_accel.lr_finder",
             "pytorch_accel.trainer",
             "pytorch_accel.timm_trainer",
         ),
@@ -84,8 +85,9 @@ LAYER_ROLES = {
         "and saving and loading checkpoints and training states. The checks of the entry "
         "points' arguments and data (`_entry_checks`, with `train()`'s arguments as one typed "
         "`TrainArguments`); dry and overfit runs (`dry_run`, redirecting each callback's files "
-        "through its `redirect_outputs`); every pytorch-accelerated name of the trainer module "
-        "and of `Trainer` (`_compat`)."
+        "through its `redirect_outputs`); the learning-rate range test, `Trainer.find_lr` "
+        "(`lr_finder`, leaving the trainer's states as they were); every pytorch-accelerated "
+        "name of the trainer module and of `Trainer` (`_compat`)."
     ),
     "loop": (
         "The loop in one module, level by level (training, evaluation, prediction), with the "
