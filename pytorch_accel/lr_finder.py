@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = ["LRFinderResult", "SuggestionMethod", "find_lr", "steepest_index", "valley_index"]
 
-SuggestionMethod = Literal["valley", "steepest"]
+SuggestionMethod = Literal["valley", "steepest", "minimum"]
 """How ``find_lr`` suggests a rate from the smoothed loss curve."""
 
 _WHERE = "Trainer.find_lr"
@@ -63,10 +63,12 @@ class LRFinderResult:
             fastai and Lightning do), the curve the suggestion and the divergence check use.
         suggestion: The suggested learning rate, by ``method``; ``None`` if the sweep was
             too short to suggest one (fewer than 2 points left after skipping its ends).
-        method: ``"valley"`` (fastai's default) or ``"steepest"`` (Lightning's).
+        method: ``"valley"`` (fastai's default), ``"steepest"`` (Lightning's) or
+            ``"minimum"``.
         valley: fastai's valley suggestion (``None``: too short a sweep).
-        steepest: The rate of the steepest descent of the smoothed curve (``None``: too
-            short a sweep).
+        steepest: The rate of the steepest descent of the smoothed curve before its lowest
+            point (``None``: too short a sweep).
+        minimum: A tenth of the rate of the lowest smoothed loss (fastai's ``minimum``).
         diverged_at: The index of the update whose smoothed loss passed ``divergence``
             times the best (or was not finite), where the sweep stopped; ``None`` if it ran
             to ``end_lr``.
@@ -79,6 +81,7 @@ class LRFinderResult:
     method: SuggestionMethod
     valley: float | None
     steepest: float | None
+    minimum: float | None
     diverged_at: int | None
 
     def plot(
@@ -180,7 +183,8 @@ def find_lr(
         smoothing: The moving average's ``beta`` in ``[0, 1)`` (0: no smoothing).
         divergence: Stop once the smoothed loss exceeds this many times its best (after the
             first update), or is not finite; ``None`` sweeps to ``end_lr`` whatever the loss.
-        method: The suggestion returned as ``suggestion``: ``"valley"`` or ``"steepest"``.
+        method: The suggestion returned as ``suggestion``: ``"valley"``, ``"steepest"`` or
+            ``"minimum"`` (all three are in the result).
         check_every: Average the losses across processes and check for divergence every this
             many updates: the host waits for the device once per check, and the sweep may run
             up to ``check_every - 1`` updates past the divergence (discarded). 1 checks after
@@ -263,14 +267,15 @@ def _check_arguments(
         fail(ValueError, _WHERE, "smoothing", smoothing, "in [0, 1)", "Pass e.g. 0.98.")
     fix = "Pass e.g. divergence=4.0 (fastai's), or None to sweep to end_lr."
     check_number(_WHERE, "divergence", divergence, strict=True, allow_none=True, fix=fix)
-    if method not in ("valley", "steepest"):
+    if method not in ("valley", "steepest", "minimum"):
         fail(
             ValueError,
             _WHERE,
             "method",
             method,
-            "'valley' or 'steepest'",
-            "'valley' is fastai's default suggestion, 'steepest' Lightning's.",
+            "'valley', 'steepest' or 'minimum'",
+            "'valley' is fastai's default suggestion, 'steepest' Lightning's, 'minimum' a "
+            "tenth of the rate of the lowest loss.",
         )
     check_positive_int(_WHERE, "check_every", check_every)
 
@@ -401,30 +406,41 @@ class _Sweep:
     def result(self, method: SuggestionMethod) -> LRFinderResult:
         lrs = self.lrs[: len(self.losses)]
         valley = _suggest(valley_index, lrs, self.smoothed)
-        steepest = _suggest(steepest_index, lrs, self.smoothed)
+        steepest = _suggest(steepest_index, lrs, self.smoothed, up_to_minimum=True)
+        lowest = _suggest(lambda losses: losses.index(min(losses)), lrs, self.smoothed)
+        suggestions = {"valley": valley, "steepest": steepest}
+        suggestions["minimum"] = None if lowest is None else lowest / 10
         return LRFinderResult(
             lrs=lrs,
             losses=self.losses,
             smoothed_losses=self.smoothed,
-            suggestion=valley if method == "valley" else steepest,
+            suggestion=suggestions[method],
             method=method,
             valley=valley,
             steepest=steepest,
+            minimum=suggestions["minimum"],
             diverged_at=self.diverged_at,
         )
 
 
 def _suggest(
-    index_of: Callable[[Sequence[float]], int], lrs: Sequence[float], smoothed: Sequence[float]
+    index_of: Callable[[Sequence[float]], int],
+    lrs: Sequence[float],
+    smoothed: Sequence[float],
+    up_to_minimum: bool = False,
 ) -> float | None:
     """The rate ``index_of`` picks on the curve without its first tenth and last 5 points.
 
     As fastai does: the first updates barely move the loss, the last ones diverge. Points
-    that are not finite are left out. ``None`` if fewer than 2 points remain.
+    that are not finite are left out; with ``up_to_minimum``, so are those after the lowest
+    loss (a descent after a spike is no rate to train at). ``None`` if fewer than 2 remain.
     """
     start, end = len(smoothed) // 10, len(smoothed) - 5
     points = [(lr, loss) for lr, loss in zip(lrs[start:end], smoothed[start:end], strict=True)]
     points = [(lr, loss) for lr, loss in points if math.isfinite(loss)]
+    if up_to_minimum and points:
+        lowest = min(range(len(points)), key=lambda i: points[i][1])
+        points = points[: lowest + 1]
     if len(points) < 2:
         return None
     return points[index_of([loss for _, loss in points])][0]

@@ -231,7 +231,9 @@ def test_plot_draws_the_curve_and_the_suggestion(tmp_path: Path) -> None:
 
 
 def test_plot_without_matplotlib_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    result = LRFinderResult([1e-3, 1e-2], [1.0, 0.5], [1.0, 0.7], None, "valley", None, None, None)
+    result = LRFinderResult(
+        [1e-3, 1e-2], [1.0, 0.5], [1.0, 0.7], None, "valley", None, None, None, None
+    )
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     with pytest.raises(ImportError, match=r'pip install "pytorch-accel\[plot\]"'):
         result.plot()
@@ -243,7 +245,7 @@ def test_plot_without_matplotlib_says_how_to_install_it(monkeypatch: pytest.Monk
     [
         ({"end_lr": 1e-8}, ValueError, r"end_lr must be greater than start_lr \(1e-07\)"),
         ({"num_steps": 1}, ValueError, r"num_steps must be at least 2, got 1"),
-        ({"method": "min"}, ValueError, r"method must be 'valley' or 'steepest', got 'min'"),
+        ({"method": "min"}, ValueError, r"method must be 'valley', 'steepest' or 'minimum'"),
         ({"smoothing": 1.0}, ValueError, r"smoothing must be in \[0, 1\), got 1.0"),
         ({"divergence": 0}, ValueError, r"divergence must be a number > 0 or None, got 0"),
         ({"start_lr": "1e-7"}, TypeError, r"start_lr must be a finite number > 0"),
@@ -256,3 +258,24 @@ def test_bad_arguments_are_refused_before_anything_runs(
     trainer = make_trainer()
     with pytest.raises(error, match=rf"Trainer\.find_lr: {match}"):
         trainer.find_lr(DATA, **kwargs)
+
+
+def test_steepest_ignores_a_descent_after_a_spike_and_minimum_is_a_tenth_of_the_lowest() -> None:
+    from pytorch_accel.lr_finder import _Sweep
+
+    # flat, a descent to the lowest loss at index 29, a spike, then a long fall from it
+    curve = (
+        [2.3] * 15
+        + [2.3 - 0.02 * i for i in range(1, 16)]
+        + [4.0]
+        + [3.9 - 0.1 * i for i in range(19)]
+    )
+    lrs = [10 ** (-7 + 8 * i / 49) for i in range(50)]
+    sweep = _Sweep(lrs, 0.0, None, 5)
+    for loss in curve:
+        sweep.record(torch.tensor(loss))
+    result = sweep.result("steepest")
+    assert result.smoothed_losses == pytest.approx(curve)
+    assert lrs.index(result.steepest) in range(15, 31)  # the descent, not the fall after the spike
+    assert result.minimum == pytest.approx(lrs[29] / 10)  # the lowest of [5, 45)
+    assert result.suggestion == result.steepest

@@ -33,7 +33,8 @@ def lr_finder_run() -> dict[str, Any]:
     before = flat_params(trainer.model)
     rng = torch.get_rng_state()
     result = trainer.find_lr(DATA, per_device_batch_size=8, end_lr=1e3, num_steps=40)
-    restored = flat_params(trainer.get_model()) == before and torch.equal(rng, torch.get_rng_state())
+    restored = flat_params(trainer.get_model()) == before
+    restored = restored and torch.equal(rng, torch.get_rng_state())
     trainer.train(DATA, num_epochs=2, per_device_batch_size=8)
     after_sweep = flat_params(trainer.get_model())
     alone = fresh()
