@@ -279,3 +279,21 @@ def test_steepest_ignores_a_descent_after_a_spike_and_minimum_is_a_tenth_of_the_
     assert lrs.index(result.steepest) in range(15, 31)  # the descent, not the fall after the spike
     assert result.minimum == pytest.approx(lrs[29] / 10)  # the lowest of [5, 45)
     assert result.suggestion == result.steepest
+
+
+def test_the_host_reads_the_losses_once_per_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reads by the package (the data loader's own, of CPU seeds and orders, are not counted)."""
+    reads: list[str] = []
+    for name in ("item", "__bool__", "__float__", "__int__", "tolist", "numpy"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self: torch.Tensor, *args: Any, _n: str = name, _o: Any = original) -> Any:
+            if sys._getframe(1).f_globals.get("__name__", "").startswith("pytorch_accel"):
+                reads.append(_n)
+            return _o(self, *args)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    model = make_model()
+    trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), ())
+    trainer.find_lr(DATA, per_device_batch_size=16, num_steps=25, end_lr=1e-2, check_every=10)
+    assert reads == ["tolist"] * 3  # after updates 10, 20 and 25: not once per update
