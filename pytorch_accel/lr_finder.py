@@ -152,6 +152,8 @@ def find_lr(
     gradient_accumulation_steps: int = 1,
     collate_fn: Callable[..., Any] | None = None,
     train_dataloader_kwargs: Mapping[str, Any] | None = None,
+    max_grad_norm: float | None = None,
+    gradient_clip_value: float | None = None,
     smoothing: float = 0.98,
     divergence: float | None = 4.0,
     method: SuggestionMethod = "valley",
@@ -180,6 +182,8 @@ def find_lr(
         gradient_accumulation_steps: Micro-batches per update, as in ``train()``.
         collate_fn: The collate function, for a dataset.
         train_dataloader_kwargs: Override the ``DataLoader`` arguments, for a dataset.
+        max_grad_norm: Clip the global gradient norm before each update, as ``train()``.
+        gradient_clip_value: Clip each gradient element before each update, as ``train()``.
         smoothing: The moving average's ``beta`` in ``[0, 1)`` (0: no smoothing).
         divergence: Stop once the smoothed loss exceeds this many times its best (after the
             first update), or is not finite; ``None`` sweeps to ``end_lr`` whatever the loss.
@@ -219,6 +223,12 @@ def find_lr(
         method,
         check_every,
     )
+    for name, bound in (
+        ("max_grad_norm", max_grad_norm),
+        ("gradient_clip_value", gradient_clip_value),
+    ):
+        check_number(_WHERE, name, bound, strict=True, allow_none=True)
+    clip = _clipping(trainer, max_grad_norm, gradient_clip_value)
     trainer._preparation.prepare_model_and_optimizer(trainer)
     schedule = [start_lr * (end_lr / start_lr) ** (i / (num_steps - 1)) for i in range(num_steps)]
     sweep = _Sweep(schedule, smoothing, divergence, check_every)
@@ -227,7 +237,7 @@ def find_lr(
             trainer, train_dataset, per_device_batch_size, collate_fn, train_dataloader_kwargs
         )
         with trainer._preparation.prepared_for_prediction(loader) as prepared:  # shard, forget
-            _run(trainer, sweep, prepared, gradient_accumulation_steps)
+            _run(trainer, sweep, prepared, gradient_accumulation_steps, clip)
     return sweep.result(method)
 
 
@@ -302,12 +312,30 @@ def _dataloader(
         trainer.train_dataset, trainer.collate_fn, trainer._train_dl_kwargs = saved
 
 
-def _run(trainer: Trainer, sweep: _Sweep, loader: DataLoader[Any], accumulation: int) -> None:
+def _clipping(
+    trainer: Trainer, max_grad_norm: float | None, clip_value: float | None
+) -> Callable[[], None]:
+    """The gradient clipping before each update, as ``train()`` clips (value first)."""
+    accelerator = trainer.accelerator
+    if clip_value is not None:
+        return lambda: accelerator.clip_grad_value_(trainer.model.parameters(), clip_value)
+    if max_grad_norm is not None:
+        return lambda: accelerator.clip_grad_norm_(trainer.model.parameters(), max_grad_norm)
+    return lambda: None
+
+
+def _run(
+    trainer: Trainer,
+    sweep: _Sweep,
+    loader: DataLoader[Any],
+    accumulation: int,
+    clip: Callable[[], None],
+) -> None:
     """Train with the sweep's rates, passing over ``loader`` again as needed, until it ends."""
     trainer.model.train()
     trainer.optimizer_zero_grad()
     while not sweep.done:
-        if not _one_pass(trainer, sweep, loader, accumulation):
+        if not _one_pass(trainer, sweep, loader, accumulation, clip):
             fail(
                 ValueError,
                 _WHERE,
@@ -319,7 +347,13 @@ def _run(trainer: Trainer, sweep: _Sweep, loader: DataLoader[Any], accumulation:
             )
 
 
-def _one_pass(trainer: Trainer, sweep: _Sweep, loader: DataLoader[Any], accumulation: int) -> int:
+def _one_pass(
+    trainer: Trainer,
+    sweep: _Sweep,
+    loader: DataLoader[Any],
+    accumulation: int,
+    clip: Callable[[], None],
+) -> int:
     """Run the sweep's updates over one pass of ``loader``; return the batches it used.
 
     An accumulation window left open at the pass's end continues in the next pass.
@@ -342,6 +376,7 @@ def _one_pass(trainer: Trainer, sweep: _Sweep, loader: DataLoader[Any], accumula
                 trainer.backward_step(loss if accumulation == 1 else loss / accumulation)
             sweep.window.append(loss.detach().float())
             if last:
+                clip()
                 trainer.optimizer_step()
                 trainer.optimizer_zero_grad()
                 sweep.record(torch.stack(sweep.window).mean())

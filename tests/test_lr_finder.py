@@ -250,6 +250,7 @@ def test_plot_without_matplotlib_says_how_to_install_it(monkeypatch: pytest.Monk
         ({"divergence": 0}, ValueError, r"divergence must be a number > 0 or None, got 0"),
         ({"start_lr": "1e-7"}, TypeError, r"start_lr must be a finite number > 0"),
         ({"check_every": 0}, ValueError, r"check_every must be a positive int, got 0"),
+        ({"max_grad_norm": 0}, ValueError, r"max_grad_norm must be a number > 0 or None"),
     ],
 )
 def test_bad_arguments_are_refused_before_anything_runs(
@@ -297,3 +298,15 @@ def test_the_host_reads_the_losses_once_per_check(monkeypatch: pytest.MonkeyPatc
     trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), ())
     trainer.find_lr(DATA, per_device_batch_size=16, num_steps=25, end_lr=1e-2, check_every=10)
     assert reads == ["tolist"] * 3  # after updates 10, 20 and 25: not once per update
+
+
+def test_gradients_are_clipped_as_in_training() -> None:
+    def sweep(**clipping: float) -> LRFinderResult:
+        model = make_model()
+        trainer = Trainer(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), ())
+        return trainer.find_lr(DATA, per_device_batch_size=16, end_lr=100.0, **clipping)
+
+    assert sweep().diverged_at is not None
+    # with every gradient element clipped to 1e-9 the weights barely move, even at lr 100
+    assert sweep(gradient_clip_value=1e-9).diverged_at is None
+    assert sweep(max_grad_norm=1e-9).diverged_at is None
