@@ -219,3 +219,30 @@ def test_a_monitored_metric_never_recorded_names_those_that_were() -> None:
             eval_dataset=make_regression_dataset(8),
             create_scheduler_fn=fn,
         )
+
+
+def test_a_scheduler_stepped_per_epoch_resumes_mid_epoch_exactly(tmp_path: Path) -> None:
+    per_epoch = SchedulerStepping.create_scheduler_fn(
+        functools.partial(StepLR, step_size=1, gamma=0.5), interval="epoch"
+    )
+
+    def run(*callbacks: Any, resume_from: Path | None = None) -> tuple[Trainer, list[float]]:
+        recorder = LearningRateRecorder()
+        trainer = make_trainer(callbacks=(recorder, *callbacks), lr=0.04)
+        trainer.train(
+            make_regression_dataset(16),
+            num_epochs=4,
+            per_device_batch_size=4,
+            create_scheduler_fn=per_epoch,
+            resume_from=resume_from,
+        )
+        return trainer, recorder.first_group
+
+    whole, whole_lrs = run()
+    assert whole_lrs[::BATCHES] == [0.04, 0.02, 0.01, 0.005]
+    run(SaveAtStep(tmp_path / "state", 2 * BATCHES + 1))  # inside epoch 3
+    resumed, lrs = run(resume_from=tmp_path / "state")
+    assert lrs == whole_lrs[2 * BATCHES + 1 :]
+    assert resumed.scheduler.state_dict() == whole.scheduler.state_dict()
+    for mine, theirs in zip(clone_params(resumed.model), clone_params(whole.model), strict=True):
+        assert torch.equal(mine, theirs)
