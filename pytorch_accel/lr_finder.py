@@ -33,6 +33,11 @@ from pytorch_accel._checks import (
     check_positive_int,
     fail,
 )
+from pytorch_accel._entry_checks import (
+    check_data,
+    check_dataloader_settings,
+    check_trainer_settings,
+)
 from pytorch_accel._loop import training_rng_preserved
 from pytorch_accel.dataloaders import epoch_batches
 from pytorch_accel.distributed import reduce_across_processes
@@ -200,6 +205,7 @@ def find_lr(
     Raises:
         ValueError: For a bad argument, or data that yields no batch.
         TypeError: For an argument of the wrong type.
+        RuntimeError: If called while ``train()`` runs (from a callback).
 
     Example:
         ```python
@@ -222,6 +228,16 @@ def find_lr(
         divergence,
         method,
         check_every,
+    )
+    check_trainer_settings(_WHERE, trainer)
+    check_data(_WHERE, "train_dataset", train_dataset, streams=True)
+    check_dataloader_settings(
+        _WHERE,
+        train_dataset,
+        data_name="train_dataset",
+        per_device_batch_size=per_device_batch_size,
+        collate_fn=collate_fn,
+        train_dataloader_kwargs=train_dataloader_kwargs,
     )
     for name, bound in (
         ("max_grad_norm", max_grad_norm),

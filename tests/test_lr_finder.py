@@ -251,6 +251,12 @@ def test_plot_without_matplotlib_says_how_to_install_it(monkeypatch: pytest.Monk
         ({"start_lr": "1e-7"}, TypeError, r"start_lr must be a finite number > 0"),
         ({"check_every": 0}, ValueError, r"check_every must be a positive int, got 0"),
         ({"max_grad_norm": 0}, ValueError, r"max_grad_norm must be a number > 0 or None"),
+        ({"train_dataset": None}, TypeError, r"train_dataset must be a map-style dataset"),
+        (
+            {"train_dataset": torch.utils.data.DataLoader(DATA), "per_device_batch_size": 4},
+            ValueError,
+            r"per_device_batch_size must be None when train_dataset is a DataLoader",
+        ),
     ],
 )
 def test_bad_arguments_are_refused_before_anything_runs(
@@ -258,7 +264,7 @@ def test_bad_arguments_are_refused_before_anything_runs(
 ) -> None:
     trainer = make_trainer()
     with pytest.raises(error, match=rf"Trainer\.find_lr: {match}"):
-        trainer.find_lr(DATA, **kwargs)
+        trainer.find_lr(**{"train_dataset": DATA, **kwargs})
 
 
 def test_steepest_ignores_a_descent_after_a_spike_and_minimum_is_a_tenth_of_the_lowest() -> None:
@@ -310,3 +316,18 @@ def test_gradients_are_clipped_as_in_training() -> None:
     # with every gradient element clipped to 1e-9 the weights barely move, even at lr 100
     assert sweep(gradient_clip_value=1e-9).diverged_at is None
     assert sweep(max_grad_norm=1e-9).diverged_at is None
+
+
+@pytest.mark.bad_input
+def test_find_lr_inside_train_is_refused() -> None:
+    from pytorch_accel.callbacks import TrainerCallback
+
+    class SweepInside(TrainerCallback):
+        def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+            trainer.find_lr(DATA)
+
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = Trainer(model, nn.MSELoss(), optimizer, callbacks=(SweepInside(),))
+    with pytest.raises(RuntimeError, match=r"Trainer\.find_lr: called while train\(\) is running"):
+        trainer.train(DATA, num_epochs=1)
