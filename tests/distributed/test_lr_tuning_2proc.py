@@ -23,6 +23,8 @@ def test_find_lr_gives_every_process_the_same_curve_and_suggestion(
     assert first["losses"] == second["losses"]  # averaged across processes
     assert first["suggestion"] == second["suggestion"] is not None
     assert first["diverged_at"] == second["diverged_at"] == len(first["lrs"]) - 1 < 39
+    assert first["accumulated_losses"] == second["accumulated_losses"]  # windows of 2 batches
+    assert len(first["accumulated_losses"]) == 20
 
 
 def test_find_lr_restores_every_process_and_training_after_it_is_unchanged(

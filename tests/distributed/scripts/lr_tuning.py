@@ -35,6 +35,10 @@ def lr_finder_run() -> dict[str, Any]:
     result = trainer.find_lr(DATA, per_device_batch_size=8, end_lr=1e3, num_steps=40)
     restored = flat_params(trainer.get_model()) == before
     restored = restored and torch.equal(rng, torch.get_rng_state())
+    accumulated = trainer.find_lr(
+        DATA, per_device_batch_size=4, gradient_accumulation_steps=2, num_steps=20, divergence=None
+    )
+    restored = restored and flat_params(trainer.get_model()) == before
     trainer.train(DATA, num_epochs=2, per_device_batch_size=8)
     after_sweep = flat_params(trainer.get_model())
     alone = fresh()
@@ -45,6 +49,7 @@ def lr_finder_run() -> dict[str, Any]:
         "suggestion": result.suggestion,
         "diverged_at": result.diverged_at,
         "restored": restored,
+        "accumulated_losses": accumulated.losses,
         "lr_after": trainer.optimizer.param_groups[0]["lr"],
         "same_training": after_sweep == flat_params(alone.get_model()),
     }
