@@ -3,7 +3,9 @@
 A dry run calls ``train()`` again for one short epoch (a few batches of training and
 evaluation, every callback enabled), with a fresh run history and every callback's files
 redirected into a temporary directory (each callback says where it writes through
-``TrainerCallback.redirect_outputs``), then saves a training state there and loads it back.
+``TrainerCallback.redirect_outputs``; with ``Trainer(output_dir=...)``, ``trainer.run_dir`` is
+a directory inside it meanwhile, and no run directory is chosen or created), then saves a
+training state there and loads it back.
 Afterwards the model, optimizer, scheduler, run history, random states and callback outputs
 are put back and the directory is deleted, so nothing of the user's (checkpoints, states,
 records, history, weights) changes.
@@ -69,8 +71,12 @@ def run_dry_or_overfit(trainer: Trainer, arguments: TrainArguments) -> bool:
 def run_dry(trainer: Trainer, arguments: TrainArguments) -> None:
     """Run ``train()`` with ``arguments`` as a dry run, leaving nothing of the user's changed."""
     num_batches = DRY_RUN_BATCHES if arguments.dry_run is True else int(arguments.dry_run)
+    callbacks = trainer.callback_handler.callbacks
     with _kept_as_it_was(trainer), _temporary_directory(trainer) as directory:
-        with redirected_outputs(trainer.callback_handler.callbacks, directory / "callbacks"):
+        with (
+            trainer._run_directory.set_aside(directory / "run", callbacks),
+            redirected_outputs(callbacks, directory / "callbacks"),
+        ):
             trainer.dry_run_dir = directory
             trainer.run_history = InMemoryRunHistory()
             trainer.limit_train_batches = _lowest(trainer.limit_train_batches, num_batches)

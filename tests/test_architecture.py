@@ -53,6 +53,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.failing_batches",
             "pytorch_accel.run_config",
             "pytorch_accel.run_setup",
+            "pytorch_accel.run_directory",
         ),
     ),
     (
@@ -96,7 +97,8 @@ LAYER_ROLES = {
         "(`_checkpointing.training_state`, `_checkpointing.resume`); the run's configuration "
         "(`run_config`: the `TrainerRunConfig`, and the set-up `train()` applies before the "
         "loop: seeding, determinism, scaling the learning rate; `run_setup` keeps its import "
-        "path)."
+        "path); the run directory under `Trainer(output_dir=...)`, its name agreed across "
+        "processes, and where callbacks put their default files (`run_directory`)."
     ),
     "core": (
         "The concepts everything else is built from: `StopTrainingError`, the event names, the "
