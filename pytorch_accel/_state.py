@@ -25,6 +25,7 @@ from pytorch_accel.tracking import LoggedMetrics, LossTracker
 if TYPE_CHECKING:
     from pytorch_accel._checkpointing.resume import ResumableLoader
     from pytorch_accel.failing_batches import FailingBatchGuard
+    from pytorch_accel.micro_batches import MicroBatchSplitter
 
 __all__ = ["TrainerState"]
 
@@ -64,6 +65,9 @@ class TrainerState:
             whose ``batch_output`` carries ``num_items``.
         logged: What ``Trainer.log`` logged in the current epochs and logging intervals.
         failing_batches: The guard of ``train(skip_failing_batches=...)``, if asked for.
+        micro_batches: The splitter of ``train(on_oom="split")`` (or of a batch-size search's
+            trial), if asked for.
+        probing: Whether ``train()`` runs a trial of the batch-size search.
         eval_metric_name: The run-history name of the current eval epoch's mean loss.
         eval_limit: The most batches of the current eval epoch (a sanity check), or ``None``.
         chosen_rates: The learning rates the user chose, kept across runs (``auto_scale_lr``).
@@ -96,6 +100,8 @@ class TrainerState:
         self.item_weighting = ItemWeighting()
         self.logged = LoggedMetrics()
         self.failing_batches: FailingBatchGuard | None = None
+        self.micro_batches: MicroBatchSplitter | None = None
+        self.probing = False
         self.eval_metric_name = "eval_loss_epoch"
         self.eval_limit: int | None = None
         self.chosen_rates = ChosenRates()
