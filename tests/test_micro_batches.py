@@ -90,7 +90,7 @@ def max_difference(first: nn.Module, second: nn.Module) -> float:
     [
         (1, False, 1),  # the first step, in the forward pass
         (1, True, 3),  # a later step, half-way through the backward pass
-        (3, True, 5),  # the second step of a window: its earlier gradients are kept
+        (3, True, 6),  # the second step of a window: its earlier gradients are kept
         (3, False, 4),  # the first step of the second window
     ],
 )
