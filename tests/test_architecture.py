@@ -86,7 +86,8 @@ LAYER_ROLES = {
         "and saving and loading checkpoints and training states. The checks of the entry "
         "points' arguments and data (`_entry_checks`, with `train()`'s arguments as one typed "
         "`TrainArguments`); dry and overfit runs (`dry_run`, redirecting each callback's files "
-        "through its `redirect_outputs`); every pytorch-accelerated name of the trainer module "
+        "through its `redirect_outputs`); the batch-size search, trials in a dry run's "
+        "surroundings (`batch_size_search`); every pytorch-accelerated name of the trainer module "
         "and of `Trainer` (`_compat`)."
     ),
     "loop": (
@@ -96,7 +97,8 @@ LAYER_ROLES = {
         "accelerate prepares, and each run's dataloaders, built through the trainer's hooks "
         "(`preparation`); saving, loading and resuming training states "
         "(`_checkpointing.training_state`, `_checkpointing.resume`); the run set-up `train()` "
-        "applies before the loop (`run_setup`: seeding, determinism, scaling the learning rate)."
+        "applies before the loop (`run_setup`: seeding, determinism, scaling the learning rate); "
+        "more micro-batches of the same total on out-of-memory (`micro_batches`)."
     ),
     "core": (
         "The concepts everything else is built from: `StopTrainingError`, the event names, the "
