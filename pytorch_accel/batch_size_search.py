@@ -182,10 +182,15 @@ def _trial(
 ) -> bool:
     """Whether ``steps`` training steps at batch size ``size`` fit; everything put back."""
     state = trainer._state
+    try:
+        len(train_dataset)
+        length: dict[str, int] = {"num_epochs": 1}
+    except TypeError:  # a stream: counted in updates
+        length = {"max_num_train_steps": steps}
     with trial_run(trainer, steps):
         state.probing = True
         try:
-            trainer.train(train_dataset, num_epochs=1, per_device_batch_size=size, **train_kwargs)
+            trainer.train(train_dataset, per_device_batch_size=size, **length, **train_kwargs)
         except BatchDoesNotFitError:
             return False
         finally:

@@ -23,7 +23,7 @@ def make(limit: int) -> Trainer:
 
 @pytest.mark.parametrize(
     ("mode", "limit", "found"),
-    [("power", 37, 32), ("binsearch", 37, 37), ("power", 1_000, 128), ("binsearch", 3, 3)],
+    [("power", 37, 32), ("binsearch", 37, 37), ("binsearch", 3, 3)],
 )
 def test_the_search_finds_the_largest_batch_that_fits(mode: str, limit: int, found: int) -> None:
     trainer = make(limit)
@@ -109,3 +109,11 @@ def test_bad_search_arguments_are_refused(
 ) -> None:
     with pytest.raises(error, match=match):
         make(8).find_batch_size(make_regression_dataset(64), **kwargs)
+
+
+def test_a_stream_is_searched_in_updates() -> None:
+    class Stream(torch.utils.data.IterableDataset[Any]):
+        def __iter__(self) -> Any:
+            yield from make_regression_dataset(256)
+
+    assert make(20).find_batch_size(Stream(), max_batch_size=64, mode="binsearch") == 20
