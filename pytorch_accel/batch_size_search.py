@@ -184,7 +184,7 @@ def _trial(
     state = trainer._state
     try:
         len(train_dataset)
-        length: dict[str, int] = {"num_epochs": 1}
+        length: dict[str, Any] = {"num_epochs": 1}
     except TypeError:  # a stream: counted in updates
         length = {"max_num_train_steps": steps}
     with trial_run(trainer, steps):
