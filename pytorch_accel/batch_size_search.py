@@ -18,11 +18,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from accelerate.utils import find_executable_batch_size
+from accelerate.utils.memory import clear_device_cache
 
 from pytorch_accel._checks import check_positive_int, fail
 from pytorch_accel.dry_run import trial_run
 from pytorch_accel.logging_setup import get_logger
-from pytorch_accel.micro_batches import BatchDoesNotFitError
+from pytorch_accel.micro_batches import BatchDoesNotFitError, is_out_of_memory
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer
@@ -191,8 +192,14 @@ def _trial(
         state.probing = True
         try:
             trainer.train(train_dataset, per_device_batch_size=size, **length, **train_kwargs)
-        except BatchDoesNotFitError:
-            return False
+        except Exception as error:  # BatchDoesNotFitError, or out of memory outside the steps
+            if not is_out_of_memory(error):
+                raise
+            fitted = False
+        else:
+            fitted = True
         finally:
             state.probing = False
-    return True
+    if not fitted:
+        clear_device_cache(garbage_collection=True)
+    return fitted

@@ -117,3 +117,16 @@ def test_a_stream_is_searched_in_updates() -> None:
             yield from make_regression_dataset(256)
 
     assert make(20).find_batch_size(Stream(), max_batch_size=64, mode="binsearch") == 20
+
+
+def test_out_of_memory_in_the_optimizer_step_counts_as_not_fitting() -> None:
+    trainer = make(1_000)
+    rows: list[int] = []
+    trainer.model.register_forward_pre_hook(lambda module, args: rows.append(args[0].shape[0]))
+
+    def step(closure: Any = None) -> None:
+        if rows[-1] > 24:
+            raise torch.OutOfMemoryError("CUDA out of memory. (the optimizer's state)")
+
+    trainer.optimizer.step = step  # type: ignore[method-assign]
+    assert trainer.find_batch_size(make_regression_dataset(64), mode="binsearch") == 24
