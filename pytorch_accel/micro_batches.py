@@ -4,7 +4,7 @@ Composer's automatic micro-batching, for the trainer's loop. With ``on_oom="spli
 training step runs through a ``MicroBatchSplitter``: the batch the dataloader yields is cut
 along its first dimension into ``splits`` micro-batches (1 at first), each is forwarded and
 back-propagated with its loss scaled by its share of the batch (``rows / batch rows``, or
-weighted by its ``num_items`` in a token-exact run, see ``pytorch_accel._item_weighting``), so
+weighted by its ``num_items`` in a token-exact run, see ``_batches.ItemWeighting``), so
 the gradients add up to the whole batch's. When a step raises out-of-memory
 (``torch.OutOfMemoryError``, or what accelerate's ``should_reduce_batch_size`` recognises: CUDA,
 MPS, XPU or CPU allocator errors), the step's partial gradients are dropped (the window's
