@@ -62,6 +62,7 @@ from pytorch_accel.distributed import AgreedFlag, synchronise_replicas
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.failing_batches import SKIPPED_OUTPUT, is_empty_batch
 from pytorch_accel.run_config import TrainerRunConfig
+from pytorch_accel.schedulers.stepping import SchedulerStepping
 from pytorch_accel.tracking import (
     BATCH_OUTPUT_KEYS,
     TRAIN_LOSS_NAME,
@@ -127,6 +128,9 @@ class Loop:
         trainer = self._trainer
         state.item_weighting.start_run(trainer.accelerator.num_processes, trainer.device)
         state.logged.reset()
+        state.scheduler_stepping = SchedulerStepping.of(
+            trainer.scheduler, trainer.create_scheduler_fn, state.eval_dataloaders
+        )
         try:
             self._entry_point("Trainer.train", "training_run", self._epochs)
         finally:
@@ -160,6 +164,8 @@ class Loop:
         if evaluated:
             self.evaluate_in_run("eval_loss_epoch")
         evaluated = evaluated or not state.eval_dataloaders  # False: skipped
+        if trainer.scheduler is not None and state.scheduler_stepping.steps_after_epoch(evaluated):
+            trainer.scheduler_step()  # an epoch-stepped scheduler; before a save at the end
         state.savable = "epoch"
         try:
             self._fire("on_training_run_epoch_end", {"evaluated": evaluated}, hooked=True)
@@ -320,7 +326,8 @@ class Loop:
         self.state.num_updates += 1
         if "on_optimizer_step_end" in handler.active_events:
             self._fire("on_optimizer_step_end", {})
-        if trainer.scheduler is not None and not self._step_was_skipped():
+        stepped = trainer.scheduler is not None and self.state.scheduler_stepping.steps_per_update
+        if stepped and not self._step_was_skipped():
             trainer.scheduler_step()
         trainer.optimizer_zero_grad()
 

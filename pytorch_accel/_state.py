@@ -40,6 +40,7 @@ from pytorch_accel._checkpointing.resume import (
 from pytorch_accel.dataloaders import default_dataloader_kwargs, loader_settings, named_eval_sets
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.run_config import ChosenRates, RunSetup, TrainerRunConfig, create_run_config
+from pytorch_accel.schedulers.stepping import SchedulerStepping
 from pytorch_accel.tracking import LoggedMetrics, LossTracker
 
 if TYPE_CHECKING:
@@ -130,6 +131,7 @@ class TrainerState:
         self.eval_metric_name = "eval_loss_epoch"
         self.eval_limit: int | None = None
         self.chosen_rates = ChosenRates()
+        self.scheduler_stepping = SchedulerStepping()  # the run's, set when the loop starts
 
     @property
     def eval_dataloader(self) -> DataLoader[Any] | None:

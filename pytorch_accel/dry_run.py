@@ -3,7 +3,9 @@
 A dry run calls ``train()`` again for one short epoch (a few batches of training and
 evaluation, every callback enabled), with a fresh run history and every callback's files
 redirected into a temporary directory (each callback says where it writes through
-``TrainerCallback.redirect_outputs``), then saves a training state there and loads it back.
+``TrainerCallback.redirect_outputs``; with ``Trainer(output_dir=...)``, ``trainer.run_dir`` is
+a directory inside it meanwhile, and no run directory is chosen or created), then saves a
+training state there and loads it back.
 Afterwards the model, optimizer, scheduler, run history, random states and callback outputs
 are put back and the directory is deleted, so nothing of the user's (checkpoints, states,
 records, history, weights) changes.
@@ -100,6 +102,7 @@ def trial_run(trainer: Trainer, num_batches: int) -> Iterator[Path]:
     with contextlib.ExitStack() as stack:
         stack.enter_context(_kept_as_it_was(trainer))
         directory = stack.enter_context(_temporary_directory(trainer))
+        stack.enter_context(trainer._run_directory.set_aside(directory / "run", callbacks))
         stack.enter_context(redirected_outputs(callbacks, directory / "callbacks"))
         trainer.dry_run_dir = directory
         trainer.run_history = InMemoryRunHistory()
