@@ -219,7 +219,7 @@ class Loop:
             state.savable = None
 
     def _train_step(self, plan: AccumulationPlan, batch: Any, step: int) -> dict[str, Any]:
-        state, guard = self.state, self.state.failing_batches
+        state, guard = self.state, self.state.failing_batches or self.state.micro_batches
         scale = 1.0 if plan.steps == 1 else plan.loss_scale(step)
         # a pass of unknown length (a stream) ends its last window where the data ends
         ends_window = (
@@ -246,6 +246,10 @@ class Loop:
     def _forward_backward(self, batch: Any, scale: float) -> dict[str, Any]:
         """Compute the batch's loss, track it, and back-propagate it scaled by ``scale``."""
         trainer, guard = self._trainer, self.state.failing_batches
+        if self.state.micro_batches is not None:  # on_oom="split": micro-batch by micro-batch
+            batch_output = self.state.micro_batches.run(trainer, self, batch, scale)
+            self._track(batch_output)
+            return batch_output
         if guard is None:
             batch_output = check_batch_output(
                 trainer.calculate_train_batch_loss(batch), "calculate_train_batch_loss"
@@ -258,30 +262,35 @@ class Loop:
             if guarded is None:
                 return dict(SKIPPED_OUTPUT)
             batch_output = guarded
-        loss, num_items = batch_output["loss"], batch_output.get("num_items")
-        weighting = self.state.item_weighting
-        if num_items is not None or weighting.in_use:  # token-exact: weighted by num_items
-            scaled = loss * weighting.weight(num_items, self.state.step, self.state.epoch_index)
-        else:
-            if weighting.in_use is None:  # the run's first batch: not weighted
-                weighting.start_unweighted(batch_output)
-            scaled = loss if scale == 1.0 else loss * scale
+        state = self.state
+        scaled = state.item_weighting.scaled_loss(
+            batch_output, scale, state.step, state.epoch_index
+        )
+        self._track(batch_output)
+        self.backward(batch_output["loss"], scaled)
+        return batch_output
+
+    def _track(self, batch_output: dict[str, Any]) -> None:
+        """Track a step's loss (by ``num_items`` or batch size) and its extra logged scalars."""
+        num_items = batch_output.get("num_items")
         self.state.train_loss_tracker.update(
-            loss, batch_output["batch_size"] if num_items is None else num_items
+            batch_output["loss"], batch_output["batch_size"] if num_items is None else num_items
         )
         if batch_output.keys() - BATCH_OUTPUT_KEYS:  # a loss's components: logged
-            self.state.logged.log_batch_output(batch_output, trainer.device)
-        handler = trainer.callback_handler  # an event nobody listens to costs one set look-up
+            self.state.logged.log_batch_output(batch_output, self._trainer.device)
+
+    def backward(self, loss: torch.Tensor, scaled: torch.Tensor) -> None:
+        """Back-propagate ``scaled`` (``loss``, weighted by the loop), with the backward events."""
+        handler = self._trainer.callback_handler  # an event nobody listens to: one set look-up
         if "on_backward_start" in handler.active_events:
             self._fire("on_backward_start", {})
         try:
-            trainer.backward_step(scaled)
+            self._trainer.backward_step(scaled)
         except (AttributeError, RuntimeError) as error:  # checked only once it failed
             explain_backward_failure(loss, "calculate_train_batch_loss", error)
             raise
         if "on_backward_end" in handler.active_events:
             self._fire("on_backward_end", {})
-        return batch_output
 
     def _refuse_empty_batch(self, batch: Any) -> None:
         """Raise for a batch without samples: its loss is NaN and would poison the weights."""

@@ -46,6 +46,7 @@ __all__ = [
     "run_dry",
     "run_dry_or_overfit",
     "run_overfit",
+    "trial_run",
 ]
 
 DRY_RUN_BATCHES = 2
@@ -71,28 +72,43 @@ def run_dry_or_overfit(trainer: Trainer, arguments: TrainArguments) -> bool:
 def run_dry(trainer: Trainer, arguments: TrainArguments) -> None:
     """Run ``train()`` with ``arguments`` as a dry run, leaving nothing of the user's changed."""
     num_batches = DRY_RUN_BATCHES if arguments.dry_run is True else int(arguments.dry_run)
+    with trial_run(trainer, num_batches) as directory:
+        settings = dataclasses.replace(
+            arguments,
+            num_epochs=1,
+            resume_from=None,
+            dry_run=False,
+            resume_optimizer=True,
+            resume_scheduler=True,
+        )
+        trainer.train(**settings.as_kwargs())
+        trainer.save_training_state(directory / "training_state")
+        trainer.load_training_state(directory / "training_state")
+        names = trainer.run_history.get_metric_names()
+    get_logger().info(f"Dry run passed: {names} recorded.")
+
+
+@contextlib.contextmanager
+def trial_run(trainer: Trainer, num_batches: int) -> Iterator[Path]:
+    """Run what is inside on a few batches, then put everything of the user's back.
+
+    Inside, the trainer trains and evaluates at most ``num_batches`` batches per epoch, with a
+    fresh run history and every callback's files redirected into a temporary directory (which
+    it yields); on exit the weights, optimizer, scheduler, run history, limits and random
+    states are put back as they were and the directory is deleted. Dry runs and the trials
+    of the batch-size search run in it.
+    """
     callbacks = trainer.callback_handler.callbacks
-    with _kept_as_it_was(trainer), _temporary_directory(trainer) as directory:
-        with (
-            trainer._run_directory.set_aside(directory / "run", callbacks),
-            redirected_outputs(callbacks, directory / "callbacks"),
-        ):
-            trainer.dry_run_dir = directory
-            trainer.run_history = InMemoryRunHistory()
-            trainer.limit_train_batches = _lowest(trainer.limit_train_batches, num_batches)
-            trainer.limit_eval_batches = _lowest(trainer.limit_eval_batches, num_batches)
-            settings = dataclasses.replace(
-                arguments,
-                num_epochs=1,
-                resume_from=None,
-                dry_run=False,
-                resume_optimizer=True,
-                resume_scheduler=True,
-            )
-            trainer.train(**settings.as_kwargs())
-            trainer.save_training_state(directory / "training_state")
-            trainer.load_training_state(directory / "training_state")
-        get_logger().info(f"Dry run passed: {trainer.run_history.get_metric_names()} recorded.")
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_kept_as_it_was(trainer))
+        directory = stack.enter_context(_temporary_directory(trainer))
+        stack.enter_context(trainer._run_directory.set_aside(directory / "run", callbacks))
+        stack.enter_context(redirected_outputs(callbacks, directory / "callbacks"))
+        trainer.dry_run_dir = directory
+        trainer.run_history = InMemoryRunHistory()
+        trainer.limit_train_batches = _lowest(trainer.limit_train_batches, num_batches)
+        trainer.limit_eval_batches = _lowest(trainer.limit_eval_batches, num_batches)
+        yield directory
 
 
 def run_overfit(trainer: Trainer, arguments: TrainArguments) -> None:
@@ -132,7 +148,7 @@ def redirected_outputs(callbacks: list[Any], directory: Path) -> Iterator[None]:
 def _kept_as_it_was(trainer: Trainer) -> Iterator[None]:
     """Put back the weights, optimizer, scheduler, history, limits and random states."""
     model_state = _to_cpu(_bare_model(trainer).state_dict())
-    optimizer_state = copy.deepcopy(trainer.optimizer.state_dict())
+    optimizer_state = _copied_to_cpu(trainer.optimizer.state_dict())  # no device memory
     kept = (trainer.scheduler, trainer.run_history, trainer.limit_train_batches)
     chosen_rates = trainer._state.chosen_rates
     run_updates = trainer._state.global_num_updates
@@ -179,6 +195,17 @@ def _to_cpu(state: Mapping[str, Any]) -> dict[str, Any]:
         key: value.detach().to("cpu", copy=True) if isinstance(value, torch.Tensor) else value
         for key, value in state.items()
     }
+
+
+def _copied_to_cpu(value: Any) -> Any:
+    """A deep copy of ``value`` with every tensor copied to the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {key: _copied_to_cpu(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_copied_to_cpu(item) for item in value)
+    return copy.deepcopy(value)
 
 
 def _random_states() -> tuple[Any, ...]:
