@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DRY_RUN_BATCHES",
+    "Snapshot",
     "redirected_outputs",
     "run_dry",
     "run_dry_or_overfit",
@@ -144,28 +145,97 @@ def redirected_outputs(callbacks: list[Any], directory: Path) -> Iterator[None]:
         yield
 
 
+@dataclasses.dataclass
+class Snapshot:
+    """What a trial changes in a trainer, copied before it and put back after it, exactly.
+
+    The one way the package puts a trainer back: dry runs, the trials of the batch-size search
+    and the learning-rate sweep all run inside ``Snapshot.taken``. Weights and optimizer state
+    are copied to the CPU (no device memory); gradients stay where they are.
+
+    Attributes:
+        model: The bare model's state dict (weights and buffers), on the CPU.
+        optimizer: The optimizer's state dict (state and parameter groups), on the CPU.
+        scheduler: The trainer's scheduler object (``train()`` replaces it).
+        scheduler_state: That scheduler's state dict, if it has one.
+        scaler: The gradient scaler's state dict, with fp16 mixed precision.
+        grads: Each parameter's gradient, cloned (or ``None``).
+        modes: Each module's ``training`` flag.
+        random: The Python, NumPy, torch and CUDA random states.
+    """
+
+    model: dict[str, Any]
+    optimizer: dict[str, Any]
+    scheduler: Any
+    scheduler_state: dict[str, Any] | None
+    scaler: dict[str, Any] | None
+    grads: list[torch.Tensor | None]
+    modes: list[bool]
+    random: tuple[Any, ...]
+
+    @classmethod
+    def take(cls, trainer: Trainer) -> Snapshot:
+        """Copy what a trial may change in ``trainer``."""
+        model, scheduler, scaler = (
+            _bare_model(trainer),
+            trainer.scheduler,
+            trainer.accelerator.scaler,
+        )
+        state_dict = getattr(scheduler, "state_dict", None)
+        return cls(
+            model=_to_cpu(model.state_dict()),
+            optimizer=_copied_to_cpu(trainer.optimizer.state_dict()),
+            scheduler=scheduler,
+            scheduler_state=None if state_dict is None else copy.deepcopy(state_dict()),
+            scaler=None if scaler is None else copy.deepcopy(scaler.state_dict()),
+            grads=[None if p.grad is None else p.grad.detach().clone() for p in model.parameters()],
+            modes=[module.training for module in model.modules()],
+            random=_random_states(),
+        )
+
+    def restore(self, trainer: Trainer) -> None:
+        """Put everything back in ``trainer``, in place."""
+        model = _bare_model(trainer)
+        with torch.no_grad():
+            model.load_state_dict(self.model)
+        trainer.optimizer.load_state_dict(self.optimizer)
+        trainer.scheduler = self.scheduler
+        if self.scheduler_state is not None:
+            self.scheduler.load_state_dict(self.scheduler_state)
+        if self.scaler is not None:
+            trainer.accelerator.scaler.load_state_dict(self.scaler)
+        for parameter, grad in zip(model.parameters(), self.grads, strict=True):
+            parameter.grad = grad
+        for module, training in zip(model.modules(), self.modes, strict=True):
+            module.training = training
+        _set_random_states(self.random)
+
+    @classmethod
+    @contextlib.contextmanager
+    def taken(cls, trainer: Trainer) -> Iterator[Snapshot]:
+        """Take a snapshot of ``trainer``; put it back when the block ends, however it ends."""
+        snapshot = cls.take(trainer)
+        try:
+            yield snapshot
+        finally:
+            snapshot.restore(trainer)
+
+
 @contextlib.contextmanager
 def _kept_as_it_was(trainer: Trainer) -> Iterator[None]:
     """Put back the weights, optimizer, scheduler, history, limits and random states."""
-    model_state = _to_cpu(_bare_model(trainer).state_dict())
-    optimizer_state = _copied_to_cpu(trainer.optimizer.state_dict())  # no device memory
-    kept = (trainer.scheduler, trainer.run_history, trainer.limit_train_batches)
+    kept = (trainer.run_history, trainer.limit_train_batches, trainer.limit_eval_batches)
     chosen_rates = trainer._state.chosen_rates
     run_updates = trainer._state.global_num_updates
-    limit_eval = trainer.limit_eval_batches
-    random_states = _random_states()
     try:
-        yield
+        with Snapshot.taken(trainer):
+            yield
     finally:
         trainer.dry_run_dir = None
-        _bare_model(trainer).load_state_dict(model_state)
-        trainer.optimizer.load_state_dict(optimizer_state)
         trainer._state.chosen_rates = chosen_rates.moved_to(trainer.optimizer)
         # num_updates tells the dry run's updates, as before; the run's count is as it was
         trainer._state.updates_before = run_updates - trainer._state.num_updates
-        trainer.scheduler, trainer.run_history, trainer.limit_train_batches = kept
-        trainer.limit_eval_batches = limit_eval
-        _set_random_states(random_states)
+        trainer.run_history, trainer.limit_train_batches, trainer.limit_eval_batches = kept
 
 
 @contextlib.contextmanager
