@@ -193,3 +193,32 @@ def test_on_cuda_the_origin_is_the_same() -> None:
         "the loss was nan in epoch 1 after 3 updates, on process 0: first non-finite output: "
         "gate (Log), 1 of 8 values NaN; the batch is finite"
     )
+
+
+class GatedModelOutOfMemoryAbove(GatedModel):
+    """``GatedModel``, which "runs out of memory" on batches of more than 4 rows."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > 4:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. ({x.shape[0]} rows, simulated)")
+        return super().forward(x)
+
+
+def test_a_batch_split_into_micro_batches_reports_the_micro_batch() -> None:
+    model = GatedModelOutOfMemoryAbove()
+    callback = TerminateOnNaNCallback(report_origin=True)
+    trainer = Trainer(
+        model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.01), callbacks=(callback,)
+    )
+    with pytest.warns(RuntimeWarning):
+        trainer.train(
+            gated_dataset(bad_sample=27),
+            num_epochs=1,
+            per_device_batch_size=8,
+            train_dataloader_kwargs={"shuffle": False},
+            on_oom="split",
+        )
+    assert callback.origin == (
+        "the loss was nan in epoch 1 after 3 updates, on process 0: first non-finite output: "
+        "gate (Log), 1 of 4 values NaN; the batch is finite"
+    )
