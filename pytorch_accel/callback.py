@@ -183,6 +183,18 @@ class TrainerCallback:
     def on_stop_training_error(self, trainer: Trainer, **kwargs: Any) -> None:
         """Called when a ``StopTrainingError`` stopped the run (kwarg ``error``)."""
 
+    def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
+        """Called once when an exception escapes ``train()``, ``evaluate()`` or ``predict()``.
+
+        Fired on the process where it was raised, before it propagates, for any ``Exception``
+        and for ``KeyboardInterrupt`` (Ctrl-C), not for ``StopTrainingError`` (a normal stop)
+        nor ``SystemExit``. The run's end events do not fire then: close what the callback
+        holds open here (files, trackers, progress bars). ``kwargs``: ``where``, the entry
+        point (``"train"``, ``"evaluate"`` or ``"predict"``). Other processes may not have
+        failed, so it must not call collectives; an error it raises is logged, and the
+        original exception propagates.
+        """
+
 
 @contextlib.contextmanager
 def redirected_paths(owner: object, directory: Path, *names: str) -> Iterator[None]:

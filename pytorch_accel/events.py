@@ -96,6 +96,14 @@ after a stop raised before its end, so ``on_train_step_end`` only fires for step
 an output; an update not yet taken is dropped. ``on_training_run_epoch_end`` fires only for
 completed epochs.
 
+When an exception other than ``StopTrainingError`` escapes ``train()``, ``evaluate()`` or
+``predict()`` (an error, or ``KeyboardInterrupt`` on Ctrl-C), no further event of the run
+fires: ``on_exception`` fires once, with ``exception`` and ``where`` (``"train"``,
+``"evaluate"`` or ``"predict"``), on the process where it was raised, and the exception
+propagates. It is the place to close files and trackers; it must not call collectives (the
+other processes may not have failed). ``SystemExit`` (raised after a preemption save) does
+not fire it: that run ended through its stop events.
+
 A stop raised in ``on_train_step_end`` of the second batch (no accumulation) ends the run
 with:
 
@@ -141,6 +149,7 @@ BUILTIN_EVENTS: tuple[str, ...] = (
     "on_predict_step_end",
     "on_predict_run_end",
     "on_stop_training_error",
+    "on_exception",
 )
 """Every event the trainer fires, roughly in the order of a training run."""
 

@@ -6,18 +6,27 @@ re-exports it as ``pytorch_accel.callbacks.CallbackHandler``.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import functools
 import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, NoReturn
+from typing import Any, NoReturn, ParamSpec, TypeVar
 
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.events import BUILTIN_EVENTS
+from pytorch_accel.logging_setup import get_logger
 
-__all__ = ["CallbackHandler", "CallbackLike"]
+__all__ = ["CallbackHandler", "CallbackLike", "announces_exceptions"]
 
 CallbackLike = TrainerCallback | type[TrainerCallback]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_ANNOUNCED = "_pytorch_accel_announced"
+"""The attribute that marks an exception whose ``on_exception`` has fired."""
 
 
 class CallbackHandler:
@@ -160,6 +169,29 @@ class CallbackHandler:
         """
         self.dispatch(event, args, kwargs)
 
+    def announce_exception(self, trainer: Any, exception: BaseException, where: str) -> None:
+        """Fire ``on_exception`` once for ``exception``, escaping the entry point ``where``.
+
+        An exception that already passed here (from an ``evaluate()`` called inside
+        ``train()``) is not announced again. Every listener gets it: an error a listener
+        raises is logged with its traceback and the next listener is called, so the original
+        exception is never hidden (the caller re-raises it).
+        """
+        if getattr(exception, _ANNOUNCED, False):
+            return
+        with contextlib.suppress(AttributeError):  # an exception class without a __dict__
+            setattr(exception, _ANNOUNCED, True)
+        for listener in self._listeners.get("on_exception", ()):
+            try:
+                listener(trainer, exception=exception, where=where)
+            except Exception:  # logged: the original exception is what propagates
+                get_logger().exception(
+                    "%s raised while handling %s from %s(); the original exception propagates",
+                    getattr(listener, "__qualname__", listener),
+                    type(exception).__name__,
+                    where,
+                )
+
     def dispatch(
         self, event: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]
     ) -> StopTrainingError | None:
@@ -280,6 +312,32 @@ class CallbackHandler:
             for event in getattr(callback, "agreed_stop_events", ())
             if _overrides(callback, event)
         )
+
+
+def announces_exceptions(method: Callable[P, R]) -> Callable[P, R]:
+    """Fire ``on_exception`` when an exception escapes a trainer's entry point ``method``.
+
+    For ``Trainer.train``, ``evaluate`` and ``predict``: any ``Exception`` and
+    ``KeyboardInterrupt``, once (see ``CallbackHandler.announce_exception``), then it
+    propagates unchanged. ``StopTrainingError`` (a normal stop) and ``SystemExit`` (the exit
+    after a preemption save, which ended the run through its stop events) are not announced.
+    """
+    where = method.__name__
+
+    @functools.wraps(method)
+    def announcing(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(*args, **kwargs)
+        except (StopTrainingError, SystemExit, GeneratorExit):
+            raise
+        except BaseException as exception:  # an error, or KeyboardInterrupt (Ctrl-C)
+            trainer = args[0]
+            handler = getattr(trainer, "callback_handler", None)
+            if isinstance(handler, CallbackHandler):
+                handler.announce_exception(trainer, exception, where)
+            raise
+
+    return announcing
 
 
 def _overrides(callback: object, event: str) -> bool:

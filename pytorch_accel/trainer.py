@@ -34,7 +34,7 @@ from pytorch_accel.distributed import apply_fsdp_request, needs_cpu_distributed
 from pytorch_accel.dry_run import run_dry_or_overfit
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.failing_batches import SkipFailingBatches
-from pytorch_accel.handler import CallbackHandler, CallbackLike
+from pytorch_accel.handler import CallbackHandler, CallbackLike, announces_exceptions
 from pytorch_accel.placeholders import (
     TrainerPlaceholderValues,
     check_resolved,
@@ -198,10 +198,7 @@ class Trainer:
 
     @property
     def eval_dataloader(self) -> DataLoader[Any] | None:
-        """The prepared eval dataloader of the current run, if any.
-
-        With several named eval sets: that of the set being evaluated, else the first set's.
-        """
+        """The current run's prepared eval dataloader (of the set being evaluated, or the first)."""
         return self._state.eval_dataloader
 
     @property
@@ -213,8 +210,7 @@ class Trainer:
     def eval_set(self) -> str | None:
         """The name of the eval set being evaluated (``None``: the unnamed one, or none).
 
-        Callbacks read it at the eval step events; the eval epoch events also receive it as
-        ``eval_set``.
+        For the eval step events; the eval epoch events also receive it as ``eval_set``.
         """
         return self._state.eval_set
 
@@ -270,8 +266,8 @@ class Trainer:
     def grad_norm(self) -> torch.Tensor | None:
         """The total gradient norm of the last update, before clipping, as a device tensor.
 
-        Set when ``train(max_grad_norm=...)`` clips by norm (``None`` otherwise). Reading its
-        value (``.item()``) synchronises with the device, so log it at an interval.
+        Set when ``train(max_grad_norm=...)`` clips by norm (else ``None``); reading it
+        (``.item()``) waits for the device: log it at an interval.
         """
         return self._state.grad_norm
 
@@ -280,6 +276,7 @@ class Trainer:
         """What ``log`` logged (step-logging callbacks open their intervals on it)."""
         return self._state.logged
 
+    @announces_exceptions
     @checks.suggest_arguments
     def train(
         self,
@@ -430,6 +427,7 @@ class Trainer:
         resume = None if resume_from is None else self._states.resume_point(resume_from, parts)
         self._loop.train(resume)
 
+    @announces_exceptions
     @checks.suggest_arguments
     def evaluate(
         self,
@@ -439,6 +437,7 @@ class Trainer:
         collate_fn: Callable[..., Any] | None = None,
         *,
         metric_prefix: str = "evaluation_",
+        skip_failing_batches: int | SkipFailingBatches | None = None,
     ) -> dict[str, Any]:
         """Evaluate the model once on ``dataset``; return what was recorded, by name.
 
@@ -456,21 +455,15 @@ class Trainer:
             collate_fn: The collate function of the dataloader.
             metric_prefix: Prepended to the names of everything recorded (``"test_"``: the
                 loss is ``test_loss``).
+            skip_failing_batches: As in ``train()``, per eval epoch (``skipped_batches``).
 
         Returns:
             The latest value of every metric recorded by this evaluation, by its run-history
             name: floats, or lists for metrics with several values.
         """
         dataset = self.eval_dataset if dataset is None else dataset
-        checks.check_evaluate_arguments(
-            self,
-            Trainer,
-            dataset,
-            per_device_batch_size,
-            dataloader_kwargs,
-            collate_fn,
-            metric_prefix,
-        )
+        arguments = (dataset, per_device_batch_size, dataloader_kwargs, collate_fn, metric_prefix)
+        checks.check_evaluate_arguments(self, Trainer, *arguments)
         self.collate_fn, self._train_dl_kwargs = collate_fn, {}
         batch_size = per_device_batch_size or 8
         self._preparation.prepare(
@@ -487,9 +480,10 @@ class Trainer:
         history, cursor = self.run_history, MetricCursor()
         cursor.skip_to_end(history)
         with history.prefixed(metric_prefix):
-            self._loop.evaluate()
+            self._loop.evaluate(skip_failing_batches)
         return cursor.read_new(history)
 
+    @announces_exceptions
     @checks.suggest_arguments
     def predict(
         self,
@@ -500,6 +494,7 @@ class Trainer:
         *,
         output_device: str | torch.device | None = "cpu",
         keep_outputs: bool = True,
+        skip_failing_batches: int | SkipFailingBatches | None = None,
     ) -> Any:
         """Return the model's outputs for every sample of ``data``, in order, from all processes.
 
@@ -518,6 +513,8 @@ class Trainer:
             keep_outputs: Collect and return the outputs. ``False`` returns ``None``, for
                 outputs too large to keep: a callback's ``on_predict_step_end`` receives each
                 gathered batch (``predictions``) to write out.
+            skip_failing_batches: As in ``train()``; the outputs lack the skipped batches,
+                whose indices ``run_history`` records as ``predict_skipped_batches``.
 
         Returns:
             The outputs concatenated on the first dimension (a tensor, or the structure of one
@@ -536,7 +533,7 @@ class Trainer:
         )
         self._preparation.prepare_model_and_optimizer(self)
         with self._preparation.prepared_for_prediction(loader) as prepared:
-            return self._loop.predict(prepared, output_device, keep_outputs)
+            return self._loop.predict(prepared, output_device, keep_outputs, skip_failing_batches)
 
     def create_scheduler(self) -> Any:
         """Create the scheduler from ``create_scheduler_fn``, resolving its placeholders.
