@@ -69,6 +69,12 @@ SKIPPED_OUTPUT: Mapping[str, Any] = {"skipped": True, "loss": None, "batch_size"
 """The ``batch_output`` that ``on_train_step_end`` and ``on_eval_step_end`` receive for a
 skipped batch."""
 
+_STEP_METHODS = {
+    "training": "calculate_train_batch_loss",
+    "evaluation": "calculate_eval_batch_loss",
+    "prediction": "calculate_predict_batch",
+}
+
 SKIPPED: Any = object()
 """What ``FailingBatchGuard.attempt`` returns for a batch every process skips."""
 
@@ -241,7 +247,7 @@ class FailingBatchGuard:
         if outcome == _STOP:
             raise StopTrainingError("Stopping: another process raised StopTrainingError.")
         raise RuntimeError(
-            f"{self.where}: a {self.kind} step raised on another process an error that "
+            f"{self.where}: {_STEP_METHODS[self.kind]} raised on another process an error that "
             "skip_failing_batches does not skip (see that process's traceback); every process "
             "stops with it."
         )
