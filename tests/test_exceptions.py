@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 from helpers import clone_params, make_model, make_regression_dataset, make_trainer
+from torch import nn
 
 from pytorch_accel import Trainer
 from pytorch_accel.callbacks import (
@@ -201,3 +202,18 @@ def test_without_save_on_interrupt_ctrl_c_interrupts_at_once_and_restores_handle
     assert trainer.num_updates == 2  # interrupted inside the third step
     assert signal.getsignal(signal.SIGTERM) is before
     assert find_training_states(tmp_path / "states") == []  # no final state
+
+
+def test_a_batch_size_search_announces_no_trial_that_ran_out_of_memory() -> None:
+    from test_micro_batches import OutOfMemoryAbove
+
+    seen = Seen()
+    model = OutOfMemoryAbove(37, in_backward=True)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    trainer = Trainer(model, nn.MSELoss(), optimizer, callbacks=(seen,))
+    assert trainer.find_batch_size(make_regression_dataset(128)) == 32  # 64 ran out of memory
+    assert seen.seen == []
+    trainer.callback_handler.add_callback(RaisesAtStep(ValueError("search failed"), at=1))
+    with pytest.raises(ValueError, match="search failed"):  # any other error is announced
+        trainer.find_batch_size(make_regression_dataset(128))
+    assert [(str(e), where) for e, where in seen.seen] == [("search failed", "find_batch_size")]
