@@ -746,7 +746,7 @@ class Trainer:
             self.model, keep_torch_compile=keep_torch_compile
         )
 
-    find_lr = find_lr  # the learning-rate range test (pytorch_accel.lr_finder)
+    find_lr = announces_exceptions(find_lr)  # the learning-rate range test (lr_finder)
 
     # ------------------------------------------------------------------------ dataloaders
 

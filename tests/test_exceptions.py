@@ -217,3 +217,17 @@ def test_a_batch_size_search_announces_no_trial_that_ran_out_of_memory() -> None
     with pytest.raises(ValueError, match="search failed"):  # any other error is announced
         trainer.find_batch_size(make_regression_dataset(128))
     assert [(str(e), where) for e, where in seen.seen] == [("search failed", "find_batch_size")]
+
+
+def test_an_error_in_find_lr_is_announced_once() -> None:
+    seen = Seen()
+    error = ValueError("boom in a sweep")
+    trainer = make_trainer(callbacks=(seen,))
+
+    def failing_loss(batch: Any) -> dict[str, Any]:
+        raise error
+
+    trainer.calculate_train_batch_loss = failing_loss  # type: ignore[method-assign]
+    with pytest.raises(ValueError, match="boom in a sweep"):
+        trainer.find_lr(data(), per_device_batch_size=4, num_steps=5)
+    assert seen.seen == [(error, "find_lr")]
