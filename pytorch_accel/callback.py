@@ -245,9 +245,8 @@ class TrainerCallback:
         nor ``SystemExit``. The run's end events do not fire then: close what the callback
         holds open here (files, trackers, progress bars). ``kwargs``: ``where``, the entry
         point (``"train"``, ``"evaluate"``, ``"predict"``, ``"find_lr"``, ``"find_batch_size"``).
-        Other processes may not have
-        failed, so it must not call collectives; an error it raises is logged, and the
-        original exception propagates.
+        Other processes may not have failed, so it must not call collectives; an error it raises
+        is logged, and the original exception propagates.
         """
 
 
