@@ -27,7 +27,8 @@ class ProfilerCallback(TrainerCallback):
     """Profile a scheduled window of training steps; write one trace per process.
 
     A ``torch.profiler.profile`` starts with each training run and stops at its end (also
-    when a ``StopTrainingError`` ends it). It is stepped once per training step (at
+    when a ``StopTrainingError`` ends it, and when an exception or Ctrl-C does: then the
+    recording of the steps so far is written). It is stepped once per training step (at
     ``on_train_step_end``), following ``torch.profiler.schedule``: after ``skip_first``
     steps, ``wait`` steps unrecorded, ``warmup`` steps recorded and thrown away, ``active``
     steps recorded; that cycle ``repeat`` times (``0``: until the run ends). Each recorded
@@ -191,11 +192,15 @@ class ProfilerCallback(TrainerCallback):
                 "ProfilerCallback: operators of the last recorded steps\n%s", self.summary()
             )
 
+    def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
+        """Stop the profiler of a run that failed (or was interrupted); the trace is written."""
+        self.stop_profiler()
+
     def stop_profiler(self) -> None:
         """Stop the profiler if it runs; a cycle still recording is written.
 
-        Called at the end of each training run; call it from an exception handler (or an
-        event on exceptions) to close the trace of a run that failed.
+        Called at the end of each training run, and when an exception ends it
+        (``on_exception``, also for Ctrl-C).
         """
         if self._running and self.profiler is not None:
             self._running = False

@@ -12,7 +12,7 @@ from helpers import make_model, make_regression_dataset
 from host_reads import HostReads
 
 from pytorch_accel import Trainer
-from pytorch_accel.callbacks import ProfilerCallback
+from pytorch_accel.callbacks import ProfilerCallback, TrainerCallback
 
 
 def profiled_steps(path: Path) -> list[int]:
@@ -167,3 +167,29 @@ def test_the_default_directory_follows_the_run_directory(
     assert profiler.trace_files == [Path("runs/a/profiles/rank0.1.pt.trace.json")]
     assert (tmp_path / "runs/a/profiles/rank0.1.pt.trace.json").is_file()
     assert not (tmp_path / "profiles").exists()
+
+
+class FailAtStep(TrainerCallback):
+    def __init__(self, step: int) -> None:
+        self.step, self.steps = step, 0
+
+    def on_train_step_start(self, trainer: Trainer, **kwargs: object) -> None:
+        if self.steps == self.step:
+            raise RuntimeError("the data went away")
+        self.steps += 1
+
+
+def test_a_run_ended_by_an_exception_writes_what_it_recorded(tmp_path: Path) -> None:
+    profiler = ProfilerCallback(tmp_path, wait=0, warmup=1, active=10)
+    model = make_model()
+    trainer = Trainer(
+        model,
+        torch.nn.MSELoss(),
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        callbacks=(profiler, FailAtStep(4)),
+    )
+    with pytest.raises(RuntimeError, match="the data went away"):
+        trainer.train(make_regression_dataset(80), num_epochs=1, per_device_batch_size=8)
+    (trace,) = profiler.trace_files  # steps 1-3 recorded, and step 4 until it failed
+    assert profiled_steps(trace) == [1, 2, 3, 4]
+    assert profiler.profiler is not None
