@@ -38,6 +38,7 @@ import torch
 from accelerate.data_loader import DataLoaderShard, SkipBatchSampler, skip_first_batches
 from torch import nn
 
+from pytorch_accel._checkpointing.streams import stream_position
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.dataloaders import epoch_batches
 from pytorch_accel.tracking import LossTracker
@@ -344,11 +345,16 @@ def enter_epoch(
     loss_tracker.load_state_dict(resume.rank_state["loss_tracker"], trainer.device)
     trainer.logged_metrics.load_state_dict(resume.rank_state.get("logged"), trainer.device)
     restore_gradients(trainer.model, resume.rank_state["gradients"])
-    if resumable is None:  # replay the pass from its start, dropping the batches done
+    if resumable is None:  # a stream: from its saved position, or replayed from its start
         epoch_states = resume.epoch_states
-        if epoch_states is not None:
+        if epoch_states is not None:  # the draws of the pass's new iterator, as saved
             torch.set_rng_state(epoch_states.cpu)
-        return EpochEntry(resume.position.batches_done, resume.random_states.cpu, replays=True)
+        done, stream = resume.position.batches_done, stream_position(loader)
+        saved = resume.rank_state["loader"].get("stream")
+        if stream is not None and isinstance(saved, dict):
+            stream.resume_at(done, saved["state"])
+            return EpochEntry(done, resume.random_states.cpu)
+        return EpochEntry(done, resume.random_states.cpu, replays=True)
     resumable.randomness.replay = resume.epoch_states
     resumable.skip.skip_batches = resume.position.batches_done
     return EpochEntry(resume.position.batches_done, resume.random_states.cpu, resumable)
