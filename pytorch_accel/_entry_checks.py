@@ -178,7 +178,7 @@ def _check_stateful_dataloader_request(where: str, kwargs: Mapping[Any, Any]) ->
     if not getattr(kwargs.get("dataloader_config"), "use_stateful_dataloader", False):
         return
     try:
-        import torchdata.stateful_dataloader  # noqa: F401
+        import torchdata.stateful_dataloader  # type: ignore[import-untyped]  # noqa: F401
     except ImportError as error:
         raise ImportError(
             f"{where}: accelerator_kwargs asks for torchdata's StatefulDataLoader "

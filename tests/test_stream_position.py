@@ -3,12 +3,11 @@ uninterrupted run, and without loading the batches already trained on."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import importlib.util
-import sys
 
 import pytest
 import torch
