@@ -164,6 +164,9 @@ class TerminateOnNaNCallback(TrainerCallback):
     """
 
     order = -50
+    # the epoch's check reads train_loss_epoch, already the same on every process: they all
+    # stop together, with no exchange of their own (the per-step check reads this process's)
+    agreed_stop_events = frozenset({"on_train_epoch_end"})
 
     def __init__(self, check_every_n_steps: int | None = None) -> None:
         check_positive_int(
