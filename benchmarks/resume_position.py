@@ -108,9 +108,16 @@ def _time_to_first_step(stream: str, length: int, state: Path) -> float:
     return first.at - start
 
 
-def measure(quick: bool) -> dict[str, Any]:
-    """Save a state at each position of each stream, then time resuming each, in rounds."""
-    length, rounds = (2_000, 2) if quick else (20_000, 5)
+def measure(quick: bool, length: int | None = None, rounds: int | None = None) -> dict[str, Any]:
+    """Save a state at each position of each stream, then time resuming each, in rounds.
+
+    Args:
+        quick: A pass of 2,000 samples and 2 rounds instead of 20,000 and 5.
+        length: Samples per pass, instead (for tests).
+        rounds: Rounds, instead.
+    """
+    default_length, default_rounds = (2_000, 2) if quick else (20_000, 5)
+    length, rounds = length or default_length, rounds or default_rounds
     steps = length // BATCH
     directory = Path(tempfile.mkdtemp(prefix="bench-resume-"))
     states = {}
