@@ -41,7 +41,7 @@ from pytorch_accel.failing_batches import SkipFailingBatches, skip_policy
 from pytorch_accel.tracking import RunHistory
 
 if TYPE_CHECKING:
-    from pytorch_accel.preparation import Preparation
+    from pytorch_accel._state import Preparation
     from pytorch_accel.run_config import TrainerRunConfig
     from pytorch_accel.trainer import Trainer
 

@@ -32,8 +32,7 @@ from torch.utils.data import Subset
 
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.distributed import main_process_object
-from pytorch_accel.logging_setup import get_logger
-from pytorch_accel.tracking import InMemoryRunHistory
+from pytorch_accel.tracking import InMemoryRunHistory, get_logger
 
 if TYPE_CHECKING:
     from pytorch_accel._entry_checks import TrainArguments

@@ -10,14 +10,13 @@ below it.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -25,29 +24,26 @@ from pytorch_accel import _entry_checks as checks
 from pytorch_accel._batches import dict_batch_loss, inputs_and_targets, predictions_of
 from pytorch_accel._checkpointing.checkpoint import restore_checkpoint, write_checkpoint
 from pytorch_accel._checkpointing.training_state import TrainingStateIO
+from pytorch_accel._compat import DefaultCallbacks, with_ported_attributes
 from pytorch_accel._compat import trainer_module_attribute as __getattr__  # noqa: F401
-from pytorch_accel._compat import with_ported_attributes
 from pytorch_accel._loop import Loop
-from pytorch_accel._state import TrainerState
+from pytorch_accel._state import Preparation, TrainerState
+from pytorch_accel.callback import CallbackHandler, CallbackLike
 from pytorch_accel.dataloaders import merge_dataloader_kwargs
-from pytorch_accel.distributed import apply_fsdp_request, needs_cpu_distributed
+from pytorch_accel.distributed import apply_fsdp_request, create_accelerator
 from pytorch_accel.dry_run import run_dry_or_overfit
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.failing_batches import SkipFailingBatches
-from pytorch_accel.handler import CallbackHandler, CallbackLike
 from pytorch_accel.placeholders import (
     TrainerPlaceholderValues,
     check_resolved,
     replace_trainer_placeholder_values,
 )
-from pytorch_accel.preparation import Preparation
-from pytorch_accel.run_config import TrainerRunConfig
-from pytorch_accel.run_setup import ResumeParts, RunSetup
+from pytorch_accel.run_config import ResumeParts, RunSetup, TrainerRunConfig
 from pytorch_accel.tracking import (
     InMemoryRunHistory,
     LoggedMetrics,
     LossTracker,
-    MetricCursor,
     RunHistory,
 )
 
@@ -56,22 +52,6 @@ __all__ = [  # DEFAULT_CALLBACKS and the other ported names: served by __getattr
     "TrainerPlaceholderValues",
     "replace_trainer_placeholder_values",
 ]
-
-
-class _DefaultCallbacks:
-    """``DEFAULT_CALLBACKS``, read when a trainer is created: the default of ``callbacks``.
-
-    The facade reaches the callback catalogue only when a trainer is built (here and in
-    ``Trainer._create_callback_handler``), never when this module is imported.
-    """
-
-    def __iter__(self) -> Iterator[CallbackLike]:
-        from pytorch_accel.callbacks.defaults import DEFAULT_CALLBACKS
-
-        return iter(DEFAULT_CALLBACKS)
-
-    def __repr__(self) -> str:
-        return "DEFAULT_CALLBACKS"
 
 
 @with_ported_attributes
@@ -121,7 +101,7 @@ class Trainer:
         model: nn.Module,
         loss_func: Callable[..., torch.Tensor] | None,
         optimizer: torch.optim.Optimizer,
-        callbacks: Iterable[CallbackLike] = _DefaultCallbacks(),
+        callbacks: Iterable[CallbackLike] = DefaultCallbacks(),
         run_history: RunHistory | None = None,
         *,
         accelerator_kwargs: Mapping[str, Any] | None = None,
@@ -166,20 +146,8 @@ class Trainer:
         return CallbackHandler(with_environment_callbacks(callbacks), events=self.custom_events)
 
     def _create_accelerator(self) -> Accelerator:
-        """Create the accelerator, once per trainer, with ``Trainer(accelerator_kwargs=...)``.
-
-        The default ``Accelerator()`` reads the configuration of ``accelerate config`` and
-        ``accelerate launch`` (processes, mixed precision, FSDP/DeepSpeed plugins). When a
-        launcher started several processes on a machine without GPUs, it is
-        ``Accelerator(cpu=True)``: one gloo process group instead of independent copies.
-        Batches are copied to GPUs without blocking (from the pinned memory the default
-        dataloaders use there), so loading never synchronises the host with the device.
-        """
-        defaults = {
-            "cpu": needs_cpu_distributed(),
-            "dataloader_config": DataLoaderConfiguration(non_blocking=True),
-        }
-        return Accelerator(**{**defaults, **self._accelerator_kwargs})
+        """Create the accelerator, once per trainer (see ``distributed.create_accelerator``)."""
+        return create_accelerator(self._accelerator_kwargs)
 
     @property
     def accelerator(self) -> Accelerator:
@@ -399,8 +367,7 @@ class Trainer:
             overfit_batches=overfit_batches,
         )
         checks.check_train_arguments(self, Trainer, arguments)
-        if arguments.dry_run or arguments.overfit_batches is not None:
-            run_dry_or_overfit(self, arguments)  # train() again, with the run's settings
+        if run_dry_or_overfit(self, arguments):  # train() again, with the run's settings
             return
         setup = RunSetup.from_arguments(arguments)
         setup.apply_randomness(self._accelerator)
@@ -416,13 +383,7 @@ class Trainer:
             train_dataloader_kwargs=self._train_dl_kwargs,
             eval_dataloader_kwargs=self._eval_dl_kwargs,
         )
-        self.run_config = self._preparation.run_config(
-            self.limit_train_batches,
-            (self._train_dl_kwargs, self._eval_dl_kwargs),
-            **arguments.run_settings(),
-        )
-        self.run_config = setup.finish(self.run_config, self.optimizer, self._state.chosen_rates)
-        self._state.failing_batches = setup.failing_batch_guard(self._accelerator.num_processes)
+        self.run_config = self._preparation.training_run_config(self, arguments, setup)
         self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
         self._state.start_counting(continue_run=not reset_run_history)
         self.optimizer.zero_grad()  # a stop inside an accumulation window leaves gradients behind
@@ -471,24 +432,13 @@ class Trainer:
             collate_fn,
             metric_prefix,
         )
-        self.collate_fn, self._train_dl_kwargs = collate_fn, {}
-        batch_size = per_device_batch_size or 8
-        self._preparation.prepare(
-            self,
-            None,
-            self._preparation.build_eval_dataloaders(self, dataset, batch_size, dataloader_kwargs),
-        )
+        self.collate_fn, self._train_dl_kwargs, batch_size = collate_fn, {}, per_device_batch_size
+        self._preparation.prepare_evaluation(self, dataset, batch_size, dataloader_kwargs)
         checks.check_has_batches(
             "Trainer.evaluate", self._preparation, dataloader_kwargs=self._eval_dl_kwargs
         )
-        self.run_config = self._preparation.run_config(
-            None, ({}, self._eval_dl_kwargs), num_epochs=1
-        )
-        history, cursor = self.run_history, MetricCursor()
-        cursor.skip_to_end(history)
-        with history.prefixed(metric_prefix):
-            self._loop.evaluate()
-        return cursor.read_new(history)
+        self.run_config = self._preparation.evaluation_run_config(self._eval_dl_kwargs)
+        return self._loop.evaluate(metric_prefix)
 
     @checks.suggest_arguments
     def predict(

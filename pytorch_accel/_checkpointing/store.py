@@ -38,7 +38,7 @@ from pytorch_accel._checkpointing.files import (
     load_safely,
     read_verified,
 )
-from pytorch_accel.logging_setup import get_logger
+from pytorch_accel.tracking import get_logger
 
 __all__ = [
     "MANIFEST_NAME",

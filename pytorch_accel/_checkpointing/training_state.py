@@ -52,16 +52,16 @@ from pytorch_accel._checkpointing.store import (
 )
 from pytorch_accel._checkpointing.streams import stream_position
 from pytorch_accel._checks import fail
+from pytorch_accel._state import Preparation
 from pytorch_accel.callback import TrainerCallback
-from pytorch_accel.logging_setup import setup_logging
-from pytorch_accel.preparation import Preparation
-from pytorch_accel.run_config import TrainerRunConfig
-from pytorch_accel.run_setup import (
+from pytorch_accel.run_config import (
     ResumeParts,
+    TrainerRunConfig,
     bare_compiled_models,
     optimizer_not_loaded,
     recorded,
 )
+from pytorch_accel.tracking import setup_logging
 
 if TYPE_CHECKING:
     from pytorch_accel._state import TrainerState

@@ -10,7 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pytorch_accel.callback import TrainerCallback, redirected_paths
+    from pytorch_accel.callback import CallbackHandler, TrainerCallback, redirected_paths
     from pytorch_accel.callbacks.defaults import (
         DEFAULT_CALLBACKS,
         LogMetricsCallback,
@@ -46,7 +46,6 @@ if TYPE_CHECKING:
     from pytorch_accel.callbacks.trackers import TrackingCallback
     from pytorch_accel.callbacks.wsd_checkpoint import WSDCheckpointCallback
     from pytorch_accel.errors import CallbackMethodNotImplementedError, StopTrainingError
-    from pytorch_accel.handler import CallbackHandler
 
 __all__ = [
     "DEFAULT_CALLBACKS",
@@ -87,7 +86,7 @@ __all__ = [
 ]
 
 _MODULES = {
-    "CallbackHandler": "pytorch_accel.handler",
+    "CallbackHandler": "pytorch_accel.callback",
     "CallbackMethodNotImplementedError": "pytorch_accel.errors",
     "ConvertSyncBatchNormCallback": "pytorch_accel.callbacks.sync_batchnorm",
     "DEFAULT_CALLBACKS": "pytorch_accel.callbacks.defaults",

@@ -6,7 +6,7 @@ import contextlib
 import numbers
 import os
 from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate.utils import DistributedType
@@ -14,7 +14,7 @@ from accelerate.utils import DistributedType
 from pytorch_accel._checks import check_bool, check_metric_name, check_path, fail
 from pytorch_accel.callback import TrainerCallback, redirected_paths
 from pytorch_accel.callbacks._watch import MetricWatch, resolve_direction
-from pytorch_accel.utils import ModelEma
+from pytorch_accel.utils import EmaPairs, ModelEma
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -25,17 +25,6 @@ __all__ = ["EMA_METRIC_PREFIX", "ModelEmaCallback"]
 
 EMA_METRIC_PREFIX = "ema_model_"
 """The run-history prefix of metrics recorded while the EMA weights are evaluated."""
-
-_Pair = tuple[torch.Tensor, torch.Tensor]  # (EMA tensor, model tensor)
-
-
-class _Binding(NamedTuple):
-    """The EMA tensors paired with the model's, and the lists the update works on."""
-
-    pairs: list[_Pair]
-    float_ema: list[torch.Tensor]
-    float_live: list[torch.Tensor]
-    others: list[_Pair]
 
 
 class ModelEmaCallback(TrainerCallback):
@@ -122,7 +111,7 @@ class ModelEmaCallback(TrainerCallback):
             direction = resolve_direction(where, watch_metric, greater_is_better)
             self._watch = MetricWatch(where, watch_metric, direction)
         self.best_metric: float | None = None
-        self._binding: _Binding | None = None  # bound to the model of the current run
+        self._binding: EmaPairs | None = None  # bound to the model of the current run
 
     def redirect_outputs(self, directory: Path) -> contextlib.AbstractContextManager[None]:
         """Write the EMA weights under ``directory`` meanwhile (for ``train(dry_run=...)``)."""
@@ -182,12 +171,7 @@ class ModelEmaCallback(TrainerCallback):
         """Move the average towards the updated weights (skipped updates are ignored)."""
         if trainer.accelerator.optimizer_step_was_skipped:
             return
-        binding = self._binding or self._bind(trainer)
-        with torch.no_grad():
-            if binding.float_ema:
-                torch._foreach_lerp_(binding.float_ema, binding.float_live, 1.0 - self.decay)
-            for ema_tensor, live_tensor in binding.others:
-                ema_tensor.copy_(live_tensor)
+        (self._binding or self._bind(trainer)).update(self.decay)
         self.num_ema_updates += 1
 
     def on_training_run_epoch_end(
@@ -255,7 +239,7 @@ class ModelEmaCallback(TrainerCallback):
         finally:
             _swap(pairs)
 
-    def _bind(self, trainer: Trainer) -> _Binding:
+    def _bind(self, trainer: Trainer) -> EmaPairs:
         """Pair each EMA tensor with the model's tensor of the same name, on its device."""
         if self._ema is None:
             fail(
@@ -272,14 +256,7 @@ class ModelEmaCallback(TrainerCallback):
             name: self._ema[name].to(tensor.device, tensor.dtype)
             for name, tensor in model_state.items()
         }
-        pairs = [(self._ema[name], tensor) for name, tensor in model_state.items()]
-        floats = [pair for pair in pairs if pair[0].is_floating_point()]
-        self._binding = _Binding(
-            pairs=pairs,
-            float_ema=[ema for ema, _ in floats],
-            float_live=[live for _, live in floats],
-            others=[pair for pair in pairs if not pair[0].is_floating_point()],
-        )
+        self._binding = EmaPairs.of((self._ema[name], t) for name, t in model_state.items())
         return self._binding
 
 
@@ -288,7 +265,7 @@ def _model_state(trainer: Trainer) -> dict[str, torch.Tensor]:
     return trainer.get_model(keep_torch_compile=False).state_dict()
 
 
-def _swap(pairs: list[_Pair]) -> None:
+def _swap(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     """Exchange the contents of each pair in place; undo the ones done if one fails."""
     done = 0
     try:

@@ -23,7 +23,7 @@ from pytorch_accel.callbacks._run_info import (
 )
 from pytorch_accel.callbacks.step_logging import DEFAULT_LOG_EVERY_N_UPDATES
 from pytorch_accel.callbacks.trackers import TrackingCallback
-from pytorch_accel.logging_setup import get_logger, setup_logging
+from pytorch_accel.tracking import get_logger, setup_logging
 
 if TYPE_CHECKING:
     from accelerate.tracking import GeneralTracker

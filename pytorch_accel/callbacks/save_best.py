@@ -17,7 +17,7 @@ from pytorch_accel._checks import (
 )
 from pytorch_accel.callback import TrainerCallback, redirected_paths
 from pytorch_accel.callbacks._watch import MetricWatch, resolve_direction
-from pytorch_accel.logging_setup import get_logger
+from pytorch_accel.tracking import get_logger
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer

@@ -23,7 +23,7 @@ from pytorch_accel._checks import check_bool, check_number, check_path, check_po
 from pytorch_accel.callback import TrainerCallback, redirected_paths
 from pytorch_accel.distributed import AgreedFlag, agreement_group
 from pytorch_accel.errors import StopTrainingError
-from pytorch_accel.logging_setup import get_logger
+from pytorch_accel.tracking import get_logger
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer

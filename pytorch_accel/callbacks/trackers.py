@@ -24,8 +24,7 @@ from pytorch_accel.callbacks._metrics_csv import (
 )
 from pytorch_accel.callbacks.defaults import format_metrics
 from pytorch_accel.callbacks.step_logging import DEFAULT_LOG_EVERY_N_UPDATES, StepLoggingCallback
-from pytorch_accel.logging_setup import get_logger
-from pytorch_accel.tracking import MetricCursor
+from pytorch_accel.tracking import MetricCursor, get_logger
 
 if TYPE_CHECKING:
     from accelerate.tracking import GeneralTracker
