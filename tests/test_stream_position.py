@@ -133,3 +133,15 @@ def test_asking_for_the_stateful_dataloader_without_torchdata_is_a_clear_error(
             torch.optim.SGD(model.parameters(), lr=0.1),
             accelerator_kwargs={"dataloader_config": config},
         )
+
+
+class UnsafeState(PositionedStream):
+    def state_dict(self) -> dict[str, Any]:
+        return {"where": Path("somewhere")}  # not loadable with weights_only=True
+
+
+@pytest.mark.bad_input
+def test_a_stream_position_that_cannot_be_loaded_safely_fails_the_save(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match=r"save_training_state: .*the train dataset's or "):
+        run(UnsafeState(), SaveAtStep(tmp_path / "state", 3))
+    assert not (tmp_path / "state").exists()
