@@ -55,7 +55,7 @@ class PositionedStream(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
 
 
 def run(
-    dataset: PositionedStream,
+    dataset: PositionedStream | CountingMapData,
     *callbacks: TrainerCallback,
     resume_from: Path | None = None,
     stateful: bool = False,
@@ -74,11 +74,10 @@ def run(
     )
     trainer.train(
         dataset,
-        max_num_train_steps=8,
         per_device_batch_size=4,
         gradient_accumulation_steps=2,
         resume_from=resume_from,
-        **kwargs,
+        **{"max_num_train_steps": 8, **kwargs},
     )
     return trainer
 
@@ -145,3 +144,37 @@ def test_a_stream_position_that_cannot_be_loaded_safely_fails_the_save(tmp_path:
     with pytest.raises(TypeError, match=r"save_training_state: .*the train dataset's or "):
         run(UnsafeState(), SaveAtStep(tmp_path / "state", 3))
     assert not (tmp_path / "state").exists()
+
+
+class CountingMapData(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """DATA as a map-style dataset that counts the samples read."""
+
+    def __init__(self) -> None:
+        self.loaded = 0
+
+    def __len__(self) -> int:
+        return len(DATA)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.loaded += 1
+        return DATA[index]
+
+
+@needs_torchdata
+def test_a_map_style_dataset_under_the_stateful_dataloader_still_skips_by_index(
+    tmp_path: Path,
+) -> None:
+    kwargs: dict[str, Any] = {
+        "num_epochs": 3,
+        "max_num_train_steps": None,
+        "train_dataloader_kwargs": {"num_workers": 0},  # counted in this process
+    }
+    uninterrupted = run(CountingMapData(), stateful=True, **kwargs)
+    run(CountingMapData(), SaveAtStep(tmp_path / "state", 8), stateful=True, **kwargs)
+    data = CountingMapData()
+    resumed = run(data, resume_from=tmp_path / "state", stateful=True, **kwargs)
+    for got, expected in zip(
+        clone_params(resumed.model), clone_params(uninterrupted.model), strict=True
+    ):
+        assert torch.equal(got, expected)
+    assert data.loaded == (18 - 8) * 4  # shuffled, 3 epochs of 6 batches: none read twice

@@ -179,9 +179,11 @@ def make_resumable(prepared: Any) -> ResumableLoader | None:
 
     Returns:
         The resumable dataloader and its controls, or ``None`` for dataloaders accelerate does
-        not shard this way (dispatched batches, stateful dataloaders).
+        not shard this way (dispatched batches, streams). Under torchdata's
+        ``StatefulDataLoader`` a map-style dataset is skipped by index too (the rebuilt loader
+        is a plain one): replaying its pass drew another order, the stateful sampler's.
     """
-    if type(prepared) is not DataLoaderShard or prepared.use_stateful_dataloader:
+    if type(prepared) is not DataLoaderShard:
         return None
     rebuilt = skip_first_batches(prepared, 0)
     # Not carried over by skip_first_batches:
