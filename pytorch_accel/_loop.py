@@ -62,6 +62,7 @@ from pytorch_accel.distributed import AgreedFlag, synchronise_replicas
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.failing_batches import SKIPPED_OUTPUT, is_empty_batch
 from pytorch_accel.run_config import TrainerRunConfig
+from pytorch_accel.schedulers.stepping import SchedulerStepping
 from pytorch_accel.tracking import (
     BATCH_OUTPUT_KEYS,
     TRAIN_LOSS_NAME,
@@ -127,6 +128,9 @@ class Loop:
         trainer = self._trainer
         state.item_weighting.start_run(trainer.accelerator.num_processes, trainer.device)
         state.logged.reset()
+        state.scheduler_stepping = SchedulerStepping.of(
+            trainer.scheduler, trainer.create_scheduler_fn, state.eval_dataloaders
+        )
         try:
             self._entry_point("Trainer.train", "training_run", self._epochs)
         finally:
@@ -160,6 +164,8 @@ class Loop:
         if evaluated:
             self.evaluate_in_run("eval_loss_epoch")
         evaluated = evaluated or not state.eval_dataloaders  # False: skipped
+        if trainer.scheduler is not None and state.scheduler_stepping.steps_after_epoch(evaluated):
+            trainer.scheduler_step()  # an epoch-stepped scheduler; before a save at the end
         state.savable = "epoch"
         try:
             self._fire("on_training_run_epoch_end", {"evaluated": evaluated}, hooked=True)
@@ -213,7 +219,7 @@ class Loop:
             state.savable = None
 
     def _train_step(self, plan: AccumulationPlan, batch: Any, step: int) -> dict[str, Any]:
-        state, guard = self.state, self.state.failing_batches
+        state, guard = self.state, self.state.failing_batches or self.state.micro_batches
         scale = 1.0 if plan.steps == 1 else plan.loss_scale(step)
         # a pass of unknown length (a stream) ends its last window where the data ends
         ends_window = (
@@ -240,6 +246,10 @@ class Loop:
     def _forward_backward(self, batch: Any, scale: float) -> dict[str, Any]:
         """Compute the batch's loss, track it, and back-propagate it scaled by ``scale``."""
         trainer, guard = self._trainer, self.state.failing_batches
+        if self.state.micro_batches is not None:  # on_oom="split": micro-batch by micro-batch
+            batch_output = self.state.micro_batches.run(trainer, self, batch, scale)
+            self._track(batch_output)
+            return batch_output
         if guard is None:
             batch_output = check_batch_output(
                 trainer.calculate_train_batch_loss(batch), "calculate_train_batch_loss"
@@ -252,30 +262,35 @@ class Loop:
             if guarded is None:
                 return dict(SKIPPED_OUTPUT)
             batch_output = guarded
-        loss, num_items = batch_output["loss"], batch_output.get("num_items")
-        weighting = self.state.item_weighting
-        if num_items is not None or weighting.in_use:  # token-exact: weighted by num_items
-            scaled = loss * weighting.weight(num_items, self.state.step, self.state.epoch_index)
-        else:
-            if weighting.in_use is None:  # the run's first batch: not weighted
-                weighting.start_unweighted(batch_output)
-            scaled = loss if scale == 1.0 else loss * scale
+        state = self.state
+        scaled = state.item_weighting.scaled_loss(
+            batch_output, scale, state.step, state.epoch_index
+        )
+        self._track(batch_output)
+        self.backward(batch_output["loss"], scaled)
+        return batch_output
+
+    def _track(self, batch_output: dict[str, Any]) -> None:
+        """Track a step's loss (by ``num_items`` or batch size) and its extra logged scalars."""
+        num_items = batch_output.get("num_items")
         self.state.train_loss_tracker.update(
-            loss, batch_output["batch_size"] if num_items is None else num_items
+            batch_output["loss"], batch_output["batch_size"] if num_items is None else num_items
         )
         if batch_output.keys() - BATCH_OUTPUT_KEYS:  # a loss's components: logged
-            self.state.logged.log_batch_output(batch_output, trainer.device)
-        handler = trainer.callback_handler  # an event nobody listens to costs one set look-up
+            self.state.logged.log_batch_output(batch_output, self._trainer.device)
+
+    def backward(self, loss: torch.Tensor, scaled: torch.Tensor) -> None:
+        """Back-propagate ``scaled`` (``loss``, weighted by the loop), with the backward events."""
+        handler = self._trainer.callback_handler  # an event nobody listens to: one set look-up
         if "on_backward_start" in handler.active_events:
             self._fire("on_backward_start", {})
         try:
-            trainer.backward_step(scaled)
+            self._trainer.backward_step(scaled)
         except (AttributeError, RuntimeError) as error:  # checked only once it failed
             explain_backward_failure(loss, "calculate_train_batch_loss", error)
             raise
         if "on_backward_end" in handler.active_events:
             self._fire("on_backward_end", {})
-        return batch_output
 
     def _refuse_empty_batch(self, batch: Any) -> None:
         """Raise for a batch without samples: its loss is NaN and would poison the weights."""
@@ -311,7 +326,8 @@ class Loop:
         self.state.num_updates += 1
         if "on_optimizer_step_end" in handler.active_events:
             self._fire("on_optimizer_step_end", {})
-        if trainer.scheduler is not None and not self._step_was_skipped():
+        stepped = trainer.scheduler is not None and self.state.scheduler_stepping.steps_per_update
+        if stepped and not self._step_was_skipped():
             trainer.scheduler_step()
         trainer.optimizer_zero_grad()
 

@@ -31,7 +31,9 @@ if TYPE_CHECKING:
 __all__ = [
     "CallbackHandler",
     "CallbackLike",
+    "DefaultPath",
     "ProgressEvents",
+    "RunPaths",
     "TrainerCallback",
     "redirected_paths",
 ]
@@ -93,6 +95,30 @@ class TrainerCallback:
             ```
         """
         return contextlib.nullcontext()
+
+    def place_outputs(self, run_dir: Path) -> None:
+        """Put the files whose location the user left at its default under ``run_dir``.
+
+        With ``Trainer(output_dir=...)``, the trainer calls it with ``trainer.run_dir`` at the
+        start of every ``train()`` and ``evaluate()``, before any event, so a
+        callback's default paths live in the run's directory; without ``output_dir`` it is
+        never called. The default places nothing. A callback whose path arguments default to
+        ``DefaultPath`` values records them in a ``RunPaths`` and places that: a path the user
+        passed (or assigned since) stays where it is, relative to the working directory.
+
+        Args:
+            run_dir: The run's directory (it may not exist yet).
+
+        Example:
+            ```python
+            def __init__(self, out_dir=DefaultPath("results")):
+                self.out_dir = Path(out_dir)
+                self._run_paths = RunPaths(out_dir=out_dir)
+
+            def place_outputs(self, run_dir):
+                self._run_paths.place(self, run_dir)
+            ```
+        """
 
     def training_states_dir(self) -> Path | None:
         """The directory this callback saves training states in, or ``None`` (the default).
@@ -611,3 +637,51 @@ class ProgressEvents:
                 f"so they could not stop together. Raise StopTrainingError from "
                 f"{self._event.replace('progress', 'step_end')} instead."
             ) from stop
+
+
+class DefaultPath(str):
+    """A path argument's default, which follows the trainer's run directory.
+
+    Without ``Trainer(output_dir=...)`` it is the plain relative path it spells (relative to
+    the working directory, as any path); with it, ``RunPaths.place`` puts it under
+    ``trainer.run_dir``. A path the user passes is a plain ``str`` or ``Path`` and is never
+    moved, even when it spells the same name.
+    """
+
+    __slots__ = ()
+
+
+class RunPaths:
+    """Which of a callback's path attributes follow the run directory, for ``place_outputs``.
+
+    Create it in the constructor with the path arguments as they were received: those that
+    are ``DefaultPath`` values follow the run directory, the others (the user's) never move.
+
+    Args:
+        **given: Each path attribute's name and the argument it was set from.
+    """
+
+    def __init__(self, **given: object) -> None:
+        self._defaults = {
+            name: Path(value) for name, value in given.items() if isinstance(value, DefaultPath)
+        }
+        self._placed: dict[str, Path] = dict(self._defaults)
+
+    def follows_run_dir(self, name: str) -> bool:
+        """Whether the attribute ``name`` was left at its default (a ``DefaultPath``)."""
+        return name in self._defaults
+
+    def place(self, owner: object, run_dir: Path) -> None:
+        """Set each defaulted attribute of ``owner`` to its default path under ``run_dir``.
+
+        An attribute that no longer holds the path this object last gave it (the user set it,
+        or a dry run's ``redirect_outputs`` holds it meanwhile) is left alone. The new value
+        has the attribute's type (``str`` or ``Path``).
+        """
+        for name, default in self._defaults.items():
+            current = getattr(owner, name)
+            if not isinstance(current, (str, os.PathLike)) or Path(current) != self._placed[name]:
+                continue
+            placed = run_dir / default
+            setattr(owner, name, placed if isinstance(current, Path) else os.fspath(placed))
+            self._placed[name] = placed

@@ -10,7 +10,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pytorch_accel.callback import CallbackHandler, TrainerCallback, redirected_paths
+    from pytorch_accel.callback import (
+        CallbackHandler,
+        DefaultPath,
+        RunPaths,
+        TrainerCallback,
+        redirected_paths,
+    )
     from pytorch_accel.callbacks.defaults import (
         DEFAULT_CALLBACKS,
         LogMetricsCallback,
@@ -55,6 +61,7 @@ __all__ = [
     "CallbackHandler",
     "CallbackMethodNotImplementedError",
     "ConvertSyncBatchNormCallback",
+    "DefaultPath",
     "EarlyStoppingCallback",
     "LimitBatches",
     "LimitBatchesCallback",
@@ -66,6 +73,7 @@ __all__ = [
     "PlotMetricsCallback",
     "PrintProgressCallback",
     "ProgressBarCallback",
+    "RunPaths",
     "RunRecordCallback",
     "SaveBestModelCallback",
     "SaveTrainingStateCallback",
@@ -121,6 +129,8 @@ _MODULES = {
     "limit_batches_from_environment": "pytorch_accel.callbacks.limit_batches",
     "plot_metrics": "pytorch_accel.callbacks.plotting",
     "redirected_paths": "pytorch_accel.callback",
+    "DefaultPath": "pytorch_accel.callback",
+    "RunPaths": "pytorch_accel.callback",
 }
 
 
