@@ -25,6 +25,7 @@ from accelerate.utils import DistributedType, parse_flag_from_env
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
+from pytorch_accel._checkpointing.streams import check_stateful_dataloader_request
 from pytorch_accel._checks import (
     check_bool,
     check_callable,
@@ -187,23 +188,7 @@ def _check_accelerator_kwargs(where: str, accelerator_kwargs: object) -> None:
                 "kwargs_handlers, fsdp_plugin, ...).",
             )
     _check_deepspeed_request(where, kwargs)
-    _check_stateful_dataloader_request(where, kwargs)
-
-
-def _check_stateful_dataloader_request(where: str, kwargs: Mapping[Any, Any]) -> None:
-    """Refuse ``use_stateful_dataloader=True`` without torchdata, before any run starts."""
-    if not getattr(kwargs.get("dataloader_config"), "use_stateful_dataloader", False):
-        return
-    try:
-        import torchdata.stateful_dataloader  # type: ignore[import-untyped]  # noqa: F401
-    except ImportError as error:
-        raise ImportError(
-            f"{where}: accelerator_kwargs asks for torchdata's StatefulDataLoader "
-            "(DataLoaderConfiguration(use_stateful_dataloader=True)), but torchdata is not "
-            "installed. Install it with `pip install pytorch-accel[stateful]` (or "
-            "`pip install torchdata`), or leave use_stateful_dataloader out: a stream with "
-            "state_dict/load_state_dict resumes in constant time without it (num_workers=0)."
-        ) from error
+    check_stateful_dataloader_request(where, kwargs)
 
 
 def _check_deepspeed_request(where: str, kwargs: Mapping[Any, Any]) -> None:

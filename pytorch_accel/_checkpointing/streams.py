@@ -26,13 +26,18 @@ from __future__ import annotations
 
 import collections
 import copy
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from accelerate.data_loader import DataLoaderDispatcher, DataLoaderShard, IterableDatasetShard
 from torch.utils.data import DataLoader, IterableDataset
 
-__all__ = ["StreamPosition", "stream_position", "track_stream_position"]
+__all__ = [
+    "StreamPosition",
+    "check_stateful_dataloader_request",
+    "stream_position",
+    "track_stream_position",
+]
 
 _ATTRIBUTE = "_pytorch_accel_stream"
 """Where the inner dataloader keeps its ``StreamPosition``."""
@@ -191,3 +196,19 @@ def stream_position(prepared: Any) -> StreamPosition | None:
     inner = getattr(prepared, "base_dataloader", None)
     found = getattr(inner, _ATTRIBUTE, None) if isinstance(inner, DataLoader) else None
     return found if isinstance(found, StreamPosition) else None
+
+
+def check_stateful_dataloader_request(where: str, kwargs: Mapping[Any, Any]) -> None:
+    """Refuse ``use_stateful_dataloader=True`` without torchdata, before any run starts."""
+    if not getattr(kwargs.get("dataloader_config"), "use_stateful_dataloader", False):
+        return
+    try:
+        import torchdata.stateful_dataloader  # type: ignore[import-untyped]  # noqa: F401
+    except ImportError as error:
+        raise ImportError(
+            f"{where}: accelerator_kwargs asks for torchdata's StatefulDataLoader "
+            "(DataLoaderConfiguration(use_stateful_dataloader=True)), but torchdata is not "
+            "installed. Install it with `pip install pytorch-accel[stateful]` (or "
+            "`pip install torchdata`), or leave use_stateful_dataloader out: a stream with "
+            "state_dict/load_state_dict resumes in constant time without it (num_workers=0)."
+        ) from error
