@@ -37,6 +37,7 @@ from pytorch_accel._checkpointing.resume import (
     ResumePoint,
     make_resumable,
 )
+from pytorch_accel._checkpointing.streams import track_stream_position
 from pytorch_accel.dataloaders import default_dataloader_kwargs, loader_settings, named_eval_sets
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.run_config import ChosenRates, RunSetup, TrainerRunConfig, create_run_config
@@ -416,10 +417,15 @@ class Preparation:
             _forget_dataloaders(self._accelerator, prepared)
 
     def _prepare_train(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
-        """Prepare the train dataloader as one that can resume mid-epoch, where accelerate can."""
+        """Prepare the train dataloader as one that can resume mid-epoch, where accelerate can.
+
+        A map-style dataset skips by index (``make_resumable``); a stream that can save its
+        position records it (``track_stream_position``); any other stream replays its pass.
+        """
         prepared = self._prepare(dataloader)
         resumable = self._state.resumable = make_resumable(prepared)
         if resumable is None:
+            track_stream_position(prepared)
             return prepared
         registered = getattr(self._accelerator, "_dataloaders", None)
         if isinstance(registered, list):  # accelerate's save_state looks at the loaders it knows

@@ -176,9 +176,11 @@ class TerminateOnNaNCallback(TrainerCallback):
     """
 
     order = -50
-    # it never stops in these events (the report waits for the usual check): no exchange
+    # it never stops in the first three (the report waits for the usual check), and the
+    # epoch's check reads train_loss_epoch, already the same on every process: no exchange
+    # of their own (the per-step check reads this process's loss, and is agreed)
     agreed_stop_events = frozenset(
-        {"on_training_run_start", "on_train_step_start", "on_backward_start"}
+        {"on_training_run_start", "on_train_step_start", "on_backward_start", "on_train_epoch_end"}
     )
 
     def __init__(

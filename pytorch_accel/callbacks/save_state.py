@@ -88,7 +88,15 @@ class SaveTrainingStateCallback(TrainerCallback):
     """
 
     order = 1000
-    agreed_stop_events = frozenset({"on_train_step_end", "on_training_run_epoch_end"})
+    # it stops only after agreeing on a signal, and never at a run's start or end
+    agreed_stop_events = frozenset(
+        {
+            "on_training_run_start",
+            "on_train_step_end",
+            "on_training_run_epoch_end",
+            "on_training_run_end",
+        }
+    )
 
     def __init__(
         self,
@@ -149,7 +157,8 @@ class SaveTrainingStateCallback(TrainerCallback):
         """Repair and clear what killed saves left, and install the signal handlers."""
         self.preempted_by, self._received, self._interrupted = None, None, False
         self._updates_seen = trainer.global_num_updates
-        trainer.accelerator.wait_for_everyone()  # every process has loaded what it resumed from
+        if trainer.resumed_from is not None:  # (a run that resumed nothing reads nothing here)
+            trainer.accelerator.wait_for_everyone()  # every process loaded what it resumed from
         if trainer.accelerator.is_main_process:
             tidy_save_dir(self.save_dir, _is_state_name)
         self._signal_flag = None
