@@ -24,6 +24,7 @@ from pytorch_accel.tracking import LoggedMetrics, LossTracker
 
 if TYPE_CHECKING:
     from pytorch_accel._checkpointing.resume import ResumableLoader
+    from pytorch_accel._checkpointing.staging import PendingSave
     from pytorch_accel.failing_batches import FailingBatchGuard
 
 __all__ = ["TrainerState"]
@@ -67,6 +68,8 @@ class TrainerState:
         eval_metric_name: The run-history name of the current eval epoch's mean loss.
         eval_limit: The most batches of the current eval epoch (a sanity check), or ``None``.
         chosen_rates: The learning rates the user chose, kept across runs (``auto_scale_lr``).
+        pending_save: A training state being written in the background, if any: the loop
+            polls it after each step (``poll_save``) and waits for it when the run ends.
     """
 
     def __init__(self) -> None:
@@ -99,6 +102,7 @@ class TrainerState:
         self.eval_metric_name = "eval_loss_epoch"
         self.eval_limit: int | None = None
         self.chosen_rates = ChosenRates()
+        self.pending_save: PendingSave | None = None
 
     @property
     def eval_dataloader(self) -> DataLoader[Any] | None:
@@ -169,3 +173,16 @@ class TrainerState:
             f"{where}: a training state can only be saved between steps: call it from "
             "on_train_step_end or on_training_run_epoch_end, or outside train()."
         )
+
+    def poll_save(self) -> None:
+        """At a step boundary: complete the save written in the background if it is written."""
+        if self.pending_save is not None and self.pending_save.poll():
+            self.pending_save = None
+
+    def end_save(self, failed: bool = False) -> None:
+        """Wait for the save written in the background and complete it (``failed``: abandon)."""
+        pending, self.pending_save = self.pending_save, None
+        if pending is not None and failed:
+            pending.abandon()
+        elif pending is not None:
+            pending.wait()
