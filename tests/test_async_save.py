@@ -29,8 +29,19 @@ def run(save_dir: Path, dataset: TensorDataset, async_save: bool, *extra: Any) -
 
 
 def digests(state: Path) -> dict[str, Any]:
+    """The weights', optimizer's and random states' digests (the same bytes, the same digest)."""
     files = json.loads((state / MANIFEST_NAME).read_text())["files"]
-    return {name: record for name, record in files.items() if not name.startswith("custom")}
+    return {name: files[name] for name in files if not name.startswith(("custom", "trainer"))}
+
+
+def same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[key], b[key]) for key in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(map(same, a, b))
+    return bool(a == b)
 
 
 def test_background_saves_write_the_states_blocking_saves_write(
@@ -47,6 +58,9 @@ def test_background_saves_write_the_states_blocking_saves_write(
     for name in names:
         verify_training_state(tmp_path / "background" / name, 1, "test")
         assert digests(tmp_path / "background" / name) == digests(tmp_path / "blocking" / name)
+        for part in ("trainer_rank_0.pt", "custom_checkpoint_0.pkl"):
+            saved = [torch.load(tmp_path / kind / name / part) for kind in ("background", "blocking")]
+            assert same(*saved), part
     assert not list((tmp_path / "background").glob(".*"))  # nothing left half-written
     for own, reference in zip(
         background.model.parameters(), blocking.model.parameters(), strict=True
@@ -91,3 +105,25 @@ def test_an_error_of_a_background_write_is_raised_in_the_training_thread(
         run(tmp_path / "states", regression_dataset, True, UnsafeState())
     assert find_training_states(tmp_path / "states") == []
     assert not list((tmp_path / "states").glob(".*"))  # the partial save was removed
+
+
+def test_weights_are_streamed_in_the_bytes_safetensors_writes() -> None:
+    """The streamed writer gives safetensors' own bytes (its order and header), so the
+    weights load with safetensors and accelerate as before."""
+    import io
+
+    from safetensors.torch import save
+
+    from pytorch_accel._checkpointing.staging import write_safetensors
+
+    tensors = {
+        "b.weight": torch.randn(3, 2),
+        "a.half": torch.randn(5).half(),
+        "c.bf16": torch.randn(2, 2).bfloat16(),
+        "d.steps": torch.tensor(7),
+        "e.empty": torch.zeros(0, 4),
+        "f.mask": torch.tensor([True, False]),
+    }
+    handle = io.BytesIO()
+    write_safetensors(tensors, handle)
+    assert handle.getvalue() == save(tensors, metadata={"format": "pt"})

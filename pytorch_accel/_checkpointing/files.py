@@ -19,6 +19,7 @@ import os
 import shutil
 import zlib
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
@@ -89,17 +90,30 @@ class Digest:
 
 
 class _DigestingFile:
-    """A binary file that digests what is written to it (for ``torch.save`` and others)."""
+    """A binary file that digests what is written to it (for ``torch.save`` and others).
+
+    Large pieces (tensor data, from memory that outlives the write) are digested by a worker
+    thread while the next piece is written, in order; small ones (which may be a writer's
+    temporary buffer) are copied first. ``close`` waits for the digest.
+    """
 
     def __init__(self, handle: IO[bytes]) -> None:
         self.handle, self.digest = handle, Digest()
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="pytorch_accel-digest")
+        self._last: Future[None] | None = None
 
     def write(self, data: Any) -> int:
-        self.digest.update(data)
+        piece = memoryview(data) if memoryview(data).nbytes >= _CHUNK else bytes(data)
+        self._last = self._worker.submit(self.digest.update, piece)
         return self.handle.write(data)
 
     def flush(self) -> None:
         self.handle.flush()
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=True)
+        if self._last is not None:
+            self._last.result()  # raises what digesting raised
 
 
 def write_digested(path: Path, content: bytes | Callable[[IO[bytes]], Any]) -> dict[str, Any]:
@@ -115,12 +129,15 @@ def write_digested(path: Path, content: bytes | Callable[[IO[bytes]], Any]) -> d
     try:
         with open(path, "wb") as handle:
             digesting = _DigestingFile(handle)
-            if isinstance(content, bytes):
-                digesting.write(content)
-            else:
-                content(digesting)  # type: ignore[arg-type]
-            handle.flush()
-            os.fsync(handle.fileno())
+            try:
+                if isinstance(content, bytes):
+                    digesting.write(content)
+                else:
+                    content(digesting)  # type: ignore[arg-type]
+                handle.flush()
+                os.fsync(handle.fileno())
+            finally:
+                digesting.close()
     except (OSError, RuntimeError) as error:
         full = disk_full_error(error, path)
         if full is None:

@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import io
 import json
 import re
+import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import IO, Any, NoReturn
 
 import accelerate.checkpointing
 import torch
@@ -41,7 +43,14 @@ from pytorch_accel._checkpointing.store import discard, publish, write_manifest
 from pytorch_accel.distributed import AgreedFlag
 from pytorch_accel.logging_setup import get_logger
 
-__all__ = ["HostCopies", "PendingSave", "StagedFile", "StateWrite", "stage_accelerator_state"]
+__all__ = [
+    "HostCopies",
+    "PendingSave",
+    "StagedFile",
+    "StateWrite",
+    "stage_accelerator_state",
+    "write_safetensors",
+]
 
 _RECORDS = ".records-{rank}.json"
 _WRITING, _FAILED = 1, 2  # flags agreed with AgreedFlag (the maximum): 0 is "written"
@@ -81,11 +90,14 @@ class HostCopies:
         self._device_copies = False
 
     @contextlib.contextmanager
-    def session(self) -> Iterator[HostCopies]:
-        """One save's copies: tensors shared within it stay shared; waits for device copies."""
+    def session(self, copy: bool = True) -> Iterator[Callable[[Any], Any]]:
+        """One save's ``copy``: tensors shared within it stay shared; waits for device copies.
+
+        ``copy=False`` (a blocking save, written before training goes on): the identity.
+        """
         self._used, self._memo, self._device_copies = 0, {}, False
         try:
-            yield self
+            yield self.copy if copy else _as_is
         finally:
             if self._device_copies and torch.cuda.is_available():
                 torch.cuda.synchronize()
@@ -134,14 +146,19 @@ class HostCopies:
         return buffer
 
 
+def _as_is(value: Any) -> Any:
+    return value
+
+
 def stage_accelerator_state(
-    accelerator: Any, directory: Path, copies: HostCopies
+    accelerator: Any, directory: Path, copy: Callable[[Any], Any]
 ) -> list[StagedFile]:
     """Run ``accelerator.save_state(directory)`` with its files staged, not written.
 
     What accelerate would write on this process (the weights, optimizer, scheduler, sampler
     and scaler states on the main process, each process's random states; the registered
-    objects' states) is copied to host memory under the same file names. Not for FSDP or
+    objects' states) is kept under the same file names, passed through ``copy`` (a
+    ``HostCopies.copy`` when the training goes on before it is written). Not for FSDP or
     DeepSpeed, whose engines write their own files.
     """
     staged: list[StagedFile] = []
@@ -154,12 +171,12 @@ def stage_accelerator_state(
             if safe and isinstance(obj, OrderedDict):
                 obj = clean_state_dict_for_safetensors(obj)
             name = Path(f).name
-            staged.append(StagedFile(name, copies.copy(obj), safe, name.startswith("custom_")))
+            staged.append(StagedFile(name, copy(obj), safe, name.startswith("custom_")))
 
     def record_torch_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
         name = Path(f).name  # every process's random states; the rest once, by the main one
         if main or name == f"random_states_{rank}.pkl":
-            staged.append(StagedFile(name, copies.copy(obj)))
+            staged.append(StagedFile(name, copy(obj)))
 
     module: Any = accelerate.checkpointing
     original_save, original_torch = module.save, module.torch
@@ -206,9 +223,7 @@ class StateWrite:
 
 def _write(path: Path, item: StagedFile) -> dict[str, Any]:
     if item.safetensors:
-        from safetensors.torch import save as safetensors_bytes
-
-        return write_digested(path, safetensors_bytes(item.content, metadata={"format": "pt"}))
+        return write_digested(path, functools.partial(write_safetensors, item.content))
     if not item.checked:
         return write_digested(path, lambda handle: torch.save(item.content, handle))
     buffer = io.BytesIO()
@@ -222,6 +237,52 @@ def _write(path: Path, item: StagedFile) -> dict[str, Any]:
             f"safely; keep them to tensors, numbers, strings and containers. {error}"
         ) from error
     return write_digested(path, buffer.getvalue())
+
+
+_SAFETENSORS_DTYPES = {  # in the order of safetensors' dtypes, which orders a file's entries
+    torch.bool: "BOOL",
+    torch.uint8: "U8",
+    torch.int8: "I8",
+    torch.int16: "I16",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int32: "I32",
+    torch.float32: "F32",
+    torch.float64: "F64",
+    torch.int64: "I64",
+}
+_DTYPE_RANK = {dtype: rank for rank, dtype in enumerate(_SAFETENSORS_DTYPES)}
+
+
+def write_safetensors(tensors: Mapping[str, torch.Tensor], handle: IO[bytes]) -> None:
+    """Write ``tensors`` in the safetensors format, streamed from their memory (no copy).
+
+    The bytes are those of ``safetensors.torch.save(tensors, metadata={"format": "pt"})``
+    (entries ordered by dtype, then name), which builds the whole file in memory first.
+    """
+    if any(tensor.dtype not in _SAFETENSORS_DTYPES for tensor in tensors.values()):
+        from safetensors.torch import save as safetensors_bytes
+
+        handle.write(safetensors_bytes(dict(tensors), metadata={"format": "pt"}))
+        return
+    ordered = sorted(tensors.items(), key=lambda item: (-_DTYPE_RANK[item[1].dtype], item[0]))
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, tensor in ordered:
+        size = tensor.numel() * tensor.element_size()
+        header[name] = {
+            "dtype": _SAFETENSORS_DTYPES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    handle.write(struct.pack("<Q", len(encoded)) + encoded)
+    for _, tensor in ordered:
+        if tensor.numel():
+            flat = tensor.detach().cpu().contiguous().reshape(-1)
+            handle.write(flat.view(torch.uint8).numpy().data)
 
 
 class PendingSave:

@@ -149,9 +149,9 @@ class TrainingStateIO:
             self._write_unstaged(final, temporary)
             return
         info = self._manifest_info()
-        with self._copies.session() as copies, bare_compiled_models(accelerator):
-            files = stage_accelerator_state(accelerator, temporary, copies)
-            rank_state = copies.copy(self._rank_state(self._saving))
+        with self._copies.session(copy=not blocking) as copy, bare_compiled_models(accelerator):
+            files = stage_accelerator_state(accelerator, temporary, copy)
+            rank_state = copy(self._rank_state(self._saving))
         name = rank_state_name(accelerator.process_index)
         files.append(StagedFile(name, rank_state, checked=True))
         write = StateWrite(temporary, accelerator.process_index, files)
