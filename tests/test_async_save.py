@@ -59,7 +59,9 @@ def test_background_saves_write_the_states_blocking_saves_write(
         verify_training_state(tmp_path / "background" / name, 1, "test")
         assert digests(tmp_path / "background" / name) == digests(tmp_path / "blocking" / name)
         for part in ("trainer_rank_0.pt", "custom_checkpoint_0.pkl"):
-            saved = [torch.load(tmp_path / kind / name / part) for kind in ("background", "blocking")]
+            saved = [
+                torch.load(tmp_path / kind / name / part) for kind in ("background", "blocking")
+            ]
             assert same(*saved), part
     assert not list((tmp_path / "background").glob(".*"))  # nothing left half-written
     for own, reference in zip(

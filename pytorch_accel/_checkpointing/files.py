@@ -1,12 +1,16 @@
 """The one writer of every file the package writes, and the one loader of what it reads back.
 
 ``atomic_write``: a temporary file beside the destination, flushed to disk and renamed over it,
-so a reader sees the old file or the new one. ``write_digested``: a file written and flushed to
-disk in one pass that also computes its digest (the one integrity scheme: the size and CRC-32
-of a file's bytes, ``Digest``), for the files of a training state, whose directory is renamed
-into place as a whole. ``read_verified`` and ``load_safely``: the bytes are read once, checked
-against their recorded digest, and those same bytes are deserialised with ``weights_only=True``
-(tensors, NumPy arrays and plain containers; no code).
+so a reader sees the old file or the new one.
+
+One integrity scheme for every file saved: its size and CRC-32 (``Digest``), computed while
+it is written. A training state's files (``write_digested``; the directory is renamed into
+place as a whole) have their records in the state's manifest; a checkpoint file
+(``atomic_save_digested``) carries its own, in the comment of its ZIP archive, which
+``torch.load`` (and so pytorch-accelerated) ignores. ``read_verified``, ``read_checked`` and
+``load_safely``: the bytes are read once, checked against their record, and those same bytes
+are deserialised with ``weights_only=True`` (tensors, NumPy arrays and plain containers; no
+code).
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ import errno
 import glob
 import hashlib
 import io
+import json
 import os
 import shutil
+import struct
 import zlib
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,12 +37,14 @@ __all__ = [
     "Digest",
     "TrainingStateError",
     "atomic_save",
+    "atomic_save_digested",
     "atomic_write",
     "describe",
     "disk_full_error",
     "fsync_directory",
     "load_pickled",
     "load_safely",
+    "read_checked",
     "read_verified",
     "write_digested",
     "write_error",
@@ -197,6 +205,62 @@ def atomic_write(
 def atomic_save(obj: Any, path: str | os.PathLike[str]) -> Path:
     """Save ``obj`` with ``torch.save`` through ``atomic_write``; return the destination path."""
     return atomic_write(path, lambda handle: torch.save(obj, handle))
+
+
+_TRAILER = b"pytorch-accel-digest "
+"""Starts the ZIP comment holding a checkpoint file's ``Digest`` record."""
+
+
+def atomic_save_digested(obj: Any, path: str | os.PathLike[str]) -> Path:
+    """``atomic_save`` with the file's ``Digest`` record in it (``read_checked`` checks it).
+
+    ``torch.save`` writes a ZIP archive; its digest is computed while it is written, then
+    stored as the archive's comment (after the bytes it covers, with the comment's length
+    written over the final two bytes, which the digest counts as zeros).
+    """
+
+    def write(handle: IO[bytes]) -> None:
+        digesting = _DigestingFile(handle)
+        try:
+            torch.save(obj, digesting)  # type: ignore[arg-type]
+        finally:
+            digesting.close()
+        trailer = _TRAILER + json.dumps(digesting.digest.record(), sort_keys=True).encode()
+        handle.seek(-2, os.SEEK_END)
+        handle.write(struct.pack("<H", len(trailer)) + trailer)
+
+    return atomic_write(path, write)
+
+
+def read_checked(path: Path, where: str) -> tuple[bytes, bool]:
+    """Read a file once; check it against the record in its ZIP comment, if it has one.
+
+    Returns:
+        The file's bytes, and whether they carried a record (files of ``atomic_save_digested``;
+        not those of ``torch.save`` or pytorch-accelerated).
+
+    Raises:
+        ValueError: If the bytes differ from their record, naming the file.
+    """
+    data = path.read_bytes()
+    start = data.rfind(_TRAILER, max(0, len(data) - 1024))
+    if start < 24 or struct.unpack("<H", data[start - 2 : start])[0] != len(data) - start:
+        return data, False
+    try:
+        expected = json.loads(data[start + len(_TRAILER) :])
+        digest = Digest(Digest.recorded_algorithm(expected))
+    except (ValueError, TypeError):
+        expected, digest = {}, Digest()
+    view = memoryview(data)
+    digest.update(view[: start - 2])
+    digest.update(b"\x00\x00")
+    if digest.record() != expected:
+        raise ValueError(
+            f"{where}: {str(path)!r} is corrupt: its contents differ from the digest saved "
+            "with it (a changed bit in its tensors or entries, or a truncated file). Load an "
+            "earlier copy; this one was not used."
+        )
+    return data, True
 
 
 def disk_full_error(error: BaseException, path: Path, kind: str = "file") -> OSError | None:
