@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from benchmarks import saving
+
 
 def markdown(results: dict[str, Any]) -> str:
     """Render the per-step tables and the fresh-process figures."""
@@ -40,6 +42,9 @@ def suites_markdown(suites: dict[str, Any]) -> list[str]:
     for key, suite in suites.items():
         if key == "startup":
             lines += _startup_table(suite)
+            continue
+        if key == "saving":
+            lines += ["### Stall per save (training states)", "", saving.markdown(suite), ""]
             continue
         lines += [
             f"### {suite['name']}",
@@ -158,7 +163,7 @@ def suites_chart(suites: dict[str, Any], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    keys = [key for key in suites if key != "startup"]
+    keys = [key for key in suites if key not in ("startup", "saving")]
     if not keys:
         return True
     figure, axes = plt.subplots(len(keys), 1, figsize=(8, 2.2 * len(keys)), squeeze=False)

@@ -86,3 +86,13 @@ def test_the_two_process_training_suite_runs() -> None:
     assert next(iter(loops_measured)) == "hand-written DDP"
     assert "pytorch-accel, + preemption handling" in loops_measured
     assert all(len(sample["per_batch"]) == 2 for sample in loops_measured.values())
+
+
+def test_the_saving_suite_times_every_save(tmp_path: Path) -> None:
+    from benchmarks import saving
+
+    figures = saving.measure_size(1e5, 2, tmp_path / "saves")
+    assert figures["saves"] == 2
+    for key in ("baseline_s", "blocking_s", "background_stall_s"):
+        assert figures[key]["median"] > 0, key
+    assert "| 100k" in saving.markdown({"100k": figures})
