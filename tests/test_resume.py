@@ -187,8 +187,9 @@ def test_kill_9_during_an_asynchronous_save_leaves_no_state_that_loads(
     wait_for_text(save_dir / "updates-00000003" / MANIFEST_NAME)
     partial = save_dir / ".updates-00000006.incomplete"
     deadline = time.monotonic() + 60
-    while not (partial / ".records-0.json").exists() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    while not (partial / "trainer_rank_0.pt").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)  # the last file written
+    time.sleep(0.1)  # its step, and the next, take 0.3 s each: published after that
     process.send_signal(signal.SIGKILL)  # every file written and flushed, no manifest yet
     process.wait(timeout=30)
     assert (partial / "model.safetensors").is_file()

@@ -1,14 +1,15 @@
 """Training states staged in host memory, then written: in the training thread or in the background.
 
 ``stage_accelerator_state`` runs ``accelerator.save_state`` with its writes recorded instead of
-done: each file's content is copied to host memory (``HostCopies``: tensors into buffers kept
-between saves, so a later save copies into memory it already has). A ``StateWrite`` then writes
-the files of one process, each flushed to disk and digested in the same pass
-(``files.write_digested``), and records their digests in a hidden file of the directory.
-``PendingSave`` completes a save: once every process has written its files (agreed through an
-``AgreedFlag`` from the training thread, never from the writing thread), the main process
-writes the manifest from the recorded digests and renames the directory into place
-(``store.publish``). A save is complete only then; a process killed earlier leaves a hidden
+done. For a save written in the background each file's content is copied to host memory
+(``HostCopies``: tensors into buffers kept between saves, so a later save copies into memory
+it already has); a blocking save writes the live tensors. A ``StateWrite`` then writes the
+files of one process, each flushed to disk and digested in the same pass
+(``files.write_digested``), and keeps their digests (other processes than the main one in a
+hidden file of the directory). ``PendingSave`` completes a save: once every process has
+written its files (agreed through an ``AgreedFlag`` from the training thread, never from the
+writing thread), the main process writes the manifest from the recorded digests and renames
+the directory into place (``store.publish``). A save is complete only then; a process killed earlier leaves a hidden
 directory without a manifest, which is never loaded.
 """
 
@@ -34,7 +35,6 @@ from accelerate.utils import clean_state_dict_for_safetensors
 
 from pytorch_accel._checkpointing.files import (
     TrainingStateError,
-    atomic_write,
     disk_full_error,
     load_safely,
     write_digested,
@@ -202,21 +202,27 @@ class _TorchWithSave:
 class StateWrite:
     """The files one process writes into a training state's hidden directory.
 
-    ``run`` writes them (each flushed to disk and digested in one pass), then the digests
-    to ``.records-<rank>.json``; ``error`` holds what it raised, for the training thread.
+    ``run`` writes them (each flushed to disk and digested in one pass) and keeps their
+    digests in ``records``; a process other than the main one also writes them to
+    ``.records-<rank>.json``, which the main process reads when it writes the manifest (not
+    flushed to disk: the manifest is, and a state is nothing without it). ``error`` holds what
+    writing raised, for the training thread.
     """
 
     directory: Path
     rank: int
     files: list[StagedFile]
     error: BaseException | None = field(default=None, init=False)
+    records: dict[str, Any] = field(default_factory=dict, init=False)
 
     def run(self) -> None:
         """Write the files and their records; keep an error for the training thread."""
         try:
-            records = {item.name: _write(self.directory / item.name, item) for item in self.files}
-            path = self.directory / _RECORDS.format(rank=self.rank)
-            atomic_write(path, json.dumps(records, sort_keys=True))
+            for item in self.files:
+                self.records[item.name] = _write(self.directory / item.name, item)
+            if self.rank != 0:
+                path = self.directory / _RECORDS.format(rank=self.rank)
+                path.write_text(json.dumps(self.records, sort_keys=True), encoding="utf-8")
         except BaseException as error:  # kept, raised by the training thread
             self.error = error
 
@@ -377,7 +383,7 @@ class PendingSave:
         main, directory = self._accelerator.is_main_process, self.write.directory
         if agreed == 0 and main:
             try:
-                records: dict[str, Any] = {}
+                records = dict(self.write.records)
                 for path in sorted(directory.glob(".records-*.json")):
                     if re.fullmatch(r"\.records-\d+\.json", path.name):
                         records.update(json.loads(path.read_text(encoding="utf-8")))
