@@ -9,8 +9,8 @@ files of one process, each flushed to disk and digested in the same pass
 hidden file of the directory). ``PendingSave`` completes a save: once every process has
 written its files (agreed through an ``AgreedFlag`` from the training thread, never from the
 writing thread), the main process writes the manifest from the recorded digests and renames
-the directory into place (``store.publish``). A save is complete only then; a process killed earlier leaves a hidden
-directory without a manifest, which is never loaded.
+the directory into place (``store.publish``). A save is complete only then; a process
+killed earlier leaves a hidden directory without a manifest, which is never loaded.
 """
 
 from __future__ import annotations
