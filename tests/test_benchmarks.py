@@ -91,7 +91,7 @@ def test_the_two_process_training_suite_runs() -> None:
 def test_the_saving_suite_times_every_save(tmp_path: Path) -> None:
     from benchmarks import saving
 
-    figures = saving.measure_size(1e5, 2, tmp_path / "saves")
+    figures = saving.measure_size(1e5, 3, tmp_path / "saves")
     assert figures["saves"] == 2
     for key in ("baseline_s", "blocking_s", "background_stall_s"):
         assert figures[key]["median"] > 0, key

@@ -395,6 +395,7 @@ class PendingSave:
                 self._raise(failure)
         if agreed == 0:
             return True
+        self._join()  # a process failed: this one's writing may still be going on
         if main:
             discard(directory)
         if self.write.error is None:
