@@ -5,6 +5,8 @@
   ``from pytorch_accel.trainer import TrainerWithTimmScheduler, ProgressBarCallback, set_seed``
   works as it did, without the facade importing them all (``TrainerWithTimmScheduler`` is a
   subclass of ``Trainer``, defined after it).
+- ``DefaultCallbacks``: the default of ``Trainer(callbacks=...)``, a lazy view of
+  ``DEFAULT_CALLBACKS``.
 - ``TRAINER_ATTRIBUTES``: private attributes of pytorch-accelerated's ``Trainer`` that ported
   code reads; ``with_ported_attributes`` adds them to ``Trainer`` as read-only aliases.
 """
@@ -12,11 +14,16 @@
 from __future__ import annotations
 
 import operator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from pytorch_accel.callback import CallbackLike
 
 __all__ = [
     "TRAINER_ATTRIBUTES",
     "TRAINER_MODULE_NAMES",
+    "DefaultCallbacks",
     "trainer_module_attribute",
     "with_ported_attributes",
 ]
@@ -87,3 +94,19 @@ def with_ported_attributes(trainer_class: TrainerType) -> TrainerType:
         alias = property(operator.attrgetter(public), doc=f"``{public}``, under {ported!r}.")
         setattr(trainer_class, ported, alias)
     return trainer_class
+
+
+class DefaultCallbacks:
+    """``DEFAULT_CALLBACKS``, read when a trainer is created: the default of ``callbacks``.
+
+    The facade reaches the callback catalogue only when a trainer is built (here and in
+    ``Trainer._create_callback_handler``), never when a module is imported.
+    """
+
+    def __iter__(self) -> Iterator[CallbackLike]:
+        from pytorch_accel.callbacks.defaults import DEFAULT_CALLBACKS
+
+        return iter(DEFAULT_CALLBACKS)
+
+    def __repr__(self) -> str:
+        return "DEFAULT_CALLBACKS"

@@ -39,17 +39,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-import math
-import sys
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate.utils import concatenate, send_to_device, slice_tensors
 
-from pytorch_accel._batches import without_count
+from pytorch_accel._batches import AccumulationPlan, without_count
 from pytorch_accel._checkpointing.resume import EpochEntry, ResumePoint, enter_epoch
 from pytorch_accel._checks import (
     check_batch_output,
@@ -59,23 +55,28 @@ from pytorch_accel._checks import (
     fail,
     shape_mismatches_raise,
 )
-from pytorch_accel._state import TrainerState
+from pytorch_accel._state import Preparation, TrainerState
+from pytorch_accel.callback import ProgressEvents
 from pytorch_accel.dataloaders import epoch_batches, eval_set_prefix
 from pytorch_accel.distributed import AgreedFlag, synchronise_replicas
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.failing_batches import SKIPPED_OUTPUT, is_empty_batch
-from pytorch_accel.logging_setup import get_logger, setup_logging
-from pytorch_accel.preparation import Preparation
 from pytorch_accel.run_config import TrainerRunConfig
-from pytorch_accel.tracking import BATCH_OUTPUT_KEYS, TRAIN_LOSS_NAME
+from pytorch_accel.schedulers.stepping import SchedulerStepping
+from pytorch_accel.tracking import (
+    BATCH_OUTPUT_KEYS,
+    TRAIN_LOSS_NAME,
+    MetricCursor,
+    get_logger,
+    setup_logging,
+)
 
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
-    from pytorch_accel.handler import CallbackHandler
     from pytorch_accel.trainer import Trainer
 
-__all__ = ["AccumulationPlan", "Loop", "ProgressEvents", "training_rng_preserved"]
+__all__ = ["Loop", "training_rng_preserved"]
 
 _LEVELS = (
     "training_run",
@@ -127,6 +128,9 @@ class Loop:
         trainer = self._trainer
         state.item_weighting.start_run(trainer.accelerator.num_processes, trainer.device)
         state.logged.reset()
+        state.scheduler_stepping = SchedulerStepping.of(
+            trainer.scheduler, trainer.create_scheduler_fn, state.eval_dataloaders
+        )
         ended = False
         try:
             self._entry_point("Trainer.train", "training_run", self._epochs)
@@ -163,6 +167,8 @@ class Loop:
         if evaluated:
             self.evaluate_in_run("eval_loss_epoch")
         evaluated = evaluated or not state.eval_dataloaders  # False: skipped
+        if trainer.scheduler is not None and state.scheduler_stepping.steps_after_epoch(evaluated):
+            trainer.scheduler_step()  # an epoch-stepped scheduler; before a save at the end
         state.savable = "epoch"
         try:
             self._fire("on_training_run_epoch_end", {"evaluated": evaluated}, hooked=True)
@@ -218,7 +224,7 @@ class Loop:
             state.savable = None
 
     def _train_step(self, plan: AccumulationPlan, batch: Any, step: int) -> dict[str, Any]:
-        state, guard = self.state, self.state.failing_batches
+        state, guard = self.state, self.state.failing_batches or self.state.micro_batches
         scale = 1.0 if plan.steps == 1 else plan.loss_scale(step)
         # a pass of unknown length (a stream) ends its last window where the data ends
         ends_window = (
@@ -245,6 +251,10 @@ class Loop:
     def _forward_backward(self, batch: Any, scale: float) -> dict[str, Any]:
         """Compute the batch's loss, track it, and back-propagate it scaled by ``scale``."""
         trainer, guard = self._trainer, self.state.failing_batches
+        if self.state.micro_batches is not None:  # on_oom="split": micro-batch by micro-batch
+            batch_output = self.state.micro_batches.run(trainer, self, batch, scale)
+            self._track(batch_output)
+            return batch_output
         if guard is None:
             batch_output = check_batch_output(
                 trainer.calculate_train_batch_loss(batch), "calculate_train_batch_loss"
@@ -257,30 +267,35 @@ class Loop:
             if guarded is None:
                 return dict(SKIPPED_OUTPUT)
             batch_output = guarded
-        loss, num_items = batch_output["loss"], batch_output.get("num_items")
-        weighting = self.state.item_weighting
-        if num_items is not None or weighting.in_use:  # token-exact: weighted by num_items
-            scaled = loss * weighting.weight(num_items, self.state.step, self.state.epoch_index)
-        else:
-            if weighting.in_use is None:  # the run's first batch: not weighted
-                weighting.start_unweighted(batch_output)
-            scaled = loss if scale == 1.0 else loss * scale
+        state = self.state
+        scaled = state.item_weighting.scaled_loss(
+            batch_output, scale, state.step, state.epoch_index
+        )
+        self._track(batch_output)
+        self.backward(batch_output["loss"], scaled)
+        return batch_output
+
+    def _track(self, batch_output: dict[str, Any]) -> None:
+        """Track a step's loss (by ``num_items`` or batch size) and its extra logged scalars."""
+        num_items = batch_output.get("num_items")
         self.state.train_loss_tracker.update(
-            loss, batch_output["batch_size"] if num_items is None else num_items
+            batch_output["loss"], batch_output["batch_size"] if num_items is None else num_items
         )
         if batch_output.keys() - BATCH_OUTPUT_KEYS:  # a loss's components: logged
-            self.state.logged.log_batch_output(batch_output, trainer.device)
-        handler = trainer.callback_handler  # an event nobody listens to costs one set look-up
+            self.state.logged.log_batch_output(batch_output, self._trainer.device)
+
+    def backward(self, loss: torch.Tensor, scaled: torch.Tensor) -> None:
+        """Back-propagate ``scaled`` (``loss``, weighted by the loop), with the backward events."""
+        handler = self._trainer.callback_handler  # an event nobody listens to: one set look-up
         if "on_backward_start" in handler.active_events:
             self._fire("on_backward_start", {})
         try:
-            trainer.backward_step(scaled)
+            self._trainer.backward_step(scaled)
         except (AttributeError, RuntimeError) as error:  # checked only once it failed
             explain_backward_failure(loss, "calculate_train_batch_loss", error)
             raise
         if "on_backward_end" in handler.active_events:
             self._fire("on_backward_end", {})
-        return batch_output
 
     def _refuse_empty_batch(self, batch: Any) -> None:
         """Raise for a batch without samples: its loss is NaN and would poison the weights."""
@@ -316,7 +331,8 @@ class Loop:
         self.state.num_updates += 1
         if "on_optimizer_step_end" in handler.active_events:
             self._fire("on_optimizer_step_end", {})
-        if trainer.scheduler is not None and not self._step_was_skipped():
+        stepped = trainer.scheduler is not None and self.state.scheduler_stepping.steps_per_update
+        if stepped and not self._step_was_skipped():
             trainer.scheduler_step()
         trainer.optimizer_zero_grad()
 
@@ -387,10 +403,18 @@ class Loop:
 
     # ------------------------------------------------------------------------ evaluation
 
-    def evaluate(self) -> None:
-        """Run an evaluation run (``Trainer.evaluate``): an eval epoch of each set, as ``loss``."""
-        run = functools.partial(self.eval_epochs, "loss", False)
-        self._entry_point("Trainer.evaluate", "evaluation_run", run)
+    def evaluate(self, metric_prefix: str) -> dict[str, Any]:
+        """Run an evaluation run (``Trainer.evaluate``): an eval epoch of each set, as ``loss``.
+
+        Returns:
+            The latest value of everything recorded meanwhile (under ``metric_prefix``).
+        """
+        history, cursor = self._trainer.run_history, MetricCursor()
+        cursor.skip_to_end(history)
+        with history.prefixed(metric_prefix):
+            run = functools.partial(self.eval_epochs, "loss", False)
+            self._entry_point("Trainer.evaluate", "evaluation_run", run)
+        return cursor.read_new(history)
 
     def run_eval_epoch(self, metric_name: str, is_intermediate: bool) -> None:
         """Run an eval epoch for a callback (see ``Trainer.run_eval_epoch``).
@@ -748,118 +772,6 @@ class Loop:
         """The progress events of one epoch, as often as ``progress_interval`` says."""
         trainer = self._trainer
         return ProgressEvents(trainer.callback_handler, trainer, event, trainer.progress_interval)
-
-
-@dataclass(frozen=True)
-class AccumulationPlan:
-    """The gradient accumulation windows of one epoch.
-
-    The epoch's micro-batches are cut into windows of ``steps`` batches; the last window holds
-    the remainder. An optimizer update happens at the end of each window. Each micro-batch
-    loss is scaled by ``1 / len(its window)``, so the update follows the mean gradient of the
-    window's batches, also for a short last window. Over data without a length
-    (``num_batches`` is ``None``) every loss is scaled by ``1 / steps``; the loop ends the last
-    window of a pass early, when the dataloader says it yielded its last batch.
-
-    Args:
-        num_batches: Micro-batches in the epoch, or ``None`` when it is not known.
-        steps: Micro-batches per full window (``gradient_accumulation_steps``).
-    """
-
-    num_batches: int | None
-    steps: int
-
-    @property
-    def num_updates(self) -> int | None:
-        """Optimizer updates in the epoch (``None`` when its length is not known)."""
-        return None if self.num_batches is None else math.ceil(self.num_batches / self.steps)
-
-    def is_update(self, step: int) -> bool:
-        """Return whether micro-batch ``step`` (0-based) ends its window."""
-        return (step + 1) % self.steps == 0 or step + 1 == self.num_batches
-
-    def loss_scale(self, step: int) -> float:
-        """Return the factor that scales micro-batch ``step``'s loss: 1 / window size."""
-        if self.num_batches is None:
-            return 1.0 / self.steps
-        window_start = step - step % self.steps
-        return 1.0 / min(self.steps, self.num_batches - window_start)
-
-
-class ProgressEvents:
-    """Fires one epoch's progress event with ``steps_done``, at strides that follow the speed.
-
-    A progress bar needs the number of steps done, but not after every step (firing
-    ``on_train_step_end`` for it costs a dispatch per step). The event (``on_train_progress``
-    or ``on_eval_progress``) fires after the epoch's first step, then at strides of steps that
-    double while the events come less than ``interval`` seconds apart and halve once they come
-    slower, and once more when the epoch ends (``finish``), also early. The loop calls
-    ``report`` once the step's 0-based index reaches ``next_step``: between two events a step
-    costs one integer comparison. Because the strides depend on the clock, processes fire
-    progress events at different steps: a listener must not stop training
-    (``StopTrainingError`` becomes a ``RuntimeError`` here) nor call collectives.
-
-    Args:
-        handler: The callback handler whose listeners get the event.
-        trainer: Passed to the listeners first.
-        event: ``"on_train_progress"`` or ``"on_eval_progress"``.
-        interval: Seconds below which consecutive events double their stride; 0 fires the
-            event after every step.
-    """
-
-    __slots__ = (
-        "_event",
-        "_handler",
-        "_interval",
-        "_listened",
-        "_reported",
-        "_reported_at",
-        "_stride",
-        "_trainer",
-        "next_step",
-    )
-
-    def __init__(
-        self, handler: CallbackHandler, trainer: object, event: str, interval: float
-    ) -> None:
-        self._handler, self._trainer, self._event = handler, trainer, event
-        self._interval = interval
-        self._listened = event in handler.active_events
-        self._reported_at: float | None = None  # the first event only starts the clock
-        self._stride = 1
-        self._reported = 0
-        self.next_step = 0 if self._listened else sys.maxsize
-
-    def start_at(self, steps_done: int) -> None:
-        """Count from ``steps_done`` (a resumed epoch's skipped batches); report the next step."""
-        self._reported = steps_done
-        if self._listened:
-            self.next_step = steps_done
-
-    def report(self, done: int) -> None:
-        """Fire the event with ``done``, then choose the step after which the next one fires."""
-        now = time.monotonic()
-        if self._reported_at is not None:
-            fast = now - self._reported_at < self._interval
-            self._stride = self._stride * 2 if fast else max(1, self._stride // 2)
-        self._reported_at = now
-        self.next_step = done - 1 + self._stride
-        self._fire(done)
-
-    def finish(self, done: int) -> None:
-        """Fire the event once more if steps were done since the last one."""
-        if self._listened and done > self._reported:
-            self._fire(done)
-
-    def _fire(self, done: int) -> None:
-        self._reported = done
-        stop = self._handler.dispatch(self._event, (self._trainer,), {"steps_done": done})
-        if stop is not None:
-            raise RuntimeError(
-                f"{self._event} may not stop training: processes fire it at different steps, "
-                f"so they could not stop together. Raise StopTrainingError from "
-                f"{self._event.replace('progress', 'step_end')} instead."
-            ) from stop
 
 
 @contextlib.contextmanager

@@ -12,14 +12,19 @@ are combined with ``reduce_across_processes``: one collective per logging point,
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from accelerate import Accelerator
 from accelerate.state import PartialState
-from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin, broadcast_object_list
+from accelerate.utils import (
+    DataLoaderConfiguration,
+    DistributedType,
+    FullyShardedDataParallelPlugin,
+    broadcast_object_list,
+)
 
 __all__ = [
     "AgreedFlag",
@@ -27,13 +32,13 @@ __all__ = [
     "agreement_group",
     "apply_fsdp_request",
     "check_world_size",
+    "create_accelerator",
     "fsdp_requested",
     "launcher_world_size",
     "main_process_object",
     "needs_cpu_distributed",
     "reduce_across_processes",
     "remove_padding",
-    "sum_across_processes",
     "synchronise_replicas",
 ]
 
@@ -54,6 +59,23 @@ def _has_gpu_like_device() -> bool:
         return True
     xpu = getattr(torch, "xpu", None)
     return bool(xpu is not None and xpu.is_available())
+
+
+def create_accelerator(accelerator_kwargs: Mapping[str, Any]) -> Accelerator:
+    """Create a trainer's accelerator, with ``Trainer(accelerator_kwargs=...)`` over the defaults.
+
+    The default ``Accelerator()`` reads the configuration of ``accelerate config`` and
+    ``accelerate launch`` (processes, mixed precision, FSDP/DeepSpeed plugins). When a
+    launcher started several processes on a machine without GPUs, it is
+    ``Accelerator(cpu=True)``: one gloo process group instead of independent copies.
+    Batches are copied to GPUs without blocking (from the pinned memory the default
+    dataloaders use there), so loading never synchronises the host with the device.
+    """
+    defaults = {
+        "cpu": needs_cpu_distributed(),
+        "dataloader_config": DataLoaderConfiguration(non_blocking=True),
+    }
+    return Accelerator(**{**defaults, **accelerator_kwargs})
 
 
 def needs_cpu_distributed() -> bool:
@@ -216,36 +238,33 @@ def main_process_object(value: Any) -> Any:
     return shared[0]
 
 
-def sum_across_processes(value: torch.Tensor) -> torch.Tensor:
-    """Sum ``value`` over every process, in place, on its device; return it.
-
-    One all-reduce over the default process group (NCCL on GPUs), queued on the device like
-    DDP's own: the host does not wait for it. Every process must call it, at the same point.
-    """
-    dist.all_reduce(value)
-    return value
-
-
 REDUCTIONS = ("mean", "sum", "max", "min")
 """How ``reduce_across_processes`` combines a value across processes."""
 
 
-def reduce_across_processes(values: torch.Tensor, reductions: Sequence[str]) -> torch.Tensor:
-    """Combine a 1-D tensor across processes, each element by its own reduction, at once.
+def reduce_across_processes(
+    values: torch.Tensor, reductions: Sequence[str] = ("sum",)
+) -> torch.Tensor:
+    """Combine a tensor across processes, each element by its own reduction, at once.
 
-    One collective (an ``all_gather`` of the tensor, on its device), then each element is
-    the ``"sum"``, ``"mean"``, ``"max"`` or ``"min"`` of the processes' values, on the device:
-    nothing is read on the host. Every process must call it at the same point, with a tensor
-    of the same length and the same ``reductions``; in one process it returns ``values``.
+    One collective, on the device and queued like DDP's own: the host does not wait for it
+    and nothing is read on the host. When every element is summed, an all-reduce, in place;
+    otherwise an ``all_gather`` of the 1-D tensor, then each element is the ``"sum"``,
+    ``"mean"``, ``"max"`` or ``"min"`` of the processes' values. Every process must call it at
+    the same point, with a tensor of the same length and the same ``reductions``; in one
+    process it returns ``values``.
 
     Args:
         values: The values of this process, one per element.
-        reductions: One of ``REDUCTIONS`` per element.
+        reductions: One of ``REDUCTIONS`` per element; by default every element is summed.
 
     Returns:
         The combined values, the same on every process.
     """
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return values
+    if all(reduction == "sum" for reduction in reductions):
+        dist.all_reduce(values)
         return values
     gathered = [torch.empty_like(values) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, values)

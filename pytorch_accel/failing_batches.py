@@ -28,7 +28,7 @@ import torch
 from pytorch_accel._checks import check_batch_output, check_positive_int, fail
 from pytorch_accel.distributed import AgreedFlag
 from pytorch_accel.errors import StopTrainingError
-from pytorch_accel.logging_setup import get_logger
+from pytorch_accel.tracking import get_logger
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer

@@ -10,14 +10,13 @@ below it.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -25,29 +24,29 @@ from pytorch_accel import _entry_checks as checks
 from pytorch_accel._batches import dict_batch_loss, inputs_and_targets, predictions_of
 from pytorch_accel._checkpointing.checkpoint import restore_checkpoint, write_checkpoint
 from pytorch_accel._checkpointing.training_state import TrainingStateIO
+from pytorch_accel._compat import DefaultCallbacks, with_ported_attributes
 from pytorch_accel._compat import trainer_module_attribute as __getattr__  # noqa: F401
-from pytorch_accel._compat import with_ported_attributes
 from pytorch_accel._loop import Loop
-from pytorch_accel._state import TrainerState
+from pytorch_accel._state import Preparation, TrainerState
+from pytorch_accel.batch_size_search import find_batch_size
+from pytorch_accel.callback import CallbackHandler, CallbackLike
 from pytorch_accel.dataloaders import merge_dataloader_kwargs
-from pytorch_accel.distributed import apply_fsdp_request, needs_cpu_distributed
+from pytorch_accel.distributed import apply_fsdp_request, create_accelerator
 from pytorch_accel.dry_run import run_dry_or_overfit
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.failing_batches import SkipFailingBatches
-from pytorch_accel.handler import CallbackHandler, CallbackLike
+from pytorch_accel.lr_finder import find_lr
 from pytorch_accel.placeholders import (
     TrainerPlaceholderValues,
     check_resolved,
     replace_trainer_placeholder_values,
 )
-from pytorch_accel.preparation import Preparation
-from pytorch_accel.run_config import TrainerRunConfig
-from pytorch_accel.run_setup import ResumeParts, RunSetup
+from pytorch_accel.run_config import ResumeParts, RunSetup, TrainerRunConfig
+from pytorch_accel.run_directory import RunDirectory
 from pytorch_accel.tracking import (
     InMemoryRunHistory,
     LoggedMetrics,
     LossTracker,
-    MetricCursor,
     RunHistory,
 )
 
@@ -56,22 +55,6 @@ __all__ = [  # DEFAULT_CALLBACKS and the other ported names: served by __getattr
     "TrainerPlaceholderValues",
     "replace_trainer_placeholder_values",
 ]
-
-
-class _DefaultCallbacks:
-    """``DEFAULT_CALLBACKS``, read when a trainer is created: the default of ``callbacks``.
-
-    The facade reaches the callback catalogue only when a trainer is built (here and in
-    ``Trainer._create_callback_handler``), never when this module is imported.
-    """
-
-    def __iter__(self) -> Iterator[CallbackLike]:
-        from pytorch_accel.callbacks.defaults import DEFAULT_CALLBACKS
-
-        return iter(DEFAULT_CALLBACKS)
-
-    def __repr__(self) -> str:
-        return "DEFAULT_CALLBACKS"
 
 
 @with_ported_attributes
@@ -92,6 +75,8 @@ class Trainer:
         accelerator_kwargs: Arguments of the ``accelerate.Accelerator`` the trainer creates
             (``mixed_precision``, ``kwargs_handlers`` for DDP and the process group, plugins),
             over the trainer's defaults.
+        output_dir: The root of the run directories: callbacks' default paths are then under
+            ``<output_dir>/<run name>`` (``run_dir``), not the working directory.
 
     Attributes:
         limit_train_batches: Use at most this many batches of each training epoch (``None``:
@@ -121,10 +106,11 @@ class Trainer:
         model: nn.Module,
         loss_func: Callable[..., torch.Tensor] | None,
         optimizer: torch.optim.Optimizer,
-        callbacks: Iterable[CallbackLike] = _DefaultCallbacks(),
+        callbacks: Iterable[CallbackLike] = DefaultCallbacks(),
         run_history: RunHistory | None = None,
         *,
         accelerator_kwargs: Mapping[str, Any] | None = None,
+        output_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         checks.check_constructor_arguments(
             model, loss_func, optimizer, callbacks, run_history, accelerator_kwargs
@@ -138,6 +124,7 @@ class Trainer:
         self._accelerator = self._create_accelerator()
         apply_fsdp_request(self._accelerator, self._accelerator_kwargs.get("fsdp_plugin"))
         checks.check_accelerator(self._accelerator)
+        self._run_directory = RunDirectory(output_dir, self._accelerator)
         self.scheduler: Any = None
         self.create_scheduler_fn: Callable[[torch.optim.Optimizer], Any] | None = None
         self.collate_fn: Callable[..., Any] | None = None
@@ -166,20 +153,8 @@ class Trainer:
         return CallbackHandler(with_environment_callbacks(callbacks), events=self.custom_events)
 
     def _create_accelerator(self) -> Accelerator:
-        """Create the accelerator, once per trainer, with ``Trainer(accelerator_kwargs=...)``.
-
-        The default ``Accelerator()`` reads the configuration of ``accelerate config`` and
-        ``accelerate launch`` (processes, mixed precision, FSDP/DeepSpeed plugins). When a
-        launcher started several processes on a machine without GPUs, it is
-        ``Accelerator(cpu=True)``: one gloo process group instead of independent copies.
-        Batches are copied to GPUs without blocking (from the pinned memory the default
-        dataloaders use there), so loading never synchronises the host with the device.
-        """
-        defaults = {
-            "cpu": needs_cpu_distributed(),
-            "dataloader_config": DataLoaderConfiguration(non_blocking=True),
-        }
-        return Accelerator(**{**defaults, **self._accelerator_kwargs})
+        """Create the accelerator, once per trainer (see ``distributed.create_accelerator``)."""
+        return create_accelerator(self._accelerator_kwargs)
 
     @property
     def accelerator(self) -> Accelerator:
@@ -190,6 +165,11 @@ class Trainer:
     def device(self) -> torch.device:
         """The device this process trains on."""
         return self._accelerator.device  # type: ignore[no-any-return]
+
+    @property
+    def run_dir(self) -> Path | None:
+        """``<output_dir>/<run name>``, where callbacks keep their default files; ``None``: none."""
+        return self._run_directory.path
 
     @property
     def train_dataloader(self) -> DataLoader[Any] | None:
@@ -308,8 +288,10 @@ class Trainer:
         resume_optimizer: bool = True,
         resume_scheduler: bool = True,
         skip_failing_batches: int | SkipFailingBatches | None = None,
+        on_oom: Literal["raise", "split"] = "raise",
         dry_run: bool | int = False,
         overfit_batches: int | None = None,
+        run_name: str | None = None,
     ) -> None:
         """Train for ``num_epochs`` (or ``max_num_train_steps`` updates, whichever ends first).
 
@@ -364,11 +346,16 @@ class Trainer:
             skip_failing_batches: Skip training batches whose ``calculate_train_batch_loss``
                 raises out-of-memory, or which are empty, up to this many (an int), or as a
                 ``SkipFailingBatches`` says; agreed across processes. ``None``: fail at once.
+            on_oom: ``"split"``: a step that runs out of memory runs again in twice as many
+                micro-batches, the same total (kept to the run's end; the results do not change).
             dry_run: Check the whole set-up instead of training: ``True`` (2) or N batches of
                 training and evaluation through every callback, with a save and a load of the
                 training state, in a temporary directory; weights, optimizer, scheduler, run
                 history and callback files are left as they were.
             overfit_batches: Train (and evaluate) on the first N batches only, in order.
+            run_name: With ``Trainer(output_dir=...)``: the run's directory under it, for this
+                call and later ones (default: the time the trainer was created, or with
+                ``resume_from="latest"`` the run holding the newest state).
         """
         arguments = checks.TrainArguments(
             train_dataset=train_dataset,
@@ -395,13 +382,15 @@ class Trainer:
             resume_optimizer=resume_optimizer,
             resume_scheduler=resume_scheduler,
             skip_failing_batches=skip_failing_batches,
+            on_oom=on_oom,
             dry_run=dry_run,
             overfit_batches=overfit_batches,
+            run_name=run_name,
         )
         checks.check_train_arguments(self, Trainer, arguments)
-        if arguments.dry_run or arguments.overfit_batches is not None:
-            run_dry_or_overfit(self, arguments)  # train() again, with the run's settings
+        if run_dry_or_overfit(self, arguments):  # train() again, with the run's settings
             return
+        self._run_directory.start_training(self.callback_handler.callbacks, run_name, resume_from)
         setup = RunSetup.from_arguments(arguments)
         setup.apply_randomness(self._accelerator)
         self.create_scheduler_fn, self.collate_fn = create_scheduler_fn, collate_fn
@@ -416,13 +405,7 @@ class Trainer:
             train_dataloader_kwargs=self._train_dl_kwargs,
             eval_dataloader_kwargs=self._eval_dl_kwargs,
         )
-        self.run_config = self._preparation.run_config(
-            self.limit_train_batches,
-            (self._train_dl_kwargs, self._eval_dl_kwargs),
-            **arguments.run_settings(),
-        )
-        self.run_config = setup.finish(self.run_config, self.optimizer, self._state.chosen_rates)
-        self._state.failing_batches = setup.failing_batch_guard(self._accelerator.num_processes)
+        self.run_config = self._preparation.training_run_config(self, arguments, setup)
         self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
         self._state.start_counting(continue_run=not reset_run_history)
         self.optimizer.zero_grad()  # a stop inside an accumulation window leaves gradients behind
@@ -471,24 +454,14 @@ class Trainer:
             collate_fn,
             metric_prefix,
         )
-        self.collate_fn, self._train_dl_kwargs = collate_fn, {}
-        batch_size = per_device_batch_size or 8
-        self._preparation.prepare(
-            self,
-            None,
-            self._preparation.build_eval_dataloaders(self, dataset, batch_size, dataloader_kwargs),
-        )
+        self.collate_fn, self._train_dl_kwargs, batch_size = collate_fn, {}, per_device_batch_size
+        self._run_directory.place(self.callback_handler.callbacks)
+        self._preparation.prepare_evaluation(self, dataset, batch_size, dataloader_kwargs)
         checks.check_has_batches(
             "Trainer.evaluate", self._preparation, dataloader_kwargs=self._eval_dl_kwargs
         )
-        self.run_config = self._preparation.run_config(
-            None, ({}, self._eval_dl_kwargs), num_epochs=1
-        )
-        history, cursor = self.run_history, MetricCursor()
-        cursor.skip_to_end(history)
-        with history.prefixed(metric_prefix):
-            self._loop.evaluate()
-        return cursor.read_new(history)
+        self.run_config = self._preparation.evaluation_run_config(self._eval_dl_kwargs)
+        return self._loop.evaluate(metric_prefix)
 
     @checks.suggest_arguments
     def predict(
@@ -538,13 +511,19 @@ class Trainer:
         with self._preparation.prepared_for_prediction(loader) as prepared:
             return self._loop.predict(prepared, output_device, keep_outputs)
 
+    def find_batch_size(self, train_dataset: Any, **kwargs: Any) -> int:
+        """Return the largest per-device batch size that trains, leaving everything as it was.
+
+        The arguments: ``pytorch_accel.batch_size_search.find_batch_size``.
+        """
+        return find_batch_size(self, train_dataset, **kwargs)
+
     def create_scheduler(self) -> Any:
         """Create the scheduler from ``create_scheduler_fn``, resolving its placeholders.
 
-        It receives the optimizer whose ``step`` the trainer calls (see
-        ``optimizer_step``) and is stepped by ``scheduler_step`` once per
-        optimizer update on each process. It is not passed through ``accelerator.prepare``,
-        which would step it once per process per update.
+        It receives the optimizer ``optimizer_step`` steps, and ``scheduler_step`` steps it
+        on each process (per update, or per epoch: ``SchedulerStepping``); it is not passed
+        through ``accelerator.prepare``, which would step it once per process per update.
         """
         factory = replace_trainer_placeholder_values(self, self.create_scheduler_fn)
         optimizer = self._preparation.direct_optimizer or self.optimizer
@@ -648,8 +627,8 @@ class Trainer:
         (self._preparation.direct_optimizer or self.optimizer).step()
 
     def scheduler_step(self) -> None:
-        """Step the scheduler (called after each optimizer update that was not skipped)."""
-        self.scheduler.step()
+        """Step the scheduler: after each update, or each epoch (see ``SchedulerStepping``)."""
+        self._state.scheduler_stepping.step(self.scheduler, self.run_history)
 
     def optimizer_zero_grad(self) -> None:
         """Reset the gradients after an update (to ``None``, as both torch and accelerate do)."""
@@ -768,6 +747,8 @@ class Trainer:
         return self._accelerator.unwrap_model(  # type: ignore[no-any-return]
             self.model, keep_torch_compile=keep_torch_compile
         )
+
+    find_lr = find_lr  # the learning-rate range test (pytorch_accel.lr_finder)
 
     # ------------------------------------------------------------------------ dataloaders
 

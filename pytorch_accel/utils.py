@@ -11,7 +11,7 @@ import copy
 import functools
 import itertools
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, NamedTuple, ParamSpec, TypeVar
 
 import torch
 from accelerate.state import PartialState
@@ -24,6 +24,7 @@ from pytorch_accel.distributed import remove_padding
 __all__ = [
     "LIMIT_BATCHES_ENV_VAR",
     "DataLoaderSlice",
+    "EmaPairs",
     "LimitBatches",
     "ModelEma",
     "local_process_zero_first",
@@ -97,6 +98,36 @@ def local_process_zero_first(func: Callable[P, R]) -> Callable[P, R]:
     return wrapped
 
 
+class EmaPairs(NamedTuple):
+    """Average tensors paired with the tensors they follow: the one exponential moving average.
+
+    Floating-point tensors move towards theirs, ``ema = decay * ema + (1 - decay) * live`` (one
+    ``torch._foreach_lerp_``); other tensors (such as BatchNorm's ``num_batches_tracked``) are
+    copied. ``ModelEma`` and ``ModelEmaCallback`` both average with it.
+    """
+
+    pairs: list[tuple[torch.Tensor, torch.Tensor]]
+    float_ema: list[torch.Tensor]
+    float_live: list[torch.Tensor]
+    others: list[tuple[torch.Tensor, torch.Tensor]]
+
+    @classmethod
+    def of(cls, pairs: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> EmaPairs:
+        """Split ``(average, live)`` pairs (on the same device and dtype) for ``update``."""
+        pairs = list(pairs)
+        floats = [pair for pair in pairs if pair[0].is_floating_point()]
+        others = [pair for pair in pairs if not pair[0].is_floating_point()]
+        return cls(pairs, [ema for ema, _ in floats], [live for _, live in floats], others)
+
+    @torch.no_grad()
+    def update(self, decay: float) -> None:
+        """Move every average towards its live tensor by ``1 - decay`` (copy the others)."""
+        if self.float_ema:
+            torch._foreach_lerp_(self.float_ema, self.float_live, 1.0 - decay)
+        for ema, live in self.others:
+            ema.copy_(live)
+
+
 class ModelEma(nn.Module):
     """An exponential moving average of a model's weights, as pytorch-accelerated's ``ModelEma``.
 
@@ -120,13 +151,9 @@ class ModelEma(nn.Module):
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
         """Move the average towards ``model``'s current weights."""
-        for ema, current in zip(
-            self.module.state_dict().values(), model.state_dict().values(), strict=True
-        ):
-            if ema.is_floating_point():
-                ema.lerp_(current.to(ema.device, ema.dtype), 1.0 - self.decay)
-            else:
-                ema.copy_(current)
+        averages, live = self.module.state_dict().values(), model.state_dict().values()
+        pairs = zip(averages, live, strict=True)
+        EmaPairs.of((ema, now.to(ema.device, ema.dtype)) for ema, now in pairs).update(self.decay)
 
     @torch.no_grad()
     def set(self, model: nn.Module) -> None:

@@ -27,14 +27,11 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "pytorch_accel._checks",
             "pytorch_accel._batches",
-            "pytorch_accel._item_weighting",
             "pytorch_accel.errors",
             "pytorch_accel.events",
             "pytorch_accel.callback",
-            "pytorch_accel.handler",
             "pytorch_accel.distributed",
             "pytorch_accel.tracking",
-            "pytorch_accel.run_config",
             "pytorch_accel.placeholders",
             "pytorch_accel._checkpointing",
             "pytorch_accel.dataloaders",
@@ -51,11 +48,13 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "pytorch_accel._checkpointing.resume",
             "pytorch_accel._state",
-            "pytorch_accel.preparation",
             "pytorch_accel._loop",
             "pytorch_accel._checkpointing.training_state",
             "pytorch_accel.failing_batches",
+            "pytorch_accel.micro_batches",
+            "pytorch_accel.run_config",
             "pytorch_accel.run_setup",
+            "pytorch_accel.run_directory",
         ),
     ),
     (
@@ -65,6 +64,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel._compat",
             "pytorch_accel._entry_checks",
             "pytorch_accel.dry_run",
+            "pytorch_accel.batch_size_search",
+            "pytorch_accel.lr_finder",
             "pytorch_accel.trainer",
             "pytorch_accel.timm_trainer",
         ),
@@ -84,29 +85,36 @@ LAYER_ROLES = {
         "and saving and loading checkpoints and training states. The checks of the entry "
         "points' arguments and data (`_entry_checks`, with `train()`'s arguments as one typed "
         "`TrainArguments`); dry and overfit runs (`dry_run`, redirecting each callback's files "
-        "through its `redirect_outputs`); every pytorch-accelerated name of the trainer module "
-        "and of `Trainer` (`_compat`)."
+        "through its `redirect_outputs`); the batch-size search, trials in a dry run's "
+        "surroundings (`batch_size_search`); the learning-rate range test, `Trainer.find_lr` "
+        "(`lr_finder`, leaving the trainer's states as they were); every pytorch-accelerated "
+        "name of the trainer module and of `Trainer` (`_compat`)."
     ),
     "loop": (
         "The loop in one module, level by level (training, evaluation, prediction), with the "
         "one helper that fires each level's start and end events and the stop agreement "
-        "(`_loop`); what changes during a run, in one `TrainerState` (`_state`); what "
-        "accelerate prepares, and each run's dataloaders, built through the trainer's hooks "
-        "(`preparation`); saving, loading and resuming training states "
-        "(`_checkpointing.training_state`, `_checkpointing.resume`); the run set-up `train()` "
-        "applies before the loop (`run_setup`: seeding, determinism, scaling the learning rate)."
+        "(`_loop`); what a trainer holds for its runs (`_state`): what changes during a run, in "
+        "one `TrainerState`, and what accelerate prepares (`Preparation`: the model, the "
+        "optimizer and each run's dataloaders, built through the trainer's hooks); saving, "
+        "loading and resuming training states "
+        "(`_checkpointing.training_state`, `_checkpointing.resume`); the run's configuration "
+        "(`run_config`: the `TrainerRunConfig`, and the set-up `train()` applies before the "
+        "loop: seeding, determinism, scaling the learning rate; `run_setup` keeps its import "
+        "path); more micro-batches of the same total on out-of-memory (`micro_batches`); the "
+        "run directory under `Trainer(output_dir=...)`, its name agreed across "
+        "processes, and where callbacks put their default files (`run_directory`)."
     ),
     "core": (
         "The concepts everything else is built from: `StopTrainingError`, the event names, the "
-        "callback interface (`TrainerCallback`) and its `CallbackHandler`, the value checks "
-        "and their one message format (`_checks`), how the default steps read a batch "
-        "(`_batches`: `(inputs, targets)`, or a dict of the model's keyword arguments), the "
-        "token-exact weighting of accumulation windows (`_item_weighting`), the one "
-        "agreement between processes "
-        "(`distributed.AgreedFlag`), run history and loss tracking, the run config, "
-        "placeholders, checkpoint and training-state files (`_checkpointing`: the one atomic "
-        "writer, safe loader and model/optimizer fit check), schedulers, the "
-        "package's rank-aware logger. None of it knows the loop or the trainer."
+        "callback interface (`TrainerCallback`) and its dispatch (`CallbackHandler`), both in "
+        "`callback`; the value checks and their one message format (`_checks`); what a batch "
+        "holds and how it is weighted (`_batches`: `(inputs, targets)` or a dict of the "
+        "model's keyword arguments, and the token-exact weighting of accumulation windows); "
+        "the one agreement between processes (`distributed.AgreedFlag`); what a run reports "
+        "(`tracking`: run history, loss tracking, logged values and the package's rank-aware "
+        "logger; `logging_setup` keeps its import path); placeholders, checkpoint and "
+        "training-state files (`_checkpointing`: the one atomic writer, safe loader and "
+        "model/optimizer fit check), schedulers. None of it knows the loop or the trainer."
     ),
 }
 """What each layer holds: the last column of the generated table in docs/architecture.md."""

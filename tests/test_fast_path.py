@@ -11,7 +11,7 @@ from helpers import clone_params, hand_written_loop, make_model, make_trainer
 from torch.optim.lr_scheduler import OneCycleLR
 from torch.utils.data import TensorDataset
 
-import pytorch_accel.preparation
+import pytorch_accel._state
 from pytorch_accel import TrainerPlaceholderValues as P
 
 UNSHUFFLED = {"shuffle": False}
@@ -50,7 +50,7 @@ def test_both_paths_give_bitwise_equal_weights(
     monkeypatch: pytest.MonkeyPatch, regression_dataset: TensorDataset, accumulation: int
 ) -> None:
     fast = train(regression_dataset, gradient_accumulation_steps=accumulation, max_grad_norm=0.5)
-    monkeypatch.setattr(pytorch_accel.preparation, "_FORWARDING_TYPES", frozenset())
+    monkeypatch.setattr(pytorch_accel._state, "_FORWARDING_TYPES", frozenset())
     wrapped_trainer = make_trainer()
     wrapped_trainer.train(regression_dataset, num_epochs=1)
     assert (
@@ -64,7 +64,7 @@ def test_both_paths_give_bitwise_equal_weights(
 def test_wrapper_path_matches_the_hand_written_loop(
     monkeypatch: pytest.MonkeyPatch, regression_dataset: TensorDataset
 ) -> None:
-    monkeypatch.setattr(pytorch_accel.preparation, "_FORWARDING_TYPES", frozenset())
+    monkeypatch.setattr(pytorch_accel._state, "_FORWARDING_TYPES", frozenset())
     model = make_model()
     reference = hand_written_loop(model, regression_dataset, batch_size=8, num_epochs=2)
     trainer = make_trainer(model)

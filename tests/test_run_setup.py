@@ -19,7 +19,7 @@ from torch.optim.lr_scheduler import StepLR
 from pytorch_accel import Trainer
 from pytorch_accel._checkpointing.files import load_pickled
 from pytorch_accel.callbacks import TrainerCallback
-from pytorch_accel.run_setup import CUBLAS_WORKSPACE_CONFIG
+from pytorch_accel.run_config import CUBLAS_WORKSPACE_CONFIG
 
 
 @pytest.fixture(autouse=True)

@@ -43,7 +43,7 @@ from pytorch_accel.dataloaders import epoch_batches
 from pytorch_accel.tracking import LossTracker
 
 if TYPE_CHECKING:
-    from pytorch_accel.handler import CallbackHandler
+    from pytorch_accel.callback import CallbackHandler
     from pytorch_accel.trainer import Trainer
 
 __all__ = [

@@ -41,7 +41,7 @@ from pytorch_accel._checkpointing.files import (
 )
 from pytorch_accel._checkpointing.store import discard, publish, write_manifest
 from pytorch_accel.distributed import AgreedFlag
-from pytorch_accel.logging_setup import get_logger
+from pytorch_accel.tracking import get_logger
 
 __all__ = [
     "HostCopies",

@@ -59,17 +59,17 @@ from pytorch_accel._checkpointing.store import (
     write_manifest,
 )
 from pytorch_accel._checks import fail
+from pytorch_accel._state import Preparation
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.distributed import AgreedFlag
-from pytorch_accel.logging_setup import setup_logging
-from pytorch_accel.preparation import Preparation
-from pytorch_accel.run_config import TrainerRunConfig
-from pytorch_accel.run_setup import (
+from pytorch_accel.run_config import (
     ResumeParts,
+    TrainerRunConfig,
     bare_compiled_models,
     optimizer_not_loaded,
     recorded,
 )
+from pytorch_accel.tracking import setup_logging
 
 if TYPE_CHECKING:
     from pytorch_accel._state import TrainerState

@@ -10,7 +10,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pytorch_accel.callback import TrainerCallback, redirected_paths
+    from pytorch_accel.callback import (
+        CallbackHandler,
+        DefaultPath,
+        RunPaths,
+        TrainerCallback,
+        redirected_paths,
+    )
     from pytorch_accel.callbacks.defaults import (
         DEFAULT_CALLBACKS,
         LogMetricsCallback,
@@ -46,7 +52,6 @@ if TYPE_CHECKING:
     from pytorch_accel.callbacks.trackers import TrackingCallback
     from pytorch_accel.callbacks.wsd_checkpoint import WSDCheckpointCallback
     from pytorch_accel.errors import CallbackMethodNotImplementedError, StopTrainingError
-    from pytorch_accel.handler import CallbackHandler
 
 __all__ = [
     "DEFAULT_CALLBACKS",
@@ -56,6 +61,7 @@ __all__ = [
     "CallbackHandler",
     "CallbackMethodNotImplementedError",
     "ConvertSyncBatchNormCallback",
+    "DefaultPath",
     "EarlyStoppingCallback",
     "LimitBatches",
     "LimitBatchesCallback",
@@ -67,6 +73,7 @@ __all__ = [
     "PlotMetricsCallback",
     "PrintProgressCallback",
     "ProgressBarCallback",
+    "RunPaths",
     "RunRecordCallback",
     "SaveBestModelCallback",
     "SaveTrainingStateCallback",
@@ -87,7 +94,7 @@ __all__ = [
 ]
 
 _MODULES = {
-    "CallbackHandler": "pytorch_accel.handler",
+    "CallbackHandler": "pytorch_accel.callback",
     "CallbackMethodNotImplementedError": "pytorch_accel.errors",
     "ConvertSyncBatchNormCallback": "pytorch_accel.callbacks.sync_batchnorm",
     "DEFAULT_CALLBACKS": "pytorch_accel.callbacks.defaults",
@@ -122,6 +129,8 @@ _MODULES = {
     "limit_batches_from_environment": "pytorch_accel.callbacks.limit_batches",
     "plot_metrics": "pytorch_accel.callbacks.plotting",
     "redirected_paths": "pytorch_accel.callback",
+    "DefaultPath": "pytorch_accel.callback",
+    "RunPaths": "pytorch_accel.callback",
 }
 
 

@@ -14,8 +14,7 @@ import torch
 
 from pytorch_accel._checks import check_bool, fail
 from pytorch_accel.distributed import AgreedFlag, agreement_group
-from pytorch_accel.logging_setup import get_logger
-from pytorch_accel.tracking import MetricNotFoundError
+from pytorch_accel.tracking import MetricNotFoundError, get_logger
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer

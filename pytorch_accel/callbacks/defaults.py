@@ -23,15 +23,13 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from pytorch_accel._checks import check_positive_int, fail
-from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.callback import CallbackLike, TrainerCallback
 from pytorch_accel.callbacks.limit_batches import (
     LimitBatchesCallback,
     limit_batches_from_environment,
 )
 from pytorch_accel.errors import StopTrainingError
-from pytorch_accel.handler import CallbackLike
-from pytorch_accel.logging_setup import get_logger, setup_logging
-from pytorch_accel.tracking import MetricCursor
+from pytorch_accel.tracking import MetricCursor, get_logger, setup_logging
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer
@@ -236,7 +234,7 @@ class PrintProgressCallback(TrainerCallback):
     epoch's wall-clock time (training and evaluation). An ``evaluate()`` run logs one
     ``evaluation ...`` line. A run stopped inside an epoch logs what that epoch recorded, with
     ``(stopped)``. The lines go through ``logging.getLogger("pytorch_accel")`` at ``INFO``
-    (see ``pytorch_accel.logging_setup``): silence them with
+    (see ``pytorch_accel.tracking``): silence them with
     ``logging.getLogger("pytorch_accel").setLevel(logging.WARNING)``, or add a handler to send
     them elsewhere. Order ``100``: it reads the metrics after the callbacks that record them.
 

@@ -9,7 +9,7 @@ from pytorch_accel._checks import check_bool, check_metric_name, check_number, c
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks._watch import MetricWatch, resolve_direction
 from pytorch_accel.errors import StopTrainingError
-from pytorch_accel.logging_setup import get_logger
+from pytorch_accel.tracking import get_logger
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer

@@ -6,15 +6,15 @@ import contextlib
 import numbers
 import os
 from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate.utils import DistributedType
 
 from pytorch_accel._checks import check_bool, check_metric_name, check_path, fail
-from pytorch_accel.callback import TrainerCallback, redirected_paths
+from pytorch_accel.callback import DefaultPath, RunPaths, TrainerCallback, redirected_paths
 from pytorch_accel.callbacks._watch import MetricWatch, resolve_direction
-from pytorch_accel.utils import ModelEma
+from pytorch_accel.utils import EmaPairs, ModelEma
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -25,17 +25,6 @@ __all__ = ["EMA_METRIC_PREFIX", "ModelEmaCallback"]
 
 EMA_METRIC_PREFIX = "ema_model_"
 """The run-history prefix of metrics recorded while the EMA weights are evaluated."""
-
-_Pair = tuple[torch.Tensor, torch.Tensor]  # (EMA tensor, model tensor)
-
-
-class _Binding(NamedTuple):
-    """The EMA tensors paired with the model's, and the lists the update works on."""
-
-    pairs: list[_Pair]
-    float_ema: list[torch.Tensor]
-    float_live: list[torch.Tensor]
-    others: list[_Pair]
 
 
 class ModelEmaCallback(TrainerCallback):
@@ -67,7 +56,8 @@ class ModelEmaCallback(TrainerCallback):
         decay: The weight of the old average, in ``(0, 1)``; ``0.999`` averages over roughly
             the last 1000 updates.
         evaluate_during_training: Evaluate the EMA weights after each epoch with an eval set.
-        save_path: Where to save the EMA weights at the end of each run; ``None``: not saved.
+        save_path: Where to save the EMA weights at the end of each run; ``None``: not saved
+            (in ``trainer.run_dir`` when left out and the trainer has an ``output_dir``).
         reset_on_train: Restart the EMA from the model's weights at each ``train()``.
         watch_metric: If given (pytorch-accelerated's argument, e.g.
             ``"ema_model_eval_loss_epoch"``), ``save_path`` instead holds the EMA weights of
@@ -97,7 +87,7 @@ class ModelEmaCallback(TrainerCallback):
         self,
         decay: float = 0.99,
         evaluate_during_training: bool = True,
-        save_path: str | os.PathLike[str] | None = "ema_model.pt",
+        save_path: str | os.PathLike[str] | None = DefaultPath("ema_model.pt"),
         reset_on_train: bool = False,
         watch_metric: str | None = None,
         greater_is_better: bool | None = None,
@@ -113,6 +103,7 @@ class ModelEmaCallback(TrainerCallback):
         self.decay = float(decay)
         self.evaluate_during_training = evaluate_during_training
         self.save_path = save_path
+        self._run_paths = RunPaths(save_path=save_path)
         self.reset_on_train = reset_on_train
         self.num_ema_updates = 0
         self._ema: dict[str, torch.Tensor] | None = None
@@ -122,11 +113,15 @@ class ModelEmaCallback(TrainerCallback):
             direction = resolve_direction(where, watch_metric, greater_is_better)
             self._watch = MetricWatch(where, watch_metric, direction)
         self.best_metric: float | None = None
-        self._binding: _Binding | None = None  # bound to the model of the current run
+        self._binding: EmaPairs | None = None  # bound to the model of the current run
 
     def redirect_outputs(self, directory: Path) -> contextlib.AbstractContextManager[None]:
         """Write the EMA weights under ``directory`` meanwhile (for ``train(dry_run=...)``)."""
         return redirected_paths(self, directory, "save_path")
+
+    def place_outputs(self, run_dir: Path) -> None:
+        """Put the EMA weights' file under ``run_dir`` if ``save_path`` was left at its default."""
+        self._run_paths.place(self, run_dir)
 
     # ------------------------------------------------------------------------ state
 
@@ -182,12 +177,7 @@ class ModelEmaCallback(TrainerCallback):
         """Move the average towards the updated weights (skipped updates are ignored)."""
         if trainer.accelerator.optimizer_step_was_skipped:
             return
-        binding = self._binding or self._bind(trainer)
-        with torch.no_grad():
-            if binding.float_ema:
-                torch._foreach_lerp_(binding.float_ema, binding.float_live, 1.0 - self.decay)
-            for ema_tensor, live_tensor in binding.others:
-                ema_tensor.copy_(live_tensor)
+        (self._binding or self._bind(trainer)).update(self.decay)
         self.num_ema_updates += 1
 
     def on_training_run_epoch_end(
@@ -255,7 +245,7 @@ class ModelEmaCallback(TrainerCallback):
         finally:
             _swap(pairs)
 
-    def _bind(self, trainer: Trainer) -> _Binding:
+    def _bind(self, trainer: Trainer) -> EmaPairs:
         """Pair each EMA tensor with the model's tensor of the same name, on its device."""
         if self._ema is None:
             fail(
@@ -272,14 +262,7 @@ class ModelEmaCallback(TrainerCallback):
             name: self._ema[name].to(tensor.device, tensor.dtype)
             for name, tensor in model_state.items()
         }
-        pairs = [(self._ema[name], tensor) for name, tensor in model_state.items()]
-        floats = [pair for pair in pairs if pair[0].is_floating_point()]
-        self._binding = _Binding(
-            pairs=pairs,
-            float_ema=[ema for ema, _ in floats],
-            float_live=[live for _, live in floats],
-            others=[pair for pair in pairs if not pair[0].is_floating_point()],
-        )
+        self._binding = EmaPairs.of((self._ema[name], t) for name, t in model_state.items())
         return self._binding
 
 
@@ -288,7 +271,7 @@ def _model_state(trainer: Trainer) -> dict[str, torch.Tensor]:
     return trainer.get_model(keep_torch_compile=False).state_dict()
 
 
-def _swap(pairs: list[_Pair]) -> None:
+def _swap(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     """Exchange the contents of each pair in place; undo the ones done if one fails."""
     done = 0
     try:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytorch_accel._checkpointing.files import atomic_write
 from pytorch_accel._checks import check_bool, check_mapping, fail
+from pytorch_accel.callback import DefaultPath, RunPaths
 from pytorch_accel.callbacks._run_info import (
     environment,
     jsonable,
@@ -23,7 +24,7 @@ from pytorch_accel.callbacks._run_info import (
 )
 from pytorch_accel.callbacks.step_logging import DEFAULT_LOG_EVERY_N_UPDATES
 from pytorch_accel.callbacks.trackers import TrackingCallback
-from pytorch_accel.logging_setup import get_logger, setup_logging
+from pytorch_accel.tracking import get_logger, setup_logging
 
 if TYPE_CHECKING:
     from accelerate.tracking import GeneralTracker
@@ -84,7 +85,8 @@ class RunRecordCallback(TrackingCallback):
     Order ``110``: after the console's epoch line, which the log file then holds.
 
     Args:
-        directory: The record's directory (created if needed).
+        directory: The record's directory (created if needed); ``None`` (the default): the
+            run directory itself, ``trainer.run_dir``, which needs ``Trainer(output_dir=...)``.
         hyperparameters: The user's hyper-parameters (any JSON-like mapping).
         log_with: Trackers as in ``TrackingCallback``; ``None`` (the default): TensorBoard if
             it is installed, else none.
@@ -109,7 +111,7 @@ class RunRecordCallback(TrackingCallback):
 
     def __init__(
         self,
-        directory: str | os.PathLike[str],
+        directory: str | os.PathLike[str] | None = None,
         hyperparameters: Mapping[str, Any] | None = None,
         *,
         log_with: str | GeneralTracker | Iterable[str | GeneralTracker] | None = None,
@@ -117,10 +119,14 @@ class RunRecordCallback(TrackingCallback):
         log_grad_norm: bool = False,
         plot: bool | None = None,
     ) -> None:
-        if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
-            fail(TypeError, "RunRecordCallback", "directory", directory, "a path", "Pass 'runs/1'.")
+        if directory is None:
+            directory = DefaultPath(".")  # the run directory itself
+        elif not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
+            expected = "a path or None"
+            fail(TypeError, "RunRecordCallback", "directory", directory, expected, "Pass 'runs/1'.")
         check_mapping("RunRecordCallback", "hyperparameters", hyperparameters)
         self.directory = Path(directory)
+        self._record_paths = RunPaths(directory=directory)
         self.hyperparameters = dict(hyperparameters or {})
         super().__init__(
             _default_trackers() if log_with is None else log_with,
@@ -146,6 +152,13 @@ class RunRecordCallback(TrackingCallback):
         finally:
             self.directory, self.logging_dir, self.csv_path = saved
 
+    def place_outputs(self, run_dir: Path) -> None:
+        """Keep the record in ``run_dir`` itself if ``directory`` was left out."""
+        before = self.directory
+        self._record_paths.place(self, run_dir)
+        if self.directory != before:
+            self.logging_dir, self.csv_path = os.fspath(self.directory), self.path("metrics")
+
     def path(self, role: str) -> Path:
         """The path of one of the record's files (a key of ``RUN_RECORD_FILES``)."""
         return self.directory / RUN_RECORD_FILES[role]
@@ -157,12 +170,31 @@ class RunRecordCallback(TrackingCallback):
         ``OSError`` naming it, here or at a later event, once the record's open files are
         closed.
         """
+        self._check_directory(trainer)
         if trainer.accelerator.is_main_process:
             with self._writing(self.directory, "directory"):
                 self.directory.mkdir(parents=True, exist_ok=True)
             self._open_log(trainer)
             self._write_description(trainer)
         super().on_training_run_start(trainer)
+
+    def on_evaluation_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Continue the run's trackers, or start them and store the run config."""
+        self._check_directory(trainer)
+        super().on_evaluation_run_start(trainer)
+
+    def _check_directory(self, trainer: Trainer) -> None:
+        """Raise if ``directory`` was left out and the trainer has no run directory."""
+        if self._record_paths.follows_run_dir("directory") and trainer.run_dir is None:
+            fail(
+                ValueError,
+                "RunRecordCallback",
+                "directory",
+                None,
+                "a path, or None with Trainer(output_dir=...)",
+                "Pass RunRecordCallback('runs/1'), or create the trainer with "
+                "Trainer(..., output_dir='runs') to keep the record in the run's directory.",
+            )
 
     def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         """Send the epoch's metrics; redraw the curves."""

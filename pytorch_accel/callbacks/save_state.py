@@ -20,10 +20,10 @@ from pytorch_accel._checkpointing.store import (
     tidy_save_dir,
 )
 from pytorch_accel._checks import check_bool, check_number, check_path, check_positive_int, fail
-from pytorch_accel.callback import TrainerCallback, redirected_paths
+from pytorch_accel.callback import DefaultPath, RunPaths, TrainerCallback, redirected_paths
 from pytorch_accel.distributed import AgreedFlag, agreement_group
 from pytorch_accel.errors import StopTrainingError
-from pytorch_accel.logging_setup import get_logger
+from pytorch_accel.tracking import get_logger
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer
@@ -73,7 +73,8 @@ class SaveTrainingStateCallback(TrainerCallback):
     the end of a step or an epoch includes what they did in that event.
 
     Args:
-        save_dir: The directory that holds the states.
+        save_dir: The directory that holds the states (in ``trainer.run_dir`` when left out
+            and the trainer has an ``output_dir``).
         save_every_n_epochs: Save after every n-th epoch (with its evaluation).
         save_every_n_steps: Save after every n-th optimizer update.
         save_at_end: Save ``final`` when ``train()`` ends (not after a preemption).
@@ -90,7 +91,7 @@ class SaveTrainingStateCallback(TrainerCallback):
 
     def __init__(
         self,
-        save_dir: str | os.PathLike[str] = "training_states",
+        save_dir: str | os.PathLike[str] = DefaultPath("training_states"),
         save_every_n_epochs: int | None = None,
         save_every_n_steps: int | None = None,
         save_at_end: bool = True,
@@ -112,6 +113,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         check_number(where, "preemption_check_interval", preemption_check_interval, finite=True)
         self.preemption_check_interval = float(preemption_check_interval)
         self.save_dir = Path(save_dir)
+        self._run_paths = RunPaths(save_dir=save_dir)
         self.save_every_n_epochs = save_every_n_epochs
         self.save_every_n_steps = save_every_n_steps
         self.save_at_end = save_at_end
@@ -136,6 +138,10 @@ class SaveTrainingStateCallback(TrainerCallback):
     def redirect_outputs(self, directory: Path) -> AbstractContextManager[None]:
         """Write the training states under ``directory`` meanwhile (for ``train(dry_run=...)``)."""
         return redirected_paths(self, directory, "save_dir")
+
+    def place_outputs(self, run_dir: Path) -> None:
+        """Put the training states under ``run_dir`` if ``save_dir`` was left at its default."""
+        self._run_paths.place(self, run_dir)
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Repair and clear what killed saves left, and install the signal handlers."""

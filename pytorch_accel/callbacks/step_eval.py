@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytorch_accel._checks import check_positive_int, fail
 from pytorch_accel.callback import TrainerCallback
-from pytorch_accel.logging_setup import get_logger
+from pytorch_accel.tracking import get_logger
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer

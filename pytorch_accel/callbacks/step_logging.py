@@ -18,8 +18,13 @@ from pytorch_accel._checks import check_bool, check_positive_int
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks.defaults import SEPARATOR, format_metrics
 from pytorch_accel.distributed import reduce_across_processes
-from pytorch_accel.logging_setup import get_logger, setup_logging
-from pytorch_accel.tracking import LoggedValues, logged_name, reduction_dtype
+from pytorch_accel.tracking import (
+    LoggedValues,
+    get_logger,
+    logged_name,
+    reduction_dtype,
+    setup_logging,
+)
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer

@@ -14,7 +14,7 @@ import torch
 
 from pytorch_accel._checkpointing.files import write_error
 from pytorch_accel._checks import callable_name, check_mapping, fail
-from pytorch_accel.callback import redirected_paths
+from pytorch_accel.callback import DefaultPath, RunPaths, redirected_paths
 from pytorch_accel.callbacks._metrics_csv import (
     STEP_COLUMN,
     UPDATE_COLUMN,
@@ -24,8 +24,7 @@ from pytorch_accel.callbacks._metrics_csv import (
 )
 from pytorch_accel.callbacks.defaults import format_metrics
 from pytorch_accel.callbacks.step_logging import DEFAULT_LOG_EVERY_N_UPDATES, StepLoggingCallback
-from pytorch_accel.logging_setup import get_logger
-from pytorch_accel.tracking import MetricCursor
+from pytorch_accel.tracking import MetricCursor, get_logger
 
 if TYPE_CHECKING:
     from accelerate.tracking import GeneralTracker
@@ -100,7 +99,8 @@ class TrackingCallback(StepLoggingCallback):
         project_name: The run name passed to each tracker (TensorBoard writes to
             ``<logging_dir>/<project_name>``).
         logging_dir: Where trackers that write local files put them.
-        csv_path: The per-epoch CSV file, or ``None`` for none.
+        csv_path: The per-epoch CSV file, or ``None`` for none. Both are in
+            ``trainer.run_dir`` when left out and the trainer has an ``output_dir``.
         init_kwargs: Keyword arguments per tracker name, e.g.
             ``{"tensorboard": {"flush_secs": 30}}``.
         config: Extra hyperparameters stored with the run config (flattened likewise).
@@ -135,8 +135,8 @@ class TrackingCallback(StepLoggingCallback):
         log_with: str | GeneralTracker | Iterable[str | GeneralTracker] = ("tensorboard",),
         *,
         project_name: str = "pytorch-accel",
-        logging_dir: str | os.PathLike[str] = "runs",
-        csv_path: str | os.PathLike[str] | None = "metrics.csv",
+        logging_dir: str | os.PathLike[str] = DefaultPath("runs"),
+        csv_path: str | os.PathLike[str] | None = DefaultPath("metrics.csv"),
         init_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
         config: Mapping[str, Any] | None = None,
         log_every_n_updates: int | None = DEFAULT_LOG_EVERY_N_UPDATES,
@@ -161,6 +161,7 @@ class TrackingCallback(StepLoggingCallback):
         self.project_name = project_name
         self.logging_dir = os.fspath(logging_dir)
         self.csv_path = None if csv_path is None else Path(csv_path)
+        self._run_paths = RunPaths(logging_dir=logging_dir, csv_path=csv_path)
         self.init_kwargs = {name: dict(kwargs) for name, kwargs in (init_kwargs or {}).items()}
         self.config = dict(config or {})
         self.trackers: list[GeneralTracker] = []
@@ -177,6 +178,10 @@ class TrackingCallback(StepLoggingCallback):
         """Write the CSV files and local tracker runs under ``directory`` (for dry runs)."""
         with redirected_paths(self, directory, "logging_dir", "csv_path"), self._set_aside():
             yield
+
+    def place_outputs(self, run_dir: Path) -> None:
+        """Put the CSV files and local tracker runs left at their defaults under ``run_dir``."""
+        self._run_paths.place(self, run_dir)
 
     @contextlib.contextmanager
     def _set_aside(self) -> Iterator[None]:

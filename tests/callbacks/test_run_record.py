@@ -106,7 +106,7 @@ def test_the_trackers_get_the_hyperparameters_and_step_series(
 @pytest.mark.parametrize(
     ("arguments", "error", "message"),
     [
-        ({"directory": 3}, TypeError, r"RunRecordCallback: directory must be a path, got 3"),
+        ({"directory": 3}, TypeError, r"directory must be a path or None, got 3"),
         ({"directory": "r", "hyperparameters": [1]}, TypeError, r"hyperparameters must be"),
         ({"directory": "r", "plot": "yes"}, TypeError, r"plot must be None or a bool, got 'yes'"),
         ({"directory": "r", "log_every_n_updates": 0}, ValueError, r"log_every_n_updates"),
