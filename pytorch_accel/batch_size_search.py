@@ -188,7 +188,8 @@ def _trial(
         length: dict[str, Any] = {"num_epochs": 1}
     except TypeError:  # a stream: counted in updates
         length = {"max_num_train_steps": steps}
-    with trial_run(trainer, steps):
+    # a trial's out-of-memory error is the search's to handle: no on_exception for it
+    with trial_run(trainer, steps), trainer.callback_handler.exceptions_handled_by_caller():
         state.probing = True
         try:
             trainer.train(train_dataset, per_device_batch_size=size, **length, **train_kwargs)
