@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from benchmarks import saving
+
 
 def markdown(results: dict[str, Any]) -> str:
     """Render the per-step tables and the fresh-process figures."""
@@ -43,6 +45,9 @@ def suites_markdown(suites: dict[str, Any]) -> list[str]:
             continue
         if key == "resume":
             lines += _resume_table(suite)
+            continue
+        if key == "saving":
+            lines += ["### Stall per save (training states)", "", saving.markdown(suite), ""]
             continue
         lines += [
             f"### {suite['name']}",
@@ -179,7 +184,7 @@ def suites_chart(suites: dict[str, Any], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    keys = [key for key in suites if key not in ("startup", "resume")]
+    keys = [key for key in suites if key not in ("startup", "resume", "saving")]
     if not keys:
         return True
     figure, axes = plt.subplots(len(keys), 1, figsize=(8, 2.2 * len(keys)), squeeze=False)

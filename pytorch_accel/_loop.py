@@ -132,11 +132,14 @@ class Loop:
         state.scheduler_stepping = SchedulerStepping.of(
             trainer.scheduler, trainer.create_scheduler_fn, state.eval_dataloaders
         )
+        ended = False
         try:
             self._entry_point("Trainer.train", "training_run", self._epochs)
+            ended = True
         finally:
             state.running, state.resume, state.savable = False, None, None
             state.chosen_rates.note_left(self._trainer.optimizer)
+            state.end_save(failed=not ended)  # a save written in the background completes
 
     def _epochs(self) -> None:
         config, state = self._config(), self.state
@@ -211,6 +214,8 @@ class Loop:
                         train_step(plan, batch, step)  # nothing to fire around it
                     else:
                         with_events("train_step", train_step, plan, batch, step)
+                    if state.pending_save is not None:  # written in the background
+                        state.poll_save()
                     if step >= progress.next_step:
                         state.savable = None  # processes report at different steps
                         progress.report(state.step)
