@@ -237,12 +237,18 @@ def _write(path: Path, item: StagedFile) -> dict[str, Any]:
     try:
         load_safely(buffer.getvalue(), path, "Trainer.save_training_state")
     except TrainingStateError as error:
-        raise TypeError(
-            "Trainer.save_training_state: the trainer state (scheduler, run history or a "
-            "callback's state_dict or rank_state_dict) holds objects that cannot be loaded "
-            f"safely; keep them to tensors, numbers, strings and containers. {error}"
-        ) from error
+        raise unsafe_state_error(error) from error
     return write_digested(path, buffer.getvalue())
+
+
+def unsafe_state_error(error: TrainingStateError) -> TypeError:
+    """The error for a training state that holds objects ``weights_only`` cannot load."""
+    return TypeError(
+        "Trainer.save_training_state: the trainer state (scheduler, run history, a "
+        "callback's state_dict or rank_state_dict, or the train dataset's or "
+        "dataloader's state_dict) holds objects that cannot be loaded "
+        f"safely; keep them to tensors, numbers, strings and containers. {error}"
+    )
 
 
 _SAFETENSORS_DTYPES = {  # in the order of safetensors' dtypes, which orders a file's entries

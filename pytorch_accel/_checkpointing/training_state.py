@@ -46,6 +46,7 @@ from pytorch_accel._checkpointing.staging import (
     StagedFile,
     StateWrite,
     stage_accelerator_state,
+    unsafe_state_error,
 )
 from pytorch_accel._checkpointing.store import (
     TrainingStateError,
@@ -517,12 +518,7 @@ def _check_saved_states_load_safely(directory: Path) -> None:
         try:
             load_pickled(path, "Trainer.save_training_state")
         except TrainingStateError as error:
-            raise TypeError(
-                "Trainer.save_training_state: the trainer state (scheduler, run history, a "
-                "callback's state_dict or rank_state_dict, or the train dataset's or "
-                "dataloader's state_dict) holds objects that cannot be loaded "
-                f"safely; keep them to tensors, numbers, strings and containers. {error}"
-            ) from error
+            raise unsafe_state_error(error) from error
 
 
 def refuse_fsdp1(accelerator: Any, where: str) -> None:
