@@ -367,7 +367,8 @@ class Trainer:
             overfit_batches=overfit_batches,
         )
         checks.check_train_arguments(self, Trainer, arguments)
-        if run_dry_or_overfit(self, arguments):  # train() again, with the run's settings
+        if arguments.dry_run or arguments.overfit_batches is not None:
+            run_dry_or_overfit(self, arguments)  # train() again, with the run's settings
             return
         setup = RunSetup.from_arguments(arguments)
         setup.apply_randomness(self._accelerator)
@@ -484,8 +485,7 @@ class Trainer:
             self._preparation,
             keep_outputs,
         )
-        self._preparation.prepare_model_and_optimizer(self)
-        with self._preparation.prepared_for_prediction(loader) as prepared:
+        with self._preparation.prepared_for_prediction(self, loader) as prepared:
             return self._loop.predict(prepared, output_device, keep_outputs)
 
     def create_scheduler(self) -> Any:
