@@ -26,12 +26,12 @@ from pytorch_accel._checkpointing.checkpoint import restore_checkpoint, write_ch
 from pytorch_accel._checkpointing.training_state import TrainingStateIO
 from pytorch_accel._compat import DefaultCallbacks, with_ported_attributes
 from pytorch_accel._compat import trainer_module_attribute as __getattr__  # noqa: F401
+from pytorch_accel._dry_run import run_dry_or_overfit
 from pytorch_accel._loop import Loop
 from pytorch_accel._state import Preparation, TrainerState
 from pytorch_accel.callback import CallbackHandler, CallbackLike
 from pytorch_accel.dataloaders import merge_dataloader_kwargs
 from pytorch_accel.distributed import apply_fsdp_request, create_accelerator
-from pytorch_accel.dry_run import run_dry_or_overfit
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.failing_batches import SkipFailingBatches
 from pytorch_accel.placeholders import (
