@@ -199,8 +199,7 @@ class TrainerState:
 class Preparation:
     """The accelerate-prepared objects of one trainer.
 
-    The run's prepared dataloaders are kept in the trainer's ``TrainerState`` (read here as
-    ``train_dataloader``, ``eval_dataloaders``, ``eval_dataloader`` and ``resumable``).
+    The run's prepared dataloaders are kept in the trainer's ``TrainerState``.
 
     Args:
         accelerator: The trainer's accelerator.
@@ -217,26 +216,6 @@ class Preparation:
         self._prepared: tuple[object, object] = (None, None)
         self._trainable_when_wrapped: tuple[bool, ...] = ()
         self.direct_optimizer: torch.optim.Optimizer | None = None
-
-    @property
-    def train_dataloader(self) -> DataLoader[Any] | None:
-        """The prepared train dataloader of the current run, if any."""
-        return self._state.train_dataloader
-
-    @property
-    def eval_dataloaders(self) -> dict[str | None, DataLoader[Any]]:
-        """The prepared eval dataloaders of the current run, by set name."""
-        return self._state.eval_dataloaders
-
-    @property
-    def eval_dataloader(self) -> DataLoader[Any] | None:
-        """The eval dataloader of the set being evaluated, else of the first set (or ``None``)."""
-        return self._state.eval_dataloader
-
-    @property
-    def resumable(self) -> ResumableLoader | None:
-        """The controls of a train dataloader that can resume mid-epoch, if it can."""
-        return self._state.resumable
 
     @property
     def has_model(self) -> bool:
@@ -328,7 +307,7 @@ class Preparation:
         **settings: Any,
     ) -> TrainerRunConfig:
         """Describe the run over the prepared dataloaders (see ``create_run_config``)."""
-        train_dataloader = self.train_dataloader
+        train_dataloader = self._state.train_dataloader
         return create_run_config(
             self._accelerator, train_dataloader, limit_train_batches, dl_kwargs, **settings
         )

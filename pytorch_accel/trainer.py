@@ -380,7 +380,7 @@ class Trainer:
         self._preparation.prepare(self, train_dl, eval_dls)
         checks.check_has_batches(
             "Trainer.train",
-            self._preparation,
+            self._state,
             train_dataloader_kwargs=self._train_dl_kwargs,
             eval_dataloader_kwargs=self._eval_dl_kwargs,
         )
@@ -436,7 +436,7 @@ class Trainer:
         self.collate_fn, self._train_dl_kwargs, batch_size = collate_fn, {}, per_device_batch_size
         self._preparation.prepare_evaluation(self, dataset, batch_size, dataloader_kwargs)
         checks.check_has_batches(
-            "Trainer.evaluate", self._preparation, dataloader_kwargs=self._eval_dl_kwargs
+            "Trainer.evaluate", self._state, dataloader_kwargs=self._eval_dl_kwargs
         )
         self.run_config = self._preparation.evaluation_run_config(self._eval_dl_kwargs)
         return self._loop.evaluate(metric_prefix)

@@ -170,7 +170,7 @@ class TrainingStateIO:
 
     def _rank_state(self, position: Position) -> dict[str, Any]:
         """The trainer state that differs between processes."""
-        resumable = self._preparation.resumable
+        resumable = self._loop.resumable
         mid_epoch = position.in_run and position.batches_done > 0
         loader: dict[str, Any] = {"epoch_states": None, "generators": [], "iteration": 0}
         if resumable is not None:
@@ -183,7 +183,7 @@ class TrainingStateIO:
         else:  # resumed by replaying the pass (see resume.enter_epoch)
             pass_state = self._loop.pass_random_state
             replay = RandomStates(pass_state, ()) if mid_epoch and pass_state is not None else None
-            iteration = getattr(self._preparation.train_dataloader, "iteration", 0)
+            iteration = getattr(self._loop.train_dataloader, "iteration", 0)
             loader = {
                 "epoch_states": None if replay is None else replay.to_dict(),
                 "generators": [],
