@@ -300,21 +300,9 @@ class Preparation:
             collate_fn=collate_fn,
         )
 
-    def run_config(
-        self,
-        limit_train_batches: int | None,
-        dl_kwargs: tuple[Mapping[str, Any], Mapping[str, Any]],
-        **settings: Any,
-    ) -> TrainerRunConfig:
-        """Describe the run over the prepared dataloaders (see ``create_run_config``)."""
-        train_dataloader = self._state.train_dataloader
-        return create_run_config(
-            self._accelerator, train_dataloader, limit_train_batches, dl_kwargs, **settings
-        )
-
     def evaluation_run_config(self, eval_kwargs: Mapping[str, Any]) -> TrainerRunConfig:
         """Describe an ``evaluate()`` run: one epoch over its prepared eval dataloaders."""
-        return self.run_config(None, ({}, eval_kwargs), num_epochs=1)
+        return create_run_config(self._accelerator, None, None, ({}, eval_kwargs), num_epochs=1)
 
     def training_run_config(
         self, trainer: Trainer, arguments: TrainArguments, setup: RunSetup
@@ -324,7 +312,9 @@ class Preparation:
         ``setup.finish`` scales the learning rates and records the set-up in the run config;
         the run's failing-batch guard is kept in the trainer's state.
         """
-        config = self.run_config(
+        config = create_run_config(
+            self._accelerator,
+            self._state.train_dataloader,
             trainer.limit_train_batches,
             (trainer._train_dl_kwargs, trainer._eval_dl_kwargs),
             **arguments.run_settings(),
