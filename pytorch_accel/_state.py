@@ -368,11 +368,8 @@ class Preparation:
         state.eval_dataloaders = {name: self._prepare(dl) for name, dl in eval_dls.items()}
 
     @contextlib.contextmanager
-    def prepared_for_prediction(
-        self, trainer: Trainer, dataloader: DataLoader[Any]
-    ) -> Iterator[DataLoader[Any]]:
-        """Prepare the model (once); shard a prediction dataloader for the block, then forget it."""
-        self.prepare_model_and_optimizer(trainer)
+    def prepared_for_prediction(self, dataloader: DataLoader[Any]) -> Iterator[DataLoader[Any]]:
+        """Shard a prediction dataloader for the duration of the block, then forget it."""
         prepared = self._prepare(dataloader)
         try:
             yield prepared

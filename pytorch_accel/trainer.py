@@ -485,7 +485,8 @@ class Trainer:
             self._preparation,
             keep_outputs,
         )
-        with self._preparation.prepared_for_prediction(self, loader) as prepared:
+        self._preparation.prepare_model_and_optimizer(self)
+        with self._preparation.prepared_for_prediction(loader) as prepared:
             return self._loop.predict(prepared, output_device, keep_outputs)
 
     def create_scheduler(self) -> Any:
