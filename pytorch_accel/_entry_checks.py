@@ -16,6 +16,7 @@ import inspect
 import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import torch
@@ -24,6 +25,7 @@ from accelerate.utils import DistributedType, parse_flag_from_env
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
+from pytorch_accel._checkpointing.streams import check_stateful_dataloader_request
 from pytorch_accel._checks import (
     check_bool,
     check_callable,
@@ -38,6 +40,7 @@ from pytorch_accel._checks import (
 from pytorch_accel.dataloaders import merge_dataloader_kwargs, named_eval_sets, num_batches
 from pytorch_accel.distributed import check_world_size, needs_cpu_distributed
 from pytorch_accel.failing_batches import SkipFailingBatches, skip_policy
+from pytorch_accel.micro_batches import check_on_oom
 from pytorch_accel.tracking import RunHistory
 
 if TYPE_CHECKING:
@@ -94,8 +97,10 @@ class TrainArguments:
     resume_optimizer: bool = True
     resume_scheduler: bool = True
     skip_failing_batches: int | SkipFailingBatches | None = None
+    on_oom: str = "raise"
     dry_run: bool | int = False
     overfit_batches: int | None = None
+    run_name: str | None = None
 
     def run_settings(self) -> dict[str, Any]:
         """The arguments the run config records (``create_run_config``'s settings)."""
@@ -113,6 +118,19 @@ class TrainArguments:
     def as_kwargs(self) -> dict[str, Any]:
         """The arguments by name, to call ``train(**...)`` again (values not copied)."""
         return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+
+
+def _check_run_name(where: str, run_name: object, run_dir: Path | None) -> None:
+    """Accept ``None``, or one directory name for a trainer with an ``output_dir``."""
+    if run_name is None:
+        return
+    if not isinstance(run_name, str) or run_name in ("", "..") or Path(run_name).name != run_name:
+        kind = ValueError if isinstance(run_name, str) else TypeError
+        fix = "Pass e.g. run_name='baseline': the run's directory is <output_dir>/<run_name>."
+        fail(kind, where, "run_name", run_name, "a directory name (no '/') or None", fix)
+    if run_dir is None:
+        fix = "Create the trainer with Trainer(..., output_dir='runs'): runs are named under it."
+        fail(ValueError, where, "run_name", run_name, "None without Trainer(output_dir=...)", fix)
 
 
 def check_constructor_arguments(
@@ -170,6 +188,7 @@ def _check_accelerator_kwargs(where: str, accelerator_kwargs: object) -> None:
                 "kwargs_handlers, fsdp_plugin, ...).",
             )
     _check_deepspeed_request(where, kwargs)
+    check_stateful_dataloader_request(where, kwargs)
 
 
 def _check_deepspeed_request(where: str, kwargs: Mapping[Any, Any]) -> None:
@@ -263,6 +282,7 @@ def check_train_arguments(trainer: Trainer, base: type, arguments: TrainArgument
         "Pass a function optimizer -> scheduler, e.g. functools.partial(StepLR, step_size=10).",
     )
     check_callable(where, "collate_fn", a.collate_fn, "Pass a function or None.")
+    _check_run_name(where, a.run_name, trainer.run_dir)
     _check_run_setup(where, a)
     _check_dry_run(where, a)
     with_eval = a.eval_dataset is not None
@@ -479,6 +499,16 @@ def _check_run_setup(where: str, arguments: TrainArguments) -> None:
     _check_resume_parts(where, arguments)
     if arguments.skip_failing_batches is not None:
         skip_policy(where, arguments.skip_failing_batches)
+    check_on_oom(where, arguments.on_oom)
+    if arguments.on_oom == "split" and arguments.skip_failing_batches is not None:
+        fail(
+            ValueError,
+            where,
+            "on_oom",
+            "split",
+            "'raise' with skip_failing_batches",
+            "Both would handle a failing step: split it on out-of-memory, or skip it; pass one.",
+        )
 
 
 def _check_resume_parts(where: str, arguments: TrainArguments) -> None:

@@ -37,14 +37,17 @@ from pytorch_accel._checkpointing.resume import (
     ResumePoint,
     make_resumable,
 )
+from pytorch_accel._checkpointing.streams import track_stream_position
 from pytorch_accel.dataloaders import default_dataloader_kwargs, loader_settings, named_eval_sets
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.run_config import ChosenRates, RunSetup, TrainerRunConfig, create_run_config
+from pytorch_accel.schedulers.stepping import SchedulerStepping
 from pytorch_accel.tracking import LoggedMetrics, LossTracker
 
 if TYPE_CHECKING:
     from pytorch_accel._entry_checks import TrainArguments
     from pytorch_accel.failing_batches import FailingBatchGuard
+    from pytorch_accel.micro_batches import MicroBatchSplitter
     from pytorch_accel.trainer import Trainer
 
 __all__ = [
@@ -89,6 +92,9 @@ class TrainerState:
             whose ``batch_output`` carries ``num_items``.
         logged: What ``Trainer.log`` logged in the current epochs and logging intervals.
         failing_batches: The guard of ``train(skip_failing_batches=...)``, if asked for.
+        micro_batches: The splitter of ``train(on_oom="split")`` (or of a batch-size search's
+            trial), if asked for.
+        probing: Whether ``train()`` runs a trial of the batch-size search.
         eval_metric_name: The run-history name of the current eval epoch's mean loss.
         eval_limit: The most batches of the current eval epoch (a sanity check), or ``None``.
         chosen_rates: The learning rates the user chose, kept across runs (``auto_scale_lr``).
@@ -121,9 +127,12 @@ class TrainerState:
         self.item_weighting = ItemWeighting()
         self.logged = LoggedMetrics()
         self.failing_batches: FailingBatchGuard | None = None
+        self.micro_batches: MicroBatchSplitter | None = None
+        self.probing = False
         self.eval_metric_name = "eval_loss_epoch"
         self.eval_limit: int | None = None
         self.chosen_rates = ChosenRates()
+        self.scheduler_stepping = SchedulerStepping()  # the run's, set when the loop starts
 
     @property
     def eval_dataloader(self) -> DataLoader[Any] | None:
@@ -310,7 +319,7 @@ class Preparation:
         """Describe a ``train()`` run over its prepared dataloaders, and finish its set-up.
 
         ``setup.finish`` scales the learning rates and records the set-up in the run config;
-        the run's failing-batch guard is kept in the trainer's state.
+        the run's failing-batch guard and micro-batch splitter are kept in the trainer's state.
         """
         config = create_run_config(
             self._accelerator,
@@ -320,7 +329,7 @@ class Preparation:
             **arguments.run_settings(),
         )
         config = setup.finish(config, trainer.optimizer, self._state.chosen_rates)
-        self._state.failing_batches = setup.failing_batch_guard(self._accelerator.num_processes)
+        setup.guard_steps(self._state, self._accelerator.num_processes)
         return config
 
     def prepare_evaluation(
@@ -377,10 +386,15 @@ class Preparation:
             _forget_dataloaders(self._accelerator, prepared)
 
     def _prepare_train(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
-        """Prepare the train dataloader as one that can resume mid-epoch, where accelerate can."""
+        """Prepare the train dataloader as one that can resume mid-epoch, where accelerate can.
+
+        A map-style dataset skips by index (``make_resumable``); a stream that can save its
+        position records it (``track_stream_position``); any other stream replays its pass.
+        """
         prepared = self._prepare(dataloader)
         resumable = self._state.resumable = make_resumable(prepared)
         if resumable is None:
+            track_stream_position(prepared)
             return prepared
         registered = getattr(self._accelerator, "_dataloaders", None)
         if isinstance(registered, list):  # accelerate's save_state looks at the loaders it knows

@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import inspect
 import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, ParamSpec, TypeVar
 
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.events import BUILTIN_EVENTS
+from pytorch_accel.tracking import get_logger
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer
@@ -31,10 +33,19 @@ if TYPE_CHECKING:
 __all__ = [
     "CallbackHandler",
     "CallbackLike",
+    "DefaultPath",
     "ProgressEvents",
+    "RunPaths",
     "TrainerCallback",
+    "announces_exceptions",
     "redirected_paths",
 ]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_ANNOUNCED = "_pytorch_accel_announced"
+"""The attribute that marks an exception whose ``on_exception`` has fired."""
 
 
 class TrainerCallback:
@@ -94,6 +105,30 @@ class TrainerCallback:
         """
         return contextlib.nullcontext()
 
+    def place_outputs(self, run_dir: Path) -> None:
+        """Put the files whose location the user left at its default under ``run_dir``.
+
+        With ``Trainer(output_dir=...)``, the trainer calls it with ``trainer.run_dir`` at the
+        start of every ``train()`` and ``evaluate()``, before any event, so a
+        callback's default paths live in the run's directory; without ``output_dir`` it is
+        never called. The default places nothing. A callback whose path arguments default to
+        ``DefaultPath`` values records them in a ``RunPaths`` and places that: a path the user
+        passed (or assigned since) stays where it is, relative to the working directory.
+
+        Args:
+            run_dir: The run's directory (it may not exist yet).
+
+        Example:
+            ```python
+            def __init__(self, out_dir=DefaultPath("results")):
+                self.out_dir = Path(out_dir)
+                self._run_paths = RunPaths(out_dir=out_dir)
+
+            def place_outputs(self, run_dir):
+                self._run_paths.place(self, run_dir)
+            ```
+        """
+
     def training_states_dir(self) -> Path | None:
         """The directory this callback saves training states in, or ``None`` (the default).
 
@@ -116,7 +151,11 @@ class TrainerCallback:
         """Called before each training batch is processed."""
 
     def on_backward_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Called just before the backward pass of each training batch."""
+        """Called just before the backward pass of each training batch.
+
+        ``kwargs`` include ``batch`` and ``batch_output`` (``calculate_train_batch_loss``'s
+        output): the loss before it changes any weight.
+        """
 
     def on_backward_end(self, trainer: Trainer, **kwargs: Any) -> None:
         """Called just after the backward pass of each training batch."""
@@ -202,6 +241,18 @@ class TrainerCallback:
     def on_stop_training_error(self, trainer: Trainer, **kwargs: Any) -> None:
         """Called when a ``StopTrainingError`` stopped the run (kwarg ``error``)."""
 
+    def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
+        """Called once when an exception escapes ``train()``, ``evaluate()`` or ``predict()``.
+
+        Fired on the process where it was raised, before it propagates, for any ``Exception``
+        and for ``KeyboardInterrupt`` (Ctrl-C), not for ``StopTrainingError`` (a normal stop)
+        nor ``SystemExit``. The run's end events do not fire then: close what the callback
+        holds open here (files, trackers, progress bars). ``kwargs``: ``where``, the entry
+        point (``"train"``, ``"evaluate"``, ``"predict"``, ``"find_lr"``, ``"find_batch_size"``).
+        Other processes may not have failed, so it must not call collectives; an error it raises
+        is logged, and the original exception propagates.
+        """
+
 
 @contextlib.contextmanager
 def redirected_paths(owner: object, directory: Path, *names: str) -> Iterator[None]:
@@ -254,6 +305,7 @@ class CallbackHandler:
         self._listeners: dict[str, tuple[Callable[..., Any], ...]] = {}
         self._stoppable: frozenset[str] = frozenset()
         self._self_agreeing: frozenset[str] = frozenset()
+        self._caller_handles = 0  # exceptions_handled_by_caller
         self.active_events: frozenset[str] = frozenset()
         for event in events:
             self._add_event(event)
@@ -365,6 +417,38 @@ class CallbackHandler:
         exception propagates.
         """
         self.dispatch(event, args, kwargs)
+
+    def announce_exception(self, trainer: Any, exception: BaseException, where: str) -> None:
+        """Fire ``on_exception`` once for ``exception``, escaping the entry point ``where``.
+
+        An exception that already passed here (from a ``train()`` inside ``train(dry_run=...)``)
+        is not announced again. Every listener gets it: an error a listener raises is logged
+        with its traceback and the next listener is called, so the original exception is
+        never hidden (the caller re-raises it).
+        """
+        if getattr(exception, _ANNOUNCED, False) or self._caller_handles:
+            return
+        with contextlib.suppress(AttributeError):  # an exception class without a __dict__
+            setattr(exception, _ANNOUNCED, True)
+        for listener in self._listeners.get("on_exception", ()):
+            try:
+                listener(trainer, exception=exception, where=where)
+            except Exception:  # logged: the original exception is what propagates
+                get_logger().exception(
+                    "%s raised while handling %s from %s(); the original exception propagates",
+                    getattr(listener, "__qualname__", listener),
+                    type(exception).__name__,
+                    where,
+                )
+
+    @contextlib.contextmanager
+    def exceptions_handled_by_caller(self) -> Iterator[None]:
+        """Announce no exception meanwhile: the caller handles them (a batch-size trial's OOM)."""
+        self._caller_handles += 1
+        try:
+            yield
+        finally:
+            self._caller_handles -= 1
 
     def dispatch(
         self, event: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]
@@ -486,6 +570,32 @@ class CallbackHandler:
             for event in getattr(callback, "agreed_stop_events", ())
             if _overrides(callback, event)
         )
+
+
+def announces_exceptions(method: Callable[P, R]) -> Callable[P, R]:
+    """Fire ``on_exception`` when an exception escapes a trainer's entry point ``method``.
+
+    For ``Trainer.train``, ``evaluate`` and ``predict``: any ``Exception`` and
+    ``KeyboardInterrupt``, once (see ``CallbackHandler.announce_exception``), then it
+    propagates unchanged. ``StopTrainingError`` (a normal stop) and ``SystemExit`` (the exit
+    after a preemption save, which ended the run through its stop events) are not announced.
+    """
+    where = method.__name__
+
+    @functools.wraps(method)
+    def announcing(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(*args, **kwargs)
+        except (StopTrainingError, SystemExit, GeneratorExit):
+            raise
+        except BaseException as exception:  # an error, or KeyboardInterrupt (Ctrl-C)
+            trainer = args[0]
+            handler = getattr(trainer, "callback_handler", None)
+            if isinstance(handler, CallbackHandler):
+                handler.announce_exception(trainer, exception, where)
+            raise
+
+    return announcing
 
 
 def _overrides(callback: object, event: str) -> bool:
@@ -611,3 +721,51 @@ class ProgressEvents:
                 f"so they could not stop together. Raise StopTrainingError from "
                 f"{self._event.replace('progress', 'step_end')} instead."
             ) from stop
+
+
+class DefaultPath(str):
+    """A path argument's default, which follows the trainer's run directory.
+
+    Without ``Trainer(output_dir=...)`` it is the plain relative path it spells (relative to
+    the working directory, as any path); with it, ``RunPaths.place`` puts it under
+    ``trainer.run_dir``. A path the user passes is a plain ``str`` or ``Path`` and is never
+    moved, even when it spells the same name.
+    """
+
+    __slots__ = ()
+
+
+class RunPaths:
+    """Which of a callback's path attributes follow the run directory, for ``place_outputs``.
+
+    Create it in the constructor with the path arguments as they were received: those that
+    are ``DefaultPath`` values follow the run directory, the others (the user's) never move.
+
+    Args:
+        **given: Each path attribute's name and the argument it was set from.
+    """
+
+    def __init__(self, **given: object) -> None:
+        self._defaults = {
+            name: Path(value) for name, value in given.items() if isinstance(value, DefaultPath)
+        }
+        self._placed: dict[str, Path] = dict(self._defaults)
+
+    def follows_run_dir(self, name: str) -> bool:
+        """Whether the attribute ``name`` was left at its default (a ``DefaultPath``)."""
+        return name in self._defaults
+
+    def place(self, owner: object, run_dir: Path) -> None:
+        """Set each defaulted attribute of ``owner`` to its default path under ``run_dir``.
+
+        An attribute that no longer holds the path this object last gave it (the user set it,
+        or a dry run's ``redirect_outputs`` holds it meanwhile) is left alone. The new value
+        has the attribute's type (``str`` or ``Path``).
+        """
+        for name, default in self._defaults.items():
+            current = getattr(owner, name)
+            if not isinstance(current, (str, os.PathLike)) or Path(current) != self._placed[name]:
+                continue
+            placed = run_dir / default
+            setattr(owner, name, placed if isinstance(current, Path) else os.fspath(placed))
+            self._placed[name] = placed

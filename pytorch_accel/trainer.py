@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from accelerate import Accelerator
@@ -29,17 +29,20 @@ from pytorch_accel._compat import trainer_module_attribute as __getattr__  # noq
 from pytorch_accel._dry_run import run_dry_or_overfit
 from pytorch_accel._loop import Loop
 from pytorch_accel._state import Preparation, TrainerState
-from pytorch_accel.callback import CallbackHandler, CallbackLike
+from pytorch_accel.batch_size_search import find_batch_size
+from pytorch_accel.callback import CallbackHandler, CallbackLike, announces_exceptions
 from pytorch_accel.dataloaders import merge_dataloader_kwargs
 from pytorch_accel.distributed import apply_fsdp_request, create_accelerator
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.failing_batches import SkipFailingBatches
+from pytorch_accel.lr_finder import find_lr
 from pytorch_accel.placeholders import (
     TrainerPlaceholderValues,
     check_resolved,
     replace_trainer_placeholder_values,
 )
 from pytorch_accel.run_config import ResumeParts, RunSetup, TrainerRunConfig
+from pytorch_accel.run_directory import RunDirectory
 from pytorch_accel.tracking import (
     InMemoryRunHistory,
     LoggedMetrics,
@@ -72,6 +75,8 @@ class Trainer:
         accelerator_kwargs: Arguments of the ``accelerate.Accelerator`` the trainer creates
             (``mixed_precision``, ``kwargs_handlers`` for DDP and the process group, plugins),
             over the trainer's defaults.
+        output_dir: The root of the run directories: callbacks' default paths are then under
+            ``<output_dir>/<run name>`` (``run_dir``), not the working directory.
 
     Attributes:
         limit_train_batches: Use at most this many batches of each training epoch (``None``:
@@ -105,6 +110,7 @@ class Trainer:
         run_history: RunHistory | None = None,
         *,
         accelerator_kwargs: Mapping[str, Any] | None = None,
+        output_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         checks.check_constructor_arguments(
             model, loss_func, optimizer, callbacks, run_history, accelerator_kwargs
@@ -118,6 +124,7 @@ class Trainer:
         self._accelerator = self._create_accelerator()
         apply_fsdp_request(self._accelerator, self._accelerator_kwargs.get("fsdp_plugin"))
         checks.check_accelerator(self._accelerator)
+        self._run_directory = RunDirectory(output_dir, self._accelerator)
         self.scheduler: Any = None
         self.create_scheduler_fn: Callable[[torch.optim.Optimizer], Any] | None = None
         self.collate_fn: Callable[..., Any] | None = None
@@ -160,16 +167,18 @@ class Trainer:
         return self._accelerator.device  # type: ignore[no-any-return]
 
     @property
+    def run_dir(self) -> Path | None:
+        """``<output_dir>/<run name>``, where callbacks keep their default files; ``None``: none."""
+        return self._run_directory.path
+
+    @property
     def train_dataloader(self) -> DataLoader[Any] | None:
         """The prepared train dataloader of the current run (``None`` in ``evaluate()``)."""
         return self._state.train_dataloader
 
     @property
     def eval_dataloader(self) -> DataLoader[Any] | None:
-        """The prepared eval dataloader of the current run, if any.
-
-        With several named eval sets: that of the set being evaluated, else the first set's.
-        """
+        """The current run's prepared eval dataloader (of the set being evaluated, or the first)."""
         return self._state.eval_dataloader
 
     @property
@@ -181,8 +190,7 @@ class Trainer:
     def eval_set(self) -> str | None:
         """The name of the eval set being evaluated (``None``: the unnamed one, or none).
 
-        Callbacks read it at the eval step events; the eval epoch events also receive it as
-        ``eval_set``.
+        For the eval step events; the eval epoch events also receive it as ``eval_set``.
         """
         return self._state.eval_set
 
@@ -238,8 +246,8 @@ class Trainer:
     def grad_norm(self) -> torch.Tensor | None:
         """The total gradient norm of the last update, before clipping, as a device tensor.
 
-        Set when ``train(max_grad_norm=...)`` clips by norm (``None`` otherwise). Reading its
-        value (``.item()``) synchronises with the device, so log it at an interval.
+        Set when ``train(max_grad_norm=...)`` clips by norm (else ``None``); reading it
+        (``.item()``) waits for the device: log it at an interval.
         """
         return self._state.grad_norm
 
@@ -248,6 +256,7 @@ class Trainer:
         """What ``log`` logged (step-logging callbacks open their intervals on it)."""
         return self._state.logged
 
+    @announces_exceptions
     @checks.suggest_arguments
     def train(
         self,
@@ -276,8 +285,10 @@ class Trainer:
         resume_optimizer: bool = True,
         resume_scheduler: bool = True,
         skip_failing_batches: int | SkipFailingBatches | None = None,
+        on_oom: Literal["raise", "split"] = "raise",
         dry_run: bool | int = False,
         overfit_batches: int | None = None,
+        run_name: str | None = None,
     ) -> None:
         """Train for ``num_epochs`` (or ``max_num_train_steps`` updates, whichever ends first).
 
@@ -332,11 +343,16 @@ class Trainer:
             skip_failing_batches: Skip training batches whose ``calculate_train_batch_loss``
                 raises out-of-memory, or which are empty, up to this many (an int), or as a
                 ``SkipFailingBatches`` says; agreed across processes. ``None``: fail at once.
+            on_oom: ``"split"``: a step that runs out of memory runs again in twice as many
+                micro-batches, the same total (kept to the run's end; the results do not change).
             dry_run: Check the whole set-up instead of training: ``True`` (2) or N batches of
                 training and evaluation through every callback, with a save and a load of the
                 training state, in a temporary directory; weights, optimizer, scheduler, run
                 history and callback files are left as they were.
             overfit_batches: Train (and evaluate) on the first N batches only, in order.
+            run_name: With ``Trainer(output_dir=...)``: the run's directory under it, for this
+                call and later ones (default: the time the trainer was created, or with
+                ``resume_from="latest"`` the run holding the newest state).
         """
         arguments = checks.TrainArguments(
             train_dataset=train_dataset,
@@ -363,13 +379,16 @@ class Trainer:
             resume_optimizer=resume_optimizer,
             resume_scheduler=resume_scheduler,
             skip_failing_batches=skip_failing_batches,
+            on_oom=on_oom,
             dry_run=dry_run,
             overfit_batches=overfit_batches,
+            run_name=run_name,
         )
         checks.check_train_arguments(self, Trainer, arguments)
         if arguments.dry_run or arguments.overfit_batches is not None:
             run_dry_or_overfit(self, arguments)  # train() again, with the run's settings
             return
+        self._run_directory.start_training(self.callback_handler.callbacks, run_name, resume_from)
         setup = RunSetup.from_arguments(arguments)
         setup.apply_randomness(self._accelerator)
         self.create_scheduler_fn, self.collate_fn = create_scheduler_fn, collate_fn
@@ -392,6 +411,7 @@ class Trainer:
         resume = None if resume_from is None else self._states.resume_point(resume_from, parts)
         self._loop.train(resume)
 
+    @announces_exceptions
     @checks.suggest_arguments
     def evaluate(
         self,
@@ -401,6 +421,7 @@ class Trainer:
         collate_fn: Callable[..., Any] | None = None,
         *,
         metric_prefix: str = "evaluation_",
+        skip_failing_batches: int | SkipFailingBatches | None = None,
     ) -> dict[str, Any]:
         """Evaluate the model once on ``dataset``; return what was recorded, by name.
 
@@ -418,29 +439,25 @@ class Trainer:
             collate_fn: The collate function of the dataloader.
             metric_prefix: Prepended to the names of everything recorded (``"test_"``: the
                 loss is ``test_loss``).
+            skip_failing_batches: As in ``train()``, per eval epoch (``skipped_batches``).
 
         Returns:
             The latest value of every metric recorded by this evaluation, by its run-history
             name: floats, or lists for metrics with several values.
         """
         dataset = self.eval_dataset if dataset is None else dataset
-        checks.check_evaluate_arguments(
-            self,
-            Trainer,
-            dataset,
-            per_device_batch_size,
-            dataloader_kwargs,
-            collate_fn,
-            metric_prefix,
-        )
+        arguments = (dataset, per_device_batch_size, dataloader_kwargs, collate_fn, metric_prefix)
+        checks.check_evaluate_arguments(self, Trainer, *arguments)
         self.collate_fn, self._train_dl_kwargs, batch_size = collate_fn, {}, per_device_batch_size
+        self._run_directory.place(self.callback_handler.callbacks)
         self._preparation.prepare_evaluation(self, dataset, batch_size, dataloader_kwargs)
         checks.check_has_batches(
             "Trainer.evaluate", self._state, dataloader_kwargs=self._eval_dl_kwargs
         )
         self.run_config = self._preparation.evaluation_run_config(self._eval_dl_kwargs)
-        return self._loop.evaluate(metric_prefix)
+        return self._loop.evaluate(metric_prefix, skip_failing_batches)
 
+    @announces_exceptions
     @checks.suggest_arguments
     def predict(
         self,
@@ -451,6 +468,7 @@ class Trainer:
         *,
         output_device: str | torch.device | None = "cpu",
         keep_outputs: bool = True,
+        skip_failing_batches: int | SkipFailingBatches | None = None,
     ) -> Any:
         """Return the model's outputs for every sample of ``data``, in order, from all processes.
 
@@ -469,6 +487,8 @@ class Trainer:
             keep_outputs: Collect and return the outputs. ``False`` returns ``None``, for
                 outputs too large to keep: a callback's ``on_predict_step_end`` receives each
                 gathered batch (``predictions``) to write out.
+            skip_failing_batches: As in ``train()``; the outputs lack the skipped batches,
+                whose indices ``run_history`` records as ``predict_skipped_batches``.
 
         Returns:
             The outputs concatenated on the first dimension (a tensor, or the structure of one
@@ -487,15 +507,22 @@ class Trainer:
         )
         self._preparation.prepare_model_and_optimizer(self)
         with self._preparation.prepared_for_prediction(loader) as prepared:
-            return self._loop.predict(prepared, output_device, keep_outputs)
+            return self._loop.predict(prepared, output_device, keep_outputs, skip_failing_batches)
+
+    @announces_exceptions
+    def find_batch_size(self, train_dataset: Any, **kwargs: Any) -> int:
+        """Return the largest per-device batch size that trains, leaving everything as it was.
+
+        The arguments: ``pytorch_accel.batch_size_search.find_batch_size``.
+        """
+        return find_batch_size(self, train_dataset, **kwargs)
 
     def create_scheduler(self) -> Any:
         """Create the scheduler from ``create_scheduler_fn``, resolving its placeholders.
 
-        It receives the optimizer whose ``step`` the trainer calls (see
-        ``optimizer_step``) and is stepped by ``scheduler_step`` once per
-        optimizer update on each process. It is not passed through ``accelerator.prepare``,
-        which would step it once per process per update.
+        It receives the optimizer ``optimizer_step`` steps, and ``scheduler_step`` steps it
+        on each process (per update, or per epoch: ``SchedulerStepping``); it is not passed
+        through ``accelerator.prepare``, which would step it once per process per update.
         """
         factory = replace_trainer_placeholder_values(self, self.create_scheduler_fn)
         optimizer = self._preparation.direct_optimizer or self.optimizer
@@ -599,8 +626,8 @@ class Trainer:
         (self._preparation.direct_optimizer or self.optimizer).step()
 
     def scheduler_step(self) -> None:
-        """Step the scheduler (called after each optimizer update that was not skipped)."""
-        self.scheduler.step()
+        """Step the scheduler: after each update, or each epoch (see ``SchedulerStepping``)."""
+        self._state.scheduler_stepping.step(self.scheduler, self.run_history)
 
     def optimizer_zero_grad(self) -> None:
         """Reset the gradients after an update (to ``None``, as both torch and accelerate do)."""
@@ -719,6 +746,8 @@ class Trainer:
         return self._accelerator.unwrap_model(  # type: ignore[no-any-return]
             self.model, keep_torch_compile=keep_torch_compile
         )
+
+    find_lr = announces_exceptions(find_lr)  # the learning-rate range test (lr_finder)
 
     # ------------------------------------------------------------------------ dataloaders
 

@@ -51,8 +51,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel._loop",
             "pytorch_accel._checkpointing.training_state",
             "pytorch_accel.failing_batches",
+            "pytorch_accel.micro_batches",
             "pytorch_accel.run_config",
             "pytorch_accel.run_setup",
+            "pytorch_accel.run_directory",
         ),
     ),
     (
@@ -62,6 +64,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel._compat",
             "pytorch_accel._entry_checks",
             "pytorch_accel._dry_run",
+            "pytorch_accel.batch_size_search",
+            "pytorch_accel.lr_finder",
             "pytorch_accel.trainer",
             "pytorch_accel.timm_trainer",
         ),
@@ -81,8 +85,10 @@ LAYER_ROLES = {
         "and saving and loading checkpoints and training states. The checks of the entry "
         "points' arguments and data (`_entry_checks`, with `train()`'s arguments as one typed "
         "`TrainArguments`); dry and overfit runs (`_dry_run`, redirecting each callback's files "
-        "through its `redirect_outputs`); every pytorch-accelerated name of the trainer module "
-        "and of `Trainer` (`_compat`)."
+        "through its `redirect_outputs`); the batch-size search, trials in a dry run's "
+        "surroundings (`batch_size_search`); the learning-rate range test, `Trainer.find_lr` "
+        "(`lr_finder`, leaving the trainer's states as they were); every pytorch-accelerated "
+        "name of the trainer module and of `Trainer` (`_compat`)."
     ),
     "loop": (
         "The loop in one module, level by level (training, evaluation, prediction), with the "
@@ -94,7 +100,9 @@ LAYER_ROLES = {
         "(`_checkpointing.training_state`, `_checkpointing.resume`); the run's configuration "
         "(`run_config`: the `TrainerRunConfig`, and the set-up `train()` applies before the "
         "loop: seeding, determinism, scaling the learning rate; `run_setup` keeps its import "
-        "path)."
+        "path); more micro-batches of the same total on out-of-memory (`micro_batches`); the "
+        "run directory under `Trainer(output_dir=...)`, its name agreed across "
+        "processes, and where callbacks put their default files (`run_directory`)."
     ),
     "core": (
         "The concepts everything else is built from: `StopTrainingError`, the event names, the "

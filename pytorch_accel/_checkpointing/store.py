@@ -26,7 +26,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,7 @@ __all__ = [
     "find_training_states",
     "hidden",
     "latest_training_state",
+    "newest_training_state",
     "publish",
     "rank_state_name",
     "read_manifest",
@@ -229,6 +230,21 @@ def find_training_states(save_dir: Path) -> list[Path]:
     replacement was interrupted between its two renames is found under its hidden stand-in
     (see ``complete_state``).
     """
+    return [path for *_, path in sorted(_timed_states(save_dir))]
+
+
+def newest_training_state(save_dirs: Iterable[Path]) -> Path | None:
+    """Return the newest complete training state in any of ``save_dirs`` (``None``: none).
+
+    Newest by the time its save completed (recorded in the manifest), as in
+    ``find_training_states``; for ``train(resume_from="latest")`` across the runs of an
+    output directory.
+    """
+    found = [state for save_dir in save_dirs for state in _timed_states(save_dir)]
+    return max(found)[-1] if found else None
+
+
+def _timed_states(save_dir: Path) -> list[tuple[int, tuple[Any, ...], Path]]:
     if not save_dir.is_dir():
         return []
     names = {path.name for path in save_dir.iterdir() if path.is_dir() and not _alias(path)}
@@ -243,7 +259,7 @@ def find_training_states(save_dir: Path) -> list[Path]:
         except (OSError, TrainingStateError):
             continue
         found.append((int(manifest.get("saved_at_ns", 0)), _natural_key(name), path))
-    return [path for *_, path in sorted(found)]
+    return found
 
 
 def remove_training_state(path: Path) -> None:

@@ -50,6 +50,7 @@ from pytorch_accel._checkpointing.store import (
     verify_training_state,
     write_manifest,
 )
+from pytorch_accel._checkpointing.streams import stream_position
 from pytorch_accel._checks import fail
 from pytorch_accel._state import Preparation
 from pytorch_accel.callback import TrainerCallback
@@ -130,8 +131,8 @@ class TrainingStateIO:
         self._register()
         full: OSError | None = None
         try:
-            with bare_compiled_models(accelerator):  # no _orig_mod. in the saved keys
-                accelerator.save_state(str(temporary))
+            with bare_compiled_models(accelerator), _stateful_loaders_hidden(accelerator):
+                accelerator.save_state(str(temporary))  # no _orig_mod. in the saved keys
             rank_state = self._rank_state(self._saving)
             atomic_save(rank_state, temporary / rank_state_name(accelerator.process_index))
             accelerator.wait_for_everyone()
@@ -180,15 +181,18 @@ class TrainingStateIO:
                 "generators": list(resumable.randomness.current_states().generators),
                 "iteration": int(resumable.dataloader.iteration),
             }
-        else:  # resumed by replaying the pass (see resume.enter_epoch)
+        else:  # a stream: its saved position, or replayed (see resume.enter_epoch)
             pass_state = self._loop.pass_random_state
             replay = RandomStates(pass_state, ()) if mid_epoch and pass_state is not None else None
-            iteration = getattr(self._loop.train_dataloader, "iteration", 0)
+            train_dataloader = self._loop.train_dataloader
+            stream = stream_position(train_dataloader)
             loader = {
                 "epoch_states": None if replay is None else replay.to_dict(),
                 "generators": [],
-                "iteration": int(iteration),
+                "iteration": int(getattr(train_dataloader, "iteration", 0)),
             }
+            if stream is not None and mid_epoch:
+                loader["stream"] = {"state": stream.state_at(position.batches_done)}
         return {
             "loss_tracker": self._loop.train_loss_tracker.state_dict() if mid_epoch else None,
             "item_weighting": self._loop.item_weighting.state_dict() if mid_epoch else None,
@@ -457,8 +461,9 @@ def _check_saved_states_load_safely(directory: Path) -> None:
             load_pickled(path, "Trainer.save_training_state")
         except TrainingStateError as error:
             raise TypeError(
-                "Trainer.save_training_state: the trainer state (scheduler, run history or a "
-                "callback's state_dict or rank_state_dict) holds objects that cannot be loaded "
+                "Trainer.save_training_state: the trainer state (scheduler, run history, a "
+                "callback's state_dict or rank_state_dict, or the train dataset's or "
+                "dataloader's state_dict) holds objects that cannot be loaded "
                 f"safely; keep them to tensors, numbers, strings and containers. {error}"
             ) from error
 
@@ -532,6 +537,26 @@ def _saved_model_shapes(
     except Exception as error:
         raise TrainingStateError(f"{where}: could not read {str(path)!r}: {error}") from error
     return None
+
+
+@contextlib.contextmanager
+def _stateful_loaders_hidden(accelerator: Any) -> Iterator[None]:
+    """Keep accelerate's ``save_state`` from saving ``StatefulDataLoader`` positions itself.
+
+    It would write every process's to one ``dl_state_dict.bin``, and ``load_state`` would load
+    it into every dataloader, eval ones included; the train stream's position is saved per
+    process in ``trainer_rank_<rank>.pt`` instead (``streams.StreamPosition``).
+    """
+    registered = getattr(accelerator, "_dataloaders", None)
+    if not isinstance(registered, list):
+        yield
+        return
+    kept = list(registered)
+    registered[:] = [dl for dl in kept if not getattr(dl, "use_stateful_dataloader", False)]
+    try:
+        yield
+    finally:
+        registered[:] = kept
 
 
 class _SavedByAccelerate:

@@ -10,7 +10,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pytorch_accel.callback import CallbackHandler, TrainerCallback, redirected_paths
+    from pytorch_accel.callback import (
+        CallbackHandler,
+        DefaultPath,
+        RunPaths,
+        TrainerCallback,
+        redirected_paths,
+    )
     from pytorch_accel.callbacks.defaults import (
         DEFAULT_CALLBACKS,
         LogMetricsCallback,
@@ -31,6 +37,7 @@ if TYPE_CHECKING:
     from pytorch_accel.callbacks.limit_eval_steps import LimitEvalStepsCallback
     from pytorch_accel.callbacks.metrics import MetricsCallback
     from pytorch_accel.callbacks.plotting import PlotMetricsCallback, plot_metrics
+    from pytorch_accel.callbacks.profiler import ProfilerCallback
     from pytorch_accel.callbacks.run_record import RunRecordCallback
     from pytorch_accel.callbacks.save_best import SaveBestModelCallback
     from pytorch_accel.callbacks.save_state import SaveTrainingStateCallback
@@ -55,6 +62,7 @@ __all__ = [
     "CallbackHandler",
     "CallbackMethodNotImplementedError",
     "ConvertSyncBatchNormCallback",
+    "DefaultPath",
     "EarlyStoppingCallback",
     "LimitBatches",
     "LimitBatchesCallback",
@@ -65,7 +73,9 @@ __all__ = [
     "MoveModulesToDeviceCallback",
     "PlotMetricsCallback",
     "PrintProgressCallback",
+    "ProfilerCallback",
     "ProgressBarCallback",
+    "RunPaths",
     "RunRecordCallback",
     "SaveBestModelCallback",
     "SaveTrainingStateCallback",
@@ -103,6 +113,7 @@ _MODULES = {
     "MoveModulesToDeviceCallback": "pytorch_accel.callbacks.defaults",
     "PlotMetricsCallback": "pytorch_accel.callbacks.plotting",
     "PrintProgressCallback": "pytorch_accel.callbacks.defaults",
+    "ProfilerCallback": "pytorch_accel.callbacks.profiler",
     "ProgressBarCallback": "pytorch_accel.callbacks.defaults",
     "RunRecordCallback": "pytorch_accel.callbacks.run_record",
     "SaveBestModelCallback": "pytorch_accel.callbacks.save_best",
@@ -121,6 +132,8 @@ _MODULES = {
     "limit_batches_from_environment": "pytorch_accel.callbacks.limit_batches",
     "plot_metrics": "pytorch_accel.callbacks.plotting",
     "redirected_paths": "pytorch_accel.callback",
+    "DefaultPath": "pytorch_accel.callback",
+    "RunPaths": "pytorch_accel.callback",
 }
 
 

@@ -12,7 +12,7 @@ import torch
 from accelerate.utils import DistributedType
 
 from pytorch_accel._checks import check_bool, check_metric_name, check_path, fail
-from pytorch_accel.callback import TrainerCallback, redirected_paths
+from pytorch_accel.callback import DefaultPath, RunPaths, TrainerCallback, redirected_paths
 from pytorch_accel.callbacks._watch import MetricWatch, resolve_direction
 from pytorch_accel.utils import EmaPairs, ModelEma
 
@@ -56,7 +56,8 @@ class ModelEmaCallback(TrainerCallback):
         decay: The weight of the old average, in ``(0, 1)``; ``0.999`` averages over roughly
             the last 1000 updates.
         evaluate_during_training: Evaluate the EMA weights after each epoch with an eval set.
-        save_path: Where to save the EMA weights at the end of each run; ``None``: not saved.
+        save_path: Where to save the EMA weights at the end of each run; ``None``: not saved
+            (in ``trainer.run_dir`` when left out and the trainer has an ``output_dir``).
         reset_on_train: Restart the EMA from the model's weights at each ``train()``.
         watch_metric: If given (pytorch-accelerated's argument, e.g.
             ``"ema_model_eval_loss_epoch"``), ``save_path`` instead holds the EMA weights of
@@ -86,7 +87,7 @@ class ModelEmaCallback(TrainerCallback):
         self,
         decay: float = 0.99,
         evaluate_during_training: bool = True,
-        save_path: str | os.PathLike[str] | None = "ema_model.pt",
+        save_path: str | os.PathLike[str] | None = DefaultPath("ema_model.pt"),
         reset_on_train: bool = False,
         watch_metric: str | None = None,
         greater_is_better: bool | None = None,
@@ -102,6 +103,7 @@ class ModelEmaCallback(TrainerCallback):
         self.decay = float(decay)
         self.evaluate_during_training = evaluate_during_training
         self.save_path = save_path
+        self._run_paths = RunPaths(save_path=save_path)
         self.reset_on_train = reset_on_train
         self.num_ema_updates = 0
         self._ema: dict[str, torch.Tensor] | None = None
@@ -116,6 +118,10 @@ class ModelEmaCallback(TrainerCallback):
     def redirect_outputs(self, directory: Path) -> contextlib.AbstractContextManager[None]:
         """Write the EMA weights under ``directory`` meanwhile (for ``train(dry_run=...)``)."""
         return redirected_paths(self, directory, "save_path")
+
+    def place_outputs(self, run_dir: Path) -> None:
+        """Put the EMA weights' file under ``run_dir`` if ``save_path`` was left at its default."""
+        self._run_paths.place(self, run_dir)
 
     # ------------------------------------------------------------------------ state
 

@@ -14,7 +14,7 @@ import torch
 
 from pytorch_accel._checkpointing.files import atomic_write
 from pytorch_accel._checks import check_bool
-from pytorch_accel.callback import TrainerCallback, redirected_paths
+from pytorch_accel.callback import DefaultPath, RunPaths, TrainerCallback, redirected_paths
 from pytorch_accel.callbacks._metrics_csv import STEP_COLUMN, metrics_csv_index, read_metrics_csv
 from pytorch_accel.tracking import RunHistory, reported_float
 
@@ -89,7 +89,8 @@ class PlotMetricsCallback(TrainerCallback):
     the callback is created. Order ``100``: it runs after the callbacks that record metrics.
 
     Args:
-        path: The image file to write.
+        path: The image file to write (in ``trainer.run_dir`` when left out and the trainer
+            has an ``output_dir``).
         metric_names: The metrics to draw; all numeric ones by default.
         every_epoch: Also draw after each epoch, not only at the end of the run.
 
@@ -109,7 +110,7 @@ class PlotMetricsCallback(TrainerCallback):
 
     def __init__(
         self,
-        path: str | os.PathLike[str] = "metrics.png",
+        path: str | os.PathLike[str] = DefaultPath("metrics.png"),
         metric_names: Iterable[str] | None = None,
         every_epoch: bool = True,
     ) -> None:
@@ -117,12 +118,17 @@ class PlotMetricsCallback(TrainerCallback):
         fix = "Pass every_epoch=False to draw only at the end of the run."
         check_bool("PlotMetricsCallback", "every_epoch", every_epoch, fix=fix)
         self.path = Path(path)
+        self._run_paths = RunPaths(path=path)
         self.metric_names = None if metric_names is None else list(metric_names)
         self.every_epoch = every_epoch
 
     def redirect_outputs(self, directory: Path) -> contextlib.AbstractContextManager[None]:
         """Write the plot under ``directory`` meanwhile (for ``train(dry_run=...)``)."""
         return redirected_paths(self, directory, "path")
+
+    def place_outputs(self, run_dir: Path) -> None:
+        """Put the plot under ``run_dir`` if ``path`` was left at its default."""
+        self._run_paths.place(self, run_dir)
 
     def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         """Draw the curves so far, if ``every_epoch``."""

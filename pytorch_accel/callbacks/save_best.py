@@ -15,7 +15,7 @@ from pytorch_accel._checks import (
     check_positive_int,
     fail,
 )
-from pytorch_accel.callback import TrainerCallback, redirected_paths
+from pytorch_accel.callback import DefaultPath, RunPaths, TrainerCallback, redirected_paths
 from pytorch_accel.callbacks._watch import MetricWatch, resolve_direction
 from pytorch_accel.tracking import get_logger
 
@@ -65,7 +65,8 @@ class SaveBestModelCallback(TrainerCallback):
     ``EarlyStoppingCallback`` (150), whose stop would otherwise skip the last epoch's save.
 
     Args:
-        save_path: The file of the best checkpoint.
+        save_path: The file of the best checkpoint (in ``trainer.run_dir`` when left out and
+            the trainer has an ``output_dir``).
         watch_metric: The run-history metric that ranks the epochs.
         greater_is_better: Whether larger values of the metric are better. Left out, lower is
             better, with a warning unless the metric's name says it is a loss or an error.
@@ -101,7 +102,7 @@ class SaveBestModelCallback(TrainerCallback):
 
     def __init__(
         self,
-        save_path: str | os.PathLike[str] = "best_model.pt",
+        save_path: str | os.PathLike[str] = DefaultPath("best_model.pt"),
         watch_metric: str = "eval_loss_epoch",
         greater_is_better: bool | None = None,
         reset_on_train: bool = True,
@@ -123,6 +124,7 @@ class SaveBestModelCallback(TrainerCallback):
             check_bool(where, name, flag)
         check_positive_int(where, "save_top_k", save_top_k)
         self.save_path = Path(save_path)
+        self._run_paths = RunPaths(save_path=save_path)
         self.watch_metric = watch_metric
         self.greater_is_better = greater_is_better
         self.reset_on_train = reset_on_train
@@ -139,6 +141,10 @@ class SaveBestModelCallback(TrainerCallback):
     def redirect_outputs(self, directory: Path) -> AbstractContextManager[None]:
         """Write the best checkpoints under ``directory`` meanwhile (for ``train(dry_run=...)``)."""
         return redirected_paths(self, directory, "save_path")
+
+    def place_outputs(self, run_dir: Path) -> None:
+        """Put the best checkpoints under ``run_dir`` if ``save_path`` was left at its default."""
+        self._run_paths.place(self, run_dir)
 
     @property
     def top_checkpoints(self) -> list[tuple[int, float]]:

@@ -13,7 +13,7 @@ import torch
 
 from pytorch_accel._checkpointing.files import write_error
 from pytorch_accel._checks import callable_name, check_mapping, fail
-from pytorch_accel.callback import redirected_paths
+from pytorch_accel.callback import DefaultPath, RunPaths, redirected_paths
 from pytorch_accel.callbacks._metrics_csv import (
     STEP_COLUMN,
     UPDATE_COLUMN,
@@ -98,7 +98,8 @@ class TrackingCallback(StepLoggingCallback):
         project_name: The run name passed to each tracker (TensorBoard writes to
             ``<logging_dir>/<project_name>``).
         logging_dir: Where trackers that write local files put them.
-        csv_path: The per-epoch CSV file, or ``None`` for none.
+        csv_path: The per-epoch CSV file, or ``None`` for none. Both are in
+            ``trainer.run_dir`` when left out and the trainer has an ``output_dir``.
         init_kwargs: Keyword arguments per tracker name, e.g.
             ``{"tensorboard": {"flush_secs": 30}}``.
         config: Extra hyperparameters stored with the run config (flattened likewise).
@@ -133,8 +134,8 @@ class TrackingCallback(StepLoggingCallback):
         log_with: str | GeneralTracker | Iterable[str | GeneralTracker] = ("tensorboard",),
         *,
         project_name: str = "pytorch-accel",
-        logging_dir: str | os.PathLike[str] = "runs",
-        csv_path: str | os.PathLike[str] | None = "metrics.csv",
+        logging_dir: str | os.PathLike[str] = DefaultPath("runs"),
+        csv_path: str | os.PathLike[str] | None = DefaultPath("metrics.csv"),
         init_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
         config: Mapping[str, Any] | None = None,
         log_every_n_updates: int | None = DEFAULT_LOG_EVERY_N_UPDATES,
@@ -159,6 +160,7 @@ class TrackingCallback(StepLoggingCallback):
         self.project_name = project_name
         self.logging_dir = os.fspath(logging_dir)
         self.csv_path = None if csv_path is None else Path(csv_path)
+        self._run_paths = RunPaths(logging_dir=logging_dir, csv_path=csv_path)
         self.init_kwargs = {name: dict(kwargs) for name, kwargs in (init_kwargs or {}).items()}
         self.config = dict(config or {})
         self.trackers: list[GeneralTracker] = []
@@ -175,6 +177,10 @@ class TrackingCallback(StepLoggingCallback):
         """Write the CSV files and local tracker runs under ``directory`` (for dry runs)."""
         with redirected_paths(self, directory, "logging_dir", "csv_path"), self._set_aside():
             yield
+
+    def place_outputs(self, run_dir: Path) -> None:
+        """Put the CSV files and local tracker runs left at their defaults under ``run_dir``."""
+        self._run_paths.place(self, run_dir)
 
     @contextlib.contextmanager
     def _set_aside(self) -> Iterator[None]:
@@ -232,6 +238,16 @@ class TrackingCallback(StepLoggingCallback):
         """Send the evaluation's metrics, at step = the epochs trained so far; flush."""
         self._log_new(trainer, trainer.run_history.current_epoch - 1)
         self._flush()
+
+    def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
+        """Finish the trackers (flushed and closed): a failed or interrupted run is over.
+
+        What the run sent so far stays (the CSV files are complete after each logging point);
+        nothing more is sent, and no collective is called (other processes may not have
+        failed). A later ``train()`` starts a new tracker run.
+        """
+        _finish_trackers(self.trackers, quietly=True)  # it may fail on the same full disk
+        self._drop_finalizer()
 
     def finish(self) -> None:
         """Finish the trackers of the run now (else at the next run's start, or at exit).

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytorch_accel._checks import fail
-from pytorch_accel.callback import TrainerCallback, redirected_paths
+from pytorch_accel.callback import DefaultPath, RunPaths, TrainerCallback, redirected_paths
 from pytorch_accel.tracking import get_logger
 
 if TYPE_CHECKING:
@@ -35,7 +35,8 @@ class WSDCheckpointCallback(TrainerCallback):
     learning rate was the end of a stable phase or of a decay.
 
     Args:
-        save_dir: The directory of the checkpoint files (created when the first is written).
+        save_dir: The directory of the checkpoint files (created when the first is written;
+            in ``trainer.run_dir`` when left out and the trainer has an ``output_dir``).
         save_optimizer: Include the optimizer state in post-decay checkpoints.
         save_scheduler: Include the scheduler state in post-decay checkpoints.
         initial_checkpoint: A checkpoint file to load (model, optimizer, scheduler) when
@@ -64,7 +65,7 @@ class WSDCheckpointCallback(TrainerCallback):
 
     def __init__(
         self,
-        save_dir: str | os.PathLike[str] = "checkpoints",
+        save_dir: str | os.PathLike[str] = DefaultPath("checkpoints"),
         save_optimizer: bool = True,
         save_scheduler: bool = True,
         initial_checkpoint: str | os.PathLike[str] | None = None,
@@ -73,6 +74,7 @@ class WSDCheckpointCallback(TrainerCallback):
         if initial_checkpoint is not None:
             _check_path("initial_checkpoint", initial_checkpoint)
         self.save_dir = Path(save_dir)
+        self._run_paths = RunPaths(save_dir=save_dir)
         self.save_optimizer = save_optimizer
         self.save_scheduler = save_scheduler
         self.initial_checkpoint = None if initial_checkpoint is None else Path(initial_checkpoint)
@@ -83,6 +85,10 @@ class WSDCheckpointCallback(TrainerCallback):
     def redirect_outputs(self, directory: Path) -> AbstractContextManager[None]:
         """Write the checkpoints under ``directory`` meanwhile (for ``train(dry_run=...)``)."""
         return redirected_paths(self, directory, "save_dir")
+
+    def place_outputs(self, run_dir: Path) -> None:
+        """Put the checkpoints under ``run_dir`` if ``save_dir`` was left at its default."""
+        self._run_paths.place(self, run_dir)
 
     def checkpoint_path(self, step: int, checkpoint_type: str) -> Path:
         """Return the file of the `checkpoint_type` checkpoint saved after update `step`."""

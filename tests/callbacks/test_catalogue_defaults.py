@@ -17,7 +17,12 @@ START, END = "<!-- defaults:start -->", "<!-- defaults:end -->"
 
 
 def arguments(callback: type) -> str:
-    """The constructor's arguments as ``name=default`` (``name`` when required)."""
+    """The constructor's arguments as ``name=default`` (``name`` when required).
+
+    A path default that follows the trainer's run directory (a ``DefaultPath``) says so.
+    """
+    from pytorch_accel.callback import DefaultPath
+
     if "__init__" not in {name for klass in callback.__mro__[:-1] for name in vars(klass)}:
         return "(none)"
     parts = []
@@ -27,7 +32,8 @@ def arguments(callback: type) -> str:
         shown = parameter.name
         if parameter.default is not parameter.empty:
             shown += f"={shown_default(parameter.default)}"
-        parts.append(f"`{shown}`")
+        follows = isinstance(parameter.default, DefaultPath)
+        parts.append(f"`{shown}`" + (" (under `run_dir`)" if follows else ""))
     return ", ".join(parts) or "(none)"
 
 

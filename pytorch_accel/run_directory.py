@@ -1,0 +1,166 @@
+"""One output directory per run: ``Trainer(output_dir=...)`` and ``train(run_name=...)``.
+
+With an output root, each run has a directory ``<output_dir>/<run name>``
+(``Trainer.run_dir``) under which the callbacks put the files whose paths the user left at
+their defaults (through ``TrainerCallback.place_outputs``); paths the user gave stay where
+they are. Without one, nothing here does anything: every path is relative to the working
+directory, as it always was.
+
+- **The run name** is drawn when the trainer is created: the main process's local time,
+  ``2026-11-24_19-40-05`` (``-2``, ``-3``, ... appended when that directory exists or this
+  process handed it out already), shared with every process, so all use the same directory
+  even when their clocks differ. ``train(run_name=...)`` names the run instead, for that call
+  and the trainer's later ones.
+- **Several ``train()`` calls** of one trainer (stages) share its run directory.
+- **``train(resume_from="latest")``** without a ``run_name`` continues the run that holds the
+  newest complete training state under ``output_dir``: the trainer's run directory becomes
+  that run's, so a relaunched job (a new trainer, a new time) writes on in the directory of
+  the run it resumes. With a ``run_name`` only that run's states are searched.
+- **A dry run** (``train(dry_run=...)``) chooses and creates nothing: meanwhile ``run_dir`` is a
+  directory inside the dry run's temporary one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from accelerate import Accelerator
+
+from pytorch_accel._checkpointing.store import newest_training_state
+from pytorch_accel._checks import check_path
+from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.distributed import main_process_object
+from pytorch_accel.logging_setup import setup_logging
+
+__all__ = ["RUN_NAME_FORMAT", "RunDirectory", "new_run_name"]
+
+RUN_NAME_FORMAT = "%Y-%m-%d_%H-%M-%S"
+"""The ``time.strftime`` format of the default run names (local time)."""
+
+_HANDED_OUT: set[Path] = set()  # run directories named by this process, not created yet
+
+
+def new_run_name(output_dir: Path) -> str:
+    """A new run name: the local time, with ``-<n>`` if that directory exists or was handed out."""
+    stamp = time.strftime(RUN_NAME_FORMAT)
+    name, number = stamp, 1
+    while (output_dir / name).exists() or (output_dir / name).absolute() in _HANDED_OUT:
+        number += 1
+        name = f"{stamp}-{number}"
+    _HANDED_OUT.add((output_dir / name).absolute())
+    return name
+
+
+class RunDirectory:
+    """The trainer's output root and current run name, and where its callbacks write.
+
+    Args:
+        output_dir: ``Trainer``'s ``output_dir`` (``None``: no run directories).
+        accelerator: The trainer's accelerator (which process creates directories).
+    """
+
+    def __init__(self, output_dir: str | os.PathLike[str] | None, accelerator: Accelerator):
+        check_path("Trainer", "output_dir", output_dir, allow_none=True, directory=True)
+        self.output_dir = None if output_dir is None else Path(output_dir)
+        self._accelerator = accelerator
+        self._aside: Path | None = None  # a dry run's stand-in for the run directory
+        self.name: str | None = None
+        if self.output_dir is not None:
+            main = accelerator.is_main_process
+            self.name = main_process_object(new_run_name(self.output_dir) if main else None)
+
+    @property
+    def path(self) -> Path | None:
+        """``<output_dir>/<name>`` (a dry run's directory meanwhile); ``None`` without a root."""
+        if self._aside is not None:
+            return self._aside
+        if self.output_dir is None or self.name is None:
+            return None
+        return self.output_dir / self.name
+
+    def start_training(
+        self,
+        callbacks: Iterable[Any],
+        run_name: str | None,
+        resume_from: str | os.PathLike[str] | None,
+    ) -> None:
+        """At the start of ``train()``: choose the run, create its directory, place the outputs.
+
+        ``run_name`` names the run; else ``resume_from="latest"`` continues the run that holds
+        the newest training state under the output root, if any; else the run is the
+        trainer's current one. The main process creates the directory.
+        """
+        if self.output_dir is None:
+            return
+        callbacks = list(callbacks)
+        if self._aside is None:
+            if run_name is not None:
+                self.name = run_name
+            elif resume_from is not None and os.fspath(resume_from) == "latest":
+                self._continue_newest_run(callbacks)
+            path = self.path
+            assert path is not None
+            if self._accelerator.is_main_process:
+                path.mkdir(parents=True, exist_ok=True)
+            setup_logging().info("run directory: %s", path)
+        self.place(callbacks)
+
+    def place(self, callbacks: Iterable[Any]) -> None:
+        """Call every callback's ``place_outputs`` with the run directory (if there is one)."""
+        path = self.path
+        if path is None:
+            return
+        for callback in callbacks:
+            if isinstance(callback, TrainerCallback):
+                callback.place_outputs(path)
+
+    @contextlib.contextmanager
+    def set_aside(self, directory: Path, callbacks: Iterable[Any]) -> Iterator[None]:
+        """Make ``directory`` the run directory meanwhile (a dry run's), then the run's again.
+
+        The run's name is kept; afterwards the callbacks' default paths are placed back in
+        the run's directory.
+        """
+        if self.output_dir is None:
+            yield
+            return
+        callbacks = list(callbacks)
+        self._aside = directory
+        try:
+            yield
+        finally:
+            self._aside = None
+            self.place(callbacks)
+
+    def _continue_newest_run(self, callbacks: list[Any]) -> None:
+        """Take the name of the run under the output root with the newest training state."""
+        current = self.path
+        assert self.output_dir is not None
+        assert current is not None
+        self.place(callbacks)
+        states_dirs = [
+            states
+            for callback in callbacks
+            if isinstance(callback, TrainerCallback)
+            and (states := callback.training_states_dir()) is not None
+        ]
+        if not states_dirs or not states_dirs[0].is_relative_to(current):
+            return  # no states, or an explicit save_dir: searched as given
+        relative = states_dirs[0].relative_to(current)
+        name = None
+        if self._accelerator.is_main_process and self.output_dir.is_dir():
+            runs = [run for run in self.output_dir.iterdir() if not run.name.startswith(".")]
+            newest = newest_training_state(run / relative for run in runs if run.is_dir())
+            name = None if newest is None else newest.relative_to(self.output_dir).parts[0]
+        name = main_process_object(name)
+        if name is not None and name != self.name:
+            setup_logging().info(
+                f"resume_from='latest': continuing the run {name!r}, which holds the newest "
+                f"training state under {str(self.output_dir)!r}."
+            )
+            self.name = name
