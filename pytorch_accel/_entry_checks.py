@@ -44,7 +44,7 @@ from pytorch_accel.micro_batches import check_on_oom
 from pytorch_accel.tracking import RunHistory
 
 if TYPE_CHECKING:
-    from pytorch_accel._state import Preparation
+    from pytorch_accel._state import Preparation, TrainerState
     from pytorch_accel.run_config import TrainerRunConfig
     from pytorch_accel.trainer import Trainer
 
@@ -640,7 +640,7 @@ def check_enough_samples(train_dl: DataLoader[Any], num_samples: int, num_proces
         )
 
 
-def check_has_batches(where: str, preparation: Preparation, **dl_kwargs: Mapping[str, Any]) -> None:
+def check_has_batches(where: str, state: TrainerState, **dl_kwargs: Mapping[str, Any]) -> None:
     """Reject prepared dataloaders that yield no batch on this process (an empty epoch).
 
     ``dl_kwargs``: the arguments each dataloader was built with, by the entry point's name for
@@ -648,7 +648,7 @@ def check_has_batches(where: str, preparation: Preparation, **dl_kwargs: Mapping
     """
     for name, kwargs in dl_kwargs.items():
         train = "train" in name
-        loaders = [preparation.train_dataloader] if train else preparation.eval_dataloaders.values()
+        loaders = [state.train_dataloader] if train else state.eval_dataloaders.values()
         if any(loader is not None and num_batches(loader) == 0 for loader in loaders):
             fail(
                 ValueError,

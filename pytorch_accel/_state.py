@@ -225,8 +225,7 @@ class TrainerState:
 class Preparation:
     """The accelerate-prepared objects of one trainer.
 
-    The run's prepared dataloaders are kept in the trainer's ``TrainerState`` (read here as
-    ``train_dataloader``, ``eval_dataloaders``, ``eval_dataloader`` and ``resumable``).
+    The run's prepared dataloaders are kept in the trainer's ``TrainerState``.
 
     Args:
         accelerator: The trainer's accelerator.
@@ -243,26 +242,6 @@ class Preparation:
         self._prepared: tuple[object, object] = (None, None)
         self._trainable_when_wrapped: tuple[bool, ...] = ()
         self.direct_optimizer: torch.optim.Optimizer | None = None
-
-    @property
-    def train_dataloader(self) -> DataLoader[Any] | None:
-        """The prepared train dataloader of the current run, if any."""
-        return self._state.train_dataloader
-
-    @property
-    def eval_dataloaders(self) -> dict[str | None, DataLoader[Any]]:
-        """The prepared eval dataloaders of the current run, by set name."""
-        return self._state.eval_dataloaders
-
-    @property
-    def eval_dataloader(self) -> DataLoader[Any] | None:
-        """The eval dataloader of the set being evaluated, else of the first set (or ``None``)."""
-        return self._state.eval_dataloader
-
-    @property
-    def resumable(self) -> ResumableLoader | None:
-        """The controls of a train dataloader that can resume mid-epoch, if it can."""
-        return self._state.resumable
 
     @property
     def has_model(self) -> bool:
@@ -347,21 +326,9 @@ class Preparation:
             collate_fn=collate_fn,
         )
 
-    def run_config(
-        self,
-        limit_train_batches: int | None,
-        dl_kwargs: tuple[Mapping[str, Any], Mapping[str, Any]],
-        **settings: Any,
-    ) -> TrainerRunConfig:
-        """Describe the run over the prepared dataloaders (see ``create_run_config``)."""
-        train_dataloader = self.train_dataloader
-        return create_run_config(
-            self._accelerator, train_dataloader, limit_train_batches, dl_kwargs, **settings
-        )
-
     def evaluation_run_config(self, eval_kwargs: Mapping[str, Any]) -> TrainerRunConfig:
         """Describe an ``evaluate()`` run: one epoch over its prepared eval dataloaders."""
-        return self.run_config(None, ({}, eval_kwargs), num_epochs=1)
+        return create_run_config(self._accelerator, None, None, ({}, eval_kwargs), num_epochs=1)
 
     def training_run_config(
         self, trainer: Trainer, arguments: TrainArguments, setup: RunSetup
@@ -371,7 +338,9 @@ class Preparation:
         ``setup.finish`` scales the learning rates and records the set-up in the run config;
         the run's failing-batch guard and micro-batch splitter are kept in the trainer's state.
         """
-        config = self.run_config(
+        config = create_run_config(
+            self._accelerator,
+            self._state.train_dataloader,
             trainer.limit_train_batches,
             (trainer._train_dl_kwargs, trainer._eval_dl_kwargs),
             **arguments.run_settings(),

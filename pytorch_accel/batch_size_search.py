@@ -21,7 +21,7 @@ from accelerate.utils import find_executable_batch_size
 from accelerate.utils.memory import clear_device_cache
 
 from pytorch_accel._checks import check_positive_int, fail
-from pytorch_accel.dry_run import trial_run
+from pytorch_accel._dry_run import trial_run
 from pytorch_accel.logging_setup import get_logger
 from pytorch_accel.micro_batches import BatchDoesNotFitError, is_out_of_memory
 

@@ -28,7 +28,6 @@ from accelerate.utils import (
 
 __all__ = [
     "AgreedFlag",
-    "LaggedFlag",
     "agreement_group",
     "apply_fsdp_request",
     "broadcast_buffers",
@@ -332,10 +331,6 @@ def broadcast_buffers(model: torch.nn.Module) -> None:
                 size = buffer.numel()
                 buffer.copy_(flat[offset : offset + size].view_as(buffer))
                 offset += size
-
-
-LaggedFlag = AgreedFlag
-"""The name ``AgreedFlag`` had when it only agreed lagged (kept for callbacks that use it)."""
 
 
 def remove_padding(padded_tensor: torch.Tensor, pad_value: float) -> torch.Tensor:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pytorch_accel._checks import check_batch_output, check_positive_int, fail
+from pytorch_accel._checks import check_batch_output, check_bool, check_positive_int, fail
 from pytorch_accel.distributed import AgreedFlag, broadcast_buffers
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.tracking import get_logger
@@ -122,8 +122,7 @@ class SkipFailingBatches:
                 "a tuple of Exception classes",
                 "Pass e.g. exceptions=(torch.OutOfMemoryError, ValueError).",
             )
-        if not isinstance(self.skip_empty, bool):
-            fail(TypeError, where, "skip_empty", self.skip_empty, "True or False", "Pass True.")
+        check_bool(where, "skip_empty", self.skip_empty, expected="True or False", fix="Pass True.")
 
 
 def skip_policy(where: str, value: object) -> SkipFailingBatches | None:

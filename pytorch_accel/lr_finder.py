@@ -31,6 +31,7 @@ from pytorch_accel._checks import (
     check_positive_int,
     fail,
 )
+from pytorch_accel._dry_run import Snapshot
 from pytorch_accel._entry_checks import (
     check_data,
     check_dataloader_settings,
@@ -38,7 +39,6 @@ from pytorch_accel._entry_checks import (
 )
 from pytorch_accel.dataloaders import epoch_batches
 from pytorch_accel.distributed import reduce_across_processes
-from pytorch_accel.dry_run import Snapshot
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

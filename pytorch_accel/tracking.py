@@ -54,6 +54,7 @@ __all__ = [
     "is_main_process",
     "logged_name",
     "reduction_dtype",
+    "reported_float",
     "setup_logging",
 ]
 
@@ -700,6 +701,15 @@ def _as_device_tensor(sizes: list[int | torch.Tensor], like: torch.Tensor) -> to
             return host.pin_memory().to(like.device, non_blocking=True)
         return host.to(like.device)
     return torch.stack([torch.as_tensor(size, device=like.device) for size in sizes]).to(like.dtype)
+
+
+def reported_float(value: Any) -> float | None:
+    """The value as a float if it is a real number (or a one-element tensor), else ``None``."""
+    if isinstance(value, torch.Tensor):
+        return float(value.item()) if value.numel() == 1 and not value.is_complex() else None
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return None
 
 
 def _to_cpu(value: Any) -> Any:

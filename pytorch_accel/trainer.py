@@ -26,13 +26,13 @@ from pytorch_accel._checkpointing.checkpoint import restore_checkpoint, write_ch
 from pytorch_accel._checkpointing.training_state import TrainingStateIO
 from pytorch_accel._compat import DefaultCallbacks, with_ported_attributes
 from pytorch_accel._compat import trainer_module_attribute as __getattr__  # noqa: F401
+from pytorch_accel._dry_run import run_dry_or_overfit
 from pytorch_accel._loop import Loop
 from pytorch_accel._state import Preparation, TrainerState
 from pytorch_accel.batch_size_search import find_batch_size
 from pytorch_accel.callback import CallbackHandler, CallbackLike, announces_exceptions
 from pytorch_accel.dataloaders import merge_dataloader_kwargs
 from pytorch_accel.distributed import apply_fsdp_request, create_accelerator
-from pytorch_accel.dry_run import run_dry_or_overfit
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.failing_batches import SkipFailingBatches
 from pytorch_accel.lr_finder import find_lr
@@ -385,7 +385,8 @@ class Trainer:
             run_name=run_name,
         )
         checks.check_train_arguments(self, Trainer, arguments)
-        if run_dry_or_overfit(self, arguments):  # train() again, with the run's settings
+        if arguments.dry_run or arguments.overfit_batches is not None:
+            run_dry_or_overfit(self, arguments)  # train() again, with the run's settings
             return
         self._run_directory.start_training(self.callback_handler.callbacks, run_name, resume_from)
         setup = RunSetup.from_arguments(arguments)
@@ -398,7 +399,7 @@ class Trainer:
         self._preparation.prepare(self, train_dl, eval_dls)
         checks.check_has_batches(
             "Trainer.train",
-            self._preparation,
+            self._state,
             train_dataloader_kwargs=self._train_dl_kwargs,
             eval_dataloader_kwargs=self._eval_dl_kwargs,
         )
@@ -451,7 +452,7 @@ class Trainer:
         self._run_directory.place(self.callback_handler.callbacks)
         self._preparation.prepare_evaluation(self, dataset, batch_size, dataloader_kwargs)
         checks.check_has_batches(
-            "Trainer.evaluate", self._preparation, dataloader_kwargs=self._eval_dl_kwargs
+            "Trainer.evaluate", self._state, dataloader_kwargs=self._eval_dl_kwargs
         )
         self.run_config = self._preparation.evaluation_run_config(self._eval_dl_kwargs)
         return self._loop.evaluate(metric_prefix, skip_failing_batches)

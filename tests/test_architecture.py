@@ -38,7 +38,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.training_state",
             "pytorch_accel.finetuning",
             "pytorch_accel.schedulers",
-            "pytorch_accel.batch_limits",
+            "pytorch_accel._batch_limits",
             "pytorch_accel.utils",
             "pytorch_accel.logging_setup",
         ),
@@ -63,7 +63,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel",
             "pytorch_accel._compat",
             "pytorch_accel._entry_checks",
-            "pytorch_accel.dry_run",
+            "pytorch_accel._dry_run",
             "pytorch_accel.batch_size_search",
             "pytorch_accel.lr_finder",
             "pytorch_accel.trainer",
@@ -84,7 +84,7 @@ LAYER_ROLES = {
         "properties, the overridable step methods and hooks (the dataloader hooks among them), "
         "and saving and loading checkpoints and training states. The checks of the entry "
         "points' arguments and data (`_entry_checks`, with `train()`'s arguments as one typed "
-        "`TrainArguments`); dry and overfit runs (`dry_run`, redirecting each callback's files "
+        "`TrainArguments`); dry and overfit runs (`_dry_run`, redirecting each callback's files "
         "through its `redirect_outputs`); the batch-size search, trials in a dry run's "
         "surroundings (`batch_size_search`); the learning-rate range test, `Trainer.find_lr` "
         "(`lr_finder`, leaving the trainer's states as they were); every pytorch-accelerated "
@@ -350,7 +350,7 @@ def test_each_concept_has_one_home() -> None:
             "import torch.distributed as dist\ndist.all_reduce(t)\n",
             False,
         ),
-        ("pytorch_accel.dry_run", "broadcast_object_list(name)\n", True),
+        ("pytorch_accel._dry_run", "broadcast_object_list(name)\n", True),
         ("pytorch_accel.callbacks.x", "torch.load(path)\n", True),
         ("pytorch_accel.callbacks.x", "self.load(path)\n", False),
     ],

@@ -220,7 +220,7 @@ class TrainingStateIO:
 
     def _rank_state(self, position: Position) -> dict[str, Any]:
         """The trainer state that differs between processes."""
-        resumable = self._preparation.resumable
+        resumable = self._loop.resumable
         mid_epoch = position.in_run and position.batches_done > 0
         loader: dict[str, Any] = {"epoch_states": None, "generators": [], "iteration": 0}
         if resumable is not None:
@@ -233,7 +233,7 @@ class TrainingStateIO:
         else:  # a stream: its saved position, or replayed (see resume.enter_epoch)
             pass_state = self._loop.pass_random_state
             replay = RandomStates(pass_state, ()) if mid_epoch and pass_state is not None else None
-            train_dataloader = self._preparation.train_dataloader
+            train_dataloader = self._loop.train_dataloader
             stream = stream_position(train_dataloader)
             loader = {
                 "epoch_states": None if replay is None else replay.to_dict(),

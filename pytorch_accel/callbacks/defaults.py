@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from pytorch_accel._checks import check_bool, check_positive_int, fail
+from pytorch_accel._checks import check_bool, check_positive_int
 from pytorch_accel.callback import CallbackLike, TrainerCallback
 from pytorch_accel.callbacks._nan_origin import RandomState, nan_origin_report
 from pytorch_accel.callbacks.limit_batches import (
@@ -453,15 +453,15 @@ class ProgressBarCallback(TrainerCallback):
         check_positive_int(
             "ProgressBarCallback", "loss_update_interval", loss_update_interval, allow_none=True
         )
-        if show is not None and not isinstance(show, bool):
-            fail(
-                TypeError,
-                "ProgressBarCallback",
-                "show",
-                show,
-                "None, True or False",
-                "Pass show=None to show the bars only on a terminal.",
-            )
+        fix = "Pass show=None to show the bars only on a terminal."
+        check_bool(
+            "ProgressBarCallback",
+            "show",
+            show,
+            allow_none=True,
+            expected="None, True or False",
+            fix=fix,
+        )
         self.loss_update_interval = loss_update_interval
         self.show = show
         self.pbar: Any = None

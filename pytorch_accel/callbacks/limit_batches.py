@@ -1,7 +1,7 @@
 """Limit the batches of every epoch, for quick debug runs: the callback.
 
 The environment switch (``PYTORCH_ACCEL_LIMIT_BATCHES``, ``LimitBatches``) is in the core
-(``pytorch_accel.batch_limits``) and re-exported here.
+(``pytorch_accel._batch_limits``) and re-exported here.
 """
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._checks import check_positive_int
-from pytorch_accel.batch_limits import (
+from pytorch_accel._batch_limits import (
     LIMIT_BATCHES_ENV_VAR,
     LimitBatches,
     limit_batches_from_environment,
 )
+from pytorch_accel._checks import check_positive_int
 from pytorch_accel.callback import TrainerCallback
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from pytorch_accel._checkpointing.files import atomic_write
 from pytorch_accel._checks import check_bool
 from pytorch_accel.callback import DefaultPath, RunPaths, TrainerCallback, redirected_paths
 from pytorch_accel.callbacks._metrics_csv import STEP_COLUMN, metrics_csv_index, read_metrics_csv
-from pytorch_accel.tracking import RunHistory
+from pytorch_accel.tracking import RunHistory, reported_float
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -161,7 +161,7 @@ def _series(source: RunHistory | str | os.PathLike[str]) -> tuple[Series, str]:
         return read_metrics_csv(source), x_label
     series: Series = {}
     for name in sorted(source.get_metric_names()):
-        values = [_number(value) for value in source.get_metric_values(name)]
+        values = [reported_float(value) for value in source.get_metric_values(name)]
         series[name] = [
             (epoch, value) for epoch, value in enumerate(values, start=1) if value is not None
         ]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import numbers
 import os
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
@@ -24,7 +23,7 @@ from pytorch_accel.callbacks._metrics_csv import (
 )
 from pytorch_accel.callbacks.defaults import format_metrics
 from pytorch_accel.callbacks.step_logging import DEFAULT_LOG_EVERY_N_UPDATES, StepLoggingCallback
-from pytorch_accel.tracking import MetricCursor, get_logger
+from pytorch_accel.tracking import MetricCursor, get_logger, reported_float
 
 if TYPE_CHECKING:
     from accelerate.tracking import GeneralTracker
@@ -430,7 +429,7 @@ class TrackingCallback(StepLoggingCallback):
         row.update(new)
         if self.epoch_x_axis == "update":
             step = row[UPDATE_COLUMN] = trainer.global_num_updates
-        numbers_only = {name: _number(value) for name, value in new.items()}
+        numbers_only = {name: reported_float(value) for name, value in new.items()}
         scalars = {name: value for name, value in numbers_only.items() if value is not None}
         if scalars:
             for tracker in self.trackers:
@@ -509,15 +508,6 @@ def _hparam(value: Any) -> bool | int | float | str:
         return callable_name(value)
     text = str(value)
     return type(value).__qualname__ if " at 0x" in text else text
-
-
-def _number(value: Any) -> float | None:
-    """The value as a float if it is a real number (or a one-element tensor), else ``None``."""
-    if isinstance(value, torch.Tensor):
-        return float(value.item()) if value.numel() == 1 and not value.is_complex() else None
-    if isinstance(value, numbers.Real):
-        return float(value)
-    return None
 
 
 def _check_trackers(
