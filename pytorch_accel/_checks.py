@@ -387,6 +387,20 @@ def check_bool(
         fail(TypeError, where, name, value, expected, fix or f"Pass {name}=True or {name}=False.")
 
 
+def check_choice(where: str, name: str, value: object, choices: Sequence[str], fix: str) -> None:
+    """Raise unless ``value`` is one of the strings ``choices``.
+
+    Raises:
+        TypeError: If ``value`` is not a string.
+        ValueError: If it is another string.
+    """
+    if isinstance(value, str) and value in choices:
+        return
+    quoted = [repr(choice) for choice in choices]
+    expected = " or ".join([", ".join(quoted[:-1]), quoted[-1]] if len(quoted) > 1 else quoted)
+    fail(TypeError if not isinstance(value, str) else ValueError, where, name, value, expected, fix)
+
+
 def check_metric_name(where: str, name: str, value: object) -> None:
     """Raise unless ``value`` is a non-empty string (a run-history metric name)."""
     if not isinstance(value, str) or not value:

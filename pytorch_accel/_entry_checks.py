@@ -29,6 +29,7 @@ from pytorch_accel._checkpointing.streams import check_stateful_dataloader_reque
 from pytorch_accel._checks import (
     check_bool,
     check_callable,
+    check_choice,
     check_count,
     check_mapping,
     check_number,
@@ -40,7 +41,7 @@ from pytorch_accel._checks import (
 from pytorch_accel.dataloaders import merge_dataloader_kwargs, named_eval_sets, num_batches
 from pytorch_accel.distributed import check_world_size, needs_cpu_distributed
 from pytorch_accel.failing_batches import SkipFailingBatches, skip_policy
-from pytorch_accel.micro_batches import check_on_oom
+from pytorch_accel.micro_batches import ON_OOM, ON_OOM_FIX
 from pytorch_accel.tracking import RunHistory
 
 if TYPE_CHECKING:
@@ -120,7 +121,7 @@ class TrainArguments:
         return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
 
 
-def _check_run_name(where: str, run_name: object, run_dir: Path | None) -> None:
+def _check_run_name(where: str, run_name: object, trainer: Trainer) -> None:
     """Accept ``None``, or one directory name for a trainer with an ``output_dir``."""
     if run_name is None:
         return
@@ -128,7 +129,7 @@ def _check_run_name(where: str, run_name: object, run_dir: Path | None) -> None:
         kind = ValueError if isinstance(run_name, str) else TypeError
         fix = "Pass e.g. run_name='baseline': the run's directory is <output_dir>/<run_name>."
         fail(kind, where, "run_name", run_name, "a directory name (no '/') or None", fix)
-    if run_dir is None:
+    if trainer.run_dir is None:
         fix = "Create the trainer with Trainer(..., output_dir='runs'): runs are named under it."
         fail(ValueError, where, "run_name", run_name, "None without Trainer(output_dir=...)", fix)
 
@@ -282,7 +283,7 @@ def check_train_arguments(trainer: Trainer, base: type, arguments: TrainArgument
         "Pass a function optimizer -> scheduler, e.g. functools.partial(StepLR, step_size=10).",
     )
     check_callable(where, "collate_fn", a.collate_fn, "Pass a function or None.")
-    _check_run_name(where, a.run_name, trainer.run_dir)
+    _check_run_name(where, a.run_name, trainer)
     _check_run_setup(where, a)
     _check_dry_run(where, a)
     with_eval = a.eval_dataset is not None
@@ -499,7 +500,7 @@ def _check_run_setup(where: str, arguments: TrainArguments) -> None:
     _check_resume_parts(where, arguments)
     if arguments.skip_failing_batches is not None:
         skip_policy(where, arguments.skip_failing_batches)
-    check_on_oom(where, arguments.on_oom)
+    check_choice(where, "on_oom", arguments.on_oom, ON_OOM, ON_OOM_FIX)
     if arguments.on_oom == "split" and arguments.skip_failing_batches is not None:
         fail(
             ValueError,

@@ -129,9 +129,10 @@ class Loop:
         trainer = self._trainer
         state.item_weighting.start_run(trainer.accelerator.num_processes, trainer.device)
         state.logged.reset()
-        state.scheduler_stepping = SchedulerStepping.of(
-            trainer.scheduler, trainer.create_scheduler_fn, state.eval_dataloaders
-        )
+        if trainer.scheduler is not None:  # consulted only when there is a scheduler
+            state.scheduler_stepping = SchedulerStepping.of(
+                trainer.scheduler, trainer.create_scheduler_fn, state.eval_dataloaders
+            )
         ended = False
         try:
             self._entry_point("Trainer.train", "training_run", self._epochs)
@@ -501,7 +502,8 @@ class Loop:
         state.logged.start_epoch(state.eval_metric_name)
         state.eval_step = 0
         self._eval_progress = self._progress("on_eval_progress")
-        self._eval_guard = skips.eval_epoch_guard(state.failing_batches, self._trainer.model)
+        guard = state.failing_batches
+        self._eval_guard = guard and skips.eval_epoch_guard(guard, self._trainer.model)
         self._with_events(
             "eval_epoch",
             self._eval_batches,
@@ -589,7 +591,8 @@ class Loop:
         loss = state.eval_loss_tracker.reduce(trainer.accelerator)
         trainer.run_history.update_metric(metric_name, loss)
         state.logged.end_epoch(trainer.run_history, trainer.device)
-        skips.record_eval_epoch(self._eval_guard, trainer.run_history, metric_name)
+        if self._eval_guard is not None:
+            skips.record_eval_epoch(self._eval_guard, trainer.run_history, metric_name)
 
     # ------------------------------------------------------------------------ prediction
 

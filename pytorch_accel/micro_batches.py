@@ -53,14 +53,19 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ON_OOM",
+    "ON_OOM_FIX",
     "BatchDoesNotFitError",
     "MicroBatchSplitter",
-    "check_on_oom",
     "is_out_of_memory",
 ]
 
 ON_OOM = ("raise", "split")
 """What ``train(on_oom=...)`` accepts: raise the error (the default), or split the batch."""
+
+ON_OOM_FIX = (
+    "Pass on_oom='split' to run a step that runs out of memory again in twice as many "
+    "micro-batches (the global batch and the results stay the same), or 'raise'."
+)
 
 _OK, _OOM, _STOP, _STUCK, _FAIL = 0, 1, 2, 3, 4
 """What a step did on one process, agreed as the maximum over the processes: an error beats
@@ -79,26 +84,6 @@ def is_out_of_memory(error: BaseException) -> bool:
     """Whether ``error`` is an out-of-memory error (of any device, or of the CPU allocator)."""
     return isinstance(error, torch.OutOfMemoryError) or (
         isinstance(error, Exception) and should_reduce_batch_size(error)
-    )
-
-
-def check_on_oom(where: str, value: object) -> None:
-    """Raise unless ``value`` is one of ``ON_OOM``.
-
-    Raises:
-        TypeError: If ``value`` is not a string.
-        ValueError: If it is another string.
-    """
-    if value in ON_OOM and isinstance(value, str):
-        return
-    fail(
-        TypeError if not isinstance(value, str) else ValueError,
-        where,
-        "on_oom",
-        value,
-        "'raise' or 'split'",
-        "Pass on_oom='split' to run a step that runs out of memory again in twice as many "
-        "micro-batches (the global batch and the results stay the same), or 'raise'.",
     )
 
 

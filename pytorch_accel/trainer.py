@@ -388,7 +388,8 @@ class Trainer:
         if arguments.dry_run or arguments.overfit_batches is not None:
             run_dry_or_overfit(self, arguments)  # train() again, with the run's settings
             return
-        self._run_directory.start_training(self.callback_handler.callbacks, run_name, resume_from)
+        if (run_directory := self._run_directory).output_dir is not None:
+            run_directory.start_training(self.callback_handler.callbacks, run_name, resume_from)
         setup = RunSetup.from_arguments(arguments)
         setup.apply_randomness(self._accelerator)
         self.create_scheduler_fn, self.collate_fn = create_scheduler_fn, collate_fn
@@ -449,7 +450,8 @@ class Trainer:
         arguments = (dataset, per_device_batch_size, dataloader_kwargs, collate_fn, metric_prefix)
         checks.check_evaluate_arguments(self, Trainer, *arguments)
         self.collate_fn, self._train_dl_kwargs, batch_size = collate_fn, {}, per_device_batch_size
-        self._run_directory.place(self.callback_handler.callbacks)
+        if self._run_directory.output_dir is not None:
+            self._run_directory.place(self.callback_handler.callbacks)
         self._preparation.prepare_evaluation(self, dataset, batch_size, dataloader_kwargs)
         checks.check_has_batches(
             "Trainer.evaluate", self._state, dataloader_kwargs=self._eval_dl_kwargs
