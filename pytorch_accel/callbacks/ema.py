@@ -49,8 +49,11 @@ class ModelEmaCallback(TrainerCallback):
 
     Order ``40``: its evaluation runs before ``SaveBestModelCallback`` (50),
     ``LogMetricsCallback`` (100) and ``EarlyStoppingCallback`` (150), so they can use
-    ``ema_model_eval_loss_epoch`` in the same epoch. Sharded models (FSDP, DeepSpeed) are not
-    supported: each process holds only part of the weights.
+    ``ema_model_eval_loss_epoch`` in the same epoch.
+
+    Under FSDP2 each process averages its own shards of the parameters (the update is local,
+    with no communication) and the saved EMA weights are gathered by ``save_checkpoint`` like
+    the model's; a training state holds each process's shards. DeepSpeed is refused.
 
     Args:
         decay: The weight of the old average, in ``(0, 1)``; ``0.999`` averages over roughly
@@ -240,10 +243,12 @@ class ModelEmaCallback(TrainerCallback):
         """
         pairs = self._bind(trainer).pairs  # afresh: the model may have moved since the run
         _swap(pairs)
+        _drop_gathered(trainer)
         try:
             yield
         finally:
             _swap(pairs)
+            _drop_gathered(trainer)
 
     def _bind(self, trainer: Trainer) -> EmaPairs:
         """Pair each EMA tensor with the model's tensor of the same name, on its device."""
@@ -267,8 +272,31 @@ class ModelEmaCallback(TrainerCallback):
 
 
 def _model_state(trainer: Trainer) -> dict[str, torch.Tensor]:
-    """The unwrapped model's state dict: detached tensors sharing the model's storage."""
-    return trainer.get_model(keep_torch_compile=False).state_dict()
+    """The unwrapped model's state dict: detached tensors sharing the model's storage.
+
+    A parameter sharded by FSDP2 (a ``DTensor``) is given as this process's shard (its local
+    tensor, a view of the parameter's storage), so the average is kept and updated per shard.
+    """
+    state = trainer.get_model(keep_torch_compile=False).state_dict()
+    return {name: _local_shard(tensor) for name, tensor in state.items()}
+
+
+def _local_shard(tensor: torch.Tensor) -> torch.Tensor:
+    """This process's part of a sharded tensor (``DTensor.to_local``), else the tensor."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor
+
+
+def _drop_gathered(trainer: Trainer) -> None:
+    """Free the full parameters FSDP2 keeps gathered, so the next forward gathers the shards.
+
+    FSDP2 keeps the root module's parameters gathered after a forward; swapping the shards
+    would otherwise leave the next forward with the weights of before the swap.
+    """
+    for module in trainer.get_model(keep_torch_compile=False).modules():
+        reshard = getattr(module, "reshard", None)
+        if callable(reshard) and callable(getattr(module, "unshard", None)):
+            reshard()
 
 
 def _swap(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -326,14 +354,16 @@ def _check_decay(decay: object) -> None:
 
 def _check_not_sharded(trainer: Trainer) -> None:
     kind = trainer.accelerator.distributed_type
-    if kind in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+    version = getattr(getattr(trainer.accelerator.state, "fsdp_plugin", None), "fsdp_version", 2)
+    if kind == DistributedType.DEEPSPEED or (kind == DistributedType.FSDP and version == 1):
         fail(
             ValueError,
             "ModelEmaCallback",
             "distributed_type",
-            str(kind),
-            "a setup where each process holds the whole model",
-            "Use DDP or a single process, or keep the EMA outside the trainer.",
+            f"{kind} (FSDP version {version})" if kind == DistributedType.FSDP else str(kind),
+            "a setup where each process holds the whole model, or FSDP version 2",
+            "Use FSDP version 2 (FullyShardedDataParallelPlugin(fsdp_version=2)), DDP or a "
+            "single process, or keep the EMA outside the trainer.",
         )
 
 

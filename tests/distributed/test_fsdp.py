@@ -183,3 +183,46 @@ def test_a_state_of_1_process_resumes_in_2_between_epochs(tmp_path: Path) -> Non
     for rank in outcome.ranks:
         resumed = torch.tensor(rank["grow"]["parameters"])
         assert (resumed - expected).abs().max().item() <= TOLERANCE
+
+
+@pytest.fixture(scope="module")
+def callbacks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    outcome = launch("fsdp.py", "callbacks", out_dir=tmp_path_factory.mktemp("cb"), timeout=150)
+    assert outcome.returncode == 0, outcome.output[-4000:]  # no process hung or failed
+    assert len(outcome.ranks) == 2
+    ranks = [rank["callbacks"] for rank in outcome.ranks]
+    for rank in ranks:
+        assert rank["sharded"] == {"type": "DistributedType.FSDP", "dtensors": True}
+    return ranks
+
+
+def test_save_best_model_under_fsdp2_writes_the_gathered_weights_once(
+    callbacks: list[dict[str, Any]],
+) -> None:
+    for rank in callbacks:
+        assert rank["files"] == ["best.pt", "ema.pt"]  # one file each, no per-process copies
+        assert rank["best_epoch"] == 1  # not the last: loading it at the end changes weights
+        assert rank["best_like_ddp"] <= TOLERANCE  # model and optimizer, loaded in 1 process
+        assert rank["ends_with_best"] == 0.0  # load_checkpoint put it into the sharded model
+        assert rank["predictions_with_best"] <= TOLERANCE  # and the next forward uses it
+
+
+def test_model_ema_under_fsdp2_averages_the_shards_like_ddp(
+    callbacks: list[dict[str, Any]],
+) -> None:
+    for rank in callbacks:
+        assert rank["ema_like_ddp"] <= TOLERANCE  # the gathered EMA weights
+        assert rank["ema_is_not_the_best"] > 1e-3
+        assert rank["num_ema_losses"] == 3
+        assert rank["ema_losses"] <= TOLERANCE  # the EMA weights evaluated each epoch
+        assert rank["ema_loaded"] == 0.0  # load_checkpoint of the EMA file, sharded
+        assert rank["predictions_with_ema"] <= TOLERANCE
+        assert rank["ema_predicts_otherwise"] > 1e-3
+
+
+def test_model_ema_under_fsdp1_is_refused_at_train(callbacks: list[dict[str, Any]]) -> None:
+    for rank in callbacks:
+        refusal = rank["ema_fsdp1_refusal"]
+        assert refusal.startswith("ModelEmaCallback: distributed_type must be a setup where")
+        assert "(FSDP version 1)" in refusal
+        assert "FullyShardedDataParallelPlugin(fsdp_version=2)" in refusal

@@ -10,6 +10,8 @@
   a DDP run's), ``load_checkpoint`` puts them back into a sharded model (saving again gives the
   same file), and a training state of another model is refused by the fit check; a DDP
   training state for the test to resume in 1 process.
+- ``callbacks``: ``SaveBestModelCallback`` and ``ModelEmaCallback`` in the same run under
+  DDP and under FSDP2: the files they write (gathered weights) and the EMA's metrics.
 - ``grow``: a DDP run resumes the training state of 1 process given as the next argument.
 - ``env``: FSDP asked for by ``accelerate launch --use_fsdp``'s variables: FSDP1 without the
   original parameters is refused at the constructor, FSDP2 shards.
@@ -33,7 +35,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.tensor import DTensor
 
 from pytorch_accel import Trainer
-from pytorch_accel.callbacks import TrainerCallback
+from pytorch_accel.callbacks import ModelEmaCallback, SaveBestModelCallback, TrainerCallback
 
 UNSHUFFLED = {"shuffle": False}
 
@@ -275,6 +277,77 @@ def mid_window_saves(out: Path) -> dict[str, Any]:
     return {"saves_before_refusal": saver.saved, "mid_window_refusal": refusal}
 
 
+def callback_run(out: Path, **accelerator_kwargs: Any) -> Trainer:
+    """3 epochs with the best (here: the worst evaluation loss, epoch 1) and the EMA saved."""
+    trainer = adam_trainer(**accelerator_kwargs)
+    best = SaveBestModelCallback(out / "best.pt", "eval_loss_epoch", greater_is_better=True)
+    ema = ModelEmaCallback(decay=0.8, save_path=out / "ema.pt")
+    for callback in (best, ema):
+        trainer.callback_handler.add_callback(callback)
+    trainer.train(
+        make_regression_dataset(24),
+        num_epochs=3,
+        eval_dataset=make_regression_dataset(12, seed=1),
+        per_device_batch_size=4,
+        train_dataloader_kwargs=UNSHUFFLED,
+    )
+    return trainer
+
+
+def state_of(path: Path) -> torch.Tensor:
+    """The model weights of a checkpoint file, loaded into a plain model, flattened by key."""
+    model = make_model()
+    model.load_state_dict(torch.load(path, weights_only=True)["model_state_dict"])
+    state = model.state_dict()
+    return torch.cat([state[key].detach().flatten() for key in sorted(state)])
+
+
+def callbacks() -> dict[str, Any]:
+    out = Path(sys.argv[1])
+    ddp = callback_run(out / "ddp")
+    fsdp = callback_run(out / "fsdp", fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+    sharded = sharding(fsdp)  # before a forward, after which FSDP2 keeps the root gathered
+    best, ema = out / "fsdp" / "best.pt", out / "fsdp" / "ema.pt"
+    ends_with_best = (full_parameters(fsdp) - state_of(best)).abs().max().item()
+    predicted = [predictions(trainer) for trainer in (fsdp, ddp)]  # with the best weights
+    fsdp.load_checkpoint(ema)  # into the sharded model
+    ddp.load_checkpoint(out / "ddp" / "ema.pt")
+    predicted += [predictions(trainer) for trainer in (fsdp, ddp)]
+    metric = "ema_model_eval_loss_epoch"
+    ema_losses = [
+        fsdp.run_history.get_metric_values(metric),
+        ddp.run_history.get_metric_values(metric),
+    ]
+    fsdp1 = fresh_trainer(fsdp_plugin=fsdp1_plugin())
+    fsdp1.callback_handler.add_callback(ModelEmaCallback(save_path=None))
+    try:
+        fsdp1.train(make_regression_dataset(8), num_epochs=1, per_device_batch_size=4)
+        ema_fsdp1_refusal = ""
+    except ValueError as error:
+        ema_fsdp1_refusal = str(error)
+    main = fsdp.accelerator.is_main_process
+    return {
+        "sharded": sharded,
+        "ema_fsdp1_refusal": ema_fsdp1_refusal,
+        "files": sorted(path.name for path in (out / "fsdp").iterdir()),
+        "best_epoch": torch.load(best, weights_only=True)["epoch"],
+        "best_like_ddp": files_differ(out / "ddp" / "best.pt", best) if main else 0.0,
+        "ends_with_best": ends_with_best,
+        "ema_like_ddp": files_differ(out / "ddp" / "ema.pt", ema) if main else 0.0,
+        "ema_is_not_the_best": (state_of(ema) - state_of(best)).abs().max().item(),
+        "ema_loaded": (full_parameters(fsdp) - state_of(ema)).abs().max().item(),
+        "ema_losses": max(abs(a - b) for a, b in zip(*ema_losses, strict=True)),
+        "num_ema_losses": len(ema_losses[0]),
+        "predictions_with_best": (predicted[0] - predicted[1]).abs().max().item(),
+        "predictions_with_ema": (predicted[2] - predicted[3]).abs().max().item(),
+        "ema_predicts_otherwise": (predicted[0] - predicted[2]).abs().max().item(),
+    }
+
+
+def predictions(trainer: Trainer) -> torch.Tensor:
+    return trainer.predict(make_regression_dataset(6, seed=2), per_device_batch_size=4)
+
+
 def grow() -> dict[str, Any]:
     """Resume a state saved by 1 process after epoch 1 (argv[3]) in these processes."""
     trainer = adam_trainer()
@@ -316,5 +389,11 @@ def fresh_trainer_from_env() -> Trainer:
 
 if __name__ == "__main__":
     scenario = sys.argv[2]
-    scenarios = {"parity": parity, "checkpoints": checkpoints, "grow": grow, "env": env}
+    scenarios = {
+        "parity": parity,
+        "checkpoints": checkpoints,
+        "callbacks": callbacks,
+        "grow": grow,
+        "env": env,
+    }
     report_and_exit({scenario: scenarios[scenario]()})
