@@ -148,10 +148,17 @@ def test_training_states_under_fsdp1_are_refused(checkpoints: list[dict[str, Any
         )
 
 
+@pytest.mark.parametrize("saved_by", ["elastic_state", "fsdp_state", "fsdp_dcp_state"])
 def test_a_state_of_2_processes_resumes_in_1_between_epochs(
-    checkpoints: list[dict[str, Any]],
+    checkpoints: list[dict[str, Any]], saved_by: str
 ) -> None:
-    """2 processes x batch 4 saved after epoch 1; 1 process x batch 8 trains epoch 2."""
+    """2 processes x batch 4 saved after epoch 1; 1 process x batch 8 trains epoch 2.
+
+    Saved by DDP, by FSDP2 (a full state: ``pytorch_model_fsdp.bin``) and by FSDP2 with
+    ``torch.distributed.checkpoint`` (``SHARDED_STATE_DICT``).
+    """
+    if saved_by == "fsdp_dcp_state":  # the weights and optimizer in DCP's sharded folders
+        assert {"pytorch_model_fsdp_0", "optimizer_0"} <= set(checkpoints[0]["dcp_files"])
     dataset = make_regression_dataset(24)
     options: dict[str, Any] = {"per_device_batch_size": 8, "train_dataloader_kwargs": UNSHUFFLED}
     model = make_model()
@@ -159,14 +166,15 @@ def test_a_state_of_2_processes_resumes_in_1_between_epochs(
     whole.train(dataset, num_epochs=2, **options)
     model = make_model(seed=1)  # the saved weights replace these
     resumed = Trainer(model, nn.MSELoss(), torch.optim.AdamW(model.parameters(), lr=0.01), ())
-    resumed.train(dataset, num_epochs=2, resume_from=checkpoints[0]["elastic_state"], **options)
+    resumed.train(dataset, num_epochs=2, resume_from=checkpoints[0][saved_by], **options)
     assert resumed.run_history.current_epoch == whole.run_history.current_epoch
     assert max_difference(resumed.model, whole.model) <= TOLERANCE
     assert max_difference(resumed.model, make_model(seed=1)) > 0.01
 
 
-def test_a_state_of_1_process_resumes_in_2_between_epochs(tmp_path: Path) -> None:
-    """1 process x batch 8 saved after epoch 1; 2 processes x batch 4 train epoch 2."""
+@pytest.mark.parametrize("sharded", [False, True])
+def test_a_state_of_1_process_resumes_in_2_between_epochs(tmp_path: Path, sharded: bool) -> None:
+    """1 process x batch 8 saved after epoch 1; 2 processes x batch 4 (DDP or FSDP2) train on."""
     dataset = make_regression_dataset(24)
     options: dict[str, Any] = {"per_device_batch_size": 8, "train_dataloader_kwargs": UNSHUFFLED}
     model = make_model()
@@ -176,11 +184,15 @@ def test_a_state_of_1_process_resumes_in_2_between_epochs(tmp_path: Path) -> Non
     first = Trainer(model, nn.MSELoss(), torch.optim.AdamW(model.parameters(), lr=0.01), ())
     first.train(dataset, num_epochs=1, **options)
     first.save_training_state(tmp_path / "state")
-    outcome = launch("fsdp.py", "grow", str(tmp_path / "state"), out_dir=tmp_path, timeout=120)
+    layout = ["fsdp"] if sharded else []
+    outcome = launch(
+        "fsdp.py", "grow", str(tmp_path / "state"), *layout, out_dir=tmp_path, timeout=120
+    )
     assert outcome.returncode == 0, outcome.output[-4000:]
     state = whole.model.state_dict()  # in the script's order: by key
     expected = torch.cat([state[key].detach().flatten() for key in sorted(state)])
     for rank in outcome.ranks:
+        assert rank["grow"]["dtensors"] == sharded
         resumed = torch.tensor(rank["grow"]["parameters"])
         assert (resumed - expected).abs().max().item() <= TOLERANCE
 

@@ -12,7 +12,8 @@
   training state for the test to resume in 1 process.
 - ``callbacks``: ``SaveBestModelCallback`` and ``ModelEmaCallback`` in the same run under
   DDP and under FSDP2: the files they write (gathered weights) and the EMA's metrics.
-- ``grow``: a DDP run resumes the training state of 1 process given as the next argument.
+- ``grow``: a DDP run (an FSDP2 run if the last argument is ``fsdp``) resumes the training
+  state of 1 process given as the next argument.
 - ``env``: FSDP asked for by ``accelerate launch --use_fsdp``'s variables: FSDP1 without the
   original parameters is refused at the constructor, FSDP2 shards.
 """
@@ -168,7 +169,13 @@ def checkpoints() -> dict[str, Any]:
     trainer = adam_trainer(fsdp_plugin=plugin)
     trainer.train(dataset, **options)
     trainer.save_checkpoint(out / "fsdp.pt")
-    trainer.save_training_state(out / "state")
+    trainer.save_training_state(out / "state")  # resumed in 1 process by the test, too
+    dcp_plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=2, state_dict_type="SHARDED_STATE_DICT"
+    )
+    sharded_save = adam_trainer(fsdp_plugin=dcp_plugin)
+    sharded_save.train(dataset, **options)
+    sharded_save.save_training_state(out / "dcp_state")  # torch.distributed.checkpoint's
     restored = adam_trainer(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
     restored.train(make_regression_dataset(8, seed=3), num_epochs=1, per_device_batch_size=4)
     restored.load_checkpoint(out / "fsdp.pt")
@@ -191,6 +198,9 @@ def checkpoints() -> dict[str, Any]:
     return {
         "sharded": [sharding(run)["type"] for run in (trainer, restored, other)],
         "elastic_state": str(out / "elastic"),
+        "fsdp_state": str(out / "state"),
+        "fsdp_dcp_state": str(out / "dcp_state"),
+        "dcp_files": sorted(path.name for path in (out / "dcp_state").iterdir()),
         **fsdp1_checkpoints(out),
         **resumes(out),
         **mid_window_saves(out),
@@ -349,8 +359,12 @@ def predictions(trainer: Trainer) -> torch.Tensor:
 
 
 def grow() -> dict[str, Any]:
-    """Resume a state saved by 1 process after epoch 1 (argv[3]) in these processes."""
-    trainer = adam_trainer()
+    """Resume a state saved by 1 process after epoch 1 (argv[3]) in these processes.
+
+    Sharded by FSDP2 if argv[4] is ``fsdp``.
+    """
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
+    trainer = adam_trainer(**({"fsdp_plugin": plugin} if sys.argv[4:] == ["fsdp"] else {}))
     with torch.no_grad():  # the saved weights replace these
         for parameter in trainer.model.parameters():
             parameter.add_(1.0)
@@ -361,7 +375,7 @@ def grow() -> dict[str, Any]:
         train_dataloader_kwargs=UNSHUFFLED,
         resume_from=sys.argv[3],
     )
-    return {"parameters": full_parameters(trainer).tolist()}
+    return {"parameters": full_parameters(trainer).tolist(), **sharding(trainer)}
 
 
 def env() -> dict[str, Any]:
