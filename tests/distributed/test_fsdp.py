@@ -12,6 +12,7 @@ from launcher import launch
 from torch import nn
 
 from pytorch_accel import Trainer
+from pytorch_accel.callbacks import ModelEmaCallback, SaveBestModelCallback
 
 TOLERANCE = 1e-6
 UNSHUFFLED = {"shuffle": False}
@@ -139,6 +140,7 @@ def test_fsdp2_resumes_bitwise_from_a_state_saved_after_an_update(
 ) -> None:
     for rank in checkpoints:
         assert rank["resumed"] == 0.0
+        assert rank["ema_resumed"] == 0.0  # ModelEmaCallback's average of this process's shards
 
 
 def test_training_states_under_fsdp1_are_refused(checkpoints: list[dict[str, Any]]) -> None:
@@ -238,3 +240,27 @@ def test_model_ema_under_fsdp1_is_refused_at_train(callbacks: list[dict[str, Any
         assert refusal.startswith("ModelEmaCallback: distributed_type must be a setup where")
         assert "(FSDP version 1)" in refusal
         assert "FullyShardedDataParallelPlugin(fsdp_version=2)" in refusal
+
+
+def test_an_ema_of_fsdp2_shards_is_refused_on_another_number_of_processes(
+    callbacks: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """The EMA's training state holds each process's shards: 1 process cannot continue it."""
+    model = make_model()
+    trainer = Trainer(
+        model,
+        nn.MSELoss(),
+        torch.optim.AdamW(model.parameters(), lr=0.01),
+        (
+            SaveBestModelCallback(tmp_path / "best.pt", greater_is_better=True),
+            ModelEmaCallback(decay=0.8, save_path=None),
+        ),
+    )
+    with pytest.raises(ValueError, match="the EMA holds the shards of 2 FSDP processes, but "):
+        trainer.train(
+            make_regression_dataset(24),
+            num_epochs=4,
+            eval_dataset=make_regression_dataset(12, seed=1),
+            per_device_batch_size=8,
+            resume_from=callbacks[0]["ema_state"],
+        )

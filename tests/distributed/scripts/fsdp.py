@@ -232,18 +232,27 @@ def fsdp1_checkpoints(out: Path) -> dict[str, Any]:
     }
 
 
+def ema_trainer(ema: ModelEmaCallback) -> Trainer:
+    """An FSDP2 ``adam_trainer`` with ``ema``."""
+    trainer = adam_trainer(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+    trainer.callback_handler.add_callback(ema)
+    return trainer
+
+
 def resumes(out: Path) -> dict[str, Any]:
     """FSDP2: a run resumed after epoch 1 ends bitwise where the whole run ends; FSDP1 refuses."""
     options = {"per_device_batch_size": 4, "gradient_accumulation_steps": 2, "max_grad_norm": 1.0}
     dataset = make_regression_dataset(40)
-    whole = adam_trainer(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+    emas = [ModelEmaCallback(decay=0.8, save_path=None) for _ in range(3)]  # of the shards
+    whole = ema_trainer(emas[0])
     whole.train(dataset, num_epochs=2, **options)
     expected = full_parameters(whole)
-    first = adam_trainer(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+    first = ema_trainer(emas[1])
     first.train(dataset, num_epochs=1, **options)
     first.save_training_state(out / "resume")
-    resumed = adam_trainer(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+    resumed = ema_trainer(emas[2])
     resumed.train(dataset, num_epochs=2, resume_from=out / "resume", **options)
+    averages = [ema.state_dict()["ema_state_dict"] for ema in (emas[0], emas[2])]
     fsdp1 = adam_trainer(fsdp_plugin=fsdp1_plugin())
     try:
         fsdp1.save_training_state(out / "fsdp1_state")
@@ -252,6 +261,9 @@ def resumes(out: Path) -> dict[str, Any]:
         fsdp1_refusal = str(error)
     return {
         "resumed": (full_parameters(resumed) - expected).abs().max().item(),
+        "ema_resumed": max(  # (a process's shard may be empty)
+            (averages[0][k] - averages[1][k]).abs().sum().item() for k in averages[0]
+        ),
         "fsdp1_state_refusal": fsdp1_refusal,
     }
 
@@ -318,6 +330,7 @@ def callbacks() -> dict[str, Any]:
     fsdp = callback_run(out / "fsdp", fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
     sharded = sharding(fsdp)  # before a forward, after which FSDP2 keeps the root gathered
     best, ema = out / "fsdp" / "best.pt", out / "fsdp" / "ema.pt"
+    fsdp.save_training_state(out / "ema_state")  # its EMA: each process's shards
     ends_with_best = (full_parameters(fsdp) - state_of(best)).abs().max().item()
     predicted = [predictions(trainer) for trainer in (fsdp, ddp)]  # with the best weights
     fsdp.load_checkpoint(ema)  # into the sharded model
@@ -339,6 +352,7 @@ def callbacks() -> dict[str, Any]:
     return {
         "sharded": sharded,
         "ema_fsdp1_refusal": ema_fsdp1_refusal,
+        "ema_state": str(out / "ema_state"),
         "files": sorted(path.name for path in (out / "fsdp").iterdir()),
         "best_epoch": torch.load(best, weights_only=True)["epoch"],
         "best_like_ddp": files_differ(out / "ddp" / "best.pt", best) if main else 0.0,
