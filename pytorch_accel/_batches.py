@@ -301,6 +301,40 @@ class ItemWeighting:
         factor: float | torch.Tensor = num_items / self._reference
         return factor
 
+    def scaled_loss(
+        self, batch_output: Mapping[str, Any], scale: float, step: int, epoch_index: int
+    ) -> torch.Tensor:
+        """Return the micro-batch loss to back-propagate: weighted by ``num_items`` or scaled.
+
+        A run whose batches carry ``num_items`` weights each by its count (``weight``); else
+        the loss is multiplied by ``scale``, the micro-batch's share of its window.
+
+        Args:
+            batch_output: The micro-batch's checked ``batch_output``.
+            scale: Its share of the accumulation window (``1 / window size``, or less).
+            step: Its 0-based index in its epoch, for messages.
+            epoch_index: Its epoch's 0-based index, for messages.
+        """
+        loss, num_items = batch_output["loss"], batch_output.get("num_items")
+        if num_items is not None or self.in_use:  # token-exact: weighted by num_items
+            return loss * self.weight(num_items, step, epoch_index)  # type: ignore[no-any-return]
+        if self.in_use is None:  # the run's first batch: not weighted
+            self.start_unweighted(batch_output)
+        return loss if scale == 1.0 else loss * scale  # type: ignore[no-any-return]
+
+    def snapshot(self) -> tuple[Any, ...]:
+        """What ``restore`` puts back: the window's count so far (no copy, no host sync)."""
+        return self._count, self._batches, self._reference, self.in_use
+
+    def restore(self, snapshot: tuple[Any, ...]) -> None:
+        """Forget the micro-batches counted since ``snapshot`` (a step that ran out of memory)."""
+        self._count, self._batches, self._reference, self.in_use = snapshot
+
+    @property
+    def agrees_on_reference(self) -> bool:
+        """Whether the next ``weight`` exchanges the first reference with the other processes."""
+        return self._reference is None and self._num_processes > 1
+
     def _first_reference(self, num_items: int | float | torch.Tensor) -> float | torch.Tensor:
         """The power of two of the processes' mean count of their first micro-batch."""
         if self._num_processes == 1 and not isinstance(num_items, torch.Tensor):

@@ -39,6 +39,7 @@ from pytorch_accel._checks import (
 from pytorch_accel.dataloaders import merge_dataloader_kwargs, named_eval_sets, num_batches
 from pytorch_accel.distributed import check_world_size, needs_cpu_distributed
 from pytorch_accel.failing_batches import SkipFailingBatches, skip_policy
+from pytorch_accel.micro_batches import check_on_oom
 from pytorch_accel.tracking import RunHistory
 
 if TYPE_CHECKING:
@@ -95,6 +96,7 @@ class TrainArguments:
     resume_optimizer: bool = True
     resume_scheduler: bool = True
     skip_failing_batches: int | SkipFailingBatches | None = None
+    on_oom: str = "raise"
     dry_run: bool | int = False
     overfit_batches: int | None = None
     run_name: str | None = None
@@ -495,6 +497,16 @@ def _check_run_setup(where: str, arguments: TrainArguments) -> None:
     _check_resume_parts(where, arguments)
     if arguments.skip_failing_batches is not None:
         skip_policy(where, arguments.skip_failing_batches)
+    check_on_oom(where, arguments.on_oom)
+    if arguments.on_oom == "split" and arguments.skip_failing_batches is not None:
+        fail(
+            ValueError,
+            where,
+            "on_oom",
+            "split",
+            "'raise' with skip_failing_batches",
+            "Both would handle a failing step: split it on out-of-memory, or skip it; pass one.",
+        )
 
 
 def _check_resume_parts(where: str, arguments: TrainArguments) -> None:

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.utils import concatenate, send_to_device, slice_tensors
 
+from pytorch_accel import failing_batches as skips
 from pytorch_accel._batches import AccumulationPlan, without_count
 from pytorch_accel._checkpointing.resume import EpochEntry, ResumePoint, enter_epoch
 from pytorch_accel._checks import (
@@ -60,7 +61,6 @@ from pytorch_accel.callback import ProgressEvents
 from pytorch_accel.dataloaders import epoch_batches, eval_set_prefix
 from pytorch_accel.distributed import AgreedFlag, synchronise_replicas
 from pytorch_accel.errors import StopTrainingError
-from pytorch_accel.failing_batches import SKIPPED_OUTPUT, is_empty_batch
 from pytorch_accel.run_config import TrainerRunConfig
 from pytorch_accel.schedulers.stepping import SchedulerStepping
 from pytorch_accel.tracking import (
@@ -117,6 +117,7 @@ class Loop:
         self._agreement = AgreedFlag() if multiple else None  # the trainer's stop agreement
         self._train_progress = self._eval_progress = self._progress("on_train_progress")
         self._outputs: list[Any] | None = None
+        self._eval_guard: skips.FailingBatchGuard | None = None  # the current eval epoch's
 
     # ---------------------------------------------------------------------- the training run
 
@@ -219,7 +220,7 @@ class Loop:
             state.savable = None
 
     def _train_step(self, plan: AccumulationPlan, batch: Any, step: int) -> dict[str, Any]:
-        state, guard = self.state, self.state.failing_batches
+        state, guard = self.state, self.state.failing_batches or self.state.micro_batches
         scale = 1.0 if plan.steps == 1 else plan.loss_scale(step)
         # a pass of unknown length (a stream) ends its last window where the data ends
         ends_window = (
@@ -246,6 +247,10 @@ class Loop:
     def _forward_backward(self, batch: Any, scale: float) -> dict[str, Any]:
         """Compute the batch's loss, track it, and back-propagate it scaled by ``scale``."""
         trainer, guard = self._trainer, self.state.failing_batches
+        if self.state.micro_batches is not None:  # on_oom="split": micro-batch by micro-batch
+            batch_output = self.state.micro_batches.run(trainer, self, batch, scale)
+            self._track(batch_output)
+            return batch_output
         if guard is None:
             batch_output = check_batch_output(
                 trainer.calculate_train_batch_loss(batch), "calculate_train_batch_loss"
@@ -256,36 +261,41 @@ class Loop:
         else:  # skip_failing_batches: a batch that failed on any process is skipped by all
             guarded = guard.forward(trainer, batch)
             if guarded is None:
-                return dict(SKIPPED_OUTPUT)
+                return dict(skips.SKIPPED_OUTPUT)
             batch_output = guarded
-        loss, num_items = batch_output["loss"], batch_output.get("num_items")
-        weighting = self.state.item_weighting
-        if num_items is not None or weighting.in_use:  # token-exact: weighted by num_items
-            scaled = loss * weighting.weight(num_items, self.state.step, self.state.epoch_index)
-        else:
-            if weighting.in_use is None:  # the run's first batch: not weighted
-                weighting.start_unweighted(batch_output)
-            scaled = loss if scale == 1.0 else loss * scale
+        state = self.state
+        scaled = state.item_weighting.scaled_loss(
+            batch_output, scale, state.step, state.epoch_index
+        )
+        self._track(batch_output)
+        self.backward(batch_output["loss"], scaled)
+        return batch_output
+
+    def _track(self, batch_output: dict[str, Any]) -> None:
+        """Track a step's loss (by ``num_items`` or batch size) and its extra logged scalars."""
+        num_items = batch_output.get("num_items")
         self.state.train_loss_tracker.update(
-            loss, batch_output["batch_size"] if num_items is None else num_items
+            batch_output["loss"], batch_output["batch_size"] if num_items is None else num_items
         )
         if batch_output.keys() - BATCH_OUTPUT_KEYS:  # a loss's components: logged
-            self.state.logged.log_batch_output(batch_output, trainer.device)
-        handler = trainer.callback_handler  # an event nobody listens to costs one set look-up
+            self.state.logged.log_batch_output(batch_output, self._trainer.device)
+
+    def backward(self, loss: torch.Tensor, scaled: torch.Tensor) -> None:
+        """Back-propagate ``scaled`` (``loss``, weighted by the loop), with the backward events."""
+        handler = self._trainer.callback_handler  # an event nobody listens to: one set look-up
         if "on_backward_start" in handler.active_events:
             self._fire("on_backward_start", {})
         try:
-            trainer.backward_step(scaled)
+            self._trainer.backward_step(scaled)
         except (AttributeError, RuntimeError) as error:  # checked only once it failed
             explain_backward_failure(loss, "calculate_train_batch_loss", error)
             raise
         if "on_backward_end" in handler.active_events:
             self._fire("on_backward_end", {})
-        return batch_output
 
     def _refuse_empty_batch(self, batch: Any) -> None:
         """Raise for a batch without samples: its loss is NaN and would poison the weights."""
-        if is_empty_batch(batch):
+        if skips.is_empty_batch(batch):
             fail(
                 ValueError,
                 "Trainer.train",
@@ -389,7 +399,7 @@ class Loop:
 
     # ------------------------------------------------------------------------ evaluation
 
-    def evaluate(self, metric_prefix: str) -> dict[str, Any]:
+    def evaluate(self, metric_prefix: str, skip_failing_batches: object = None) -> dict[str, Any]:
         """Run an evaluation run (``Trainer.evaluate``): an eval epoch of each set, as ``loss``.
 
         Returns:
@@ -397,7 +407,10 @@ class Loop:
         """
         history, cursor = self._trainer.run_history, MetricCursor()
         cursor.skip_to_end(history)
-        with history.prefixed(metric_prefix):
+        with (
+            history.prefixed(metric_prefix),
+            skips.guarding(self.state, skip_failing_batches, self._trainer, "evaluation"),
+        ):
             run = functools.partial(self.eval_epochs, "loss", False)
             self._entry_point("Trainer.evaluate", "evaluation_run", run)
         return cursor.read_new(history)
@@ -477,6 +490,7 @@ class Loop:
         state.logged.start_epoch(state.eval_metric_name)
         state.eval_step = 0
         self._eval_progress = self._progress("on_eval_progress")
+        self._eval_guard = skips.eval_epoch_guard(state.failing_batches, self._trainer.model)
         self._with_events(
             "eval_epoch",
             self._eval_batches,
@@ -502,10 +516,13 @@ class Loop:
                     progress.report(self.state.eval_step)
 
     def _eval_step(self, dataloader: DataLoader[Any], batch: Any) -> dict[str, Any]:
-        trainer, state = self._trainer, self.state
-        method = "calculate_eval_batch_loss"
-        batch_output = check_batch_output(trainer.calculate_eval_batch_loss(batch), method)
-        real_samples = self._real_samples(dataloader, batch_output["batch_size"])
+        trainer, state, guard = self._trainer, self.state, self._eval_guard
+        compute = functools.partial(self._eval_outputs, dataloader, batch)
+        outputs = compute() if guard is None else guard.attempt(trainer, compute, batch)
+        if outputs is skips.SKIPPED:  # skip_failing_batches: skipped on every process
+            state.eval_step += 1
+            return {"batch": batch, "batch_output": dict(skips.SKIPPED_OUTPUT)}
+        batch_output, real_output, real_samples = outputs
         # weighted by the loss elements where the step counts them (num_items), else by samples
         if real_samples is None:
             weight = batch_output.get("num_items", batch_output["batch_size"])
@@ -513,8 +530,6 @@ class Loop:
             if batch_output.keys() - BATCH_OUTPUT_KEYS:  # a loss's components: logged
                 state.logged.log_batch_output(batch_output, trainer.device)
         elif real_samples > 0:
-            real_batch = slice_tensors(without_count(batch), slice(0, real_samples))
-            real_output = check_batch_output(trainer.calculate_eval_batch_loss(real_batch), method)
             weight = real_output.get("num_items", real_samples)
             if "num_items" in batch_output and "num_items" not in real_output:
                 # the real rows' share of the batch's count (their own is not known)
@@ -526,6 +541,17 @@ class Loop:
                 )
         state.eval_step += 1
         return {"batch": batch, "batch_output": batch_output}
+
+    def _eval_outputs(self, dataloader: DataLoader[Any], batch: Any) -> tuple[Any, Any, Any]:
+        """The batch's output, and that of its real samples where accelerate padded it."""
+        method, trainer = "calculate_eval_batch_loss", self._trainer
+        batch_output = check_batch_output(trainer.calculate_eval_batch_loss(batch), method)
+        real_samples = self._real_samples(dataloader, batch_output["batch_size"])
+        if not real_samples:
+            return batch_output, None, real_samples
+        real_batch = slice_tensors(without_count(batch), slice(0, real_samples))
+        real_output = check_batch_output(trainer.calculate_eval_batch_loss(real_batch), method)
+        return batch_output, real_output, real_samples
 
     def _real_samples(self, dataloader: DataLoader[Any], batch_size: Any) -> int | None:
         """Return how many samples of this batch are real, if accelerate padded it; else None.
@@ -552,11 +578,16 @@ class Loop:
         loss = state.eval_loss_tracker.reduce(trainer.accelerator)
         trainer.run_history.update_metric(metric_name, loss)
         state.logged.end_epoch(trainer.run_history, trainer.device)
+        skips.record_eval_epoch(self._eval_guard, trainer.run_history, metric_name)
 
     # ------------------------------------------------------------------------ prediction
 
     def predict(
-        self, dataloader: DataLoader[Any], output_device: str | torch.device | None, keep: bool
+        self,
+        dataloader: DataLoader[Any],
+        output_device: str | torch.device | None,
+        keep: bool,
+        policy: object = None,
     ) -> Any:
         """Predict every batch of a prepared ``dataloader``; return the outputs concatenated.
 
@@ -569,6 +600,8 @@ class Loop:
             output_device: Where each gathered batch is moved (``None``: where it is).
             keep: Keep and return the outputs; ``False`` returns ``None`` (the callbacks of
                 ``on_predict_step_end`` receive each gathered batch).
+            policy: ``skip_failing_batches``: skip the batches that fail, agreed across
+                processes; their indices are recorded as ``predict_skipped_batches``.
 
         Returns:
             The outputs of every sample in order, concatenated on the first dimension (a
@@ -585,7 +618,11 @@ class Loop:
         was_training = model.training
         model.eval()
         try:
-            with torch.no_grad(), training_rng_preserved(self._trainer.device):
+            with (
+                torch.no_grad(),
+                training_rng_preserved(self._trainer.device),
+                skips.guarding(self.state, policy, self._trainer, "prediction"),
+            ):
                 run = functools.partial(self._predict_batches, dataloader, output_device)
                 self._entry_point("Trainer.predict", "predict_run", run)
         finally:
@@ -610,7 +647,11 @@ class Loop:
                     self._with_events("predict_step", self._predict_step, batch, output_device)
 
     def _predict_step(self, batch: Any, output_device: str | torch.device | None) -> dict[str, Any]:
-        outputs = self._trainer.calculate_predict_batch(batch)
+        trainer, guard = self._trainer, self.state.failing_batches
+        compute = functools.partial(trainer.calculate_predict_batch, batch)
+        outputs = compute() if guard is None else guard.attempt(trainer, compute, batch)
+        if outputs is skips.SKIPPED:  # on every process: no outputs to gather
+            return {"batch": batch, "predictions": None, "skipped": True}
         if self._outputs is not None and not self._outputs:  # kept; the first batch
             check_predict_outputs(outputs)  # refuse what could never be concatenated
         accelerator = self._trainer.accelerator

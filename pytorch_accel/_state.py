@@ -46,6 +46,7 @@ from pytorch_accel.tracking import LoggedMetrics, LossTracker
 if TYPE_CHECKING:
     from pytorch_accel._entry_checks import TrainArguments
     from pytorch_accel.failing_batches import FailingBatchGuard
+    from pytorch_accel.micro_batches import MicroBatchSplitter
     from pytorch_accel.trainer import Trainer
 
 __all__ = [
@@ -90,6 +91,9 @@ class TrainerState:
             whose ``batch_output`` carries ``num_items``.
         logged: What ``Trainer.log`` logged in the current epochs and logging intervals.
         failing_batches: The guard of ``train(skip_failing_batches=...)``, if asked for.
+        micro_batches: The splitter of ``train(on_oom="split")`` (or of a batch-size search's
+            trial), if asked for.
+        probing: Whether ``train()`` runs a trial of the batch-size search.
         eval_metric_name: The run-history name of the current eval epoch's mean loss.
         eval_limit: The most batches of the current eval epoch (a sanity check), or ``None``.
         chosen_rates: The learning rates the user chose, kept across runs (``auto_scale_lr``).
@@ -122,6 +126,8 @@ class TrainerState:
         self.item_weighting = ItemWeighting()
         self.logged = LoggedMetrics()
         self.failing_batches: FailingBatchGuard | None = None
+        self.micro_batches: MicroBatchSplitter | None = None
+        self.probing = False
         self.eval_metric_name = "eval_loss_epoch"
         self.eval_limit: int | None = None
         self.chosen_rates = ChosenRates()
@@ -345,7 +351,7 @@ class Preparation:
         """Describe a ``train()`` run over its prepared dataloaders, and finish its set-up.
 
         ``setup.finish`` scales the learning rates and records the set-up in the run config;
-        the run's failing-batch guard is kept in the trainer's state.
+        the run's failing-batch guard and micro-batch splitter are kept in the trainer's state.
         """
         config = self.run_config(
             trainer.limit_train_batches,
@@ -353,7 +359,7 @@ class Preparation:
             **arguments.run_settings(),
         )
         config = setup.finish(config, trainer.optimizer, self._state.chosen_rates)
-        self._state.failing_batches = setup.failing_batch_guard(self._accelerator.num_processes)
+        setup.guard_steps(self._state, self._accelerator.num_processes)
         return config
 
     def prepare_evaluation(

@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import inspect
 import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, ParamSpec, TypeVar
 
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.events import BUILTIN_EVENTS
+from pytorch_accel.tracking import get_logger
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer
@@ -35,8 +37,15 @@ __all__ = [
     "ProgressEvents",
     "RunPaths",
     "TrainerCallback",
+    "announces_exceptions",
     "redirected_paths",
 ]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_ANNOUNCED = "_pytorch_accel_announced"
+"""The attribute that marks an exception whose ``on_exception`` has fired."""
 
 
 class TrainerCallback:
@@ -228,6 +237,18 @@ class TrainerCallback:
     def on_stop_training_error(self, trainer: Trainer, **kwargs: Any) -> None:
         """Called when a ``StopTrainingError`` stopped the run (kwarg ``error``)."""
 
+    def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
+        """Called once when an exception escapes ``train()``, ``evaluate()`` or ``predict()``.
+
+        Fired on the process where it was raised, before it propagates, for any ``Exception``
+        and for ``KeyboardInterrupt`` (Ctrl-C), not for ``StopTrainingError`` (a normal stop)
+        nor ``SystemExit``. The run's end events do not fire then: close what the callback
+        holds open here (files, trackers, progress bars). ``kwargs``: ``where``, the entry
+        point (``"train"``, ``"evaluate"``, ``"predict"``, ``"find_lr"``, ``"find_batch_size"``).
+        Other processes may not have failed, so it must not call collectives; an error it raises
+        is logged, and the original exception propagates.
+        """
+
 
 @contextlib.contextmanager
 def redirected_paths(owner: object, directory: Path, *names: str) -> Iterator[None]:
@@ -280,6 +301,7 @@ class CallbackHandler:
         self._listeners: dict[str, tuple[Callable[..., Any], ...]] = {}
         self._stoppable: frozenset[str] = frozenset()
         self._self_agreeing: frozenset[str] = frozenset()
+        self._caller_handles = 0  # exceptions_handled_by_caller
         self.active_events: frozenset[str] = frozenset()
         for event in events:
             self._add_event(event)
@@ -391,6 +413,38 @@ class CallbackHandler:
         exception propagates.
         """
         self.dispatch(event, args, kwargs)
+
+    def announce_exception(self, trainer: Any, exception: BaseException, where: str) -> None:
+        """Fire ``on_exception`` once for ``exception``, escaping the entry point ``where``.
+
+        An exception that already passed here (from a ``train()`` inside ``train(dry_run=...)``)
+        is not announced again. Every listener gets it: an error a listener raises is logged
+        with its traceback and the next listener is called, so the original exception is
+        never hidden (the caller re-raises it).
+        """
+        if getattr(exception, _ANNOUNCED, False) or self._caller_handles:
+            return
+        with contextlib.suppress(AttributeError):  # an exception class without a __dict__
+            setattr(exception, _ANNOUNCED, True)
+        for listener in self._listeners.get("on_exception", ()):
+            try:
+                listener(trainer, exception=exception, where=where)
+            except Exception:  # logged: the original exception is what propagates
+                get_logger().exception(
+                    "%s raised while handling %s from %s(); the original exception propagates",
+                    getattr(listener, "__qualname__", listener),
+                    type(exception).__name__,
+                    where,
+                )
+
+    @contextlib.contextmanager
+    def exceptions_handled_by_caller(self) -> Iterator[None]:
+        """Announce no exception meanwhile: the caller handles them (a batch-size trial's OOM)."""
+        self._caller_handles += 1
+        try:
+            yield
+        finally:
+            self._caller_handles -= 1
 
     def dispatch(
         self, event: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]
@@ -512,6 +566,32 @@ class CallbackHandler:
             for event in getattr(callback, "agreed_stop_events", ())
             if _overrides(callback, event)
         )
+
+
+def announces_exceptions(method: Callable[P, R]) -> Callable[P, R]:
+    """Fire ``on_exception`` when an exception escapes a trainer's entry point ``method``.
+
+    For ``Trainer.train``, ``evaluate`` and ``predict``: any ``Exception`` and
+    ``KeyboardInterrupt``, once (see ``CallbackHandler.announce_exception``), then it
+    propagates unchanged. ``StopTrainingError`` (a normal stop) and ``SystemExit`` (the exit
+    after a preemption save, which ended the run through its stop events) are not announced.
+    """
+    where = method.__name__
+
+    @functools.wraps(method)
+    def announcing(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(*args, **kwargs)
+        except (StopTrainingError, SystemExit, GeneratorExit):
+            raise
+        except BaseException as exception:  # an error, or KeyboardInterrupt (Ctrl-C)
+            trainer = args[0]
+            handler = getattr(trainer, "callback_handler", None)
+            if isinstance(handler, CallbackHandler):
+                handler.announce_exception(trainer, exception, where)
+            raise
+
+    return announcing
 
 
 def _overrides(callback: object, event: str) -> bool:

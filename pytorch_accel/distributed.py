@@ -31,6 +31,7 @@ __all__ = [
     "LaggedFlag",
     "agreement_group",
     "apply_fsdp_request",
+    "broadcast_buffers",
     "check_world_size",
     "create_accelerator",
     "fsdp_requested",
@@ -312,6 +313,15 @@ def synchronise_replicas(model: torch.nn.Module) -> None:
                 parameter.grad = averaged.clone()
             else:
                 parameter.grad.copy_(averaged)
+    broadcast_buffers(model)
+
+
+def broadcast_buffers(model: torch.nn.Module) -> None:
+    """Broadcast a DDP model's buffers from the main process, as DDP's next forward would.
+
+    Nothing when the model was wrapped with ``broadcast_buffers=False``. Every process must
+    call it, at the same point.
+    """
     buffers = list(model.buffers()) if getattr(model, "broadcast_buffers", True) else []
     if buffers:
         with torch.no_grad():

@@ -42,10 +42,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DRY_RUN_BATCHES",
+    "Snapshot",
     "redirected_outputs",
     "run_dry",
     "run_dry_or_overfit",
     "run_overfit",
+    "trial_run",
 ]
 
 DRY_RUN_BATCHES = 2
@@ -71,28 +73,43 @@ def run_dry_or_overfit(trainer: Trainer, arguments: TrainArguments) -> bool:
 def run_dry(trainer: Trainer, arguments: TrainArguments) -> None:
     """Run ``train()`` with ``arguments`` as a dry run, leaving nothing of the user's changed."""
     num_batches = DRY_RUN_BATCHES if arguments.dry_run is True else int(arguments.dry_run)
+    with trial_run(trainer, num_batches) as directory:
+        settings = dataclasses.replace(
+            arguments,
+            num_epochs=1,
+            resume_from=None,
+            dry_run=False,
+            resume_optimizer=True,
+            resume_scheduler=True,
+        )
+        trainer.train(**settings.as_kwargs())
+        trainer.save_training_state(directory / "training_state")
+        trainer.load_training_state(directory / "training_state")
+        names = trainer.run_history.get_metric_names()
+    get_logger().info(f"Dry run passed: {names} recorded.")
+
+
+@contextlib.contextmanager
+def trial_run(trainer: Trainer, num_batches: int) -> Iterator[Path]:
+    """Run what is inside on a few batches, then put everything of the user's back.
+
+    Inside, the trainer trains and evaluates at most ``num_batches`` batches per epoch, with a
+    fresh run history and every callback's files redirected into a temporary directory (which
+    it yields); on exit the weights, optimizer, scheduler, run history, limits and random
+    states are put back as they were and the directory is deleted. Dry runs and the trials
+    of the batch-size search run in it.
+    """
     callbacks = trainer.callback_handler.callbacks
-    with _kept_as_it_was(trainer), _temporary_directory(trainer) as directory:
-        with (
-            trainer._run_directory.set_aside(directory / "run", callbacks),
-            redirected_outputs(callbacks, directory / "callbacks"),
-        ):
-            trainer.dry_run_dir = directory
-            trainer.run_history = InMemoryRunHistory()
-            trainer.limit_train_batches = _lowest(trainer.limit_train_batches, num_batches)
-            trainer.limit_eval_batches = _lowest(trainer.limit_eval_batches, num_batches)
-            settings = dataclasses.replace(
-                arguments,
-                num_epochs=1,
-                resume_from=None,
-                dry_run=False,
-                resume_optimizer=True,
-                resume_scheduler=True,
-            )
-            trainer.train(**settings.as_kwargs())
-            trainer.save_training_state(directory / "training_state")
-            trainer.load_training_state(directory / "training_state")
-        get_logger().info(f"Dry run passed: {trainer.run_history.get_metric_names()} recorded.")
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_kept_as_it_was(trainer))
+        directory = stack.enter_context(_temporary_directory(trainer))
+        stack.enter_context(trainer._run_directory.set_aside(directory / "run", callbacks))
+        stack.enter_context(redirected_outputs(callbacks, directory / "callbacks"))
+        trainer.dry_run_dir = directory
+        trainer.run_history = InMemoryRunHistory()
+        trainer.limit_train_batches = _lowest(trainer.limit_train_batches, num_batches)
+        trainer.limit_eval_batches = _lowest(trainer.limit_eval_batches, num_batches)
+        yield directory
 
 
 def run_overfit(trainer: Trainer, arguments: TrainArguments) -> None:
@@ -128,28 +145,97 @@ def redirected_outputs(callbacks: list[Any], directory: Path) -> Iterator[None]:
         yield
 
 
+@dataclasses.dataclass
+class Snapshot:
+    """What a trial changes in a trainer, copied before it and put back after it, exactly.
+
+    The one way the package puts a trainer back: dry runs, the trials of the batch-size search
+    and the learning-rate sweep all run inside ``Snapshot.taken``. Weights and optimizer state
+    are copied to the CPU (no device memory); gradients stay where they are.
+
+    Attributes:
+        model: The bare model's state dict (weights and buffers), on the CPU.
+        optimizer: The optimizer's state dict (state and parameter groups), on the CPU.
+        scheduler: The trainer's scheduler object (``train()`` replaces it).
+        scheduler_state: That scheduler's state dict, if it has one.
+        scaler: The gradient scaler's state dict, with fp16 mixed precision.
+        grads: Each parameter's gradient, cloned (or ``None``).
+        modes: Each module's ``training`` flag.
+        random: The Python, NumPy, torch and CUDA random states.
+    """
+
+    model: dict[str, Any]
+    optimizer: dict[str, Any]
+    scheduler: Any
+    scheduler_state: dict[str, Any] | None
+    scaler: dict[str, Any] | None
+    grads: list[torch.Tensor | None]
+    modes: list[bool]
+    random: tuple[Any, ...]
+
+    @classmethod
+    def take(cls, trainer: Trainer) -> Snapshot:
+        """Copy what a trial may change in ``trainer``."""
+        model, scheduler, scaler = (
+            _bare_model(trainer),
+            trainer.scheduler,
+            trainer.accelerator.scaler,
+        )
+        state_dict = getattr(scheduler, "state_dict", None)
+        return cls(
+            model=_to_cpu(model.state_dict()),
+            optimizer=_copied_to_cpu(trainer.optimizer.state_dict()),
+            scheduler=scheduler,
+            scheduler_state=None if state_dict is None else copy.deepcopy(state_dict()),
+            scaler=None if scaler is None else copy.deepcopy(scaler.state_dict()),
+            grads=[None if p.grad is None else p.grad.detach().clone() for p in model.parameters()],
+            modes=[module.training for module in model.modules()],
+            random=_random_states(),
+        )
+
+    def restore(self, trainer: Trainer) -> None:
+        """Put everything back in ``trainer``, in place."""
+        model = _bare_model(trainer)
+        with torch.no_grad():
+            model.load_state_dict(self.model)
+        trainer.optimizer.load_state_dict(self.optimizer)
+        trainer.scheduler = self.scheduler
+        if self.scheduler_state is not None:
+            self.scheduler.load_state_dict(self.scheduler_state)
+        if self.scaler is not None:
+            trainer.accelerator.scaler.load_state_dict(self.scaler)
+        for parameter, grad in zip(model.parameters(), self.grads, strict=True):
+            parameter.grad = grad
+        for module, training in zip(model.modules(), self.modes, strict=True):
+            module.training = training
+        _set_random_states(self.random)
+
+    @classmethod
+    @contextlib.contextmanager
+    def taken(cls, trainer: Trainer) -> Iterator[Snapshot]:
+        """Take a snapshot of ``trainer``; put it back when the block ends, however it ends."""
+        snapshot = cls.take(trainer)
+        try:
+            yield snapshot
+        finally:
+            snapshot.restore(trainer)
+
+
 @contextlib.contextmanager
 def _kept_as_it_was(trainer: Trainer) -> Iterator[None]:
     """Put back the weights, optimizer, scheduler, history, limits and random states."""
-    model_state = _to_cpu(_bare_model(trainer).state_dict())
-    optimizer_state = copy.deepcopy(trainer.optimizer.state_dict())
-    kept = (trainer.scheduler, trainer.run_history, trainer.limit_train_batches)
+    kept = (trainer.run_history, trainer.limit_train_batches, trainer.limit_eval_batches)
     chosen_rates = trainer._state.chosen_rates
     run_updates = trainer._state.global_num_updates
-    limit_eval = trainer.limit_eval_batches
-    random_states = _random_states()
     try:
-        yield
+        with Snapshot.taken(trainer):
+            yield
     finally:
         trainer.dry_run_dir = None
-        _bare_model(trainer).load_state_dict(model_state)
-        trainer.optimizer.load_state_dict(optimizer_state)
         trainer._state.chosen_rates = chosen_rates.moved_to(trainer.optimizer)
         # num_updates tells the dry run's updates, as before; the run's count is as it was
         trainer._state.updates_before = run_updates - trainer._state.num_updates
-        trainer.scheduler, trainer.run_history, trainer.limit_train_batches = kept
-        trainer.limit_eval_batches = limit_eval
-        _set_random_states(random_states)
+        trainer.run_history, trainer.limit_train_batches, trainer.limit_eval_batches = kept
 
 
 @contextlib.contextmanager
@@ -179,6 +265,17 @@ def _to_cpu(state: Mapping[str, Any]) -> dict[str, Any]:
         key: value.detach().to("cpu", copy=True) if isinstance(value, torch.Tensor) else value
         for key, value in state.items()
     }
+
+
+def _copied_to_cpu(value: Any) -> Any:
+    """A deep copy of ``value`` with every tensor copied to the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {key: _copied_to_cpu(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_copied_to_cpu(item) for item in value)
+    return copy.deepcopy(value)
 
 
 def _random_states() -> tuple[Any, ...]:

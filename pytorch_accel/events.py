@@ -59,7 +59,8 @@ What happens at each point:
 - ``on_train_step_end`` fires after the backward pass and after the update of that step, with
   ``batch``, ``batch_output`` (the dict from ``calculate_train_batch_loss``, loss un-scaled) and
   ``step`` (0-based index in the epoch).
-- ``on_eval_step_end`` fires with ``batch`` and ``batch_output``; ``on_eval_epoch_start`` and
+- ``on_eval_step_end`` fires with ``batch`` and ``batch_output`` (``{"skipped": True, ...}``
+  for a batch that ``skip_failing_batches`` skipped); ``on_eval_epoch_start`` and
   ``on_eval_epoch_end`` receive ``is_intermediate`` (``True`` for an evaluation started in the
   middle of a training epoch), ``eval_set`` (the name of the set, ``None`` for the one
   unnamed set; ``trainer.eval_set`` holds it for the step events) and ``sanity_check``
@@ -71,7 +72,8 @@ What happens at each point:
 - ``on_predict_step_end`` fires with ``batch`` and ``predictions``: the batch's outputs
   gathered from every process (without the samples accelerate repeats) and moved to
   ``predict()``'s ``output_device``, the same on every process; a callback can write them
-  out as they come.
+  out as they come. For a batch that ``skip_failing_batches`` skipped: ``predictions=None``
+  and ``skipped=True``.
 - ``on_train_progress`` and ``on_eval_progress`` report ``steps_done``, the steps of the epoch
   done so far (a resumed epoch counts the batches it skipped), for progress bars and live
   displays that need no per-step event. They fire after the epoch's first step, then at
@@ -95,6 +97,14 @@ sees the last event. The levels that were open are then closed, innermost first,
 after a stop raised before its end, so ``on_train_step_end`` only fires for steps that produced
 an output; an update not yet taken is dropped. ``on_training_run_epoch_end`` fires only for
 completed epochs.
+
+When an exception other than ``StopTrainingError`` escapes ``train()``, ``evaluate()`` or
+``predict()`` (an error, or ``KeyboardInterrupt`` on Ctrl-C), no further event of the run
+fires: ``on_exception`` fires once, with ``exception`` and ``where`` (``"train"``,
+``"evaluate"`` or ``"predict"``), on the process where it was raised, and the exception
+propagates. It is the place to close files and trackers; it must not call collectives (the
+other processes may not have failed). ``SystemExit`` (raised after a preemption save) does
+not fire it: that run ended through its stop events.
 
 A stop raised in ``on_train_step_end`` of the second batch (no accumulation) ends the run
 with:
@@ -141,6 +151,7 @@ BUILTIN_EVENTS: tuple[str, ...] = (
     "on_predict_step_end",
     "on_predict_run_end",
     "on_stop_training_error",
+    "on_exception",
 )
 """Every event the trainer fires, roughly in the order of a training run."""
 

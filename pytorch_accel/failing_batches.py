@@ -1,12 +1,20 @@
-"""Skipping training batches whose forward pass fails, or which are empty (opt-in).
+"""Skipping batches whose forward pass fails, or which are empty (opt-in).
 
-``SkipFailingBatches`` is the policy ``train(skip_failing_batches=...)`` takes; the training
-loop asks a ``FailingBatchGuard`` for each batch's output. The guard runs
-``calculate_train_batch_loss``, catching the policy's exceptions (out-of-memory by default),
-and with several processes agrees with the others what happened on any of them (one blocking
-``AgreedFlag`` exchange per step, only when the policy is on): a skip, a ``StopTrainingError``
-(never skipped: every process stops) or another error (every process raises), so every
-process does the same and none waits in a collective for one that did something else.
+``SkipFailingBatches`` is the policy ``train(skip_failing_batches=...)``,
+``evaluate(skip_failing_batches=...)`` and ``predict(skip_failing_batches=...)`` take; the
+loop asks a ``FailingBatchGuard`` for each batch's output. The guard runs the step method
+(``calculate_train_batch_loss``, ``calculate_eval_batch_loss`` or ``calculate_predict_batch``),
+catching the policy's exceptions (out-of-memory by default), and with several processes agrees
+with the others what happened on any of them (one blocking ``AgreedFlag`` exchange per step,
+only when the policy is on): a skip, a ``StopTrainingError`` (never skipped: every process
+stops) or another error (every process raises), so every process does the same and none
+waits in a collective for one that did something else. The eval epochs of ``train()`` follow
+its policy, each with a guard of its own (``scoped``): the limit counts per eval epoch.
+
+Evaluation and prediction with several processes and a DDP model: DDP broadcasts the buffers
+before the first forward after a training one; a guarded evaluation or prediction does that
+broadcast itself at its start (``distributed.broadcast_buffers``), so no forward of it calls
+a collective and a failure before the forward on one process cannot leave another waiting.
 
 With several processes and a DDP model, a guarded run keeps DDP out of its collectives: every
 micro-batch runs under ``no_sync`` (DDP then neither broadcasts buffers before a forward nor
@@ -19,27 +27,35 @@ a window's last micro-batch still averages the window's gradients.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from pytorch_accel._checks import check_batch_output, check_positive_int, fail
-from pytorch_accel.distributed import AgreedFlag
+from pytorch_accel.distributed import AgreedFlag, broadcast_buffers
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.tracking import get_logger
 
 if TYPE_CHECKING:
+    from pytorch_accel._state import TrainerState
     from pytorch_accel.trainer import Trainer
 
 __all__ = [
+    "PREDICT_SKIPPED_METRIC",
+    "SKIPPED",
     "SKIPPED_METRIC",
     "SKIPPED_OUTPUT",
     "FailingBatchGuard",
     "SkipFailingBatches",
+    "eval_epoch_guard",
+    "guarding",
     "is_empty_batch",
+    "record_eval_epoch",
     "skip_policy",
+    "skipped_metric",
 ]
 
 SKIPPED_METRIC = "train_skipped_batches"
@@ -50,7 +66,29 @@ _OK, _SKIP, _STOP, _FAIL = 0, 1, 2, 3
 a stop beats a skip."""
 
 SKIPPED_OUTPUT: Mapping[str, Any] = {"skipped": True, "loss": None, "batch_size": 0}
-"""The ``batch_output`` that ``on_train_step_end`` receives for a skipped batch."""
+"""The ``batch_output`` that ``on_train_step_end`` and ``on_eval_step_end`` receive for a
+skipped batch."""
+
+_STEP_METHODS = {
+    "training": "calculate_train_batch_loss",
+    "evaluation": "calculate_eval_batch_loss",
+    "prediction": "calculate_predict_batch",
+}
+
+SKIPPED: Any = object()
+"""What ``FailingBatchGuard.attempt`` returns for a batch every process skips."""
+
+PREDICT_SKIPPED_METRIC = "predict_skipped_batches"
+"""The run-history metric of ``predict()``: the 0-based indices of the batches it skipped."""
+
+
+def skipped_metric(loss_name: str) -> str:
+    """The run-history name of an eval epoch's skipped batches, from its loss's name.
+
+    ``eval_loss_epoch`` (in ``train()``): ``eval_skipped_batches``; ``loss`` (``evaluate()``,
+    then prefixed ``evaluation_``): ``skipped_batches``.
+    """
+    return f"{loss_name.partition('loss')[0]}skipped_batches"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,31 +149,74 @@ class FailingBatchGuard:
     Args:
         policy: What to skip, and how many.
         num_processes: Processes taking part; with more than one they agree on every skip.
+        where: The entry point, for messages (``"Trainer.train"``).
+        kind: What is guarded: ``"training"``, ``"evaluation"`` or ``"prediction"``.
 
     Attributes:
-        skipped: Batches skipped so far in this ``train()`` call.
-        skipped_in_epoch: Batches skipped in the current epoch.
+        skipped: Batches skipped so far in this guard's scope (a ``train()`` call, an eval
+            epoch, a ``predict()`` call).
+        skipped_in_epoch: Training batches skipped in the current epoch.
+        skipped_indices: The 0-based indices of the skipped batches in the scope.
     """
 
-    def __init__(self, policy: SkipFailingBatches, num_processes: int) -> None:
-        self.policy = policy
+    def __init__(
+        self,
+        policy: SkipFailingBatches,
+        num_processes: int,
+        where: str = "Trainer.train",
+        kind: str = "training",
+        agreement: AgreedFlag | None = None,
+    ) -> None:
+        self.policy, self.where, self.kind = policy, where, kind
         self.skipped = 0
         self.skipped_in_epoch = 0
+        self.skipped_indices: list[int] = []
+        self._calls = 0
+        self._num_processes = num_processes
         self._window_contributed = False
-        self._any_failed = AgreedFlag() if num_processes > 1 else None
+        multiple = num_processes > 1
+        self._any_failed = agreement or (AgreedFlag() if multiple else None)
+
+    def scoped(self, kind: str) -> FailingBatchGuard:
+        """A guard with this one's policy and agreement that counts afresh (an eval epoch)."""
+        return FailingBatchGuard(
+            self.policy, self._num_processes, self.where, kind, self._any_failed
+        )
+
+    def start(self, model: torch.nn.Module) -> None:
+        """Before a guarded evaluation or prediction: broadcast a DDP model's buffers now.
+
+        DDP would do it in the first forward (after a training one), a collective that a
+        failure before that forward on one process would leave waiting.
+        """
+        if self._any_failed is not None and isinstance(
+            model, torch.nn.parallel.DistributedDataParallel
+        ):
+            broadcast_buffers(model)
+            model.require_forward_param_sync = False  # done: DDP's forwards broadcast nothing
 
     def forward(self, trainer: Trainer, batch: Any) -> dict[str, Any] | None:
-        """Return the batch's output, or ``None`` when every process skips this batch.
+        """Return the training batch's output, or ``None`` when every process skips it."""
+        method = "calculate_train_batch_loss"
+        output = self.attempt(trainer, lambda: trainer.calculate_train_batch_loss(batch), batch)
+        if output is SKIPPED:
+            return None
+        self._window_contributed = True
+        return check_batch_output(output, method)
+
+    def attempt(self, trainer: Trainer, compute: Callable[[], Any], batch: Any) -> Any:
+        """Return ``compute()``'s result, or ``SKIPPED`` when every process skips this batch.
 
         With several processes, what happened on any of them happens on all: a skip, a stop
         or an error.
 
         Raises:
-            StopTrainingError: When ``calculate_train_batch_loss`` raised it on any process
-                (never skipped, whatever the policy's exceptions).
+            StopTrainingError: When the step raised it on any process (never skipped,
+                whatever the policy's exceptions).
             RuntimeError: When more than ``max_skipped`` batches were skipped (from the error),
                 or another process raised an error the policy does not skip.
         """
+        index, self._calls = self._calls, self._calls + 1
         error: BaseException | None = None
         outcome = _OK
         output = None
@@ -143,7 +224,7 @@ class FailingBatchGuard:
             error, outcome = RuntimeError("the batch is empty"), _SKIP
         else:
             try:
-                output = trainer.calculate_train_batch_loss(batch)
+                output = compute()
             except StopTrainingError as stop:
                 error, outcome = stop, _STOP
             except self.policy.exceptions as raised:
@@ -156,38 +237,49 @@ class FailingBatchGuard:
         if self._any_failed is not None:
             outcome = self._any_failed.settle(outcome)
         if outcome == _OK:
-            self._window_contributed = True
-            return check_batch_output(output, "calculate_train_batch_loss")
+            return output
         del output
         if outcome == _SKIP:
-            self._skip(trainer, error)
-            return None
+            self._skip(trainer, error, index)
+            return SKIPPED
         if own == outcome and error is not None:  # this process's own stop or error
             raise error
         if outcome == _STOP:
             raise StopTrainingError("Stopping: another process raised StopTrainingError.")
         raise RuntimeError(
-            "Trainer.train: calculate_train_batch_loss raised on another process an error that "
+            f"{self.where}: {_STEP_METHODS[self.kind]} raised on another process an error that "
             "skip_failing_batches does not skip (see that process's traceback); every process "
             "stops with it."
         )
 
-    def _skip(self, trainer: Trainer, error: BaseException | None) -> None:
+    def _skip(self, trainer: Trainer, error: BaseException | None, index: int) -> None:
         """Count a skipped batch, say why, and free what the failed step held."""
         self.skipped += 1
         self.skipped_in_epoch += 1
+        self.skipped_indices.append(index)
         reason = "another process failed" if error is None else f"{type(error).__name__}: {error}"
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+        scope = {"training": "", "evaluation": " in one eval epoch"}.get(self.kind, "")
         if self.skipped > self.policy.max_skipped:
             raise RuntimeError(
-                f"Trainer.train: {self.skipped} training batches failed, more than "
+                f"{self.where}: {self.skipped} {self.kind} batches failed{scope}, more than "
                 f"skip_failing_batches allows ({self.policy.max_skipped}); the last: {reason}."
             ) from error
+        where = f"update {trainer.num_updates}" if self.kind == "training" else f"batch {index}"
         get_logger().info(
-            f"Skipped training batch {self.skipped} of at most {self.policy.max_skipped} "
-            f"(update {trainer.num_updates}): {reason}"
+            f"Skipped {self.kind} batch {self.skipped} of at most {self.policy.max_skipped} "
+            f"({where}): {reason}"
         )
+
+    def record_prediction(self, trainer: Trainer) -> None:
+        """Record which batches ``predict()`` skipped (``predict_skipped_batches``); say so."""
+        trainer.run_history.update_metric(PREDICT_SKIPPED_METRIC, list(self.skipped_indices))
+        if self.skipped_indices:
+            get_logger().warning(
+                f"Trainer.predict: skipped batches {self.skipped_indices} (0-based): the "
+                "outputs lack their samples (see predict_skipped_batches in the run history)."
+            )
 
     def synchronises(self, model: torch.nn.Module) -> bool:
         """Whether the loop, not DDP, synchronises ``model``'s replicas (see the module)."""
@@ -222,3 +314,43 @@ def is_empty_batch(batch: Any) -> bool:
     if not values:
         return True
     return is_empty_batch(values[0])
+
+
+def record_eval_epoch(guard: FailingBatchGuard | None, history: Any, loss_name: str) -> None:
+    """Record an eval epoch's skipped batches next to its loss ``loss_name``, if guarded."""
+    if guard is not None:
+        history.update_metric(skipped_metric(loss_name), guard.skipped)
+
+
+def eval_epoch_guard(
+    guard: FailingBatchGuard | None, model: torch.nn.Module
+) -> FailingBatchGuard | None:
+    """The guard of one eval epoch under ``guard``'s policy (``None``: unguarded), started."""
+    if guard is None:
+        return None
+    scoped = guard.scoped("evaluation")
+    scoped.start(model)
+    return scoped
+
+
+@contextlib.contextmanager
+def guarding(state: TrainerState, policy: object, trainer: Trainer, kind: str) -> Iterator[None]:
+    """Guard an ``evaluate()`` or ``predict()`` call (``kind``) with ``policy`` (``None``: not).
+
+    The guard replaces ``state.failing_batches`` meanwhile (the training guard of a
+    ``train()`` that a callback evaluates from is put back after it). A prediction records
+    the batches it skipped when it ends.
+    """
+    where = "Trainer.evaluate" if kind == "evaluation" else "Trainer.predict"
+    checked = skip_policy(where, policy)
+    processes = trainer.accelerator.num_processes
+    guard = None if checked is None else FailingBatchGuard(checked, processes, where, kind)
+    saved, state.failing_batches = state.failing_batches, guard
+    try:
+        if guard is not None and kind == "prediction":
+            guard.start(trainer.model)
+        yield
+        if guard is not None and kind == "prediction":
+            guard.record_prediction(trainer)
+    finally:
+        state.failing_batches = saved

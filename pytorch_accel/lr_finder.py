@@ -9,17 +9,15 @@ behaves as in training. The loss of each update is kept on the device; every
 on the host, smoothed, and checked for divergence, so all processes stop at the same update
 and suggest the same rate. Afterwards the model, the optimizer (state and learning rates),
 the scheduler, the gradient scaler, the gradients, the modules' train/eval modes and the
-random states are exactly as before (``Snapshot``).
+random states are exactly as before (``dry_run.Snapshot``, as after a dry run).
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
-import random
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -38,9 +36,9 @@ from pytorch_accel._entry_checks import (
     check_dataloader_settings,
     check_trainer_settings,
 )
-from pytorch_accel._loop import training_rng_preserved
 from pytorch_accel.dataloaders import epoch_batches
 from pytorch_accel.distributed import reduce_across_processes
+from pytorch_accel.dry_run import Snapshot
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -531,81 +529,3 @@ def valley_index(losses: Sequence[float]) -> int:
                 start = end - longest[end]
     sections = (end - start) / 3
     return start + int(sections) + int(sections / 2)
-
-
-@dataclass
-class Snapshot:
-    """What ``find_lr`` changes, copied before and put back after, exactly.
-
-    Attributes:
-        model: The model's state dict (weights and buffers), cloned.
-        optimizer: The optimizer's state dict (state and parameter groups), deep-copied.
-        scheduler: The scheduler's state dict, if the trainer has a scheduler.
-        scaler: The gradient scaler's state dict, with fp16 mixed precision.
-        grads: Each parameter's gradient, cloned (or ``None``).
-        modes: Each module's ``training`` flag.
-        random: The Python and NumPy random states (torch's are forked around the sweep).
-    """
-
-    model: dict[str, torch.Tensor]
-    optimizer: dict[str, Any]
-    scheduler: dict[str, Any] | None
-    scaler: dict[str, Any] | None
-    grads: list[torch.Tensor | None]
-    modes: list[bool]
-    random: tuple[Any, Any] = field(default=(None, None))
-
-    @classmethod
-    def take(cls, trainer: Trainer) -> Snapshot:
-        """Copy what a sweep changes in ``trainer``."""
-        model, scheduler, scaler = trainer.model, trainer.scheduler, trainer.accelerator.scaler
-        state_dict = getattr(scheduler, "state_dict", None)
-        return cls(
-            model={name: value.detach().clone() for name, value in model.state_dict().items()},
-            optimizer=copy.deepcopy(trainer.optimizer.state_dict()),
-            scheduler=None if state_dict is None else copy.deepcopy(state_dict()),
-            scaler=None if scaler is None else copy.deepcopy(scaler.state_dict()),
-            grads=[None if p.grad is None else p.grad.detach().clone() for p in model.parameters()],
-            modes=[module.training for module in model.modules()],
-            random=(random.getstate(), _numpy_state()),
-        )
-
-    def restore(self, trainer: Trainer) -> None:
-        """Put everything back in ``trainer``, in place."""
-        model = trainer.model
-        with torch.no_grad():
-            model.load_state_dict(self.model)
-        trainer.optimizer.load_state_dict(self.optimizer)
-        if self.scheduler is not None:
-            trainer.scheduler.load_state_dict(self.scheduler)
-        if self.scaler is not None:
-            trainer.accelerator.scaler.load_state_dict(self.scaler)
-        for parameter, grad in zip(model.parameters(), self.grads, strict=True):
-            parameter.grad = grad
-        for module, training in zip(model.modules(), self.modes, strict=True):
-            module.training = training
-        python_state, numpy_state = self.random
-        random.setstate(python_state)
-        if numpy_state is not None:
-            import numpy
-
-            numpy.random.set_state(numpy_state)
-
-    @classmethod
-    @contextlib.contextmanager
-    def taken(cls, trainer: Trainer) -> Iterator[Snapshot]:
-        """Take a snapshot; restore it (and torch's random states) when the block ends."""
-        snapshot = cls.take(trainer)
-        try:
-            with training_rng_preserved(trainer.device):
-                yield snapshot
-        finally:
-            snapshot.restore(trainer)
-
-
-def _numpy_state() -> Any:
-    try:
-        import numpy
-    except ImportError:  # pragma: no cover - numpy comes with the project's dependencies
-        return None
-    return numpy.random.get_state()

@@ -28,9 +28,11 @@ from accelerate.utils import DistributedType, set_seed
 from pytorch_accel._checks import fail
 from pytorch_accel.dataloaders import num_batches
 from pytorch_accel.failing_batches import FailingBatchGuard, SkipFailingBatches, skip_policy
+from pytorch_accel.micro_batches import MicroBatchSplitter
 
 if TYPE_CHECKING:
     from pytorch_accel._entry_checks import TrainArguments
+    from pytorch_accel._state import TrainerState
 
 __all__ = [
     "CUBLAS_WORKSPACE_CONFIG",
@@ -252,6 +254,7 @@ class RunSetup:
         cudnn_benchmark: Set ``torch.backends.cudnn.benchmark`` (``None``: leave it).
         auto_scale_lr: Scale the learning rates by the global batch size over this.
         skip_failing_batches: The policy for training batches that fail, or ``None``.
+        on_oom: ``"split"``: on out-of-memory, more micro-batches of the same total.
     """
 
     seed: int | None = None
@@ -260,6 +263,7 @@ class RunSetup:
     cudnn_benchmark: bool | None = None
     auto_scale_lr: int | None = None
     skip_failing_batches: SkipFailingBatches | None = None
+    on_oom: str = "raise"
 
     @classmethod
     def from_arguments(cls, arguments: TrainArguments) -> RunSetup:
@@ -271,10 +275,17 @@ class RunSetup:
             values["skip_failing_batches"] = skip_policy("Trainer.train", policy)
         return cls(**values)
 
-    def failing_batch_guard(self, num_processes: int) -> FailingBatchGuard | None:
-        """A new guard for this run's training batches, if a policy was given."""
+    def guard_steps(self, state: TrainerState, num_processes: int) -> None:
+        """Give ``state`` this run's guard of failing batches and splitter, if asked for.
+
+        A trial of the batch-size search (``state.probing``) gets a probing splitter.
+        """
         policy = self.skip_failing_batches
-        return None if policy is None else FailingBatchGuard(policy, num_processes)
+        state.failing_batches = None if policy is None else FailingBatchGuard(policy, num_processes)
+        split = state.probing or self.on_oom == "split"
+        state.micro_batches = (
+            MicroBatchSplitter(num_processes, probe=state.probing) if split else None
+        )
 
     def apply_randomness(self, accelerator: Accelerator) -> None:
         """Set the determinism flags, then seed every generator (before anything draws)."""

@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from accelerate import Accelerator
@@ -28,7 +28,8 @@ from pytorch_accel._compat import DefaultCallbacks, with_ported_attributes
 from pytorch_accel._compat import trainer_module_attribute as __getattr__  # noqa: F401
 from pytorch_accel._loop import Loop
 from pytorch_accel._state import Preparation, TrainerState
-from pytorch_accel.callback import CallbackHandler, CallbackLike
+from pytorch_accel.batch_size_search import find_batch_size
+from pytorch_accel.callback import CallbackHandler, CallbackLike, announces_exceptions
 from pytorch_accel.dataloaders import merge_dataloader_kwargs
 from pytorch_accel.distributed import apply_fsdp_request, create_accelerator
 from pytorch_accel.dry_run import run_dry_or_overfit
@@ -177,10 +178,7 @@ class Trainer:
 
     @property
     def eval_dataloader(self) -> DataLoader[Any] | None:
-        """The prepared eval dataloader of the current run, if any.
-
-        With several named eval sets: that of the set being evaluated, else the first set's.
-        """
+        """The current run's prepared eval dataloader (of the set being evaluated, or the first)."""
         return self._state.eval_dataloader
 
     @property
@@ -192,8 +190,7 @@ class Trainer:
     def eval_set(self) -> str | None:
         """The name of the eval set being evaluated (``None``: the unnamed one, or none).
 
-        Callbacks read it at the eval step events; the eval epoch events also receive it as
-        ``eval_set``.
+        For the eval step events; the eval epoch events also receive it as ``eval_set``.
         """
         return self._state.eval_set
 
@@ -249,8 +246,8 @@ class Trainer:
     def grad_norm(self) -> torch.Tensor | None:
         """The total gradient norm of the last update, before clipping, as a device tensor.
 
-        Set when ``train(max_grad_norm=...)`` clips by norm (``None`` otherwise). Reading its
-        value (``.item()``) synchronises with the device, so log it at an interval.
+        Set when ``train(max_grad_norm=...)`` clips by norm (else ``None``); reading it
+        (``.item()``) waits for the device: log it at an interval.
         """
         return self._state.grad_norm
 
@@ -259,6 +256,7 @@ class Trainer:
         """What ``log`` logged (step-logging callbacks open their intervals on it)."""
         return self._state.logged
 
+    @announces_exceptions
     @checks.suggest_arguments
     def train(
         self,
@@ -287,6 +285,7 @@ class Trainer:
         resume_optimizer: bool = True,
         resume_scheduler: bool = True,
         skip_failing_batches: int | SkipFailingBatches | None = None,
+        on_oom: Literal["raise", "split"] = "raise",
         dry_run: bool | int = False,
         overfit_batches: int | None = None,
         run_name: str | None = None,
@@ -344,6 +343,8 @@ class Trainer:
             skip_failing_batches: Skip training batches whose ``calculate_train_batch_loss``
                 raises out-of-memory, or which are empty, up to this many (an int), or as a
                 ``SkipFailingBatches`` says; agreed across processes. ``None``: fail at once.
+            on_oom: ``"split"``: a step that runs out of memory runs again in twice as many
+                micro-batches, the same total (kept to the run's end; the results do not change).
             dry_run: Check the whole set-up instead of training: ``True`` (2) or N batches of
                 training and evaluation through every callback, with a save and a load of the
                 training state, in a temporary directory; weights, optimizer, scheduler, run
@@ -378,6 +379,7 @@ class Trainer:
             resume_optimizer=resume_optimizer,
             resume_scheduler=resume_scheduler,
             skip_failing_batches=skip_failing_batches,
+            on_oom=on_oom,
             dry_run=dry_run,
             overfit_batches=overfit_batches,
             run_name=run_name,
@@ -408,6 +410,7 @@ class Trainer:
         resume = None if resume_from is None else self._states.resume_point(resume_from, parts)
         self._loop.train(resume)
 
+    @announces_exceptions
     @checks.suggest_arguments
     def evaluate(
         self,
@@ -417,6 +420,7 @@ class Trainer:
         collate_fn: Callable[..., Any] | None = None,
         *,
         metric_prefix: str = "evaluation_",
+        skip_failing_batches: int | SkipFailingBatches | None = None,
     ) -> dict[str, Any]:
         """Evaluate the model once on ``dataset``; return what was recorded, by name.
 
@@ -434,21 +438,15 @@ class Trainer:
             collate_fn: The collate function of the dataloader.
             metric_prefix: Prepended to the names of everything recorded (``"test_"``: the
                 loss is ``test_loss``).
+            skip_failing_batches: As in ``train()``, per eval epoch (``skipped_batches``).
 
         Returns:
             The latest value of every metric recorded by this evaluation, by its run-history
             name: floats, or lists for metrics with several values.
         """
         dataset = self.eval_dataset if dataset is None else dataset
-        checks.check_evaluate_arguments(
-            self,
-            Trainer,
-            dataset,
-            per_device_batch_size,
-            dataloader_kwargs,
-            collate_fn,
-            metric_prefix,
-        )
+        arguments = (dataset, per_device_batch_size, dataloader_kwargs, collate_fn, metric_prefix)
+        checks.check_evaluate_arguments(self, Trainer, *arguments)
         self.collate_fn, self._train_dl_kwargs, batch_size = collate_fn, {}, per_device_batch_size
         self._run_directory.place(self.callback_handler.callbacks)
         self._preparation.prepare_evaluation(self, dataset, batch_size, dataloader_kwargs)
@@ -456,8 +454,9 @@ class Trainer:
             "Trainer.evaluate", self._preparation, dataloader_kwargs=self._eval_dl_kwargs
         )
         self.run_config = self._preparation.evaluation_run_config(self._eval_dl_kwargs)
-        return self._loop.evaluate(metric_prefix)
+        return self._loop.evaluate(metric_prefix, skip_failing_batches)
 
+    @announces_exceptions
     @checks.suggest_arguments
     def predict(
         self,
@@ -468,6 +467,7 @@ class Trainer:
         *,
         output_device: str | torch.device | None = "cpu",
         keep_outputs: bool = True,
+        skip_failing_batches: int | SkipFailingBatches | None = None,
     ) -> Any:
         """Return the model's outputs for every sample of ``data``, in order, from all processes.
 
@@ -486,6 +486,8 @@ class Trainer:
             keep_outputs: Collect and return the outputs. ``False`` returns ``None``, for
                 outputs too large to keep: a callback's ``on_predict_step_end`` receives each
                 gathered batch (``predictions``) to write out.
+            skip_failing_batches: As in ``train()``; the outputs lack the skipped batches,
+                whose indices ``run_history`` records as ``predict_skipped_batches``.
 
         Returns:
             The outputs concatenated on the first dimension (a tensor, or the structure of one
@@ -504,7 +506,15 @@ class Trainer:
         )
         self._preparation.prepare_model_and_optimizer(self)
         with self._preparation.prepared_for_prediction(loader) as prepared:
-            return self._loop.predict(prepared, output_device, keep_outputs)
+            return self._loop.predict(prepared, output_device, keep_outputs, skip_failing_batches)
+
+    @announces_exceptions
+    def find_batch_size(self, train_dataset: Any, **kwargs: Any) -> int:
+        """Return the largest per-device batch size that trains, leaving everything as it was.
+
+        The arguments: ``pytorch_accel.batch_size_search.find_batch_size``.
+        """
+        return find_batch_size(self, train_dataset, **kwargs)
 
     def create_scheduler(self) -> Any:
         """Create the scheduler from ``create_scheduler_fn``, resolving its placeholders.
@@ -736,7 +746,7 @@ class Trainer:
             self.model, keep_torch_compile=keep_torch_compile
         )
 
-    find_lr = find_lr  # the learning-rate range test (pytorch_accel.lr_finder)
+    find_lr = announces_exceptions(find_lr)  # the learning-rate range test (lr_finder)
 
     # ------------------------------------------------------------------------ dataloaders
 

@@ -51,6 +51,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel._loop",
             "pytorch_accel._checkpointing.training_state",
             "pytorch_accel.failing_batches",
+            "pytorch_accel.micro_batches",
             "pytorch_accel.run_config",
             "pytorch_accel.run_setup",
             "pytorch_accel.run_directory",
@@ -63,6 +64,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel._compat",
             "pytorch_accel._entry_checks",
             "pytorch_accel.dry_run",
+            "pytorch_accel.batch_size_search",
             "pytorch_accel.lr_finder",
             "pytorch_accel.trainer",
             "pytorch_accel.timm_trainer",
@@ -83,7 +85,8 @@ LAYER_ROLES = {
         "and saving and loading checkpoints and training states. The checks of the entry "
         "points' arguments and data (`_entry_checks`, with `train()`'s arguments as one typed "
         "`TrainArguments`); dry and overfit runs (`dry_run`, redirecting each callback's files "
-        "through its `redirect_outputs`); the learning-rate range test, `Trainer.find_lr` "
+        "through its `redirect_outputs`); the batch-size search, trials in a dry run's "
+        "surroundings (`batch_size_search`); the learning-rate range test, `Trainer.find_lr` "
         "(`lr_finder`, leaving the trainer's states as they were); every pytorch-accelerated "
         "name of the trainer module and of `Trainer` (`_compat`)."
     ),
@@ -97,7 +100,8 @@ LAYER_ROLES = {
         "(`_checkpointing.training_state`, `_checkpointing.resume`); the run's configuration "
         "(`run_config`: the `TrainerRunConfig`, and the set-up `train()` applies before the "
         "loop: seeding, determinism, scaling the learning rate; `run_setup` keeps its import "
-        "path); the run directory under `Trainer(output_dir=...)`, its name agreed across "
+        "path); more micro-batches of the same total on out-of-memory (`micro_batches`); the "
+        "run directory under `Trainer(output_dir=...)`, its name agreed across "
         "processes, and where callbacks put their default files (`run_directory`)."
     ),
     "core": (

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 from helpers import make_model, make_regression_dataset, train_then_evaluate
+from test_micro_batches import OutOfMemoryAbove
 from torch import nn
 
 from pytorch_accel import Trainer
@@ -263,3 +264,25 @@ def test_trainer_log_and_loss_components_read_nothing_between_logging_points(
     assert all(float(row["train_ones_step"]) == 1.0 for row in rows)
     assert "train_ce_epoch" in trainer.run_history.get_metric_names()
     assert "eval_eval_aux_epoch" in trainer.run_history.get_metric_names()
+
+
+@pytest.mark.parametrize("accumulation", [1, 3])
+def test_a_split_loop_reads_no_tensor_per_step(counter: SyncCounter, accumulation: int) -> None:
+    """``on_oom="split"`` in one process: after the split, micro-batches cost no host read."""
+    model = OutOfMemoryAbove(2, in_backward=True)  # the first step splits batches of 4 in 2
+    trainer = Trainer(
+        model,
+        nn.MSELoss(),
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        callbacks=(*DEFAULT_CALLBACKS, *probes(counter)),
+    )
+    trainer.train(
+        make_regression_dataset(64),
+        num_epochs=2,
+        per_device_batch_size=4,
+        gradient_accumulation_steps=accumulation,
+        on_oom="split",
+    )
+    assert trainer._state.micro_batches is not None
+    assert trainer._state.micro_batches.splits == 2
+    assert counter.calls == []

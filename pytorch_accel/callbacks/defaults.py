@@ -446,6 +446,13 @@ class ProgressBarCallback(TrainerCallback):
         """Close the evaluation bar."""
         self.eval_pbar.close()
 
+    def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
+        """Close the bars a failed or interrupted run left open."""
+        for bar in (self.pbar, self.eval_pbar):
+            if bar is not None:
+                bar.close()
+        self._pending = None
+
     def _refresh_loss(self, trainer: Trainer) -> None:
         """Show the running mean loss: read directly on the CPU, without waiting on CUDA."""
         tracker = trainer.train_loss_tracker

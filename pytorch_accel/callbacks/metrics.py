@@ -164,6 +164,8 @@ class MetricsCallback(TrainerCallback):
         self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
     ) -> None:
         """Update the evaluation metrics with the step's gathered predictions."""
+        if batch_output.get("skipped"):  # skip_failing_batches: skipped on every process
+            return
         self._update(trainer, "eval", batch, batch_output)
 
     def on_eval_epoch_end(

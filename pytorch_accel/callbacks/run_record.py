@@ -44,6 +44,7 @@ RUN_RECORD_FILES = {
     "step_metrics": "metrics_steps.csv",
     "plot": "metrics.png",
     "step_plot": "metrics_steps.png",
+    "outcome": "outcome.json",
 }
 """The files of a run record, by role (``tensorboard/`` holds the TensorBoard run)."""
 
@@ -74,6 +75,15 @@ class RunRecordCallback(TrackingCallback):
     ``metrics.png`` and ``metrics_steps.png`` are redrawn at each epoch end when matplotlib is
     installed; the trackers (``tensorboard/`` by default, when tensorboard is installed)
     receive the run config and the hyper-parameters, as hyper-parameters, and the metrics.
+
+    When the run ends, ``outcome.json`` says how: ``{"status": ..., "epochs": ...,
+    "updates": ..., "error": ...}`` (the epochs completed and the updates of the run), with
+    ``status`` ``"completed"``, ``"stopped"`` (a ``StopTrainingError``; ``error`` is its
+    message), ``"interrupted"`` (Ctrl-C: a ``KeyboardInterrupt``, or the stop after the save
+    of ``SaveTrainingStateCallback(save_on_interrupt=True)``) or ``"failed"`` (any other
+    exception; ``error`` is ``"<type>: <message>"``); ``train.log`` gets a last line saying the
+    same, and the trackers and the log file are closed also after an exception
+    (``on_exception``).
 
     Nothing is written by the other processes. A later ``train()`` that continues the run
     (``reset_run_history=False``) continues the metric files and the tracker run; one that
@@ -139,6 +149,7 @@ class RunRecordCallback(TrackingCallback):
         )
         self.plot = _check_plot(plot)
         self._log_handler: _RunLogHandler | None = None
+        self._in_run = False
 
     @contextlib.contextmanager
     def redirect_outputs(self, directory: Path) -> Iterator[None]:
@@ -176,6 +187,7 @@ class RunRecordCallback(TrackingCallback):
                 self.directory.mkdir(parents=True, exist_ok=True)
             self._open_log(trainer)
             self._write_description(trainer)
+        self._in_run = True
         super().on_training_run_start(trainer)
 
     def on_evaluation_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
@@ -209,8 +221,33 @@ class RunRecordCallback(TrackingCallback):
         super().on_training_run_end(trainer)
         if self.plot and trainer.accelerator.is_main_process:
             self._draw()
+        self._in_run = False
+        stop = trainer.stopped_by
+        if stop is None:
+            self._write_outcome(trainer, "completed", None)
+        else:  # a stop caused by Ctrl-C (SaveTrainingStateCallback(save_on_interrupt=True))
+            status = "interrupted" if isinstance(stop.__cause__, KeyboardInterrupt) else "stopped"
+            self._write_outcome(trainer, status, str(stop) or type(stop).__name__)
         with self._writing(self.path("log"), "directory"):
             self._close_log()
+
+    def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
+        """Record the run as interrupted (Ctrl-C) or failed; close the trackers and the log.
+
+        Only for an exception escaping ``train()`` after the run started; on the main process.
+        """
+        try:
+            if self._in_run and trainer.accelerator.is_main_process:
+                interrupted = isinstance(exception, KeyboardInterrupt)
+                error = type(exception).__name__
+                error += f": {exception}" if str(exception) else ""
+                status = "interrupted" if interrupted else "failed"
+                self._write_outcome(trainer, status, error)
+        finally:
+            self._in_run = False
+            with contextlib.suppress(OSError):  # its last lines may not reach a full disk
+                self._close_log()
+            super().on_exception(trainer, exception, **kwargs)
 
     def log_step(self, trainer: Trainer, metrics: dict[str, float], step: int) -> None:
         """Send one step-level logging point (see ``TrackingCallback.log_step``)."""
@@ -231,6 +268,17 @@ class RunRecordCallback(TrackingCallback):
     def _write_json(self, role: str, value: Any) -> None:
         with self._writing(self.path(role), "directory"):
             atomic_write(self.path(role), json.dumps(value, indent=2, sort_keys=False) + "\n")
+
+    def _write_outcome(self, trainer: Trainer, status: str, error: str | None) -> None:
+        """Write ``outcome.json`` and the log's last line: how the run ended (main process)."""
+        if not trainer.accelerator.is_main_process:
+            return
+        epochs, updates = trainer.run_history.current_epoch - 1, trainer.global_num_updates
+        outcome = {"status": status, "epochs": epochs, "updates": updates, "error": error}
+        self._write_json("outcome", outcome)
+        if self._log_handler is not None:
+            because = "" if error is None else f": {error}"
+            self._log_handler.write_last(f"run {status} at update {updates}{because}")
 
     def _open_log(self, trainer: Trainer) -> None:
         self._close_log()
@@ -319,6 +367,11 @@ class _RunLogHandler(logging.FileHandler):
         get_logger().removeHandler(self)
         with contextlib.suppress(OSError):  # closing flushes what could not be written
             self.close()
+
+    def write_last(self, message: str) -> None:
+        """Write the run's last line (how it ended), also once ``train()`` is leaving."""
+        record = logging.LogRecord("pytorch_accel", logging.INFO, "", 0, message, None, None)
+        super().emit(record)
 
     def emit(self, record: logging.LogRecord) -> None:
         """Write ``record`` while the run is going on; else detach and close."""

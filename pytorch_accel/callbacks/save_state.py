@@ -44,15 +44,24 @@ class SaveTrainingStateCallback(TrainerCallback):
     Names: ``updates-<n>`` (every ``save_every_n_steps`` optimizer updates, counted over the
     run, ``trainer.global_num_updates``, so a later ``train()`` that continues the run never
     replaces an earlier call's states), ``epoch-<n>`` (every ``save_every_n_epochs`` epochs,
-    numbered as in the run history), ``preempted-<n>``, ``time-limit-<n>``
-    (``TimeBudgetCallback``, through ``save_to_resume``) and ``final`` (when training ends,
-    unless preempted or interrupted).
+    numbered as in the run history), ``preempted-<n>``, ``interrupted-<n>`` (Ctrl-C, with
+    ``save_on_interrupt``), ``time-limit-<n>`` (``TimeBudgetCallback``, through
+    ``save_to_resume``) and ``final`` (when training ends, unless preempted or interrupted).
 
     On a preemption signal (SIGTERM by default; add ``signal.SIGUSR1`` for SLURM's
     ``--signal=USR1@90``) the current step is finished, a state is saved, the run stops
     through the usual stop events, and the process exits with status 0 (``SystemExit(0)``
     after ``on_training_run_end``) unless ``exit_on_preemption=False``, in which case
-    ``train()`` returns. A second signal while the first is handled ends the process at once.
+    ``train()`` returns. A second signal while the first is handled ends the process at once;
+    one that comes within ``_SAME_SIGNAL_SECONDS`` (1 s) of the first counts as the same (torchrun
+    forwards the signal it received to workers that got it already).
+
+    With ``save_on_interrupt=True``, Ctrl-C (``SIGINT``) is handled the same way: the current
+    step is finished, ``interrupted-<n>`` is saved (on every process, agreed), the run stops
+    through the usual stop events, and then ``KeyboardInterrupt`` propagates from ``train()``
+    (whatever ``exit_on_preemption`` says), as it would without a save. A second Ctrl-C
+    interrupts at once, without a save. Without it, Ctrl-C raises ``KeyboardInterrupt``
+    wherever the run is, and ``on_exception`` restores the signal handlers.
     With several processes, the processes agree whether any received the signal without
     blocking a step: about every ``preemption_check_interval`` seconds (counted in steps that
     the processes agree on), a step's end starts a small asynchronous all-reduce over gloo
@@ -74,6 +83,8 @@ class SaveTrainingStateCallback(TrainerCallback):
         exit_on_preemption: Exit the process with status 0 after a preemption.
         preemption_check_interval: With several processes, about how many seconds pass
             between two agreements on a signal (at least one step; ``0``: after every step).
+        save_on_interrupt: On Ctrl-C, save ``interrupted-<n>`` at the end of the current step
+            (a state that resumes exactly), then raise ``KeyboardInterrupt``.
     """
 
     order = 1000
@@ -89,6 +100,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         preemption_signals: Iterable[int] = (signal.SIGTERM,),
         exit_on_preemption: bool = True,
         preemption_check_interval: float = 0.25,
+        save_on_interrupt: bool = False,
     ) -> None:
         where = "SaveTrainingStateCallback"
         check_path(where, "save_dir", save_dir, directory=True)
@@ -97,6 +109,8 @@ class SaveTrainingStateCallback(TrainerCallback):
         check_bool(where, "save_at_end", save_at_end)
         check_positive_int(where, "max_checkpoints", max_checkpoints, allow_none=True)
         check_bool(where, "exit_on_preemption", exit_on_preemption)
+        check_bool(where, "save_on_interrupt", save_on_interrupt)
+        self.save_on_interrupt = save_on_interrupt
         check_number(where, "preemption_check_interval", preemption_check_interval, finite=True)
         self.preemption_check_interval = float(preemption_check_interval)
         self.save_dir = Path(save_dir)
@@ -109,6 +123,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         self.exit_on_preemption = exit_on_preemption
         self.preempted_by: signal.Signals | None = None
         self._received: int | None = None
+        self._received_at = 0.0
         self._previous: dict[int, _SignalHandler] = {}
         self._updates_seen = 0
         self._group: Any = None
@@ -138,7 +153,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         if trainer.accelerator.is_main_process:
             tidy_save_dir(self.save_dir, _is_state_name)
         self._signal_flag = None
-        if self.preemption_signals and trainer.accelerator.num_processes > 1:
+        if self._signals() and trainer.accelerator.num_processes > 1:
             if self._group is None:
                 self._group = agreement_group()
             self._signal_flag = AgreedFlag(self._group)
@@ -174,11 +189,18 @@ class SaveTrainingStateCallback(TrainerCallback):
             if self.save_at_end and not self._interrupted:
                 self._save(trainer, "final")
             return
+        if self.preempted_by == signal.SIGINT:
+            raise KeyboardInterrupt  # as an interrupt without a save would: the state is saved
         if self.exit_on_preemption:
             get_logger().info(
                 f"Exiting after {self.preempted_by.name}: resume with the saved state."
             )
             raise SystemExit(0)
+
+    def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
+        """Put back the signal handlers a failed or interrupted run left installed."""
+        self._restore_handlers()
+        self._signal_flag = None  # an exchange left open: the other processes may be gone
 
     # ------------------------------------------------------------------------ saving
 
@@ -203,7 +225,7 @@ class SaveTrainingStateCallback(TrainerCallback):
 
     def _handle_preemption(self, trainer: Trainer, at_epoch_end: bool) -> None:
         """If any process received a preemption signal, save and stop (on every process)."""
-        if not self.preemption_signals:
+        if not self._signals():
             return
         received = self._received
         if self._signal_flag is not None:
@@ -211,11 +233,17 @@ class SaveTrainingStateCallback(TrainerCallback):
         if received is None:
             return
         self.preempted_by = signal.Signals(received)
-        path = self._save(trainer, f"preempted-{trainer.global_num_updates:08d}")
-        raise StopTrainingError(
-            f"Preempted by {self.preempted_by.name}: the training state was saved to "
-            f"{str(path)!r}; resume with train(..., resume_from='latest')."
+        interrupted = self.preempted_by == signal.SIGINT
+        name = "interrupted" if interrupted else "preempted"
+        path = self._save(trainer, f"{name}-{trainer.global_num_updates:08d}")
+        what = "Interrupted (Ctrl-C)" if interrupted else f"Preempted by {self.preempted_by.name}"
+        stop = StopTrainingError(
+            f"{what}: the training state was saved to {str(path)!r}; resume with "
+            "train(..., resume_from='latest')."
         )
+        if interrupted:  # the stop's cause: the run record says "interrupted"
+            raise stop from KeyboardInterrupt()
+        raise stop
 
     def _agreed_signal(self, flag: AgreedFlag, received: int, at_epoch_end: bool) -> int | None:
         """The signal any process received, as agreed by all (the same on every process).
@@ -238,8 +266,13 @@ class SaveTrainingStateCallback(TrainerCallback):
 
     # ------------------------------------------------------------------------ signals
 
+    def _signals(self) -> tuple[int, ...]:
+        """The signals handled: the preemption signals, and SIGINT with ``save_on_interrupt``."""
+        interrupt = (int(signal.SIGINT),) if self.save_on_interrupt else ()
+        return tuple(dict.fromkeys((*self.preemption_signals, *interrupt)))
+
     def _install_handlers(self) -> None:
-        if not self.preemption_signals:
+        if not self._signals():
             return
         if threading.current_thread() is not threading.main_thread():
             warnings.warn(
@@ -248,7 +281,7 @@ class SaveTrainingStateCallback(TrainerCallback):
                 stacklevel=2,
             )
             return
-        for signum in self.preemption_signals:
+        for signum in self._signals():
             self._previous[signum] = signal.signal(signum, self._on_signal)
 
     def _restore_handlers(self) -> None:
@@ -257,11 +290,14 @@ class SaveTrainingStateCallback(TrainerCallback):
         self._previous = {}
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if self._received is not None:  # a second signal: stop waiting for the step to end
-            self._restore_handlers()
+        now = time.monotonic()
+        if self._received is not None:
+            if now - self._received_at < _SAME_SIGNAL_SECONDS:  # forwarded by a launcher
+                return
+            self._restore_handlers()  # a second signal: stop waiting for the step to end
             signal.raise_signal(signum)
             return
-        self._received = signum
+        self._received, self._received_at = signum, now
 
 
 class _Pace:
@@ -290,6 +326,10 @@ class _Pace:
 
 
 _MAX_STEPS_BETWEEN_CHECKS = 10_000
+
+_SAME_SIGNAL_SECONDS = 1.0
+"""A signal this soon after the first is the same one, forwarded (torchrun forwards the
+SIGINT or SIGTERM the whole process group got to its workers)."""
 
 
 def _check_signals(where: str, signals: Iterable[int]) -> tuple[int, ...]:
@@ -323,4 +363,5 @@ _UNCATCHABLE = frozenset({signal.SIGKILL, signal.SIGSTOP})
 
 def _is_state_name(name: str) -> bool:
     """Whether ``name`` is one this callback gives the states it saves."""
-    return re.fullmatch(r"(updates|epoch|preempted|time-limit)-\d+|final", name) is not None
+    pattern = r"(updates|epoch|preempted|interrupted|time-limit)-\d+|final"
+    return re.fullmatch(pattern, name) is not None

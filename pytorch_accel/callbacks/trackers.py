@@ -240,6 +240,16 @@ class TrackingCallback(StepLoggingCallback):
         self._log_new(trainer, trainer.run_history.current_epoch - 1)
         self._flush()
 
+    def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
+        """Finish the trackers (flushed and closed): a failed or interrupted run is over.
+
+        What the run sent so far stays (the CSV files are complete after each logging point);
+        nothing more is sent, and no collective is called (other processes may not have
+        failed). A later ``train()`` starts a new tracker run.
+        """
+        _finish_trackers(self.trackers, quietly=True)  # it may fail on the same full disk
+        self._drop_finalizer()
+
     def finish(self) -> None:
         """Finish the trackers of the run now (else at the next run's start, or at exit).
 

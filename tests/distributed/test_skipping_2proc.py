@@ -63,3 +63,20 @@ def test_an_error_the_policy_does_not_skip_on_one_rank_is_raised_on_both(tmp_pat
     assert first["error"].startswith("RuntimeError: Trainer.train: calculate_train_batch_loss")
     assert "another process" in first["error"]
     assert first["updates"] == second["updates"] == 2
+
+
+def test_eval_and_predict_batches_failing_on_one_rank_are_skipped_by_both(
+    tmp_path: Path,
+) -> None:
+    outcome = launch("skipping_eval.py", out_dir=tmp_path, timeout=120)
+    assert outcome.returncode == 0, outcome.output[-4000:]
+    first, second = (rank["result"] for rank in outcome.ranks)
+    assert first["eval_skipped"] == second["eval_skipped"] == [1]  # train()'s eval epoch
+    assert first["eval_loss"] == pytest.approx(second["eval_loss"])
+    assert first["evaluate"]["evaluation_skipped_batches"] == 1
+    assert first["evaluate"] == pytest.approx(second["evaluate"])
+    assert first["predict_skipped"] == second["predict_skipped"] == [2]
+    # the round of batch index 2 (samples 16 to 23: 4 per rank) is missing, nothing else
+    everything = first["everything"]
+    assert first["predictions"] == second["predictions"]
+    assert first["predictions"] == pytest.approx(everything[:16] + everything[24:])
