@@ -41,7 +41,6 @@ from pytorch_accel._checkpointing.resume import (
 from pytorch_accel._checkpointing.sharded import (
     fsdp_version,
     is_sharded,
-    saved_sharded,
     sharded_model_tensors,
     weights_across_layouts,
 )
@@ -244,17 +243,6 @@ class TrainingStateIO:
         directory = complete_state(directory)
         manifest = verify_training_state(directory, accelerator.num_processes, where)
         saved_world, loaded = int(manifest["world_size"]), manifest["loaded"]
-        if (
-            saved_world != accelerator.num_processes
-            and is_sharded(accelerator)
-            and saved_sharded(directory)
-        ):
-            raise TrainingStateError(
-                f"{where}: {str(directory)!r} was saved sharded by FSDP in {saved_world} "
-                f"processes, and a run sharded by FSDP resumes it only with as many (this one "
-                f"has {accelerator.num_processes}). Resume with {saved_world} processes, or "
-                "in one."
-            )
         self._prepare_model()
         _check_model_fits(accelerator, self._trainer.model, directory, where)
         self._register()

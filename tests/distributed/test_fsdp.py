@@ -264,3 +264,24 @@ def test_an_ema_of_fsdp2_shards_is_refused_on_another_number_of_processes(
             per_device_batch_size=8,
             resume_from=callbacks[0]["ema_state"],
         )
+
+
+def test_fsdp2_states_of_2_processes_resume_under_fsdp2_in_4(
+    checkpoints: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """2 processes x batch 4 saved after epoch 1 (full and DCP); 4 x batch 2 train epoch 2."""
+    dataset = make_regression_dataset(24)
+    model = make_model()
+    whole = Trainer(model, nn.MSELoss(), torch.optim.AdamW(model.parameters(), lr=0.01), ())
+    whole.train(dataset, num_epochs=2, per_device_batch_size=8, train_dataloader_kwargs=UNSHUFFLED)
+    state = whole.model.state_dict()
+    expected = torch.cat([state[key].detach().flatten() for key in sorted(state)])
+    saved = [checkpoints[0]["fsdp_state"], checkpoints[0]["fsdp_dcp_state"]]
+    outcome = launch("fsdp.py", "reshard", *saved, out_dir=tmp_path, nproc=4, timeout=150)
+    assert outcome.returncode == 0, outcome.output[-4000:]
+    assert len(outcome.ranks) == 4
+    for rank in outcome.ranks:
+        for path in saved:
+            assert rank["reshard"][path]["dtensors"]
+            resumed = torch.tensor(rank["reshard"][path]["parameters"])
+            assert (resumed - expected).abs().max().item() <= TOLERANCE

@@ -14,6 +14,7 @@
   DDP and under FSDP2: the files they write (gathered weights) and the EMA's metrics.
 - ``grow``: a DDP run (an FSDP2 run if the last argument is ``fsdp``) resumes the training
   state of 1 process given as the next argument.
+- ``reshard``: FSDP2 runs resume the FSDP2 states of 2 processes given as the next arguments.
 - ``env``: FSDP asked for by ``accelerate launch --use_fsdp``'s variables: FSDP1 without the
   original parameters is refused at the constructor, FSDP2 shards.
 """
@@ -392,6 +393,25 @@ def grow() -> dict[str, Any]:
     return {"parameters": full_parameters(trainer).tolist(), **sharding(trainer)}
 
 
+def reshard() -> dict[str, Any]:
+    """Resume each FSDP2 state of 2 processes given (argv[3:]) under FSDP2 in these processes.
+
+    With batch 2 per process in 4 processes (the 2 processes had batch 4).
+    """
+    resumed = {}
+    for state in sys.argv[3:]:
+        trainer = adam_trainer(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+        trainer.train(
+            make_regression_dataset(24),
+            num_epochs=2,
+            per_device_batch_size=2,
+            train_dataloader_kwargs=UNSHUFFLED,
+            resume_from=state,
+        )
+        resumed[state] = {"parameters": full_parameters(trainer).tolist(), **sharding(trainer)}
+    return resumed
+
+
 def env() -> dict[str, Any]:
     os.environ.update({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"})
     os.environ.pop("FSDP_USE_ORIG_PARAMS", None)
@@ -422,6 +442,7 @@ if __name__ == "__main__":
         "checkpoints": checkpoints,
         "callbacks": callbacks,
         "grow": grow,
+        "reshard": reshard,
         "env": env,
     }
     report_and_exit({scenario: scenarios[scenario]()})
