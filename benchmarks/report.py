@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from benchmarks import saving
+
 
 def markdown(results: dict[str, Any]) -> str:
     """Render the per-step tables and the fresh-process figures."""
@@ -40,6 +42,12 @@ def suites_markdown(suites: dict[str, Any]) -> list[str]:
     for key, suite in suites.items():
         if key == "startup":
             lines += _startup_table(suite)
+            continue
+        if key == "resume":
+            lines += _resume_table(suite)
+            continue
+        if key == "saving":
+            lines += ["### Stall per save (training states)", "", saving.markdown(suite), ""]
             continue
         lines += [
             f"### {suite['name']}",
@@ -82,6 +90,24 @@ def _startup_table(figures: dict[str, Any]) -> list[str]:
         lines.append(
             f"| {name} | {values['median']:.2f} [{low:.2f}, {high:.2f}] "
             f"| {values['range'][0]:.2f}-{values['range'][1]:.2f} |"
+        )
+    return [*lines, ""]
+
+
+def _resume_table(suite: dict[str, Any]) -> list[str]:
+    lines = [
+        f"### {suite['name']}",
+        "",
+        "| stream | position | seconds [95% CI] | vs its first position [95% CI] | "
+        "vs stateful at this position [95% CI] |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for row in suite["rows"]:
+        low, high = row["seconds"]["ci95"]
+        lines.append(
+            f"| {row['stream']} | {row['position']:.0%} | {row['seconds']['median']:.3f} "
+            f"[{low:.3f}, {high:.3f}] | {_ratio(row['vs_first_position'], False)} "
+            f"| {_ratio(row['vs_stateful'], False)} |"
         )
     return [*lines, ""]
 
@@ -158,7 +184,7 @@ def suites_chart(suites: dict[str, Any], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    keys = [key for key in suites if key != "startup"]
+    keys = [key for key in suites if key not in ("startup", "resume", "saving")]
     if not keys:
         return True
     figure, axes = plt.subplots(len(keys), 1, figsize=(8, 2.2 * len(keys)), squeeze=False)

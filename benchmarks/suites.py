@@ -5,7 +5,11 @@
   ``no_grad`` loops with gathering, in 1 and 2 processes;
 - ``images``: a whole 2-epoch run over an image folder with dataloader workers, the trainer's
   default loader against a careful hand-written one;
-- ``startup``: import and ``train()`` fixed costs in fresh processes (``benchmarks.startup``).
+- ``startup``: import and ``train()`` fixed costs in fresh processes (``benchmarks.startup``);
+- ``resume``: time to the first resumed step against the position in the pass, for a replayed
+  and a stateful stream (``benchmarks.resume_position``).
+- ``saving``: the stall per save of training states, blocking and in the background, against
+  ``torch.save`` + ``fsync`` (``benchmarks.saving``).
 
 Each suite but ``startup`` runs ``benchmarks.worker`` (one thread per process), under
 ``torchrun`` for 2 processes and as a plain script for 1 (under a launcher with
@@ -25,7 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks import startup
+from benchmarks import resume_position, saving, startup
 from benchmarks.stats import paired_difference, paired_ratio
 
 # suite -> (worker suite, processes, rounds, scale)
@@ -43,7 +47,9 @@ TITLES = {
     "images": "Image folder (256 PNGs, 16x16) with dataloader workers, 2 epochs of 8 steps per "
     "run, medium CNN classifier, batch 32",
 }
-ALL = (*SUITES, "startup")
+ALL = (*SUITES, "startup", "resume", "saving")
+OWN_TABLES = ("startup", "resume", "saving")
+"""The suites with tables of their own (not per-batch ratios against a hand-written loop)."""
 
 
 def launch(suite: str, quick: bool) -> dict[str, Any]:
@@ -97,6 +103,10 @@ def measure(chosen: list[str], quick: bool) -> dict[str, Any]:
         print(f"measuring {suite}", flush=True)
         if suite == "startup":
             results[suite] = startup.measure(rounds=2 if quick else 10)
+        elif suite == "resume":
+            results[suite] = resume_position.measure(quick)
+        elif suite == "saving":
+            results[suite] = saving.measure(quick)
         else:
             results[suite] = {"name": TITLES[suite], "rows": summarise(launch(suite, quick))}
     return results

@@ -25,6 +25,7 @@ from accelerate.utils import DistributedType, parse_flag_from_env
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
+from pytorch_accel._checkpointing.streams import check_stateful_dataloader_request
 from pytorch_accel._checks import (
     check_bool,
     check_callable,
@@ -187,6 +188,7 @@ def _check_accelerator_kwargs(where: str, accelerator_kwargs: object) -> None:
                 "kwargs_handlers, fsdp_plugin, ...).",
             )
     _check_deepspeed_request(where, kwargs)
+    check_stateful_dataloader_request(where, kwargs)
 
 
 def _check_deepspeed_request(where: str, kwargs: Mapping[Any, Any]) -> None:

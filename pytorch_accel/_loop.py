@@ -132,11 +132,14 @@ class Loop:
         state.scheduler_stepping = SchedulerStepping.of(
             trainer.scheduler, trainer.create_scheduler_fn, state.eval_dataloaders
         )
+        ended = False
         try:
             self._entry_point("Trainer.train", "training_run", self._epochs)
+            ended = True
         finally:
             state.running, state.resume, state.savable = False, None, None
             state.chosen_rates.note_left(self._trainer.optimizer)
+            state.end_save(failed=not ended)  # a save written in the background completes
 
     def _epochs(self) -> None:
         config, state = self._config(), self.state
@@ -211,6 +214,8 @@ class Loop:
                         train_step(plan, batch, step)  # nothing to fire around it
                     else:
                         with_events("train_step", train_step, plan, batch, step)
+                    if state.pending_save is not None:  # written in the background
+                        state.poll_save()
                     if step >= progress.next_step:
                         state.savable = None  # processes report at different steps
                         progress.report(state.step)
@@ -268,7 +273,7 @@ class Loop:
             batch_output, scale, state.step, state.epoch_index
         )
         self._track(batch_output)
-        self.backward(batch_output["loss"], scaled)
+        self.backward(batch_output["loss"], scaled, batch, batch_output)
         return batch_output
 
     def _track(self, batch_output: dict[str, Any]) -> None:
@@ -280,11 +285,17 @@ class Loop:
         if batch_output.keys() - BATCH_OUTPUT_KEYS:  # a loss's components: logged
             self.state.logged.log_batch_output(batch_output, self._trainer.device)
 
-    def backward(self, loss: torch.Tensor, scaled: torch.Tensor) -> None:
-        """Back-propagate ``scaled`` (``loss``, weighted by the loop), with the backward events."""
+    def backward(
+        self, loss: torch.Tensor, scaled: torch.Tensor, batch: Any, batch_output: dict[str, Any]
+    ) -> None:
+        """Back-propagate ``scaled`` (``loss``, weighted by the loop), with the backward events.
+
+        ``on_backward_start`` gets the ``batch`` and its ``batch_output``: the loss before it
+        changes any weight.
+        """
         handler = self._trainer.callback_handler  # an event nobody listens to: one set look-up
         if "on_backward_start" in handler.active_events:
-            self._fire("on_backward_start", {})
+            self._fire("on_backward_start", {"batch": batch, "batch_output": batch_output})
         try:
             self._trainer.backward_step(scaled)
         except (AttributeError, RuntimeError) as error:  # checked only once it failed

@@ -37,6 +37,7 @@ from pytorch_accel._checkpointing.resume import (
     ResumePoint,
     make_resumable,
 )
+from pytorch_accel._checkpointing.streams import track_stream_position
 from pytorch_accel.dataloaders import default_dataloader_kwargs, loader_settings, named_eval_sets
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.run_config import ChosenRates, RunSetup, TrainerRunConfig, create_run_config
@@ -44,6 +45,7 @@ from pytorch_accel.schedulers.stepping import SchedulerStepping
 from pytorch_accel.tracking import LoggedMetrics, LossTracker
 
 if TYPE_CHECKING:
+    from pytorch_accel._checkpointing.staging import PendingSave
     from pytorch_accel._entry_checks import TrainArguments
     from pytorch_accel.failing_batches import FailingBatchGuard
     from pytorch_accel.micro_batches import MicroBatchSplitter
@@ -97,6 +99,8 @@ class TrainerState:
         eval_metric_name: The run-history name of the current eval epoch's mean loss.
         eval_limit: The most batches of the current eval epoch (a sanity check), or ``None``.
         chosen_rates: The learning rates the user chose, kept across runs (``auto_scale_lr``).
+        pending_save: A training state being written in the background, if any: the loop
+            polls it after each step (``poll_save``) and waits for it when the run ends.
     """
 
     def __init__(self) -> None:
@@ -132,6 +136,7 @@ class TrainerState:
         self.eval_limit: int | None = None
         self.chosen_rates = ChosenRates()
         self.scheduler_stepping = SchedulerStepping()  # the run's, set when the loop starts
+        self.pending_save: PendingSave | None = None
 
     @property
     def eval_dataloader(self) -> DataLoader[Any] | None:
@@ -202,6 +207,19 @@ class TrainerState:
             f"{where}: a training state can only be saved between steps: call it from "
             "on_train_step_end or on_training_run_epoch_end, or outside train()."
         )
+
+    def poll_save(self) -> None:
+        """At a step boundary: complete the save written in the background if it is written."""
+        if self.pending_save is not None and self.pending_save.poll():
+            self.pending_save = None
+
+    def end_save(self, failed: bool = False) -> None:
+        """Wait for the save written in the background and complete it (``failed``: abandon)."""
+        pending, self.pending_save = self.pending_save, None
+        if pending is not None and failed:
+            pending.abandon()
+        elif pending is not None:
+            pending.wait()
 
 
 class Preparation:
@@ -416,10 +434,15 @@ class Preparation:
             _forget_dataloaders(self._accelerator, prepared)
 
     def _prepare_train(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
-        """Prepare the train dataloader as one that can resume mid-epoch, where accelerate can."""
+        """Prepare the train dataloader as one that can resume mid-epoch, where accelerate can.
+
+        A map-style dataset skips by index (``make_resumable``); a stream that can save its
+        position records it (``track_stream_position``); any other stream replays its pass.
+        """
         prepared = self._prepare(dataloader)
         resumable = self._state.resumable = make_resumable(prepared)
         if resumable is None:
+            track_stream_position(prepared)
             return prepared
         registered = getattr(self._accelerator, "_dataloaders", None)
         if isinstance(registered, list):  # accelerate's save_state looks at the loaders it knows

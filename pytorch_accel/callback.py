@@ -151,7 +151,11 @@ class TrainerCallback:
         """Called before each training batch is processed."""
 
     def on_backward_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Called just before the backward pass of each training batch."""
+        """Called just before the backward pass of each training batch.
+
+        ``kwargs`` include ``batch`` and ``batch_output`` (``calculate_train_batch_loss``'s
+        output): the loss before it changes any weight.
+        """
 
     def on_backward_end(self, trainer: Trainer, **kwargs: Any) -> None:
         """Called just after the backward pass of each training batch."""

@@ -198,7 +198,7 @@ class MicroBatchSplitter:
                     if agreed != _OK:
                         return _OK, agreed, None
                 scaled = weighting.scaled_loss(output, scale * share, state.step, state.epoch_index)
-                loop.backward(output["loss"], scaled)
+                loop.backward(output["loss"], scaled, chunk, output)
                 outputs.append(output)
         except StopTrainingError as stop:
             own, error = _STOP, stop

@@ -829,22 +829,23 @@ class Trainer:
             self._accelerator, checkpoint_path, self.model, optimizer, scheduler
         )
 
-    def save_training_state(self, output_dir: str | os.PathLike[str]) -> Path:
+    def save_training_state(
+        self, output_dir: str | os.PathLike[str], blocking: bool = True
+    ) -> Path:
         """Save everything needed to continue this run exactly, atomically, to a directory.
 
-        Model, optimizer, gradient scaler and every process's random states (through
-        ``accelerator.save_state``), the scheduler, run history, update counter, position in
-        the loop, every callback with ``state_dict``/``load_state_dict``, and per process the
-        epoch's running loss, gradients of an unfinished accumulation window and the random
-        states of the epoch's order. Written to a hidden temporary directory and renamed into
-        place once complete (with its manifest), so a failed or interrupted save leaves an
-        existing ``output_dir`` intact. Every process must call this.
-
-        Call it outside ``train()``, or inside from ``on_train_step_end`` or
-        ``on_training_run_epoch_end`` (``SaveTrainingStateCallback`` does this for you).
+        Model, optimizer, scaler, every process's random states (``accelerator.save_state``),
+        scheduler, run history, counters, position, callbacks' ``state_dict``, and per process
+        the running loss, an open accumulation window's gradients and the epoch order's random
+        states. Written to a hidden directory, renamed into place once complete (manifest last):
+        a failed or interrupted save leaves ``output_dir`` intact. Every process must call this:
+        outside ``train()``, or from ``on_train_step_end`` or ``on_training_run_epoch_end``.
 
         Args:
             output_dir: The directory to write; an existing one is replaced.
+            blocking: ``False`` (inside ``train()``): copy the state to host memory, write it
+                in the background and publish it at a later step boundary; the next save and
+                the run's end wait for it, and its errors are raised there.
 
         Returns:
             The directory written.
@@ -852,16 +853,15 @@ class Trainer:
         Raises:
             RuntimeError: If called at another point inside ``train()``.
         """
-        return self._states.save(output_dir)
+        return self._states.save(output_dir, blocking)
 
     def load_training_state(self, input_dir: str | os.PathLike[str]) -> dict[str, Any]:
         """Restore the model, optimizer, scaler, random states, run history and update counts.
 
         To continue training where the state was saved (scheduler, callbacks, position in the
-        epoch included), use ``train(..., resume_from=input_dir)`` instead. The directory is
-        verified first: its manifest, every file's size and SHA-256 digest, every pickled file
-        read with ``weights_only=True``, the world size and the model's parameter names and
-        shapes. Every process must call this.
+        epoch included), use ``train(..., resume_from=input_dir)`` instead. Verified first:
+        manifest, every file's size and digest, pickled files read with ``weights_only=True``,
+        world size, parameter names and shapes. Every process must call this.
 
         Args:
             input_dir: A directory written by ``save_training_state``.

@@ -338,6 +338,11 @@ def test_a_preemption_check_interval_that_is_no_duration(interval: Any) -> None:
         SaveTrainingStateCallback(preemption_check_interval=interval)
 
 
+def test_async_save_that_is_not_a_bool() -> None:
+    with pytest.raises(TypeError, match=r"SaveTrainingStateCallback.*async_save.*'yes'"):
+        SaveTrainingStateCallback(async_save="yes")  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("callback", [EarlyStoppingCallback, SaveBestModelCallback])
 def test_watching_a_score_without_a_direction_warns(callback: Any) -> None:
     with pytest.warns(UserWarning, match=r"watching 'accuracy' as lower-is-better"):

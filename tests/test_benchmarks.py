@@ -86,3 +86,26 @@ def test_the_two_process_training_suite_runs() -> None:
     assert next(iter(loops_measured)) == "hand-written DDP"
     assert "pytorch-accel, + preemption handling" in loops_measured
     assert all(len(sample["per_batch"]) == 2 for sample in loops_measured.values())
+
+
+def test_the_resume_suite_times_each_stream_at_each_position() -> None:
+    from benchmarks import report, resume_position
+
+    results = resume_position.measure(quick=True, length=200, rounds=1)
+    rows = results["rows"]
+    assert [(row["stream"], row["position"]) for row in rows] == [
+        (stream, position) for stream in ("replayed", "stateful") for position in (0.1, 0.5, 0.9)
+    ]
+    assert all(row["seconds"]["median"] > 0 for row in rows)
+    table = "\n".join(report.suites_markdown({"resume": results}))
+    assert "| stateful | 90% |" in table
+
+
+def test_the_saving_suite_times_every_save(tmp_path: Path) -> None:
+    from benchmarks import saving
+
+    figures = saving.measure_size(1e5, 3, tmp_path / "saves")
+    assert figures["saves"] == 2
+    for key in ("baseline_s", "blocking_s", "background_stall_s"):
+        assert figures[key]["median"] > 0, key
+    assert "| 100k" in saving.markdown({"100k": figures})

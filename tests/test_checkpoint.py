@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import errno
 import functools
+import json
 import os
 import subprocess
 import sys
+import zipfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -20,7 +23,7 @@ from helpers import (
 )
 from torch.optim.lr_scheduler import StepLR
 
-from pytorch_accel._checkpointing.checkpoint import CHECKSUM_KEY
+from pytorch_accel._checkpointing.checkpoint import CHECKSUM_KEY, checksum
 
 
 def trained_trainer() -> object:
@@ -67,7 +70,7 @@ def test_optional_parts_are_left_out(tmp_path: Path) -> None:
     trainer = trained_trainer()
     trainer.save_checkpoint(tmp_path / "weights.pt", save_optimizer=False, save_scheduler=False)
     saved = torch.load(tmp_path / "weights.pt", weights_only=True)
-    assert set(saved) == {"model_state_dict", CHECKSUM_KEY}
+    assert set(saved) == {"model_state_dict"}  # the digest is in the ZIP comment, not an entry
 
 
 def test_failed_save_leaves_the_previous_checkpoint_intact(tmp_path: Path) -> None:
@@ -136,6 +139,35 @@ def test_a_flipped_bit_in_the_tensor_data_is_detected(tmp_path: Path) -> None:
         trainer.load_checkpoint(path)
     for now, then in zip(clone_params(trainer.get_model()), before, strict=True):
         assert torch.equal(now, then)  # nothing was loaded
+
+
+def test_the_digest_is_the_one_of_training_states_in_the_zip_comment(tmp_path: Path) -> None:
+    """One integrity scheme: size and CRC-32 of the bytes, the record a manifest holds."""
+    trainer = trained_trainer()
+    path = tmp_path / "model.pt"
+    trainer.save_checkpoint(path)
+    comment = zipfile.ZipFile(path).comment
+    assert comment.startswith(b"pytorch-accel-digest ")
+    record = json.loads(comment[len(b"pytorch-accel-digest ") :])
+    assert set(record) == {"size", "crc32"}
+    data = bytearray(path.read_bytes()[: -len(comment)])
+    data[-2:] = b"\x00\x00"  # as torch.save wrote it, before the comment
+    assert record == {"size": len(data), "crc32": f"{zlib.crc32(data):08x}"}
+
+
+def test_a_checkpoint_of_an_earlier_version_is_still_verified(tmp_path: Path) -> None:
+    """Files with the SHA-256 checksum entry of earlier versions load, checked against it."""
+    trainer = trained_trainer()
+    state = {"model_state_dict": trainer.get_model().state_dict(), "epoch": 2}
+    path = tmp_path / "old.pt"
+    torch.save({**state, CHECKSUM_KEY: checksum(state)}, path)
+    assert set(make_trainer(make_model(seed=9)).load_checkpoint(path)) == {
+        "model_state_dict",
+        "epoch",
+    }
+    flip_a_bit_of(path, next(trainer.get_model().parameters()))
+    with pytest.raises(ValueError, match=r"'.*old.pt' is corrupt: its contents differ"):
+        trainer.load_checkpoint(path)
 
 
 def test_a_checkpoint_without_a_checksum_still_loads(tmp_path: Path) -> None:

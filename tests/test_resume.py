@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from helpers import wait_for_text
 
-from pytorch_accel._checkpointing.store import verify_training_state
+from pytorch_accel._checkpointing.store import TrainingStateError, verify_training_state
 from pytorch_accel.training_state import MANIFEST_NAME, find_training_states
 
 REPO = Path(__file__).parents[1]
@@ -170,4 +170,57 @@ def test_sigterm_saves_stops_and_exits_0_then_resumes_exactly(
     states = find_training_states(save_dir)
     assert [state.name[:10] for state in states] == ["preempted-"]
     resumed = run_job(tmp_path / "resumed", "--save-dir", str(save_dir), "--resume-from", "latest")
+    assert_same_run(resumed, uninterrupted[1])
+
+
+def test_kill_9_during_an_asynchronous_save_leaves_no_state_that_loads(
+    tmp_path: Path, uninterrupted: dict[int, dict[str, Any]]
+) -> None:
+    """Killed after the background write, before the state was published: never loaded."""
+    save_dir = tmp_path / "states"
+    args = ("--save-dir", str(save_dir), "--every-n-steps", "3", "--async-save")
+    out = tmp_path / "killed"
+    command, env = job_command(out, *args, "--pace", "0.3")
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    wait_for_text(save_dir / "updates-00000003" / MANIFEST_NAME)
+    partial = save_dir / ".updates-00000006.incomplete"
+    deadline = time.monotonic() + 60
+    while not (partial / "trainer_rank_0.pt").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)  # the last file written
+    time.sleep(0.1)  # its step, and the next, take 0.3 s each: published after that
+    process.send_signal(signal.SIGKILL)  # every file written and flushed, no manifest yet
+    process.wait(timeout=30)
+    assert (partial / "model.safetensors").is_file()
+    assert not (partial / MANIFEST_NAME).exists()
+    assert find_training_states(save_dir) == [save_dir / "updates-00000003"]
+    with pytest.raises(TrainingStateError, match="not a complete training state"):
+        verify_training_state(partial, 1, "test")
+    resumed = run_job(tmp_path / "resumed", *args, "--resume-from", "latest")
+    assert resumed["resumed_from"] == str(save_dir / "updates-00000003")
+    assert not list(save_dir.glob(".*.incomplete"))  # cleaned up when the run started
+    assert_same_run(resumed, uninterrupted[1])
+
+
+def test_kill_9_at_random_points_with_asynchronous_saves_then_resume_latest(
+    tmp_path: Path, uninterrupted: dict[int, dict[str, Any]]
+) -> None:
+    save_dir = tmp_path / "states"
+    args = ("--save-dir", str(save_dir), "--every-n-steps", "1", "--async-save")
+    rng = random.Random(1)
+    for attempt in range(2):
+        out = tmp_path / f"killed{attempt}"
+        command, env = job_command(out, *args, "--resume-from", "latest", "--pace", "0.05")
+        process = subprocess.Popen(
+            command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        wait_for_text(out / "progress0")
+        time.sleep(rng.uniform(0.0, 0.6))
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+        for state in find_training_states(save_dir):
+            verify_training_state(state, 1, "test")  # every complete state is intact
+    resumed = run_job(tmp_path / "last", *args, "--resume-from", "latest")
+    assert resumed["resumed_from"] is not None
     assert_same_run(resumed, uninterrupted[1])

@@ -1,8 +1,10 @@
-"""The portable checkpoint file of ``Trainer.save_checkpoint``: one file, checksummed inside.
+"""The portable checkpoint file of ``Trainer.save_checkpoint``: one file, with its digest.
 
-It holds ``model_state_dict``, ``optimizer_state_dict``, ``scheduler_state_dict``, the user's
-entries and, under ``CHECKSUM_KEY``, the SHA-256 digest of all of them, so it stays one file
-that pytorch-accelerated and ``torch.load`` read as they are.
+It holds ``model_state_dict``, ``optimizer_state_dict``, ``scheduler_state_dict`` and the
+user's entries, written by ``files.atomic_save_digested``: the digest of its bytes (the one
+integrity scheme, as for the files of a training state) is in the file's ZIP comment, so it
+stays one file that pytorch-accelerated and ``torch.load`` read as they are. Files of earlier
+versions hold, under ``CHECKSUM_KEY``, a SHA-256 checksum of their contents, still verified.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from torch import nn
 
-from pytorch_accel._checkpointing.files import atomic_save, load_safely
+from pytorch_accel._checkpointing.files import atomic_save_digested, load_safely, read_checked
 from pytorch_accel._checkpointing.fit import misfit
 from pytorch_accel._checkpointing.sharded import (
     full_optimizer_state,
@@ -40,7 +42,7 @@ __all__ = [
 
 
 CHECKSUM_KEY = "pytorch_accel_sha256"
-"""The entry of a checkpoint file that holds the ``checksum`` of the rest (verified on load)."""
+"""The entry of earlier versions' checkpoint files holding the ``checksum`` of the rest."""
 
 
 def load_checkpoint_file(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -63,8 +65,9 @@ def load_checkpoint_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 def read_tensors_file(path: str | os.PathLike[str], where: str, kind: str = "weights") -> Any:
     """Load a file of tensors and plain containers once, with ``files.load_safely``.
 
-    A dict holding ``CHECKSUM_KEY`` is verified against it and returned without it. ``where``
-    (the entry point) and ``kind`` (``"checkpoint"``, ``"weights"``) are for messages.
+    A file with its digest (``files.read_checked``) is verified first; a dict holding
+    ``CHECKSUM_KEY`` (earlier versions) is verified against it and returned without it.
+    ``where`` (the entry point) and ``kind`` (``"checkpoint"``, ``"weights"``) are for messages.
 
     Raises:
         FileNotFoundError: If there is no such file.
@@ -73,7 +76,7 @@ def read_tensors_file(path: str | os.PathLike[str], where: str, kind: str = "wei
     source = Path(path)
     if not source.is_file():
         raise FileNotFoundError(f"{where}: no {kind} file at {str(source)!r}.")
-    loaded = load_safely(source.read_bytes(), source, where, ValueError)
+    loaded = load_safely(read_checked(source, where)[0], source, where, ValueError)
     if isinstance(loaded, dict) and CHECKSUM_KEY in loaded:
         expected = loaded.pop(CHECKSUM_KEY)
         if checksum(loaded) != expected:
@@ -88,9 +91,9 @@ def read_tensors_file(path: str | os.PathLike[str], where: str, kind: str = "wei
 def checksum(checkpoint: Mapping[str, Any]) -> str:
     """Return the SHA-256 hex digest of a checkpoint's contents (without ``CHECKSUM_KEY``).
 
-    Tensors count with their dtype, shape and data; numbers, strings and ``None`` with their
-    ``repr``; containers with their items in order. It is the same before saving and after
-    loading, so a file whose data changed on disk is detected.
+    The checksum of earlier versions' files, verified when they are loaded. Tensors count
+    with their dtype, shape and data; numbers, strings and ``None`` with their ``repr``;
+    containers with their items in order.
     """
     digest = hashlib.sha256()
     _digest_into(digest, checkpoint)
@@ -154,7 +157,7 @@ def write_checkpoint(
     """Write a checkpoint file atomically (``Trainer.save_checkpoint``).
 
     It holds the states of ``model``, and of ``optimizer`` and ``scheduler`` unless ``None``,
-    the entries of ``extra`` and their ``checksum``. The main process writes; every process
+    the entries of ``extra``, and its digest. The main process writes; every process
     must call this (sharded models are gathered).
 
     Raises:
@@ -181,8 +184,8 @@ def write_checkpoint(
         checkpoint["scheduler_state_dict"] = scheduler.state_dict()
     checkpoint.update(extra or {})
     if accelerator.is_main_process:
-        checkpoint.pop(CHECKSUM_KEY, None)
-        atomic_save({**checkpoint, CHECKSUM_KEY: checksum(checkpoint)}, path)
+        checkpoint.pop(CHECKSUM_KEY, None)  # a dict loaded from an earlier version's file
+        atomic_save_digested(checkpoint, path)
     accelerator.wait_for_everyone()
 
 

@@ -1,9 +1,16 @@
 """The one writer of every file the package writes, and the one loader of what it reads back.
 
 ``atomic_write``: a temporary file beside the destination, flushed to disk and renamed over it,
-so a reader sees the old file or the new one. ``read_verified`` and ``load_safely``: the bytes
-are read once, checked against their recorded SHA-256 digest, and those same bytes are
-deserialised with ``weights_only=True`` (tensors, NumPy arrays and plain containers; no code).
+so a reader sees the old file or the new one.
+
+One integrity scheme for every file saved: its size and CRC-32 (``Digest``), computed while
+it is written. A training state's files (``write_digested``; the directory is renamed into
+place as a whole) have their records in the state's manifest; a checkpoint file
+(``atomic_save_digested``) carries its own, in the comment of its ZIP archive, which
+``torch.load`` (and so pytorch-accelerated) ignores. ``read_verified``, ``read_checked`` and
+``load_safely``: the bytes are read once, checked against their record, and those same bytes
+are deserialised with ``weights_only=True`` (tensors, NumPy arrays and plain containers; no
+code).
 """
 
 from __future__ import annotations
@@ -12,9 +19,13 @@ import errno
 import glob
 import hashlib
 import io
+import json
 import os
 import shutil
+import struct
+import zlib
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
@@ -22,23 +33,125 @@ import torch
 from accelerate.utils import load as accelerate_safe_load
 
 __all__ = [
+    "DIGEST",
+    "Digest",
     "TrainingStateError",
     "atomic_save",
+    "atomic_save_digested",
     "atomic_write",
     "describe",
     "disk_full_error",
     "fsync_directory",
     "load_pickled",
     "load_safely",
+    "read_checked",
     "read_verified",
+    "write_digested",
     "write_error",
 ]
 
 _CHUNK = 1 << 22
 
 
+DIGEST = "crc32"
+"""The digest every file is recorded with: CRC-32 (zlib), as ZIP and gzip guard their data."""
+
+
 class TrainingStateError(ValueError):
     """A training-state directory is incomplete, corrupt, or does not fit this run."""
+
+
+class Digest:
+    """The size and digest of bytes fed in pieces: the one integrity scheme of saved files.
+
+    CRC-32 (``DIGEST``) detects accidental corruption (a changed bit, a truncated or swapped
+    file) at several GB/s, so a save costs about what writing its bytes does; it is not meant
+    against someone who can write the files (nothing in them can run code when read back:
+    ``load_safely``). ``"sha256"`` reads the manifests of earlier versions.
+
+    Args:
+        algorithm: ``"crc32"`` or ``"sha256"``.
+    """
+
+    def __init__(self, algorithm: str = DIGEST) -> None:
+        self.algorithm, self.size, self._crc = algorithm, 0, 0
+        self._sha = hashlib.sha256() if algorithm == "sha256" else None
+
+    def update(self, data: Any) -> None:
+        """Feed bytes (or any buffer)."""
+        view = memoryview(data)
+        self.size += view.nbytes
+        if self._sha is not None:
+            self._sha.update(view)
+        else:
+            self._crc = zlib.crc32(view, self._crc)
+
+    def record(self) -> dict[str, Any]:
+        """``{"size": ..., <algorithm>: <hex digest>}``, as manifests record a file."""
+        value = self._sha.hexdigest() if self._sha is not None else f"{self._crc:08x}"
+        return {"size": self.size, self.algorithm: value}
+
+    @staticmethod
+    def recorded_algorithm(expected: Mapping[str, Any]) -> str:
+        """The algorithm a record was made with (``"sha256"`` for earlier versions')."""
+        return "sha256" if "sha256" in expected else DIGEST
+
+
+class _DigestingFile:
+    """A binary file that digests what is written to it (for ``torch.save`` and others).
+
+    Large pieces (tensor data, from memory that outlives the write) are digested by a worker
+    thread while the next piece is written, in order; small ones (which may be a writer's
+    temporary buffer) are copied first. ``close`` waits for the digest.
+    """
+
+    def __init__(self, handle: IO[bytes]) -> None:
+        self.handle, self.digest = handle, Digest()
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="pytorch_accel-digest")
+        self._last: Future[None] | None = None
+
+    def write(self, data: Any) -> int:
+        piece = memoryview(data) if memoryview(data).nbytes >= _CHUNK else bytes(data)
+        self._last = self._worker.submit(self.digest.update, piece)
+        return self.handle.write(data)
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=True)
+        if self._last is not None:
+            self._last.result()  # raises what digesting raised
+
+
+def write_digested(path: Path, content: bytes | Callable[[IO[bytes]], Any]) -> dict[str, Any]:
+    """Write a new file, flush it to disk and return its ``Digest`` record, in one pass.
+
+    For the files of a directory that is renamed into place as a whole once complete (a
+    training state): the file itself is not renamed. ``content`` is bytes or a function that
+    writes to a binary file (``torch.save``).
+
+    Raises:
+        OSError: With ``errno.ENOSPC`` when the disk is full, naming the file.
+    """
+    try:
+        with open(path, "wb") as handle:
+            digesting = _DigestingFile(handle)
+            try:
+                if isinstance(content, bytes):
+                    digesting.write(content)
+                else:
+                    content(digesting)  # type: ignore[arg-type]
+                handle.flush()
+                os.fsync(handle.fileno())
+            finally:
+                digesting.close()
+    except (OSError, RuntimeError) as error:
+        full = disk_full_error(error, path)
+        if full is None:
+            raise
+        raise full from error
+    return digesting.digest.record()
 
 
 def atomic_write(
@@ -92,6 +205,62 @@ def atomic_write(
 def atomic_save(obj: Any, path: str | os.PathLike[str]) -> Path:
     """Save ``obj`` with ``torch.save`` through ``atomic_write``; return the destination path."""
     return atomic_write(path, lambda handle: torch.save(obj, handle))
+
+
+_TRAILER = b"pytorch-accel-digest "
+"""Starts the ZIP comment holding a checkpoint file's ``Digest`` record."""
+
+
+def atomic_save_digested(obj: Any, path: str | os.PathLike[str]) -> Path:
+    """``atomic_save`` with the file's ``Digest`` record in it (``read_checked`` checks it).
+
+    ``torch.save`` writes a ZIP archive; its digest is computed while it is written, then
+    stored as the archive's comment (after the bytes it covers, with the comment's length
+    written over the final two bytes, which the digest counts as zeros).
+    """
+
+    def write(handle: IO[bytes]) -> None:
+        digesting = _DigestingFile(handle)
+        try:
+            torch.save(obj, digesting)  # type: ignore[arg-type]
+        finally:
+            digesting.close()
+        trailer = _TRAILER + json.dumps(digesting.digest.record(), sort_keys=True).encode()
+        handle.seek(-2, os.SEEK_END)
+        handle.write(struct.pack("<H", len(trailer)) + trailer)
+
+    return atomic_write(path, write)
+
+
+def read_checked(path: Path, where: str) -> tuple[bytes, bool]:
+    """Read a file once; check it against the record in its ZIP comment, if it has one.
+
+    Returns:
+        The file's bytes, and whether they carried a record (files of ``atomic_save_digested``;
+        not those of ``torch.save`` or pytorch-accelerated).
+
+    Raises:
+        ValueError: If the bytes differ from their record, naming the file.
+    """
+    data = path.read_bytes()
+    start = data.rfind(_TRAILER, max(0, len(data) - 1024))
+    if start < 24 or struct.unpack("<H", data[start - 2 : start])[0] != len(data) - start:
+        return data, False
+    try:
+        expected = json.loads(data[start + len(_TRAILER) :])
+        digest = Digest(Digest.recorded_algorithm(expected))
+    except (ValueError, TypeError):
+        expected, digest = {}, Digest()
+    view = memoryview(data)
+    digest.update(view[: start - 2])
+    digest.update(b"\x00\x00")
+    if digest.record() != expected:
+        raise ValueError(
+            f"{where}: {str(path)!r} is corrupt: its contents differ from the digest saved "
+            "with it (a changed bit in its tensors or entries, or a truncated file). Load an "
+            "earlier copy; this one was not used."
+        )
+    return data, True
 
 
 def disk_full_error(error: BaseException, path: Path, kind: str = "file") -> OSError | None:
@@ -166,30 +335,32 @@ def fsync_directory(directory: Path) -> None:
         os.close(descriptor)
 
 
-def describe(path: Path, keep: bool = False) -> tuple[dict[str, Any], bytes]:
-    """Read a file once: its ``{"size": ..., "sha256": ...}``, and its bytes if ``keep``.
+def describe(
+    path: Path, keep: bool = False, algorithm: str = DIGEST
+) -> tuple[dict[str, Any], bytes]:
+    """Read a file once: its ``Digest`` record, and its bytes if ``keep``.
 
     The file is flushed to disk too (a state's files, before its manifest is written).
     """
-    digest, size, chunks = hashlib.sha256(), 0, []
+    digest, chunks = Digest(algorithm), []
     with open(path, "rb") as handle:
         while chunk := handle.read(_CHUNK):
             digest.update(chunk)
-            size += len(chunk)
             chunks += [chunk] * keep
         os.fsync(handle.fileno())
-    return {"size": size, "sha256": digest.hexdigest()}, b"".join(chunks)
+    return digest.record(), b"".join(chunks)
 
 
 def read_verified(path: Path, expected: Mapping[str, Any], where: str, keep: bool = True) -> bytes:
     """Read a file once and return its bytes (if ``keep``), if they are as recorded.
 
     Raises:
-        TrainingStateError: If the file is missing, or its size or SHA-256 digest differ from
-            ``expected`` (``{"size": ..., "sha256": ...}``).
+        TrainingStateError: If the file is missing, or its size or digest differ from
+            ``expected`` (a ``Digest`` record: ``crc32``, or ``sha256`` from earlier versions).
     """
+    algorithm = Digest.recorded_algorithm(expected)
     try:
-        actual, data = describe(path, keep)
+        actual, data = describe(path, keep, algorithm)
     except FileNotFoundError:
         raise TrainingStateError(
             f"{where}: {str(path)!r} is listed in the manifest but missing."
@@ -199,9 +370,10 @@ def read_verified(path: Path, expected: Mapping[str, Any], where: str, keep: boo
             f"{where}: {str(path)!r} is truncated or was changed: {actual['size']} bytes, the "
             f"manifest records {expected.get('size')}."
         )
-    if actual["sha256"] != expected.get("sha256"):
+    if actual[algorithm] != expected.get(algorithm):
         raise TrainingStateError(
-            f"{where}: {str(path)!r} is corrupt: its SHA-256 digest differs from the manifest's."
+            f"{where}: {str(path)!r} is corrupt: its {algorithm} digest differs from the "
+            "manifest's."
         )
     return data
 

@@ -38,6 +38,7 @@ import torch
 from accelerate.data_loader import DataLoaderShard, SkipBatchSampler, skip_first_batches
 from torch import nn
 
+from pytorch_accel._checkpointing.streams import stream_position
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.dataloaders import epoch_batches
 from pytorch_accel.tracking import LossTracker
@@ -178,9 +179,11 @@ def make_resumable(prepared: Any) -> ResumableLoader | None:
 
     Returns:
         The resumable dataloader and its controls, or ``None`` for dataloaders accelerate does
-        not shard this way (dispatched batches, stateful dataloaders).
+        not shard this way (dispatched batches, streams). Under torchdata's
+        ``StatefulDataLoader`` a map-style dataset is skipped by index too (the rebuilt loader
+        is a plain one): replaying its pass drew another order, the stateful sampler's.
     """
-    if type(prepared) is not DataLoaderShard or prepared.use_stateful_dataloader:
+    if type(prepared) is not DataLoaderShard:
         return None
     rebuilt = skip_first_batches(prepared, 0)
     # Not carried over by skip_first_batches:
@@ -344,11 +347,16 @@ def enter_epoch(
     loss_tracker.load_state_dict(resume.rank_state["loss_tracker"], trainer.device)
     trainer.logged_metrics.load_state_dict(resume.rank_state.get("logged"), trainer.device)
     restore_gradients(trainer.model, resume.rank_state["gradients"])
-    if resumable is None:  # replay the pass from its start, dropping the batches done
+    if resumable is None:  # a stream: from its saved position, or replayed from its start
         epoch_states = resume.epoch_states
-        if epoch_states is not None:
+        if epoch_states is not None:  # the draws of the pass's new iterator, as saved
             torch.set_rng_state(epoch_states.cpu)
-        return EpochEntry(resume.position.batches_done, resume.random_states.cpu, replays=True)
+        done, stream = resume.position.batches_done, stream_position(loader)
+        saved = resume.rank_state["loader"].get("stream")
+        if stream is not None and isinstance(saved, dict):
+            stream.resume_at(done, saved["state"])
+            return EpochEntry(done, resume.random_states.cpu)
+        return EpochEntry(done, resume.random_states.cpu, replays=True)
     resumable.randomness.replay = resume.epoch_states
     resumable.skip.skip_batches = resume.position.batches_done
     return EpochEntry(resume.position.batches_done, resume.random_states.cpu, resumable)

@@ -4,8 +4,9 @@ A training state is a directory written by ``accelerator.save_state`` (model, op
 gradient scaler, every rank's random states, and the trainer's own state, registered once with
 ``register_for_checkpointing``) plus one file per rank for what differs between ranks. It is
 written under a hidden temporary name, every file is flushed to disk, then the manifest (file
-sizes and SHA-256 digests) is written and the directory renamed into place. A directory without
-a manifest is an interrupted save: it is never loaded, and ``latest_training_state`` skips it.
+sizes and digests, ``files.Digest``) is written and the directory renamed into place. A
+directory without a manifest is an interrupted save: it is never loaded, and
+``latest_training_state`` skips it.
 
 Replacing an existing state takes two renames (the old one aside, the new one in), and a process
 killed between them leaves no directory under the state's name. The state is still found: its
@@ -82,14 +83,19 @@ def hidden(final: Path, role: str = "incomplete") -> Path:
     return final.with_name(f".{final.name}.{role}")
 
 
-def write_manifest(directory: Path, info: Mapping[str, Any]) -> None:
+def write_manifest(
+    directory: Path, info: Mapping[str, Any], records: Mapping[str, Any] | None = None
+) -> None:
     """Flush every file of ``directory`` to disk, then write the manifest that completes it.
 
-    ``info`` is what the manifest records besides the files (world size, counters).
+    ``info`` is what the manifest records besides the files (world size, counters);
+    ``records`` the digests of files recorded while they were written (``write_digested``):
+    the other files are read back and digested here.
     """
-    files = {}
+    files, records = {}, records or {}
     for path in sorted(p for p in directory.rglob("*") if p.is_file()):
-        files[path.relative_to(directory).as_posix()] = describe(path)[0]
+        name = path.relative_to(directory).as_posix()
+        files[name] = records[name] if name in records else describe(path)[0]
     manifest = {"format": _FORMAT, "version": _VERSION, **info, "files": files}
     atomic_write(directory / MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True))
 
@@ -145,7 +151,7 @@ def verify_training_state(directory: Path, world_size: int, where: str) -> dict[
     """Check a training state before anything is loaded from it; return its manifest.
 
     The state must have the files every state of its world size has; every file must have the
-    size and SHA-256 digest the manifest records, and every pickled file must load with
+    size and digest the manifest records, and every pickled file must load with
     ``weights_only=True`` (tensors, NumPy arrays and plain containers only). What the trainer
     loads itself (its own state, registered objects' states, per-process states) is read once,
     here: the manifest gets ``"loaded"``, their deserialised contents by name, from exactly the

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import accelerate.accelerator
 import torch
+from accelerate.utils import DistributedType
 
 from pytorch_accel._checkpointing.files import (
     atomic_save,
@@ -44,6 +45,13 @@ from pytorch_accel._checkpointing.sharded import (
     sharded_model_tensors,
     weights_across_layouts,
 )
+from pytorch_accel._checkpointing.staging import (
+    HostCopies,
+    PendingSave,
+    StagedFile,
+    StateWrite,
+    stage_accelerator_state,
+)
 from pytorch_accel._checkpointing.store import (
     TrainingStateError,
     complete_state,
@@ -55,9 +63,11 @@ from pytorch_accel._checkpointing.store import (
     verify_training_state,
     write_manifest,
 )
+from pytorch_accel._checkpointing.streams import stream_position
 from pytorch_accel._checks import fail
 from pytorch_accel._state import Preparation
 from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.distributed import AgreedFlag
 from pytorch_accel.run_config import (
     ResumeParts,
     TrainerRunConfig,
@@ -88,16 +98,24 @@ class TrainingStateIO:
         self._checkpointed = _SavedByAccelerate(self._shared_state)
         self._registered = False
         self._saving: Position | None = None
+        self._copies = HostCopies()
+        self._flag: AgreedFlag | None = None
 
     # -------------------------------------------------------------------------------- save
 
-    def save(self, output_dir: str | os.PathLike[str]) -> Path:
-        """Write a training state to ``output_dir`` (see ``Trainer.save_training_state``)."""
+    def save(self, output_dir: str | os.PathLike[str], blocking: bool = True) -> Path:
+        """Write a training state to ``output_dir`` (see ``Trainer.save_training_state``).
+
+        With ``blocking=False`` inside ``train()``, the state is staged in host memory here
+        and written in the background; it is published at a later step boundary
+        (``TrainerState.poll_save``), or when the next save or the run's end waits for it.
+        """
         final = Path(output_dir)
+        self._loop.end_save()  # at most one save in flight: the previous one completes
         self._saving = self._loop.position("Trainer.save_training_state")
         self._refuse_open_window(self._saving)
         try:
-            self._write(final, hidden(final))
+            self._write(final, hidden(final), blocking or not self._loop.running)
         finally:
             self._saving = None
         return final
@@ -124,7 +142,7 @@ class TrainingStateIO:
                 "save_every_n_steps does) or at the end of an epoch."
             )
 
-    def _write(self, final: Path, temporary: Path) -> None:
+    def _write(self, final: Path, temporary: Path, blocking: bool) -> None:
         accelerator = self._trainer.accelerator
         assert self._saving is not None
         self._prepare_model()
@@ -133,10 +151,41 @@ class TrainingStateIO:
             temporary.mkdir(parents=True)
         accelerator.wait_for_everyone()
         self._register()
+        if accelerator.distributed_type in _ENGINES_WRITING_THEIR_OWN_FILES:
+            self._write_unstaged(final, temporary)
+            return
+        info = self._manifest_info()
+        with self._copies.session(copy=not blocking) as copy, bare_compiled_models(accelerator):
+            files = stage_accelerator_state(accelerator, temporary, copy)
+            rank_state = copy(self._rank_state(self._saving))
+        name = rank_state_name(accelerator.process_index)
+        files.append(StagedFile(name, rank_state, checked=True))
+        write = StateWrite(temporary, accelerator.process_index, files)
+        pending = PendingSave(write, final, info, accelerator, self._agreement())
+        if blocking:
+            write.run()
+            pending.wait()
+            accelerator.wait_for_everyone()  # the state is published for every process
+        else:
+            pending.start()
+            self._loop.pending_save = pending
+
+    def _agreement(self) -> AgreedFlag | None:
+        """The flag the processes agree with on a save's completion (``None``: one process)."""
+        if self._trainer.accelerator.num_processes == 1:
+            return None
+        if self._flag is None:
+            self._flag = AgreedFlag()
+        return self._flag
+
+    def _write_unstaged(self, final: Path, temporary: Path) -> None:
+        """FSDP and DeepSpeed: accelerate's engines write their files; then the manifest."""
+        accelerator = self._trainer.accelerator
+        assert self._saving is not None
         full: OSError | None = None
         try:
-            with bare_compiled_models(accelerator):  # no _orig_mod. in the saved keys
-                accelerator.save_state(str(temporary))
+            with bare_compiled_models(accelerator), _stateful_loaders_hidden(accelerator):
+                accelerator.save_state(str(temporary))  # no _orig_mod. in the saved keys
             rank_state = self._rank_state(self._saving)
             atomic_save(rank_state, temporary / rank_state_name(accelerator.process_index))
             accelerator.wait_for_everyone()
@@ -185,15 +234,18 @@ class TrainingStateIO:
                 "generators": list(resumable.randomness.current_states().generators),
                 "iteration": int(resumable.dataloader.iteration),
             }
-        else:  # resumed by replaying the pass (see resume.enter_epoch)
+        else:  # a stream: its saved position, or replayed (see resume.enter_epoch)
             pass_state = self._loop.pass_random_state
             replay = RandomStates(pass_state, ()) if mid_epoch and pass_state is not None else None
-            iteration = getattr(self._preparation.train_dataloader, "iteration", 0)
+            train_dataloader = self._preparation.train_dataloader
+            stream = stream_position(train_dataloader)
             loader = {
                 "epoch_states": None if replay is None else replay.to_dict(),
                 "generators": [],
-                "iteration": int(iteration),
+                "iteration": int(getattr(train_dataloader, "iteration", 0)),
             }
+            if stream is not None and mid_epoch:
+                loader["stream"] = {"state": stream.state_at(position.batches_done)}
         return {
             "loss_tracker": self._loop.train_loss_tracker.state_dict() if mid_epoch else None,
             "item_weighting": self._loop.item_weighting.state_dict() if mid_epoch else None,
@@ -240,6 +292,7 @@ class TrainingStateIO:
         """
         accelerator = self._trainer.accelerator
         refuse_fsdp1(accelerator, where)
+        self._loop.end_save()
         directory = complete_state(directory)
         manifest = verify_training_state(directory, accelerator.num_processes, where)
         saved_world, loaded = int(manifest["world_size"]), manifest["loaded"]
@@ -438,6 +491,14 @@ class TrainingStateIO:
             self._registered = True
 
 
+_ENGINES_WRITING_THEIR_OWN_FILES = (
+    DistributedType.FSDP,
+    DistributedType.DEEPSPEED,
+    DistributedType.MEGATRON_LM,
+    DistributedType.XLA,
+)
+"""Where accelerate's ``save_state`` writes files itself: saved unstaged, always blocking."""
+
 _UPDATES_PER_EPOCH = ("gradient_accumulation_steps", "train_dataloader_len")
 """The settings that fix a run's updates per epoch, which its count of updates continues."""
 
@@ -460,8 +521,9 @@ def _check_saved_states_load_safely(directory: Path) -> None:
             load_pickled(path, "Trainer.save_training_state")
         except TrainingStateError as error:
             raise TypeError(
-                "Trainer.save_training_state: the trainer state (scheduler, run history or a "
-                "callback's state_dict or rank_state_dict) holds objects that cannot be loaded "
+                "Trainer.save_training_state: the trainer state (scheduler, run history, a "
+                "callback's state_dict or rank_state_dict, or the train dataset's or "
+                "dataloader's state_dict) holds objects that cannot be loaded "
                 f"safely; keep them to tensors, numbers, strings and containers. {error}"
             ) from error
 
@@ -535,6 +597,26 @@ def _saved_model_shapes(
     except Exception as error:
         raise TrainingStateError(f"{where}: could not read {str(path)!r}: {error}") from error
     return None
+
+
+@contextlib.contextmanager
+def _stateful_loaders_hidden(accelerator: Any) -> Iterator[None]:
+    """Keep accelerate's ``save_state`` from saving ``StatefulDataLoader`` positions itself.
+
+    It would write every process's to one ``dl_state_dict.bin``, and ``load_state`` would load
+    it into every dataloader, eval ones included; the train stream's position is saved per
+    process in ``trainer_rank_<rank>.pt`` instead (``streams.StreamPosition``).
+    """
+    registered = getattr(accelerator, "_dataloaders", None)
+    if not isinstance(registered, list):
+        yield
+        return
+    kept = list(registered)
+    registered[:] = [dl for dl in kept if not getattr(dl, "use_stateful_dataloader", False)]
+    try:
+        yield
+    finally:
+        registered[:] = kept
 
 
 class _SavedByAccelerate:

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from pytorch_accel.callbacks.limit_eval_steps import LimitEvalStepsCallback
     from pytorch_accel.callbacks.metrics import MetricsCallback
     from pytorch_accel.callbacks.plotting import PlotMetricsCallback, plot_metrics
+    from pytorch_accel.callbacks.profiler import ProfilerCallback
     from pytorch_accel.callbacks.run_record import RunRecordCallback
     from pytorch_accel.callbacks.save_best import SaveBestModelCallback
     from pytorch_accel.callbacks.save_state import SaveTrainingStateCallback
@@ -72,6 +73,7 @@ __all__ = [
     "MoveModulesToDeviceCallback",
     "PlotMetricsCallback",
     "PrintProgressCallback",
+    "ProfilerCallback",
     "ProgressBarCallback",
     "RunPaths",
     "RunRecordCallback",
@@ -111,6 +113,7 @@ _MODULES = {
     "MoveModulesToDeviceCallback": "pytorch_accel.callbacks.defaults",
     "PlotMetricsCallback": "pytorch_accel.callbacks.plotting",
     "PrintProgressCallback": "pytorch_accel.callbacks.defaults",
+    "ProfilerCallback": "pytorch_accel.callbacks.profiler",
     "ProgressBarCallback": "pytorch_accel.callbacks.defaults",
     "RunRecordCallback": "pytorch_accel.callbacks.run_record",
     "SaveBestModelCallback": "pytorch_accel.callbacks.save_best",

@@ -15,6 +15,7 @@ import logging
 import math
 import numbers
 import time
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -22,8 +23,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from pytorch_accel._checks import check_positive_int, fail
+from pytorch_accel._checks import check_bool, check_positive_int, fail
 from pytorch_accel.callback import CallbackLike, TrainerCallback
+from pytorch_accel.callbacks._nan_origin import RandomState, nan_origin_report
 from pytorch_accel.callbacks.limit_batches import (
     LimitBatchesCallback,
     limit_batches_from_environment,
@@ -150,9 +152,21 @@ class TerminateOnNaNCallback(TrainerCallback):
     also reads the running sum every N training steps (one host synchronisation each time),
     stopping within N steps. It never calls ``sys.exit``.
 
+    With ``report_origin=True`` it also says where the first non-finite loss started: it reads
+    each batch's loss before its backward pass (one host synchronisation per step; the only
+    point where the weights are still those that produced it: the update that follows spreads
+    the NaN into every weight), and on the first non-finite one it runs the batch through the
+    model again under forward hooks, without gradients, with the step's random state and the
+    model in training mode, and warns with the first module whose output was not finite, e.g.
+    ``first non-finite output: encoder.1 (Linear), 3 of 64 values NaN; the batch is finite``.
+    The report is made on the process whose batch it was (a ``RuntimeWarning``), kept in
+    ``origin``, and added to the stop's message; the stop itself comes at the usual check.
+
     Args:
         check_every_n_steps: Also check the running loss every this many training steps, or
             ``None`` to check only at epoch ends.
+        report_origin: Report the first module whose output was not finite, at the cost of
+            one host read of the loss per step.
 
     Example:
         ```python
@@ -162,16 +176,56 @@ class TerminateOnNaNCallback(TrainerCallback):
     """
 
     order = -50
+    # it never stops in the first three (the report waits for the usual check), and the
+    # epoch's check reads train_loss_epoch, already the same on every process: no exchange
+    # of their own (the per-step check reads this process's loss, and is agreed)
+    agreed_stop_events = frozenset(
+        {"on_training_run_start", "on_train_step_start", "on_backward_start", "on_train_epoch_end"}
+    )
 
-    def __init__(self, check_every_n_steps: int | None = None) -> None:
+    def __init__(
+        self, check_every_n_steps: int | None = None, *, report_origin: bool = False
+    ) -> None:
         check_positive_int(
             "TerminateOnNaNCallback", "check_every_n_steps", check_every_n_steps, allow_none=True
         )
+        check_bool("TerminateOnNaNCallback", "report_origin", report_origin)
         self.check_every_n_steps = check_every_n_steps
+        self.report_origin = report_origin
+        self.origin: str | None = None
+        self._random_state: RandomState | None = None
         if check_every_n_steps is None:
             # Not listening to steps at all keeps them free of any stop agreement between
             # processes (the handler skips events an instance sets to None).
             self.on_train_step_end = None  # type: ignore[assignment]
+        if not report_origin:  # the steps stay free of host reads
+            self.on_train_step_start = None  # type: ignore[assignment]
+            self.on_backward_start = None  # type: ignore[assignment]
+
+    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Forget the origin reported in an earlier run."""
+        self.origin = None
+
+    def on_train_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        """Keep the step's random state, for a re-run that draws the same (``report_origin``)."""
+        if self.origin is None:
+            self._random_state = RandomState.capture(trainer.device)
+
+    def on_backward_start(
+        self, trainer: Trainer, batch: Any = None, batch_output: Any = None, **kwargs: Any
+    ) -> None:
+        """Report where the first non-finite loss of the run started (``report_origin``)."""
+        if self.origin is not None or batch_output is None:
+            return
+        loss = batch_output["loss"]
+        if bool(torch.isfinite(torch.as_tensor(loss)).all()):
+            return
+        where = (
+            f"the loss was {_loss_text(loss)} in epoch {trainer.run_history.current_epoch} "
+            f"after {trainer.num_updates} updates, on process {trainer.accelerator.process_index}"
+        )
+        self.origin = f"{where}: {nan_origin_report(trainer, batch, self._random_state)}"
+        warnings.warn(f"TerminateOnNaNCallback: {self.origin}", RuntimeWarning, stacklevel=2)
 
     def on_train_step_end(
         self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
@@ -184,7 +238,7 @@ class TerminateOnNaNCallback(TrainerCallback):
         if total is not None and not bool(torch.isfinite(total)):
             raise StopTrainingError(
                 f"Stopping training: the loss became NaN or infinite within the last {every} "
-                f"steps (epoch {trainer.run_history.current_epoch})."
+                f"steps (epoch {trainer.run_history.current_epoch}).{self._origin_text()}"
             )
 
     def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
@@ -210,14 +264,21 @@ class TerminateOnNaNCallback(TrainerCallback):
         if not bool(torch.isfinite(torch.as_tensor(loss)).all()):
             raise StopTrainingError(f"Stopping training due to NaN loss in {step} step")
 
-    @staticmethod
-    def _check_metric(trainer: Trainer, name: str) -> None:
+    def _check_metric(self, trainer: Trainer, name: str) -> None:
         value = trainer.run_history.get_latest_metric(name)
         if not math.isfinite(value):
             raise StopTrainingError(
                 f"Stopping training: {name} is {value} in epoch "
-                f"{trainer.run_history.current_epoch}."
+                f"{trainer.run_history.current_epoch}.{self._origin_text()}"
             )
+
+    def _origin_text(self) -> str:
+        return "" if self.origin is None else f" Where it started: {self.origin}."
+
+
+def _loss_text(loss: Any) -> str:
+    value = torch.as_tensor(loss).detach().float()
+    return str(value.item()) if value.numel() == 1 else "not finite"
 
 
 class PrintProgressCallback(TrainerCallback):

@@ -69,6 +69,16 @@ class SaveTrainingStateCallback(TrainerCallback):
     epoch's end agrees at once. All processes read the same answer at the same step, so they
     all save the same step, at most about twice the interval (and a step) after the signal.
 
+    With ``async_save=True`` the periodic saves (``updates-<n>``, ``epoch-<n>``) stall training
+    only while the state is copied to host memory: the files are written, flushed and digested
+    in a background thread, and the state is published (manifest, rename) at a later step
+    boundary once every process has written its part. At most one save is in flight: a save
+    waits for the previous one. ``preempted-<n>``, ``interrupted-<n>``, ``time-limit-<n>`` and
+    ``final`` are saved blocking (after waiting for one in flight), and ``train()`` returns only
+    once every save is complete. An error of a background write is raised at the next step
+    boundary or at the run's end. With ``max_checkpoints``, one more state may exist while a
+    save is in flight.
+
     This callback runs after the others of each event (``order = 1000``), so a state saved at
     the end of a step or an epoch includes what they did in that event.
 
@@ -85,10 +95,19 @@ class SaveTrainingStateCallback(TrainerCallback):
             between two agreements on a signal (at least one step; ``0``: after every step).
         save_on_interrupt: On Ctrl-C, save ``interrupted-<n>`` at the end of the current step
             (a state that resumes exactly), then raise ``KeyboardInterrupt``.
+        async_save: Write the periodic saves in the background (see above).
     """
 
     order = 1000
-    agreed_stop_events = frozenset({"on_train_step_end", "on_training_run_epoch_end"})
+    # it stops only after agreeing on a signal, and never at a run's start or end
+    agreed_stop_events = frozenset(
+        {
+            "on_training_run_start",
+            "on_train_step_end",
+            "on_training_run_epoch_end",
+            "on_training_run_end",
+        }
+    )
 
     def __init__(
         self,
@@ -101,6 +120,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         exit_on_preemption: bool = True,
         preemption_check_interval: float = 0.25,
         save_on_interrupt: bool = False,
+        async_save: bool = False,
     ) -> None:
         where = "SaveTrainingStateCallback"
         check_path(where, "save_dir", save_dir, directory=True)
@@ -111,6 +131,8 @@ class SaveTrainingStateCallback(TrainerCallback):
         check_bool(where, "exit_on_preemption", exit_on_preemption)
         check_bool(where, "save_on_interrupt", save_on_interrupt)
         self.save_on_interrupt = save_on_interrupt
+        check_bool(where, "async_save", async_save)
+        self.async_save = async_save
         check_number(where, "preemption_check_interval", preemption_check_interval, finite=True)
         self.preemption_check_interval = float(preemption_check_interval)
         self.save_dir = Path(save_dir)
@@ -149,7 +171,8 @@ class SaveTrainingStateCallback(TrainerCallback):
         """Repair and clear what killed saves left, and install the signal handlers."""
         self.preempted_by, self._received, self._interrupted = None, None, False
         self._updates_seen = trainer.global_num_updates
-        trainer.accelerator.wait_for_everyone()  # every process has loaded what it resumed from
+        if trainer.resumed_from is not None:  # (a run that resumed nothing reads nothing here)
+            trainer.accelerator.wait_for_everyone()  # every process loaded what it resumed from
         if trainer.accelerator.is_main_process:
             tidy_save_dir(self.save_dir, _is_state_name)
         self._signal_flag = None
@@ -168,7 +191,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         updates = trainer.global_num_updates
         every = self.save_every_n_steps
         if every is not None and updates != self._updates_seen and updates % every == 0:
-            self._save(trainer, f"updates-{updates:08d}")
+            self._save(trainer, f"updates-{updates:08d}", blocking=not self.async_save)
         self._updates_seen = updates
 
     def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
@@ -177,7 +200,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         epoch = trainer.run_history.current_epoch
         every = self.save_every_n_epochs
         if every is not None and epoch % every == 0:
-            self._save(trainer, f"epoch-{epoch:04d}")
+            self._save(trainer, f"epoch-{epoch:04d}", blocking=not self.async_save)
 
     def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
         """Restore the signal handlers; save ``final``; exit after a preemption if asked to."""
@@ -215,8 +238,8 @@ class SaveTrainingStateCallback(TrainerCallback):
         self._interrupted = True
         return self._save(trainer, f"{prefix}-{trainer.global_num_updates:08d}")
 
-    def _save(self, trainer: Trainer, name: str) -> Path:
-        path = trainer.save_training_state(self.save_dir / name)
+    def _save(self, trainer: Trainer, name: str, blocking: bool = True) -> Path:
+        path = trainer.save_training_state(self.save_dir / name, blocking=blocking)
         if self.max_checkpoints is not None and trainer.accelerator.is_main_process:
             for old in find_training_states(self.save_dir)[: -self.max_checkpoints]:
                 remove_training_state(old)

@@ -34,6 +34,7 @@ def factories() -> dict[str, Callable[[], Any]]:
         "RunRecordCallback": lambda: cb.RunRecordCallback("record", {"lr": 0.05}),
         "PlotMetricsCallback": cb.PlotMetricsCallback,
         "ThroughputCallback": cb.ThroughputCallback,
+        "ProfilerCallback": lambda: cb.ProfilerCallback(wait=1, warmup=0, active=1),
         "SaveTrainingStateCallback": lambda: cb.SaveTrainingStateCallback(save_every_n_steps=3),
         "TimeBudgetCallback": lambda: cb.TimeBudgetCallback(max_time=3600),
     }

@@ -14,6 +14,7 @@ import pytest
 from helpers import wait_for_text
 from launcher import REPO, SCRIPTS, launch
 
+from pytorch_accel._checkpointing.store import verify_training_state
 from pytorch_accel.training_state import find_training_states
 
 pytestmark = pytest.mark.distributed
@@ -118,3 +119,19 @@ def test_sigterm_to_one_process_saves_the_same_step_on_both_and_exits_0(
 
 def _env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"}
+
+
+def test_two_processes_save_in_the_background_and_resume_bitwise(
+    tmp_path: Path, uninterrupted: list[dict[str, Any]]
+) -> None:
+    """Each rank writes its files; a state is published once both did; training is unchanged."""
+    save_dir = tmp_path / "states"
+    args = ("--save-dir", str(save_dir), "--every-n-steps", "3", "--async-save")
+    assert_same_runs(launched(tmp_path / "whole", *args), uninterrupted)
+    states = find_training_states(save_dir)
+    assert [state.name for state in states] == ["updates-00000003", "updates-00000006"]
+    for state in states:
+        verify_training_state(state, 2, "test")  # both ranks' files, digests as recorded
+    assert not list(save_dir.glob(".*"))
+    resumed = launched(tmp_path / "resumed", *args, "--resume-from", str(states[0]))
+    assert_same_runs(resumed, uninterrupted)

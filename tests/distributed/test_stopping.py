@@ -16,7 +16,8 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> Launch:
 
 
 @pytest.mark.parametrize(
-    ("scenario", "updates"), [("step_stop", 3), ("epoch_stop", 8), ("nan_stop", 3)]
+    ("scenario", "updates"),
+    [("step_stop", 3), ("epoch_stop", 8), ("nan_stop", 3), ("nan_epoch_stop", 8)],
 )
 def test_all_ranks_stop_at_the_same_update(result: Launch, scenario: str, updates: int) -> None:
     for rank in result.ranks:

@@ -95,6 +95,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--pace", type=float, default=0.0)
     parser.add_argument("--pause-in-save", type=float, default=0.0)
+    parser.add_argument("--async-save", action="store_true")
     return parser.parse_args()
 
 
@@ -123,6 +124,7 @@ def callbacks(args: argparse.Namespace) -> list[TrainerCallback]:
                 save_every_n_steps=args.every_n_steps,
                 max_checkpoints=args.max_checkpoints,
                 save_at_end=False,
+                async_save=args.async_save,
             )
         )
     if args.die_after_step is not None or args.die_after_epoch is not None:

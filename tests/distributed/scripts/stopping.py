@@ -101,6 +101,8 @@ def main() -> None:
             "step_stop": run((StopOnRankOne("on_train_step_end", 3),)),
             "epoch_stop": run((StopOnRankOne("on_training_run_epoch_end", 1),)),
             "nan_stop": run((TerminateOnNaNCallback(check_every_n_steps=1),), loss=NaNOnRankOne()),
+            # read from the epoch loss, the same on every process: agreed without an exchange
+            "nan_epoch_stop": run((TerminateOnNaNCallback(),), loss=NaNOnRankOne()),
             "checkpoint": checkpoint_and_print(out_dir),
         }
     )
