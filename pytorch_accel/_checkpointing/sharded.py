@@ -11,20 +11,30 @@ second to import).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from torch import nn
 
+from pytorch_accel._checkpointing.files import load_pickled
+
 __all__ = [
     "fsdp_version",
     "full_optimizer_state",
     "is_sharded",
     "load_full_states",
+    "saved_sharded",
     "sharded_model_tensors",
+    "weights_across_layouts",
 ]
+
+_FULL_FSDP_MODEL = "pytorch_model_fsdp.bin"
+_SHARDED_FSDP_MODEL = "pytorch_model_fsdp_0"
 
 
 def is_sharded(accelerator: Accelerator) -> bool:
@@ -115,3 +125,94 @@ def _parameter_numbers(groups: list[dict[str, Any]]) -> dict[Any, int]:
     """Number the parameters of the groups in order, as ``Optimizer.state_dict`` does."""
     keys = [key for group in groups for key in group["params"]]
     return {key: number for number, key in enumerate(keys)}
+
+
+def saved_sharded(directory: Path) -> bool | None:
+    """Whether a training state's weights were saved by FSDP (``None``: no weights in it).
+
+    accelerate writes them as ``pytorch_model_fsdp.bin`` (a full state) or
+    ``pytorch_model_fsdp_0/`` (sharded, by ``torch.distributed.checkpoint``) under FSDP, else
+    as ``model.safetensors``.
+    """
+    if (directory / _FULL_FSDP_MODEL).is_file() or (directory / _SHARDED_FSDP_MODEL).is_dir():
+        return True
+    if (directory / "model.safetensors").is_file():
+        return False
+    return None
+
+
+@contextlib.contextmanager
+def weights_across_layouts(accelerator: Accelerator, directory: Path, where: str) -> Iterator[None]:
+    """Load the model and optimizer of a state saved sharded into an unsharded run, or back.
+
+    A state saved by FSDP (``pytorch_model_fsdp*``, ``optimizer*``, keyed by parameter name)
+    resumed where the model is not sharded (one process, or DDP), or a state saved unsharded
+    (``model.safetensors``, ``optimizer.bin`` numbered) resumed under FSDP: the weights and the
+    optimizer's state are loaded here through ``torch.distributed.checkpoint.state_dict``
+    (which gathers, scatters and, for a sharded save, reshards), and hidden from
+    ``accelerator.load_state`` inside the block, which loads everything else. Where the layouts
+    agree, nothing happens here. The optimizer is loaded only if accelerate would load it (not
+    hidden by ``resume_optimizer=False``). Every process must enter the block.
+    """
+    sharded_now, sharded_then = is_sharded(accelerator), saved_sharded(directory)
+    if sharded_then is None or sharded_then == sharded_now:
+        yield
+        return
+    models, optimizers = accelerator._models, accelerator._optimizers
+    model = accelerator.unwrap_model(models[0])
+    optimizer = optimizers[0] if optimizers else None
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        if sharded_then:
+            _load_fsdp_saved(model, optimizer, directory, where)
+        else:
+            _load_unsharded_saved(model, optimizer, directory, where)
+    kept = list(models), list(optimizers)
+    models.clear()
+    optimizers.clear()
+    try:
+        yield
+    finally:
+        models[:], optimizers[:] = kept
+
+
+def _load_fsdp_saved(model: nn.Module, optimizer: Any, directory: Path, where: str) -> None:
+    """Load FSDP's files (a full or a sharded state, keyed by name) into an unsharded model."""
+    from torch.distributed.checkpoint import state_dict_loader
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True)
+    inner = getattr(optimizer, "optimizer", optimizer)
+    if (directory / _FULL_FSDP_MODEL).is_file():
+        model_state = load_pickled(directory / _FULL_FSDP_MODEL, where)
+        set_model_state_dict(model, model_state, options=options)
+        if inner is not None:
+            state = load_pickled(directory / "optimizer.bin", where)
+            set_optimizer_state_dict(model, inner, state, options=options)
+        return
+    model_state = get_model_state_dict(model, options=options)
+    saved = str(directory / _SHARDED_FSDP_MODEL)
+    state_dict_loader.load({"model": model_state}, checkpoint_id=saved)
+    set_model_state_dict(model, model_state, options=options)
+    if inner is not None:
+        state = get_optimizer_state_dict(model, inner, options=options)
+        state_dict_loader.load({"optimizer": state}, checkpoint_id=str(directory / "optimizer_0"))
+        set_optimizer_state_dict(model, inner, state, options=options)
+
+
+def _load_unsharded_saved(model: nn.Module, optimizer: Any, directory: Path, where: str) -> None:
+    """Load ``model.safetensors`` and the numbered ``optimizer.bin`` into a sharded model."""
+    from safetensors import safe_open
+
+    with safe_open(str(directory / "model.safetensors"), framework="pt") as handle:
+        model_state = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118
+    optimizer_state = None
+    if optimizer is not None:
+        optimizer_state = load_pickled(directory / "optimizer.bin", where)
+    load_full_states(model, model_state, optimizer, optimizer_state)

@@ -39,7 +39,12 @@ from pytorch_accel._checkpointing.resume import (
     callback_states,
     gradients,
 )
-from pytorch_accel._checkpointing.sharded import fsdp_version, is_sharded, sharded_model_tensors
+from pytorch_accel._checkpointing.sharded import (
+    fsdp_version,
+    is_sharded,
+    sharded_model_tensors,
+    weights_across_layouts,
+)
 from pytorch_accel._checkpointing.staging import (
     HostCopies,
     PendingSave,
@@ -292,12 +297,6 @@ class TrainingStateIO:
         directory = complete_state(directory)
         manifest = verify_training_state(directory, accelerator.num_processes, where)
         saved_world, loaded = int(manifest["world_size"]), manifest["loaded"]
-        if saved_world != accelerator.num_processes and is_sharded(accelerator):
-            raise TrainingStateError(
-                f"{where}: {str(directory)!r} was saved by {saved_world} processes, and a run "
-                f"sharded by FSDP resumes it only with as many (this one has "
-                f"{accelerator.num_processes}). Resume with {saved_world} processes."
-            )
         self._prepare_model()
         _check_model_fits(accelerator, self._trainer.model, directory, where)
         self._register()
@@ -309,7 +308,11 @@ class TrainingStateIO:
         if check is not None:
             check(shared)
         try:
-            with bare_compiled_models(accelerator), _registered_states_from(states):
+            with (
+                bare_compiled_models(accelerator),
+                _registered_states_from(states),
+                weights_across_layouts(accelerator, directory, where),
+            ):
                 accelerator.load_state(str(directory))
         except (RuntimeError, ValueError, KeyError) as error:
             raise TrainingStateError(

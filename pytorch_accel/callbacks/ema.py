@@ -49,8 +49,11 @@ class ModelEmaCallback(TrainerCallback):
 
     Order ``40``: its evaluation runs before ``SaveBestModelCallback`` (50),
     ``LogMetricsCallback`` (100) and ``EarlyStoppingCallback`` (150), so they can use
-    ``ema_model_eval_loss_epoch`` in the same epoch. Sharded models (FSDP, DeepSpeed) are not
-    supported: each process holds only part of the weights.
+    ``ema_model_eval_loss_epoch`` in the same epoch.
+
+    Under FSDP2 each process averages its own shards of the parameters (the update is local,
+    with no communication) and the saved EMA weights are gathered by ``save_checkpoint`` like
+    the model's; a training state holds each process's shards. DeepSpeed is refused.
 
     Args:
         decay: The weight of the old average, in ``(0, 1)``; ``0.999`` averages over roughly
@@ -114,6 +117,7 @@ class ModelEmaCallback(TrainerCallback):
             self._watch = MetricWatch(where, watch_metric, direction)
         self.best_metric: float | None = None
         self._binding: EmaPairs | None = None  # bound to the model of the current run
+        self._sharded_by: int | None = None  # FSDP processes whose shards the EMA holds
 
     def redirect_outputs(self, directory: Path) -> contextlib.AbstractContextManager[None]:
         """Write the EMA weights under ``directory`` meanwhile (for ``train(dry_run=...)``)."""
@@ -129,14 +133,37 @@ class ModelEmaCallback(TrainerCallback):
         """Return the EMA state: ``ema_state_dict`` (name -> tensor), ``decay``, updates.
 
         The tensors are the live EMA tensors (as in ``nn.Module.state_dict``); save or clone
-        them before training continues.
+        them before training continues. Under FSDP2 they are this process's shards
+        (``sharded_by`` gives the number of processes).
         """
         return {
             "ema_state_dict": dict(self._ema or {}),
             "decay": self.decay,
             "num_ema_updates": self.num_ema_updates,
             "best_metric": self.best_metric,
+            "sharded_by": self._sharded_by,
         }
+
+    def rank_state_dict(self) -> dict[str, Any]:
+        """Return this process's shards of the EMA under FSDP2 (saved by every process).
+
+        Under FSDP2 each process averages its own shards, so a training state keeps each
+        process's; otherwise every process holds the whole EMA (``state_dict``) and this
+        holds nothing.
+        """
+        sharded = self._sharded_by is not None and self._ema is not None
+        return {
+            "sharded_by": self._sharded_by,
+            "ema_state_dict": dict(self._ema or {}) if sharded else None,
+        }
+
+    def load_rank_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore this process's shards from ``rank_state_dict`` (after ``load_state_dict``)."""
+        shards = state_dict.get("ema_state_dict")
+        if shards:
+            self._ema = {name: tensor.detach().clone() for name, tensor in shards.items()}
+            self._sharded_by = state_dict.get("sharded_by")
+            self._binding = None
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore a state from ``state_dict()``; it is moved to the model's device when bound.
@@ -159,16 +186,18 @@ class ModelEmaCallback(TrainerCallback):
         self.num_ema_updates = int(state_dict.get("num_ema_updates", 0))
         self.best_metric = state_dict.get("best_metric")
         self._binding = None
+        self._sharded_by = state_dict.get("sharded_by")
 
     # ------------------------------------------------------------------------ events
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Start the EMA from the model's weights (first run, or ``reset_on_train``); bind it."""
-        _check_not_sharded(trainer)
+        sharded_by = _check_not_sharded(trainer)
         if self._ema is None or self.reset_on_train:
             model_state = _model_state(trainer)
             self._ema = {name: tensor.detach().clone() for name, tensor in model_state.items()}
             self.num_ema_updates = 0
+            self._sharded_by = sharded_by
         self._bind(trainer)
         if self._watch is not None:
             self._watch.start_run(trainer)
@@ -240,10 +269,12 @@ class ModelEmaCallback(TrainerCallback):
         """
         pairs = self._bind(trainer).pairs  # afresh: the model may have moved since the run
         _swap(pairs)
+        _drop_gathered(trainer)
         try:
             yield
         finally:
             _swap(pairs)
+            _drop_gathered(trainer)
 
     def _bind(self, trainer: Trainer) -> EmaPairs:
         """Pair each EMA tensor with the model's tensor of the same name, on its device."""
@@ -256,6 +287,7 @@ class ModelEmaCallback(TrainerCallback):
                 "an EMA of the model's weights",
                 "Start a training run (or call load_state_dict) before using the EMA weights.",
             )
+        _check_same_sharding(self._sharded_by, _check_not_sharded(trainer))
         model_state = _model_state(trainer)
         _check_same_layout(self._ema, model_state)
         self._ema = {
@@ -267,8 +299,31 @@ class ModelEmaCallback(TrainerCallback):
 
 
 def _model_state(trainer: Trainer) -> dict[str, torch.Tensor]:
-    """The unwrapped model's state dict: detached tensors sharing the model's storage."""
-    return trainer.get_model(keep_torch_compile=False).state_dict()
+    """The unwrapped model's state dict: detached tensors sharing the model's storage.
+
+    A parameter sharded by FSDP2 (a ``DTensor``) is given as this process's shard (its local
+    tensor, a view of the parameter's storage), so the average is kept and updated per shard.
+    """
+    state = trainer.get_model(keep_torch_compile=False).state_dict()
+    return {name: _local_shard(tensor) for name, tensor in state.items()}
+
+
+def _local_shard(tensor: torch.Tensor) -> torch.Tensor:
+    """This process's part of a sharded tensor (``DTensor.to_local``), else the tensor."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor
+
+
+def _drop_gathered(trainer: Trainer) -> None:
+    """Free the full parameters FSDP2 keeps gathered, so the next forward gathers the shards.
+
+    FSDP2 keeps the root module's parameters gathered after a forward; swapping the shards
+    would otherwise leave the next forward with the weights of before the swap.
+    """
+    for module in trainer.get_model(keep_torch_compile=False).modules():
+        reshard = getattr(module, "reshard", None)
+        if callable(reshard) and callable(getattr(module, "unshard", None)):
+            reshard()
 
 
 def _swap(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -324,22 +379,45 @@ def _check_decay(decay: object) -> None:
         )
 
 
-def _check_not_sharded(trainer: Trainer) -> None:
+def _check_not_sharded(trainer: Trainer) -> int | None:
+    """Refuse DeepSpeed and FSDP1; return the number of FSDP2 processes (``None``: unsharded)."""
     kind = trainer.accelerator.distributed_type
-    if kind in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+    version = getattr(getattr(trainer.accelerator.state, "fsdp_plugin", None), "fsdp_version", 2)
+    if kind == DistributedType.DEEPSPEED or (kind == DistributedType.FSDP and version == 1):
         fail(
             ValueError,
             "ModelEmaCallback",
             "distributed_type",
-            str(kind),
-            "a setup where each process holds the whole model",
-            "Use DDP or a single process, or keep the EMA outside the trainer.",
+            f"{kind} (FSDP version {version})" if kind == DistributedType.FSDP else str(kind),
+            "a setup where each process holds the whole model, or FSDP version 2",
+            "Use FSDP version 2 (FullyShardedDataParallelPlugin(fsdp_version=2)), DDP or a "
+            "single process, or keep the EMA outside the trainer.",
         )
+    return int(trainer.accelerator.num_processes) if kind == DistributedType.FSDP else None
+
+
+def _check_same_sharding(held: int | None, now: int | None) -> None:
+    """Refuse an EMA of FSDP2 shards in a run that shards otherwise (another process count)."""
+    if held != now:
+        raise ValueError(
+            f"ModelEmaCallback: the EMA holds {_sharding_in_words(held)}, but this run needs "
+            f"{_sharding_in_words(now)}: each process keeps only its own shards of the EMA, "
+            "which do not fit another sharding. Resume with the same number of FSDP "
+            "processes, or pass reset_on_train=True to restart the EMA from the model's weights."
+        )
+
+
+def _sharding_in_words(processes: int | None) -> str:
+    if processes is None:
+        return "the whole tensors (unsharded)"
+    return f"the shards of {processes} FSDP processes"
 
 
 def _check_same_layout(ema: Mapping[str, torch.Tensor], model: Mapping[str, torch.Tensor]) -> None:
     mismatched = sorted(set(ema) ^ set(model)) or [
-        name for name, tensor in model.items() if ema[name].shape != tensor.shape
+        f"{name}: EMA {list(ema[name].shape)}, model {list(tensor.shape)}"
+        for name, tensor in model.items()
+        if ema[name].shape != tensor.shape
     ]
     if mismatched:
         raise ValueError(

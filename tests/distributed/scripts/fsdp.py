@@ -10,7 +10,11 @@
   a DDP run's), ``load_checkpoint`` puts them back into a sharded model (saving again gives the
   same file), and a training state of another model is refused by the fit check; a DDP
   training state for the test to resume in 1 process.
-- ``grow``: a DDP run resumes the training state of 1 process given as the next argument.
+- ``callbacks``: ``SaveBestModelCallback`` and ``ModelEmaCallback`` in the same run under
+  DDP and under FSDP2: the files they write (gathered weights) and the EMA's metrics.
+- ``grow``: a DDP run (an FSDP2 run if the last argument is ``fsdp``) resumes the training
+  state of 1 process given as the next argument.
+- ``reshard``: FSDP2 runs resume the FSDP2 states of 2 processes given as the next arguments.
 - ``env``: FSDP asked for by ``accelerate launch --use_fsdp``'s variables: FSDP1 without the
   original parameters is refused at the constructor, FSDP2 shards.
 """
@@ -33,7 +37,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.tensor import DTensor
 
 from pytorch_accel import Trainer
-from pytorch_accel.callbacks import TrainerCallback
+from pytorch_accel.callbacks import ModelEmaCallback, SaveBestModelCallback, TrainerCallback
 
 UNSHUFFLED = {"shuffle": False}
 
@@ -166,7 +170,13 @@ def checkpoints() -> dict[str, Any]:
     trainer = adam_trainer(fsdp_plugin=plugin)
     trainer.train(dataset, **options)
     trainer.save_checkpoint(out / "fsdp.pt")
-    trainer.save_training_state(out / "state")
+    trainer.save_training_state(out / "state")  # resumed in 1 process by the test, too
+    dcp_plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=2, state_dict_type="SHARDED_STATE_DICT"
+    )
+    sharded_save = adam_trainer(fsdp_plugin=dcp_plugin)
+    sharded_save.train(dataset, **options)
+    sharded_save.save_training_state(out / "dcp_state")  # torch.distributed.checkpoint's
     restored = adam_trainer(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
     restored.train(make_regression_dataset(8, seed=3), num_epochs=1, per_device_batch_size=4)
     restored.load_checkpoint(out / "fsdp.pt")
@@ -189,6 +199,9 @@ def checkpoints() -> dict[str, Any]:
     return {
         "sharded": [sharding(run)["type"] for run in (trainer, restored, other)],
         "elastic_state": str(out / "elastic"),
+        "fsdp_state": str(out / "state"),
+        "fsdp_dcp_state": str(out / "dcp_state"),
+        "dcp_files": sorted(path.name for path in (out / "dcp_state").iterdir()),
         **fsdp1_checkpoints(out),
         **resumes(out),
         **mid_window_saves(out),
@@ -220,18 +233,27 @@ def fsdp1_checkpoints(out: Path) -> dict[str, Any]:
     }
 
 
+def ema_trainer(ema: ModelEmaCallback) -> Trainer:
+    """An FSDP2 ``adam_trainer`` with ``ema``."""
+    trainer = adam_trainer(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+    trainer.callback_handler.add_callback(ema)
+    return trainer
+
+
 def resumes(out: Path) -> dict[str, Any]:
     """FSDP2: a run resumed after epoch 1 ends bitwise where the whole run ends; FSDP1 refuses."""
     options = {"per_device_batch_size": 4, "gradient_accumulation_steps": 2, "max_grad_norm": 1.0}
     dataset = make_regression_dataset(40)
-    whole = adam_trainer(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+    emas = [ModelEmaCallback(decay=0.8, save_path=None) for _ in range(3)]  # of the shards
+    whole = ema_trainer(emas[0])
     whole.train(dataset, num_epochs=2, **options)
     expected = full_parameters(whole)
-    first = adam_trainer(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+    first = ema_trainer(emas[1])
     first.train(dataset, num_epochs=1, **options)
     first.save_training_state(out / "resume")
-    resumed = adam_trainer(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+    resumed = ema_trainer(emas[2])
     resumed.train(dataset, num_epochs=2, resume_from=out / "resume", **options)
+    averages = [ema.state_dict()["ema_state_dict"] for ema in (emas[0], emas[2])]
     fsdp1 = adam_trainer(fsdp_plugin=fsdp1_plugin())
     try:
         fsdp1.save_training_state(out / "fsdp1_state")
@@ -240,6 +262,9 @@ def resumes(out: Path) -> dict[str, Any]:
         fsdp1_refusal = str(error)
     return {
         "resumed": (full_parameters(resumed) - expected).abs().max().item(),
+        "ema_resumed": max(  # (a process's shard may be empty)
+            (averages[0][k] - averages[1][k]).abs().sum().item() for k in averages[0]
+        ),
         "fsdp1_state_refusal": fsdp1_refusal,
     }
 
@@ -275,9 +300,86 @@ def mid_window_saves(out: Path) -> dict[str, Any]:
     return {"saves_before_refusal": saver.saved, "mid_window_refusal": refusal}
 
 
+def callback_run(out: Path, **accelerator_kwargs: Any) -> Trainer:
+    """3 epochs with the best (here: the worst evaluation loss, epoch 1) and the EMA saved."""
+    trainer = adam_trainer(**accelerator_kwargs)
+    best = SaveBestModelCallback(out / "best.pt", "eval_loss_epoch", greater_is_better=True)
+    ema = ModelEmaCallback(decay=0.8, save_path=out / "ema.pt")
+    for callback in (best, ema):
+        trainer.callback_handler.add_callback(callback)
+    trainer.train(
+        make_regression_dataset(24),
+        num_epochs=3,
+        eval_dataset=make_regression_dataset(12, seed=1),
+        per_device_batch_size=4,
+        train_dataloader_kwargs=UNSHUFFLED,
+    )
+    return trainer
+
+
+def state_of(path: Path) -> torch.Tensor:
+    """The model weights of a checkpoint file, loaded into a plain model, flattened by key."""
+    model = make_model()
+    model.load_state_dict(torch.load(path, weights_only=True)["model_state_dict"])
+    state = model.state_dict()
+    return torch.cat([state[key].detach().flatten() for key in sorted(state)])
+
+
+def callbacks() -> dict[str, Any]:
+    out = Path(sys.argv[1])
+    ddp = callback_run(out / "ddp")
+    fsdp = callback_run(out / "fsdp", fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+    sharded = sharding(fsdp)  # before a forward, after which FSDP2 keeps the root gathered
+    best, ema = out / "fsdp" / "best.pt", out / "fsdp" / "ema.pt"
+    fsdp.save_training_state(out / "ema_state")  # its EMA: each process's shards
+    ends_with_best = (full_parameters(fsdp) - state_of(best)).abs().max().item()
+    predicted = [predictions(trainer) for trainer in (fsdp, ddp)]  # with the best weights
+    fsdp.load_checkpoint(ema)  # into the sharded model
+    ddp.load_checkpoint(out / "ddp" / "ema.pt")
+    predicted += [predictions(trainer) for trainer in (fsdp, ddp)]
+    metric = "ema_model_eval_loss_epoch"
+    ema_losses = [
+        fsdp.run_history.get_metric_values(metric),
+        ddp.run_history.get_metric_values(metric),
+    ]
+    fsdp1 = fresh_trainer(fsdp_plugin=fsdp1_plugin())
+    fsdp1.callback_handler.add_callback(ModelEmaCallback(save_path=None))
+    try:
+        fsdp1.train(make_regression_dataset(8), num_epochs=1, per_device_batch_size=4)
+        ema_fsdp1_refusal = ""
+    except ValueError as error:
+        ema_fsdp1_refusal = str(error)
+    main = fsdp.accelerator.is_main_process
+    return {
+        "sharded": sharded,
+        "ema_fsdp1_refusal": ema_fsdp1_refusal,
+        "ema_state": str(out / "ema_state"),
+        "files": sorted(path.name for path in (out / "fsdp").iterdir()),
+        "best_epoch": torch.load(best, weights_only=True)["epoch"],
+        "best_like_ddp": files_differ(out / "ddp" / "best.pt", best) if main else 0.0,
+        "ends_with_best": ends_with_best,
+        "ema_like_ddp": files_differ(out / "ddp" / "ema.pt", ema) if main else 0.0,
+        "ema_is_not_the_best": (state_of(ema) - state_of(best)).abs().max().item(),
+        "ema_loaded": (full_parameters(fsdp) - state_of(ema)).abs().max().item(),
+        "ema_losses": max(abs(a - b) for a, b in zip(*ema_losses, strict=True)),
+        "num_ema_losses": len(ema_losses[0]),
+        "predictions_with_best": (predicted[0] - predicted[1]).abs().max().item(),
+        "predictions_with_ema": (predicted[2] - predicted[3]).abs().max().item(),
+        "ema_predicts_otherwise": (predicted[0] - predicted[2]).abs().max().item(),
+    }
+
+
+def predictions(trainer: Trainer) -> torch.Tensor:
+    return trainer.predict(make_regression_dataset(6, seed=2), per_device_batch_size=4)
+
+
 def grow() -> dict[str, Any]:
-    """Resume a state saved by 1 process after epoch 1 (argv[3]) in these processes."""
-    trainer = adam_trainer()
+    """Resume a state saved by 1 process after epoch 1 (argv[3]) in these processes.
+
+    Sharded by FSDP2 if argv[4] is ``fsdp``.
+    """
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
+    trainer = adam_trainer(**({"fsdp_plugin": plugin} if sys.argv[4:] == ["fsdp"] else {}))
     with torch.no_grad():  # the saved weights replace these
         for parameter in trainer.model.parameters():
             parameter.add_(1.0)
@@ -288,7 +390,26 @@ def grow() -> dict[str, Any]:
         train_dataloader_kwargs=UNSHUFFLED,
         resume_from=sys.argv[3],
     )
-    return {"parameters": full_parameters(trainer).tolist()}
+    return {"parameters": full_parameters(trainer).tolist(), **sharding(trainer)}
+
+
+def reshard() -> dict[str, Any]:
+    """Resume each FSDP2 state of 2 processes given (argv[3:]) under FSDP2 in these processes.
+
+    With batch 2 per process in 4 processes (the 2 processes had batch 4).
+    """
+    resumed = {}
+    for state in sys.argv[3:]:
+        trainer = adam_trainer(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+        trainer.train(
+            make_regression_dataset(24),
+            num_epochs=2,
+            per_device_batch_size=2,
+            train_dataloader_kwargs=UNSHUFFLED,
+            resume_from=state,
+        )
+        resumed[state] = {"parameters": full_parameters(trainer).tolist(), **sharding(trainer)}
+    return resumed
 
 
 def env() -> dict[str, Any]:
@@ -316,5 +437,12 @@ def fresh_trainer_from_env() -> Trainer:
 
 if __name__ == "__main__":
     scenario = sys.argv[2]
-    scenarios = {"parity": parity, "checkpoints": checkpoints, "grow": grow, "env": env}
+    scenarios = {
+        "parity": parity,
+        "checkpoints": checkpoints,
+        "callbacks": callbacks,
+        "grow": grow,
+        "reshard": reshard,
+        "env": env,
+    }
     report_and_exit({scenario: scenarios[scenario]()})
