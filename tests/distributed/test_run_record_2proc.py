@@ -47,6 +47,7 @@ def test_written_once_by_the_main_process(run: tuple[Launch, Path]) -> None:
         "training: 2 epochs, 8 updates, 8 samples per update",
         "epoch 1/2",
         "epoch 2/2",
+        "run completed at update 8",  # the outcome, last (outcome.json says the same)
     ]
     assert len(list((record / "tensorboard").glob("events.out.tfevents.*"))) == 1
     assert len(list(record.rglob("hparams.yml"))) == 1
