@@ -156,7 +156,11 @@ class TrainingStateIO:
             self._write_unstaged(final, temporary)
             return
         info = self._manifest_info()
-        with self._copies.session(copy=not blocking) as copy, bare_compiled_models(accelerator):
+        with (
+            self._copies.session(copy=not blocking) as copy,
+            bare_compiled_models(accelerator),
+            _stateful_loaders_hidden(accelerator),
+        ):
             files = stage_accelerator_state(accelerator, temporary, copy)
             rank_state = copy(self._rank_state(self._saving))
         name = rank_state_name(accelerator.process_index)
