@@ -114,7 +114,7 @@ def callbacks(args: argparse.Namespace) -> list[TrainerCallback]:
     chosen: list[Any] = [
         *DEFAULT_CALLBACKS,
         EarlyStoppingCallback(early_stopping_patience=50),
-        ModelEmaCallback(decay=0.9),
+        ModelEmaCallback(decay=0.9, save_path=args.out_dir / "ema_model.pt"),
         StepLosses(),
     ]
     if args.save_dir is not None:
