@@ -502,8 +502,8 @@ class Loop:
         state.logged.start_epoch(state.eval_metric_name)
         state.eval_step = 0
         self._eval_progress = self._progress("on_eval_progress")
-        guard = state.failing_batches
-        self._eval_guard = guard and skips.eval_epoch_guard(guard, self._trainer.model)
+        guard, model = state.failing_batches, self._trainer.model  # unguarded: not entered
+        self._eval_guard = None if guard is None else skips.eval_epoch_guard(guard, model)
         self._with_events(
             "eval_epoch",
             self._eval_batches,

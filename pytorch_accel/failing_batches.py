@@ -315,18 +315,13 @@ def is_empty_batch(batch: Any) -> bool:
     return is_empty_batch(values[0])
 
 
-def record_eval_epoch(guard: FailingBatchGuard | None, history: Any, loss_name: str) -> None:
-    """Record an eval epoch's skipped batches next to its loss ``loss_name``, if guarded."""
-    if guard is not None:
-        history.update_metric(skipped_metric(loss_name), guard.skipped)
+def record_eval_epoch(guard: FailingBatchGuard, history: Any, loss_name: str) -> None:
+    """Record a guarded eval epoch's skipped batches next to its loss ``loss_name``."""
+    history.update_metric(skipped_metric(loss_name), guard.skipped)
 
 
-def eval_epoch_guard(
-    guard: FailingBatchGuard | None, model: torch.nn.Module
-) -> FailingBatchGuard | None:
-    """The guard of one eval epoch under ``guard``'s policy (``None``: unguarded), started."""
-    if guard is None:
-        return None
+def eval_epoch_guard(guard: FailingBatchGuard, model: torch.nn.Module) -> FailingBatchGuard:
+    """The guard of one eval epoch under ``guard``'s policy, started."""
     scoped = guard.scoped("evaluation")
     scoped.start(model)
     return scoped
