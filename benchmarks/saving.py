@@ -13,6 +13,10 @@ save point, in the same run, the callback below times, in a random order:
   flight), measured until the state is published.
 
 Save points are far enough apart for the background write to finish before the next one.
+Every save, the baseline's included, writes new files, and each kind keeps only its latest
+(as a rotating ``SaveTrainingStateCallback`` does): on a virtual disk, rewriting one file in
+place is about three times as fast as writing a new one (0.2 s against 0.7 s for 200 MB on
+the 2-core VM), so a baseline that overwrote one file would not be paired fairly.
 The first save of each run is a warm-up (it allocates the host buffers the later saves reuse:
 its stall is reported apart). Ratios to the baseline are paired by save point, summarised as
 medians with 95% intervals.
@@ -76,6 +80,7 @@ class TimedSaves(TrainerCallback):
         self._pending: str | None = None
         self._ended = 0.0
         self._shuffle = random.Random(0)
+        self._previous: list[Path] = []  # the last save point's files, removed at the next
 
     def on_train_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Count the time since the last step's end to a save in flight, until published."""
@@ -97,9 +102,12 @@ class TimedSaves(TrainerCallback):
         self._ended = time.perf_counter()
 
     def _save(self, trainer: Trainer, name: str) -> None:
-        target = self.directory / name
+        target, baseline = self.directory / name, self.directory / f"baseline-{name}.pt"
+        for path in self._previous:
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+        self._previous = [target, baseline]
         if self.background:
-            self.baseline.append(baseline_save(trainer, self.directory / "baseline.pt"))
+            self.baseline.append(baseline_save(trainer, baseline))
             start = time.perf_counter()
             trainer.save_training_state(target, blocking=False)
             self.stall.append(time.perf_counter() - start)
@@ -109,7 +117,7 @@ class TimedSaves(TrainerCallback):
         self._shuffle.shuffle(order)
         for kind in order:
             if kind == "baseline":
-                self.baseline.append(baseline_save(trainer, self.directory / "baseline.pt"))
+                self.baseline.append(baseline_save(trainer, baseline))
             else:
                 start = time.perf_counter()
                 trainer.save_training_state(target)
