@@ -23,7 +23,7 @@ from pytorch_accel.callbacks._run_info import (
     run_configuration,
 )
 from pytorch_accel.callbacks.step_logging import DEFAULT_LOG_EVERY_N_UPDATES
-from pytorch_accel.callbacks.trackers import TrackingCallback
+from pytorch_accel.callbacks.trackers import TrackingCallback, available_trackers
 from pytorch_accel.tracking import get_logger, setup_logging
 
 if TYPE_CHECKING:
@@ -138,8 +138,10 @@ class RunRecordCallback(TrackingCallback):
         self.directory = Path(directory)
         self._record_paths = RunPaths(directory=directory)
         self.hyperparameters = dict(hyperparameters or {})
+        if log_with is None:  # TensorBoard where it is installed
+            log_with = ("tensorboard",) if "tensorboard" in available_trackers() else ()
         super().__init__(
-            _default_trackers() if log_with is None else log_with,
+            log_with,
             project_name="tensorboard",
             logging_dir=self.directory,
             csv_path=self.directory / RUN_RECORD_FILES["metrics"],
@@ -318,13 +320,6 @@ class RunRecordCallback(TrackingCallback):
             if self.path(source).exists():
                 with contextlib.suppress(ValueError), self._writing(self.path(image), "directory"):
                     plot_metrics(self.path(source), self.path(image))
-
-
-def _default_trackers() -> tuple[str, ...]:
-    from accelerate.tracking import get_available_trackers
-
-    available = {str(getattr(kind, "value", kind)) for kind in get_available_trackers()}
-    return ("tensorboard",) if "tensorboard" in available else ()
 
 
 def _check_plot(plot: object) -> bool:
