@@ -231,8 +231,7 @@ class TerminateOnNaNCallback(TrainerCallback):
     ) -> None:
         """Stop if a batch's loss is NaN or infinite (pytorch-accelerated's per-batch check).
 
-        The callback itself never calls it (it reads the loss once per epoch); a subclass or a
-        step method may, at the cost of one host synchronisation per call.
+        Never called by the callback itself; one host synchronisation per call.
 
         Args:
             batch_output: A step method's output, with ``loss``.
@@ -262,18 +261,15 @@ class PrintProgressCallback(TrainerCallback):
         training: 8 epochs, 360 updates, 32 samples per update
         epoch 1/8  train_loss 1.046  eval_loss 0.3012  accuracy 0.9083  (1.2 s)
 
-    Each epoch's line holds every metric recorded in the run history during that epoch
-    (training, evaluation and what other callbacks recorded, whatever their names), the
+    Each epoch's line holds every metric recorded in the run history during that epoch, the
     losses first, with 4 significant digits, names without their ``_epoch`` suffix; then the
     epoch's wall-clock time (training and evaluation). An ``evaluate()`` run logs one
-    ``evaluation ...`` line. A run stopped inside an epoch logs what that epoch recorded, with
-    ``(stopped)``. The lines go through ``logging.getLogger("pytorch_accel")`` at ``INFO``
-    (see ``pytorch_accel.tracking``): silence them with
-    ``logging.getLogger("pytorch_accel").setLevel(logging.WARNING)``, or add a handler to send
-    them elsewhere. Order ``100``: it reads the metrics after the callbacks that record them.
-
-    The name is pytorch-accelerated's, whose callback printed "Starting epoch N" and similar
-    messages; ported code that lists it gets this output.
+    ``evaluation ...`` line; a run stopped inside an epoch logs what that epoch recorded, with
+    ``(stopped)``. The lines go through the ``pytorch_accel`` logger at ``INFO`` (see
+    ``pytorch_accel.tracking``): silence them with
+    ``logging.getLogger("pytorch_accel").setLevel(logging.WARNING)``. Order ``100``: it reads
+    the metrics after the callbacks that record them. (The name is pytorch-accelerated's,
+    whose callback printed "Starting epoch N"; ported code that lists it gets this output.)
 
     Example:
         ```python
@@ -611,17 +607,11 @@ DEFAULT_CALLBACKS: tuple[type[TrainerCallback], ...] = get_default_callbacks()
 
 
 def with_environment_callbacks(callbacks: Iterable[CallbackLike]) -> list[CallbackLike]:
-    """Return ``callbacks`` plus those that environment variables ask for.
+    """Return a new list: ``callbacks`` (instances or classes), then those the environment adds.
 
     When ``PYTORCH_ACCEL_LIMIT_BATCHES`` is set (see ``LimitBatches``), a
     ``LimitBatchesCallback`` is added unless one was given. Callbacks that print nothing
     (none of the console callbacks) are pointed out, once per process.
-
-    Args:
-        callbacks: The trainer's callbacks, instances or classes.
-
-    Returns:
-        A new list: the callbacks given, then any added.
 
     Raises:
         ValueError: If ``PYTORCH_ACCEL_LIMIT_BATCHES`` holds something other than a count.

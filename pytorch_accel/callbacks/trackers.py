@@ -9,10 +9,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from pytorch_accel._checkpointing.files import write_error
-from pytorch_accel._checks import callable_name, check_mapping, fail
+from pytorch_accel._checks import check_mapping, fail
 from pytorch_accel.callback import DefaultPath, RunPaths, redirected_paths
 from pytorch_accel.callbacks._metrics_csv import (
     STEP_COLUMN,
@@ -21,6 +19,7 @@ from pytorch_accel.callbacks._metrics_csv import (
     read_metrics_rows,
     write_metrics_csv,
 )
+from pytorch_accel.callbacks._run_info import described
 from pytorch_accel.callbacks.defaults import format_metrics
 from pytorch_accel.callbacks.step_logging import DEFAULT_LOG_EVERY_N_UPDATES, StepLoggingCallback
 from pytorch_accel.tracking import MetricCursor, get_logger, reported_float
@@ -461,14 +460,7 @@ def hparams_of(config: Mapping[str, Any], prefix: str = "") -> dict[str, bool | 
 def _hparam(value: Any) -> bool | int | float | str:
     if isinstance(value, (bool, int, float, str)):
         return value
-    if value is None:
-        return "None"
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return value.item()
-    if callable(value) and hasattr(value, "__qualname__"):
-        return callable_name(value)
-    text = str(value)
-    return type(value).__qualname__ if " at 0x" in text else text
+    return "None" if value is None else described(value)
 
 
 def _check_trackers(
