@@ -54,6 +54,7 @@ __all__ = [
     "get_logger",
     "is_main_process",
     "logged_name",
+    "read_reduced",
     "reduction_dtype",
     "reported_float",
     "setup_logging",
@@ -63,6 +64,15 @@ __all__ = [
 def reduction_dtype(device: torch.device) -> torch.dtype:
     """The dtype to sum metrics in on ``device``: float64, or float32 on MPS (which has none)."""
     return torch.float32 if device.type == "mps" else torch.float64
+
+
+def read_reduced(
+    parts: Sequence[Any], reductions: Sequence[str], device: torch.device
+) -> list[float]:
+    """Stack ``parts`` on ``device``, combine them across processes and read them: once each."""
+    dtype = reduction_dtype(device)
+    packed = torch.stack([torch.as_tensor(part).to(device, dtype) for part in parts])
+    return reduce_across_processes(packed, reductions).tolist()
 
 
 class MetricNotFoundError(KeyError, ValueError):
@@ -381,12 +391,9 @@ class LossTracker:
         Args:
             accelerator: The accelerator whose processes take part.
         """
-        device = accelerator.device
-        dtype = reduction_dtype(device)
-        total = torch.zeros((), device=device) if self.total_loss is None else self.total_loss
-        count = torch.as_tensor(self.running_count, device=device)
-        totals = torch.stack([total.to(device, dtype), count.to(dtype)])
-        loss_sum, count_sum = reduce_across_processes(totals).tolist()
+        total = 0.0 if self.total_loss is None else self.total_loss
+        parts = [total, self.running_count]
+        loss_sum, count_sum = read_reduced(parts, ("sum", "sum"), accelerator.device)
         return loss_sum / count_sum if count_sum else float("nan")
 
 
@@ -488,10 +495,7 @@ class LoggedValues:
 
     def reduce(self, device: torch.device) -> dict[str, float]:
         """Combine the span's values across processes (one collective) and read them once."""
-        parts, reductions = self.parts()
-        dtype = reduction_dtype(device)
-        packed = torch.stack([torch.as_tensor(part).to(device, dtype) for part in parts])
-        return self.results(reduce_across_processes(packed, reductions).tolist())
+        return self.results(read_reduced(*self.parts(), device))
 
 
 TRAIN_LOSS_NAME = "train_loss_epoch"

@@ -17,12 +17,11 @@ from accelerate.utils import send_to_device
 from pytorch_accel._checks import check_bool, check_positive_int
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks.defaults import SEPARATOR, format_metrics
-from pytorch_accel.distributed import reduce_across_processes
 from pytorch_accel.tracking import (
     LoggedValues,
     get_logger,
     logged_name,
-    reduction_dtype,
+    read_reduced,
     setup_logging,
 )
 
@@ -212,19 +211,14 @@ class StepMetrics:
         The loss and sample count are summed, the gradient norm and learning rates averaged
         (the same on every process), the logged values reduced as they were logged.
         """
-        device = trainer.device
-        dtype = reduction_dtype(device)
         parts: list[Any] = [0.0 if self._loss is None else self._loss, self._count]
         if self._grad_norm is not None:
             parts.append(self._grad_norm)
         parts += [lr for lr in lrs if isinstance(lr, torch.Tensor)]
         reductions = ["sum", "sum"] + ["mean"] * (len(parts) - 2)
         logged_parts, logged_reductions = logged.parts()
-        parts += logged_parts
-        packed = torch.stack([torch.as_tensor(part).to(device, dtype) for part in parts])
-        packed = reduce_across_processes(packed, reductions + logged_reductions)
-        values: list[float] = packed.tolist()  # the one host read of the interval
-        return values
+        # the one host read of the interval
+        return read_reduced(parts + logged_parts, reductions + logged_reductions, trainer.device)
 
 
 def _total_norm(model: torch.nn.Module) -> torch.Tensor | None:
