@@ -484,9 +484,17 @@ class ProgressBarCallback(TrainerCallback):
         if mean.device.type != "cuda":
             self._show_loss(mean.item())
             return
-        if self._pending is not None and self._pending[1].query():  # the previous copy is done
-            self._show_loss(self._pending[0].item())  # a host tensor: no device wait
-        self._pending = _copy_to_host_async(mean, self._pending)
+        # a copy of the mean into pinned host memory, with its done-event; a finished copy
+        # is shown (a host tensor: no device wait) and its buffer reused
+        if self._pending is not None and self._pending[1].query():
+            self._show_loss(self._pending[0].item())
+            buffer = self._pending[0]
+        else:  # a copy still in flight keeps its buffer
+            buffer = torch.empty((), dtype=mean.dtype, pin_memory=True)
+        buffer.copy_(mean, non_blocking=True)
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record()
+        self._pending = (buffer, event)
 
     def _show_loss(self, value: float) -> None:
         self.pbar.set_postfix(loss=f"{value:.4g}", refresh=False)
@@ -502,24 +510,6 @@ def _advance(bar: Any, steps_done: int) -> None:
     """Move ``bar`` forward to ``steps_done`` (tqdm redraws at most every ``mininterval``)."""
     if steps_done > bar.n:
         bar.update(steps_done - bar.n)
-
-
-def _copy_to_host_async(
-    value: torch.Tensor, previous: tuple[torch.Tensor, Any] | None
-) -> tuple[torch.Tensor, Any]:
-    """Queue a copy of a CUDA scalar into pinned host memory; return it with its done-event.
-
-    The previous copy's buffer is reused once that copy finished; one still in flight keeps
-    its buffer, and a new one is allocated.
-    """
-    if previous is not None and previous[1].query():
-        buffer = previous[0]
-    else:
-        buffer = torch.empty((), dtype=value.dtype, pin_memory=True)
-    buffer.copy_(value, non_blocking=True)
-    event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-    event.record()
-    return buffer, event
 
 
 class LogMetricsCallback(TrainerCallback):
@@ -583,14 +573,10 @@ class LogMetricsCallback(TrainerCallback):
 
 
 def get_default_callbacks(progress_bar: bool = True) -> tuple[type[TrainerCallback], ...]:
-    """Return the default callback classes.
+    """Return the default callback classes (each trainer instantiates its own).
 
     Args:
         progress_bar: Whether to include ``ProgressBarCallback``.
-
-    Returns:
-        Device placement, NaN termination, progress messages, (progress bars) and metric
-        logging, as classes: each trainer instantiates its own.
     """
     progress: tuple[type[TrainerCallback], ...] = (ProgressBarCallback,) if progress_bar else ()
     return (

@@ -32,24 +32,21 @@ class MetricsCallback(TrainerCallback):
     """Update torchmetrics metrics on every eval step and record them at each epoch's end.
 
     At each evaluation step, ``prepare(batch, batch_output)`` gives ``(predictions, targets)``,
-    which are gathered from all processes with ``trainer.gather_for_metrics`` (without the
-    samples accelerate repeats to even out the last batches) and passed to the metrics'
-    ``update``. At the end of the evaluation epoch the metrics are computed, recorded in the
-    run history and reset. With ``train=True`` a copy of the metrics does the same on the
-    training steps, recorded at the end of each training epoch.
+    gathered from all processes with ``trainer.gather_for_metrics`` (without the samples
+    accelerate repeats to even out the last batches) and passed to the metrics' ``update``;
+    at the end of the evaluation epoch the metrics are computed, recorded in the run history
+    and reset. With ``train=True`` a copy does the same on the training steps.
 
     Names: a bare ``Metric`` is recorded as ``name``, by default its class name in snake case
     (``MulticlassAccuracy`` → ``multiclass_accuracy``); a ``MetricCollection`` (or a dict of
-    metrics, which becomes one) under its keys. Evaluation values get ``prefix``, training
-    values ``train_prefix``; an intermediate evaluation (one a callback starts inside a
-    training epoch, with ``is_intermediate=True``) adds ``intermediate_`` in front, as the
-    trainer does for its loss. The run history's own prefix applies on top. A scalar result is
-    recorded as a float, any other tensor as a (nested) list.
+    metrics) under its keys. Evaluation values get ``prefix``, training values
+    ``train_prefix``; an intermediate evaluation (``is_intermediate=True``) adds
+    ``intermediate_`` in front, as the trainer does for its loss. A scalar result is recorded
+    as a float, any other tensor as a (nested) list.
 
-    Every process gathers all predictions and computes the same values from all the
-    samples; torchmetrics' own cross-process synchronisation is switched off (it would count
-    every sample once per process). Gathering is a collective: every process must run the
-    same steps (the trainer does).
+    Every process gathers all predictions and computes the same values; torchmetrics' own
+    cross-process synchronisation is switched off (it would count every sample once per
+    process). Gathering is a collective: every process must run the same steps.
 
     The metrics are moved to ``trainer.device`` when each run starts. Order ``-20``:
     callbacks of the default order can read its values at the same event. The training
@@ -208,11 +205,9 @@ def default_prepare(batch: Any, batch_output: Mapping[str, Any]) -> tuple[Any, A
     """Return the class predictions and the targets of a ``(inputs, targets)`` batch.
 
     Predictions are ``batch_output["model_outputs"]``, reduced with ``argmax`` over dimension
-    1 when that is a class dimension (size > 1), as in logits ``(N, C)`` or ``(N, C, H, W)``;
-    other outputs are passed on as they are. Targets are ``batch[1]``, or ``batch["labels"]``
-    for a dict batch (whose ``model_outputs`` the default steps make the model's logits).
-    Metrics that need scores rather than classes (AUROC, calibration) need their own
-    ``prepare``, e.g.
+    1 when that is a class dimension (size > 1), as in logits ``(N, C)`` or ``(N, C, H, W)``.
+    Targets are ``batch[1]``, or ``batch["labels"]`` for a dict batch. Metrics that need
+    scores (AUROC, calibration) need their own ``prepare``, e.g.
     ``lambda batch, output: (output["model_outputs"].softmax(dim=1), batch[1])``.
 
     Raises:

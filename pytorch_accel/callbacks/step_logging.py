@@ -46,19 +46,19 @@ class StepMetrics:
 
     The metrics, by name:
 
-    - ``train_loss_step``: the sample-weighted mean training loss over the interval, over
-      every process.
+    - ``train_loss_step``: the sample-weighted mean training loss over the interval.
     - ``lr`` (one parameter group), or ``lr_group_0``, ``lr_group_1``, ...: the learning rate
       the update at the logging point used (at the end of a run, the last update's).
     - ``grad_norm``: the total gradient norm of that update, before clipping (if asked for;
       ``trainer.grad_norm`` when ``train(max_grad_norm=...)`` computed it).
-    - ``samples_per_second``: the interval's samples, over every process, per second of wall
-      clock, without the evaluations run inside it.
+    - ``samples_per_second``: the interval's samples per second of wall clock, without the
+      evaluations run inside it.
     - ``max_memory_allocated_gb``: the peak memory allocated on this process's accelerator
-      since the program started (or since its peak was last reset), on CUDA and XPU.
-    - ``train_<name>_step``: each value logged in the interval's training steps with
-      ``trainer.log`` (or an extra scalar of ``batch_output``), reduced over the interval's
-      calls and every process as logged (a mean by default); it rides in the same collective.
+      (CUDA and XPU).
+    - ``train_<name>_step``: each value logged in the interval with ``trainer.log`` (or an
+      extra scalar of ``batch_output``), reduced as logged (a mean by default).
+
+    Every value is over all processes.
 
     The logging points are the multiples of ``every_n_updates`` in the run's update count
     (``trainer.global_num_updates``).
@@ -174,8 +174,7 @@ class StepMetrics:
     def read(self, trainer: Trainer) -> dict[str, float] | None:
         """Read the interval's metrics (one host read) and start the next interval.
 
-        Every process must call it at the same update: several processes combine their
-        values with one collective.
+        Every process must call it at the same update (one collective).
 
         Returns:
             The metrics, or ``None`` if no update was made since the last read.
