@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytorch_accel._checkpointing.files import write_error
-from pytorch_accel._checks import check_mapping, fail
+from pytorch_accel._checks import check_choice, check_mapping, fail
 from pytorch_accel.callback import DefaultPath, RunPaths, redirected_paths
 from pytorch_accel.callbacks._metrics_csv import (
     STEP_COLUMN,
@@ -92,7 +92,8 @@ class TrackingCallback(StepLoggingCallback):
 
     Raises:
         ValueError: If a tracker name is unknown, ``log_every_n_updates`` is not a
-            positive int, or ``epoch_x_axis`` is neither ``"epoch"`` nor ``"update"``.
+            positive int, or ``epoch_x_axis`` is neither ``"epoch"`` nor ``"update"``
+            (a ``TypeError`` if it is not a string).
         ImportError: If the package of a named tracker is not installed.
 
     Example:
@@ -123,15 +124,8 @@ class TrackingCallback(StepLoggingCallback):
         epoch_x_axis: str = "epoch",
     ) -> None:
         super().__init__(log_every_n_updates, log_grad_norm)
-        if epoch_x_axis not in ("epoch", "update"):
-            fail(
-                ValueError,
-                "TrackingCallback",
-                "epoch_x_axis",
-                epoch_x_axis,
-                "'epoch' or 'update'",
-                "Pass 'update' to draw the epoch metrics on the step metrics' axis.",
-            )
+        fix = "Pass 'update' to draw the epoch metrics on the step metrics' axis."
+        check_choice("TrackingCallback", "epoch_x_axis", epoch_x_axis, ("epoch", "update"), fix)
         self.epoch_x_axis = epoch_x_axis
         self.log_with = _check_trackers(log_with)
         _check_strings(project_name, logging_dir, csv_path)
