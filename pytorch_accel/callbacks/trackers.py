@@ -332,10 +332,8 @@ class TrackingCallback(StepLoggingCallback):
             kwargs = dict(self.init_kwargs.get(entry, {}))
             if entry == "tensorboard" and self._purge_step is not None:
                 kwargs.setdefault("purge_step", self._purge_step)
-            if tracker_class.requires_logging_directory:
-                trackers.append(tracker_class(self.project_name, self.logging_dir, **kwargs))
-            else:
-                trackers.append(tracker_class(self.project_name, **kwargs))
+            directory = (self.logging_dir,) if tracker_class.requires_logging_directory else ()
+            trackers.append(tracker_class(self.project_name, *directory, **kwargs))
         return trackers
 
     def _start(self, trainer: Trainer, purge_step: int | None = None, new_run: bool = True) -> None:
