@@ -63,9 +63,7 @@ def format_value(value: Any) -> str | None:
     A one-element tensor is read with ``.item()``: once per epoch, never in a step.
     """
     if isinstance(value, torch.Tensor):
-        if value.numel() != 1 or value.is_complex():
-            return None
-        value = value.item()
+        value = value.item() if value.numel() == 1 and not value.is_complex() else None
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return None
     if isinstance(value, numbers.Integral):
@@ -347,11 +345,11 @@ class PrintProgressCallback(TrainerCallback):
         self._collect(trainer)
         self._emit(trainer, "evaluation")
 
-    def _start(self, trainer: Trainer) -> logging.Logger:
+    def _start(self, trainer: Trainer) -> None:
+        setup_logging()
         self._cursor.skip_to_end(trainer.run_history)
         self._pending = {}
         self._started = time.perf_counter()
-        return setup_logging()
 
     def _collect(self, trainer: Trainer) -> None:
         new = self._cursor.read_new(trainer.run_history)
