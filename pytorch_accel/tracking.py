@@ -716,8 +716,7 @@ class MainProcessFilter(logging.Filter):
 def is_main_process() -> bool:
     """Return whether this is the run's main process (rank 0).
 
-    Returns:
-        accelerate's ``is_main_process`` once an ``Accelerator`` exists, else ``RANK == 0``.
+    accelerate's ``is_main_process`` once an ``Accelerator`` exists, else ``RANK == 0``.
     """
     from accelerate.state import PartialState
 

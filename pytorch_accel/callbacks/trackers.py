@@ -426,7 +426,7 @@ def _continues(trainer: Trainer) -> bool:
 
 
 def hparams_of(config: Mapping[str, Any], prefix: str = "") -> dict[str, bool | int | float | str]:
-    """Flatten a config into values every tracker accepts as hyperparameters.
+    """Flatten a config into a flat dict every tracker accepts as hyperparameters.
 
     Nested mappings become ``parent.child`` keys; ``bool``, ``int``, ``float`` and ``str``
     are kept; ``None`` becomes ``"None"``; callables become their qualified name, other
@@ -435,9 +435,6 @@ def hparams_of(config: Mapping[str, Any], prefix: str = "") -> dict[str, bool | 
     Args:
         config: E.g. ``trainer.run_config.to_dict()``.
         prefix: Prepended to every key.
-
-    Returns:
-        A flat dict, JSON- and TensorBoard-hparams friendly.
     """
     flat: dict[str, bool | int | float | str] = {}
     for key, value in config.items():
