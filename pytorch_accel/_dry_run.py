@@ -55,12 +55,7 @@ DRY_RUN_BATCHES = 2
 
 
 def run_dry_or_overfit(trainer: Trainer, arguments: TrainArguments) -> bool:
-    """Run ``train()`` as a dry or overfit run if its arguments ask; return whether it did.
-
-    Args:
-        trainer: The trainer.
-        arguments: ``train()``'s arguments, checked.
-    """
+    """Run ``train()`` as a dry or overfit run if its (checked) arguments ask; say if it did."""
     if arguments.dry_run:
         run_dry(trainer, arguments)
         return True
@@ -183,7 +178,7 @@ class Snapshot:
         )
         state_dict = getattr(scheduler, "state_dict", None)
         return cls(
-            model=_to_cpu(model.state_dict()),
+            model=_copied_to_cpu(model.state_dict()),
             optimizer=_copied_to_cpu(trainer.optimizer.state_dict()),
             scheduler=scheduler,
             scheduler_state=None if state_dict is None else copy.deepcopy(state_dict()),
@@ -260,18 +255,11 @@ def _lowest(limit: int | None, num_batches: int) -> int:
     return num_batches if limit is None else min(limit, num_batches)
 
 
-def _to_cpu(state: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        key: value.detach().to("cpu", copy=True) if isinstance(value, torch.Tensor) else value
-        for key, value in state.items()
-    }
-
-
 def _copied_to_cpu(value: Any) -> Any:
     """A deep copy of ``value`` with every tensor copied to the CPU."""
     if isinstance(value, torch.Tensor):
         return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return {key: _copied_to_cpu(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return type(value)(_copied_to_cpu(item) for item in value)

@@ -10,20 +10,19 @@ fails on one process only does not leave the others waiting in DDP.
 ``mode="power"`` doubles the batch size from ``init_batch_size`` until a trial fails (or the
 dataset or ``max_batch_size`` is reached); ``"binsearch"`` then halves the interval between the
 last size that fitted and the first that did not. When even ``init_batch_size`` fails, the size
-is halved until one fits, with accelerate's ``find_executable_batch_size``.
+is halved until one fits.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accelerate.utils import find_executable_batch_size
 from accelerate.utils.memory import clear_device_cache
 
-from pytorch_accel._checks import check_positive_int, fail
+from pytorch_accel._checks import check_choice, check_positive_int, fail
 from pytorch_accel._dry_run import trial_run
 from pytorch_accel.logging_setup import get_logger
-from pytorch_accel.micro_batches import BatchDoesNotFitError, is_out_of_memory
+from pytorch_accel.micro_batches import is_out_of_memory
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer
@@ -83,7 +82,11 @@ def find_batch_size(
         RuntimeError: When not even a batch of one sample fits.
     """
     where = "Trainer.find_batch_size"
-    _check_arguments(where, mode, init_batch_size, max_batch_size, steps_per_trial, max_trials)
+    check_choice(where, "mode", mode, SEARCH_MODES, "Pass mode='power'.")
+    check_positive_int(where, "init_batch_size", init_batch_size)
+    check_positive_int(where, "max_batch_size", max_batch_size, allow_none=True)
+    check_positive_int(where, "steps_per_trial", steps_per_trial)
+    check_positive_int(where, "max_trials", max_trials)
     for name in _NOT_SEARCHED:
         if name in train_kwargs:
             fail(
@@ -106,7 +109,13 @@ def find_batch_size(
 
     size = min(init_batch_size, limit)
     if not fits(size):
-        return _largest_below(fits, size // 2)
+        while size > 1:  # halve until a size fits
+            size //= 2
+            if fits(size):
+                return size
+        raise RuntimeError(
+            "Trainer.find_batch_size: not even a batch of one sample fits in memory."
+        )
     fitted, failed = size, None
     while trials < max_trials and fitted < limit:
         size = min(fitted * 2, limit)
@@ -125,22 +134,6 @@ def find_batch_size(
     return fitted
 
 
-def _check_arguments(
-    where: str,
-    mode: object,
-    init_batch_size: object,
-    max_batch_size: object,
-    steps_per_trial: object,
-    max_trials: object,
-) -> None:
-    if mode not in SEARCH_MODES:
-        fail(ValueError, where, "mode", mode, "'power' or 'binsearch'", "Pass mode='power'.")
-    check_positive_int(where, "init_batch_size", init_batch_size)
-    check_positive_int(where, "max_batch_size", max_batch_size, allow_none=True)
-    check_positive_int(where, "steps_per_trial", steps_per_trial)
-    check_positive_int(where, "max_trials", max_trials)
-
-
 def _largest_size(trainer: Trainer, train_dataset: Any, max_batch_size: int | None) -> int:
     """The largest size worth trying: the dataset's samples per process, or the user's."""
     try:
@@ -149,33 +142,6 @@ def _largest_size(trainer: Trainer, train_dataset: Any, max_batch_size: int | No
         samples = None
     sizes = [size for size in (samples, max_batch_size) if size is not None]
     return max(1, min(sizes)) if sizes else 2**31
-
-
-def _largest_below(fits: Any, start: int) -> int:
-    """Halve from ``start`` until a size fits (accelerate's ``find_executable_batch_size``)."""
-    if start < 1:
-        raise RuntimeError(
-            "Trainer.find_batch_size: not even a batch of one sample fits in memory."
-        )
-    size = start
-
-    def halve() -> int:
-        nonlocal size
-        size //= 2
-        return size
-
-    @find_executable_batch_size(starting_batch_size=start, reduce_batch_size_fn=halve)  # type: ignore[untyped-decorator]
-    def largest(batch_size: int) -> int:
-        if not fits(batch_size):
-            raise BatchDoesNotFitError(f"Batch size {batch_size}: out of memory.")
-        return batch_size
-
-    try:
-        return int(largest())
-    except RuntimeError as error:  # accelerate's: "reached zero"
-        raise RuntimeError(
-            "Trainer.find_batch_size: not even a batch of one sample fits in memory."
-        ) from error
 
 
 def _trial(

@@ -1,27 +1,22 @@
 """On out-of-memory, more micro-batches of the same total: ``train(on_oom="split")``.
 
-Composer's automatic micro-batching, for the trainer's loop. With ``on_oom="split"`` every
-training step runs through a ``MicroBatchSplitter``: the batch the dataloader yields is cut
-along its first dimension into ``splits`` micro-batches (1 at first), each is forwarded and
-back-propagated with its loss scaled by its share of the batch (``rows / batch rows``, or
-weighted by its ``num_items`` in a token-exact run, see ``_batches.ItemWeighting``), so
-the gradients add up to the whole batch's. When a step raises out-of-memory
-(``torch.OutOfMemoryError``, or what accelerate's ``should_reduce_batch_size`` recognises: CUDA,
-MPS, XPU or CPU allocator errors), the step's partial gradients are dropped (the window's
-gradients of the earlier steps are set aside while a step runs, and put back), the micro-batches
-counted by the weighting are forgotten, the cache is emptied, ``splits`` doubles and the step
-runs again; the run keeps that number of micro-batches to its end and says so once, in the log.
+Composer's automatic micro-batching. With ``on_oom="split"`` every training step runs through
+a ``MicroBatchSplitter``: the batch is cut along its first dimension into ``splits``
+micro-batches (1 at first), each back-propagated with its loss scaled by its share of the
+batch (its rows, or its ``num_items`` in a token-exact run, see ``_batches.ItemWeighting``),
+so the gradients add up to the whole batch's. When a step runs out of memory
+(``is_out_of_memory``), its partial gradients and item counts are dropped (the window's
+earlier gradients are kept), the cache is emptied, ``splits`` doubles and the step runs
+again; the run keeps that number of micro-batches to its end and says so once, in the log.
 
 With several processes every step ends with one agreement (``AgreedFlag.settle``): an
 out-of-memory error on any process makes every process split and repeat the step together.
-The model's DDP synchronisation is then done by the loop at the window's end
-(``distributed.synchronise_replicas``, as for ``skip_failing_batches``), so a process that
-failed mid-backward leaves no other waiting in DDP's all-reduce. Off (the default), nothing of
-this runs: the loop has no agreement and no host synchronisation per step.
+The loop then synchronises the DDP replicas at the window's end
+(``distributed.synchronise_replicas``), so no process waits in DDP's all-reduce for one that
+failed mid-backward. Off (the default), none of this runs: no agreement, no host sync per step.
 
-The batch-size search (``pytorch_accel.batch_size_search``) runs its trials with a *probe*: the
-same splitter, which on an agreed out-of-memory error frees what it can and raises
-``BatchDoesNotFitError`` on every process instead of splitting.
+The batch-size search runs its trials with a *probe*: the same splitter, which on an agreed
+out-of-memory error raises ``BatchDoesNotFitError`` on every process instead of splitting.
 """
 
 from __future__ import annotations
@@ -189,7 +184,8 @@ class MicroBatchSplitter:
             own, error = _STOP, stop
         except Exception as raised:
             if is_out_of_memory(raised):
-                own = _STUCK if self._rows_per_split(batch) <= 1 and not self._probe else _OOM
+                rows = math.ceil(int(find_batch_size(batch)) / self.splits)
+                own = _STUCK if rows <= 1 and not self._probe else _OOM
                 if own == _OOM:
                     raised.with_traceback(None)  # its frames hold the failed step's tensors
             elif agreement is None:
@@ -242,9 +238,6 @@ class MicroBatchSplitter:
             "the updates are unchanged."
         )
         self._announce = None
-
-    def _rows_per_split(self, batch: Any) -> int:
-        return math.ceil(int(find_batch_size(batch)) / self.splits)
 
     def _chunks(self, batch: Any) -> Iterator[tuple[Any, float]]:
         """The step's micro-batches, each with its share of the batch's rows."""
@@ -307,7 +300,7 @@ def _merged(outputs: list[dict[str, Any]]) -> dict[str, Any]:
             merged[key] = _weighted_mean(values, sizes)
             continue
         try:
-            merged[key] = concatenate(recursively_apply(_detached, values))
+            merged[key] = concatenate(recursively_apply(torch.Tensor.detach, values))
         except Exception:  # not tensors of one structure: the last micro-batch's
             merged[key] = values[-1]
     return merged
@@ -319,7 +312,3 @@ def _weighted_mean(values: list[Any], weights: list[Any]) -> Any:
         for value, weight in zip(values, weights, strict=True)
     )
     return total / sum(weights)
-
-
-def _detached(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.detach()

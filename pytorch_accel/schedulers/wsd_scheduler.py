@@ -131,9 +131,10 @@ class WSDLrScheduler(StatefulSchedulerBase):
         self.warmup_starting_lr = float(warmup_starting_lr)
         self.use_inverse_sqrt_decay = bool(use_inverse_sqrt_decay)
         self.is_continuation_from_checkpoint = bool(is_continuation_from_checkpoint)
-        self.num_warmup_steps = _warmup_steps(where, num_warmup_steps, total)
-        if self.is_continuation_from_checkpoint:
-            self.num_warmup_steps = 0
+        if num_warmup_steps is None:
+            num_warmup_steps = int(0.01 * total)
+        check_count(where, "num_warmup_steps", num_warmup_steps, minimum=0, resolved=True)
+        self.num_warmup_steps = 0 if self.is_continuation_from_checkpoint else num_warmup_steps
         self.checkpoint_decay_info = self._calculate_decay_info()
         self._check_warmup(where)
         self.step_update(0)
@@ -310,20 +311,13 @@ def _total_steps(
     return cast(int, num_epochs) * cast(int, steps_per_epoch)
 
 
-def _warmup_steps(where: str, num_warmup_steps: int | None, total: int) -> int:
-    if num_warmup_steps is None:
-        return int(0.01 * total)
-    check_count(where, "num_warmup_steps", num_warmup_steps, minimum=0, resolved=True)
-    return num_warmup_steps
-
-
 def _check_decay(where: str, ratio: object, lr_min: object, sqrt_decay: object) -> None:
     check_fraction(where, "decay_phase_ratio", ratio, allow_zero=False)
     check_fraction(where, "lr_min", lr_min, allow_zero=bool(sqrt_decay))
 
 
 def _base_values(state_dict: Mapping[str, Any]) -> list[float]:
-    if not isinstance(state_dict, Mapping) or "base_values" not in state_dict:
+    if "base_values" not in state_dict:
         fail(
             ValueError,
             "WSDLrScheduler.load_state_dict",
