@@ -1,14 +1,10 @@
 """Dry runs and overfit runs: ``train(dry_run=...)`` and ``train(overfit_batches=...)``.
 
 A dry run calls ``train()`` again for one short epoch (a few batches of training and
-evaluation, every callback enabled), with a fresh run history and every callback's files
-redirected into a temporary directory (each callback says where it writes through
-``TrainerCallback.redirect_outputs``; with ``Trainer(output_dir=...)``, ``trainer.run_dir`` is
-a directory inside it meanwhile, and no run directory is chosen or created), then saves a
-training state there and loads it back.
-Afterwards the model, optimizer, scheduler, run history, random states and callback outputs
-are put back and the directory is deleted, so nothing of the user's (checkpoints, states,
-records, history, weights) changes.
+evaluation, every callback enabled) inside ``trial_run``, then saves a training state and
+loads it back. Each callback's files go where its ``TrainerCallback.redirect_outputs`` says
+(with ``Trainer(output_dir=...)``, ``trainer.run_dir`` is a temporary directory meanwhile),
+so nothing of the user's (checkpoints, states, records, history, weights) changes.
 
 An overfit run trains on the first few batches of the train set only, in order, and evaluates
 on the same batches (Lightning's ``overfit_batches``): a model that cannot drive that loss
@@ -44,9 +40,7 @@ __all__ = [
     "DRY_RUN_BATCHES",
     "Snapshot",
     "redirected_outputs",
-    "run_dry",
     "run_dry_or_overfit",
-    "run_overfit",
     "trial_run",
 ]
 
@@ -55,44 +49,55 @@ DRY_RUN_BATCHES = 2
 
 
 def run_dry_or_overfit(trainer: Trainer, arguments: TrainArguments) -> bool:
-    """Run ``train()`` as a dry or overfit run if its (checked) arguments ask; say if it did."""
+    """Run ``train()`` as a dry or overfit run if its (checked) arguments ask; say if it did.
+
+    A dry run leaves nothing of the user's changed; an overfit run trains and evaluates on
+    the first ``overfit_batches`` batches of the train set, in order.
+    """
     if arguments.dry_run:
-        run_dry(trainer, arguments)
+        num_batches = DRY_RUN_BATCHES if arguments.dry_run is True else int(arguments.dry_run)
+        with trial_run(trainer, num_batches) as directory:
+            settings = dataclasses.replace(
+                arguments,
+                num_epochs=1,
+                resume_from=None,
+                dry_run=False,
+                resume_optimizer=True,
+                resume_scheduler=True,
+            )
+            trainer.train(**settings.as_kwargs())
+            trainer.save_training_state(directory / "training_state")
+            trainer.load_training_state(directory / "training_state")
+            names = trainer.run_history.get_metric_names()
+        get_logger().info(f"Dry run passed: {names} recorded.")
         return True
-    if arguments.overfit_batches is not None:
-        run_overfit(trainer, arguments)
-        return True
-    return False
-
-
-def run_dry(trainer: Trainer, arguments: TrainArguments) -> None:
-    """Run ``train()`` with ``arguments`` as a dry run, leaving nothing of the user's changed."""
-    num_batches = DRY_RUN_BATCHES if arguments.dry_run is True else int(arguments.dry_run)
-    with trial_run(trainer, num_batches) as directory:
-        settings = dataclasses.replace(
-            arguments,
-            num_epochs=1,
-            resume_from=None,
-            dry_run=False,
-            resume_optimizer=True,
-            resume_scheduler=True,
-        )
-        trainer.train(**settings.as_kwargs())
-        trainer.save_training_state(directory / "training_state")
-        trainer.load_training_state(directory / "training_state")
-        names = trainer.run_history.get_metric_names()
-    get_logger().info(f"Dry run passed: {names} recorded.")
+    if arguments.overfit_batches is None:
+        return False
+    batch_size = arguments.per_device_batch_size or 8
+    processes = trainer.accelerator.num_processes
+    dataset = arguments.train_dataset
+    subset = Subset(
+        dataset, range(min(len(dataset), arguments.overfit_batches * batch_size * processes))
+    )
+    loader_kwargs = {**(arguments.train_dataloader_kwargs or {}), "shuffle": False}
+    settings = dataclasses.replace(
+        arguments,
+        train_dataset=subset,
+        eval_dataset=subset,
+        train_dataloader_kwargs=loader_kwargs,
+        overfit_batches=None,
+    )
+    trainer.train(**settings.as_kwargs())
+    return True
 
 
 @contextlib.contextmanager
 def trial_run(trainer: Trainer, num_batches: int) -> Iterator[Path]:
     """Run what is inside on a few batches, then put everything of the user's back.
 
-    Inside, the trainer trains and evaluates at most ``num_batches`` batches per epoch, with a
-    fresh run history and every callback's files redirected into a temporary directory (which
-    it yields); on exit the weights, optimizer, scheduler, run history, limits and random
-    states are put back as they were and the directory is deleted. Dry runs and the trials
-    of the batch-size search run in it.
+    Inside, at most ``num_batches`` batches per epoch, a fresh run history and every
+    callback's files in a temporary directory (yielded, deleted on exit); on exit the
+    trainer is as it was (``Snapshot``, the history and the limits).
     """
     callbacks = trainer.callback_handler.callbacks
     with contextlib.ExitStack() as stack:
@@ -105,24 +110,6 @@ def trial_run(trainer: Trainer, num_batches: int) -> Iterator[Path]:
         trainer.limit_train_batches = _lowest(trainer.limit_train_batches, num_batches)
         trainer.limit_eval_batches = _lowest(trainer.limit_eval_batches, num_batches)
         yield directory
-
-
-def run_overfit(trainer: Trainer, arguments: TrainArguments) -> None:
-    """Run ``train()`` on the first ``overfit_batches`` batches, for train and eval."""
-    batch_size = arguments.per_device_batch_size or 8
-    processes = trainer.accelerator.num_processes
-    dataset = arguments.train_dataset
-    size = min(len(dataset), (arguments.overfit_batches or 0) * batch_size * processes)
-    subset = Subset(dataset, range(size))
-    loader_kwargs = {**(arguments.train_dataloader_kwargs or {}), "shuffle": False}
-    settings = dataclasses.replace(
-        arguments,
-        train_dataset=subset,
-        eval_dataset=subset,
-        train_dataloader_kwargs=loader_kwargs,
-        overfit_batches=None,
-    )
-    trainer.train(**settings.as_kwargs())
 
 
 @contextlib.contextmanager
@@ -146,17 +133,8 @@ class Snapshot:
 
     The one way the package puts a trainer back: dry runs, the trials of the batch-size search
     and the learning-rate sweep all run inside ``Snapshot.taken``. Weights and optimizer state
-    are copied to the CPU (no device memory); gradients stay where they are.
-
-    Attributes:
-        model: The bare model's state dict (weights and buffers), on the CPU.
-        optimizer: The optimizer's state dict (state and parameter groups), on the CPU.
-        scheduler: The trainer's scheduler object (``train()`` replaces it).
-        scheduler_state: That scheduler's state dict, if it has one.
-        scaler: The gradient scaler's state dict, with fp16 mixed precision.
-        grads: Each parameter's gradient, cloned (or ``None``).
-        modes: Each module's ``training`` flag.
-        random: The Python, NumPy, torch and CUDA random states.
+    are copied to the CPU (no device memory); gradients stay where they are. The scheduler
+    object is kept too (``train()`` replaces it), with its state.
     """
 
     model: dict[str, Any]

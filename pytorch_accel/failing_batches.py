@@ -125,19 +125,11 @@ def skip_policy(where: str, value: object) -> SkipFailingBatches | None:
 
 
 class FailingBatchGuard:
-    """Runs the forward pass of each training batch under a ``SkipFailingBatches`` policy.
+    """Runs the step method of each batch of a ``kind`` under a ``SkipFailingBatches`` policy.
 
-    Args:
-        policy: What to skip, and how many.
-        num_processes: Processes taking part; with more than one they agree on every skip.
-        where: The entry point, for messages (``"Trainer.train"``).
-        kind: What is guarded: ``"training"``, ``"evaluation"`` or ``"prediction"``.
-
-    Attributes:
-        skipped: Batches skipped so far in this guard's scope (a ``train()`` call, an eval
-            epoch, a ``predict()`` call).
-        skipped_in_epoch: Training batches skipped in the current epoch.
-        skipped_indices: The 0-based indices of the skipped batches in the scope.
+    ``kind`` is ``"training"``, ``"evaluation"`` or ``"prediction"``; ``where`` names the entry
+    point in messages. ``skipped`` and ``skipped_indices`` count in the guard's scope (a
+    ``train()`` call, an eval epoch, a ``predict()`` call), ``skipped_in_epoch`` per epoch.
     """
 
     def __init__(
@@ -158,10 +150,10 @@ class FailingBatchGuard:
         self._any_failed = agreement or (AgreedFlag() if num_processes > 1 else None)
 
     def start(self, model: torch.nn.Module) -> None:
-        """Before a guarded evaluation or prediction: broadcast a DDP model's buffers now.
+        """Broadcast a DDP model's buffers before a guarded evaluation or prediction.
 
-        DDP would do it in the first forward (after a training one), a collective that a
-        failure before that forward on one process would leave waiting.
+        Else DDP does it in the first forward, a collective that a failure before that forward
+        on one process would leave waiting.
         """
         if self._any_failed is not None and isinstance(
             model, torch.nn.parallel.DistributedDataParallel
@@ -180,14 +172,9 @@ class FailingBatchGuard:
     def attempt(self, trainer: Trainer, compute: Callable[[], Any], batch: Any) -> Any:
         """Return ``compute()``'s result, or ``SKIPPED`` when every process skips this batch.
 
-        With several processes, what happened on any of them happens on all: a skip, a stop
-        or an error.
-
-        Raises:
-            StopTrainingError: When the step raised it on any process (never skipped,
-                whatever the policy's exceptions).
-            RuntimeError: When more than ``max_skipped`` batches were skipped (from the error),
-                or another process raised an error the policy does not skip.
+        What happened on any process happens on all: a skip, a ``StopTrainingError`` (never
+        skipped), or an error (a ``RuntimeError`` on the others); more than ``max_skipped``
+        skips raise a ``RuntimeError`` from the last error.
         """
         index, self._calls = self._calls, self._calls + 1
         error: BaseException | None = None
@@ -252,10 +239,7 @@ class FailingBatchGuard:
         )
 
     def end_window(self) -> bool:
-        """Whether a batch of the accumulation window that ends here was not skipped.
-
-        The loop updates only then: a window whose batches were all skipped has no gradients.
-        """
+        """Whether a batch of the window that ends here was not skipped (it has gradients)."""
         contributed, self._window_contributed = self._window_contributed, False
         return contributed
 

@@ -1,13 +1,10 @@
 """The learning-rate range test: ``Trainer.find_lr``, its result, its suggestion and its plot.
 
-An exponential sweep of the learning rate over ``num_steps`` optimizer updates, from
-``start_lr`` to ``end_lr``, through the trainer's own step methods
-(``calculate_train_batch_loss``, ``backward_step``, ``optimizer_step``,
-``optimizer_zero_grad``), so an overridden step, a dict batch or gradient accumulation
-behaves as in training. The loss of each update is kept on the device; every
-``check_every`` updates the new ones are averaged across processes (one collective), read
-on the host, smoothed, and checked for divergence, so all processes stop at the same update
-and suggest the same rate. ``_dry_run.Snapshot`` puts the trainer back afterwards.
+The sweep runs through the trainer's own step methods (``calculate_train_batch_loss``,
+``backward_step``, ``optimizer_step``, ``optimizer_zero_grad``), so an overridden step, a
+dict batch or gradient accumulation behaves as in training. The losses stay on the device
+between checks; each check averages them across processes (one collective), so all
+processes stop at the same update and suggest the same rate.
 """
 
 from __future__ import annotations
@@ -167,11 +164,10 @@ def find_lr(
     (0-based) ``start_lr * (end_lr / start_lr) ** (i / (num_steps - 1))`` in every parameter
     group, through the trainer's step methods (no callback events fire, no scheduler is
     stepped, nothing is recorded in the run history), and stops once the smoothed loss exceeds
-    ``divergence`` times its best. Then it puts back the model's weights and buffers, the
-    optimizer's state and learning rates, the scheduler's and gradient scaler's states, the
-    gradients, the train/eval mode of every module and the random states (Python, NumPy,
-    torch, the device's) exactly, so ``train()`` afterwards gives the same weights as without
-    it. Every process must call it; all get the same result.
+    ``divergence`` times its best. Then it puts back exactly the weights and buffers, the
+    optimizer's state and rates, the scheduler and gradient scaler, the gradients, the modules'
+    train/eval modes and the random states, so ``train()`` afterwards gives the same weights
+    as without it. Every process must call it; all get the same result.
 
     Args:
         trainer: The trainer (``trainer.find_lr(...)`` passes it).

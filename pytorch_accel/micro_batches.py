@@ -83,15 +83,10 @@ def is_out_of_memory(error: BaseException) -> bool:
 
 
 class MicroBatchSplitter:
-    """Runs each training step in ``splits`` micro-batches, doubling them on out-of-memory.
+    """Runs each training step in ``splits`` micro-batches (a power of two), doubled on OOM.
 
-    Args:
-        num_processes: Processes taking part; with more than one they agree after every step.
-        probe: Raise ``BatchDoesNotFitError`` on an out-of-memory error instead of splitting (the
-            batch-size search's trials).
-
-    Attributes:
-        splits: Micro-batches each step's batch is cut into (a power of two).
+    With ``num_processes > 1`` the processes agree after every step; a ``probe`` raises
+    ``BatchDoesNotFitError`` on out-of-memory instead of splitting.
     """
 
     def __init__(self, num_processes: int, probe: bool = False) -> None:
@@ -103,9 +98,8 @@ class MicroBatchSplitter:
     def synchronises(self, model: torch.nn.Module) -> bool:
         """Whether the loop, not DDP, synchronises ``model``'s replicas (several processes).
 
-        Raises:
-            ValueError: With several processes and a model DDP does not wrap (FSDP, DeepSpeed):
-                their collectives inside the backward pass could not be agreed on.
+        Raises ``ValueError`` for a model DDP does not wrap (FSDP, DeepSpeed): its collectives
+        in the backward pass could not be agreed on.
         """
         if self._agreement is None:
             return False
@@ -128,15 +122,8 @@ class MicroBatchSplitter:
     def run(self, trainer: Trainer, loop: Loop, batch: Any, scale: float) -> dict[str, Any]:
         """Forward and back-propagate ``batch`` in micro-batches; return its merged output.
 
-        Args:
-            trainer: Whose ``calculate_train_batch_loss`` computes each micro-batch's loss.
-            loop: The loop, whose ``backward`` back-propagates (with the backward events).
-            batch: The step's batch, as the dataloader yielded it.
-            scale: The batch's share of its accumulation window.
-
-        Raises:
-            BatchDoesNotFitError: When probing, on an out-of-memory error on any process.
-            RuntimeError: On out-of-memory with micro-batches of one sample, from the error.
+        ``scale`` is the batch's share of its window. Raises ``BatchDoesNotFitError`` when
+        probing, and ``RuntimeError`` on out-of-memory with micro-batches of one sample.
         """
         weighting = loop.state.item_weighting
         while True:

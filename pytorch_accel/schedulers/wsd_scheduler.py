@@ -136,7 +136,20 @@ class WSDLrScheduler(StatefulSchedulerBase):
         check_count(where, "num_warmup_steps", num_warmup_steps, minimum=0, resolved=True)
         self.num_warmup_steps = 0 if self.is_continuation_from_checkpoint else num_warmup_steps
         self.checkpoint_decay_info = self._calculate_decay_info()
-        self._check_warmup(where)
+        first_decay = self.checkpoint_decay_info[0]["pre_decay_step"]
+        if self.num_warmup_steps > first_decay:
+            fail(
+                ValueError,
+                where,
+                "num_warmup_steps",
+                self.num_warmup_steps,
+                f"<= the last stable update before the first decay ({first_decay})",
+                "Shorten the warmup, lower decay_phase_ratio or use fewer checkpoints.",
+            )
+        if self.num_warmup_steps:
+            fix = "Lower warmup_starting_lr to at most the optimizer's smallest lr."
+            starts = [self.warmup_starting_lr] * len(self.base_values)
+            check_group_bound(where, "warmup_starting_lr", starts, self.base_values, fix)
         self.step_update(0)
 
     def get_checkpoint_steps(self) -> list[int]:
@@ -203,23 +216,6 @@ class WSDLrScheduler(StatefulSchedulerBase):
             )
             start = end
         return info
-
-    def _check_warmup(self, where: str) -> None:
-        if not self.num_warmup_steps:
-            return
-        first_decay = self.checkpoint_decay_info[0]["pre_decay_step"]
-        if self.num_warmup_steps > first_decay:
-            fail(
-                ValueError,
-                where,
-                "num_warmup_steps",
-                self.num_warmup_steps,
-                f"<= the last stable update before the first decay ({first_decay})",
-                "Shorten the warmup, lower decay_phase_ratio or use fewer checkpoints.",
-            )
-        fix = "Lower warmup_starting_lr to at most the optimizer's smallest lr."
-        starts = [self.warmup_starting_lr] * len(self.base_values)
-        check_group_bound(where, "warmup_starting_lr", starts, self.base_values, fix)
 
     def load_state_dict(
         self,
