@@ -1,6 +1,6 @@
 """The largest batch that fits: ``Trainer.find_batch_size`` (Lightning's ``BatchSizeFinder``).
 
-Each trial trains a few steps at one per-device batch size, inside ``dry_run.trial_run``
+Each trial trains a few steps at one per-device batch size, inside ``_dry_run.trial_run``
 (callbacks' files redirected, the run history fresh), and then puts the model, optimizer,
 scheduler, run history and random states back as they were, bitwise. The steps run with a
 *probing* ``MicroBatchSplitter``: an out-of-memory error on any process ends the trial on every
@@ -97,13 +97,19 @@ def find_batch_size(
                 "left out",
                 "The search sets the batch size and the length of its trials itself.",
             )
-    limit = _largest_size(trainer, train_dataset, max_batch_size)
+    try:  # the largest size worth trying: the samples per process, or max_batch_size
+        samples: int | None = len(train_dataset) // trainer.accelerator.num_processes
+        length: dict[str, Any] = {"num_epochs": 1}
+    except TypeError:  # a stream: no length, trials counted in updates
+        samples, length = None, {"max_num_train_steps": steps_per_trial}
+    sizes = [size for size in (samples, max_batch_size) if size is not None]
+    limit = max(1, min(sizes)) if sizes else 2**31
     trials = 0
 
     def fits(size: int) -> bool:
         nonlocal trials
         trials += 1
-        fitted = _trial(trainer, train_dataset, size, steps_per_trial, train_kwargs)
+        fitted = _trial(trainer, train_dataset, size, steps_per_trial, {**length, **train_kwargs})
         get_logger().info(f"Batch size {size}: {'fits' if fitted else 'out of memory'}.")
         return fitted
 
@@ -134,31 +140,16 @@ def find_batch_size(
     return fitted
 
 
-def _largest_size(trainer: Trainer, train_dataset: Any, max_batch_size: int | None) -> int:
-    """The largest size worth trying: the dataset's samples per process, or the user's."""
-    try:
-        samples = len(train_dataset) // trainer.accelerator.num_processes
-    except TypeError:  # a stream: no length
-        samples = None
-    sizes = [size for size in (samples, max_batch_size) if size is not None]
-    return max(1, min(sizes)) if sizes else 2**31
-
-
 def _trial(
     trainer: Trainer, train_dataset: Any, size: int, steps: int, train_kwargs: dict[str, Any]
 ) -> bool:
     """Whether ``steps`` training steps at batch size ``size`` fit; everything put back."""
     state = trainer._state
-    try:
-        len(train_dataset)
-        length: dict[str, Any] = {"num_epochs": 1}
-    except TypeError:  # a stream: counted in updates
-        length = {"max_num_train_steps": steps}
     # a trial's out-of-memory error is the search's to handle: no on_exception for it
     with trial_run(trainer, steps), trainer.callback_handler.exceptions_handled_by_caller():
         state.probing = True
         try:
-            trainer.train(train_dataset, per_device_batch_size=size, **length, **train_kwargs)
+            trainer.train(train_dataset, per_device_batch_size=size, **train_kwargs)
         except Exception as error:  # BatchDoesNotFitError, or out of memory outside the steps
             if not is_out_of_memory(error):
                 raise

@@ -227,9 +227,6 @@ def _any_frozen(parameters: Iterable[nn.Parameter]) -> bool:
     return any(not parameter.requires_grad for parameter in parameters)
 
 
-# ----------------------------------------------------------------- pretrained weights
-
-
 class ShapeMismatch(NamedTuple):
     """A tensor that was not loaded because its shape differs from the model's.
 

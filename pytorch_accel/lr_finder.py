@@ -109,9 +109,7 @@ class LRFinderResult:
         if ax is None:
             ax = Figure(figsize=(6.0, 4.0), layout="constrained").subplots()
         ax.plot(self.lrs, self.smoothed_losses, label="smoothed loss")
-        ax.set_xscale("log")
-        ax.set_xlabel("learning rate")
-        ax.set_ylabel("loss")
+        ax.set(xscale="log", xlabel="learning rate", ylabel="loss")
         ax.grid(alpha=0.3)
         if show_suggestion and self.suggestion is not None:
             index = self.lrs.index(self.suggestion)

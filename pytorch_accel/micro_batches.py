@@ -135,7 +135,11 @@ class MicroBatchSplitter:
             outputs: list[dict[str, Any]] = []
             own, agreed, error = self._attempt(trainer, loop, batch, scale, outputs)
             if agreed == _OK:
-                _add_held(parameters, held)
+                for parameter, grad in zip(parameters, held, strict=True):  # add them back
+                    if parameter.grad is None:
+                        parameter.grad = grad
+                    elif grad is not None:
+                        parameter.grad.add_(grad)
                 if self._announce is not None:
                     self._say_split(batch)
                 return _merged(outputs)
@@ -247,17 +251,6 @@ class MicroBatchSplitter:
         for start, end in itertools.pairwise(bounds):
             if end > start:
                 yield slice_tensors(batch, slice(start, end)), (end - start) / rows
-
-
-def _add_held(parameters: list[torch.nn.Parameter], held: list[torch.Tensor | None]) -> None:
-    """Add the window's earlier gradients, set aside while the step ran, to the step's."""
-    for parameter, grad in zip(parameters, held, strict=True):
-        if grad is None:
-            continue
-        if parameter.grad is None:
-            parameter.grad = grad
-        else:
-            parameter.grad.add_(grad)
 
 
 def _merged(outputs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -70,8 +70,7 @@ _RENAMED = {
 class CosineLrScheduler(StatefulSchedulerBase):
     """Cosine annealing (SGDR without restarts) with warmup, cooldown and k-decay.
 
-    Stepped once per optimizer update (`Trainer` calls `step()` after each update). See the
-    module docstring for the exact value of every update. `k_decay` (from
+    See the module docstring for the exact value of every update. `k_decay` (from
     [k-decay](https://arxiv.org/abs/2004.05909)) above 1 keeps the LR high for longer.
 
     Args:

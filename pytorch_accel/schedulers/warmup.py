@@ -171,13 +171,11 @@ class LRWarmupScheduler:
             A dict of plain values, loadable with `torch.load(..., weights_only=True)` when the
             wrapped scheduler's state is.
         """
-        inner = None if self.scheduler is None else self.scheduler.state_dict()
-        state = {name: getattr(self, name) for name in _SETTINGS}
         return {
-            **state,
+            **{name: getattr(self, name) for name in _SETTINGS},
             "num_updates": self._num_updates,
             "regular_values": list(self.regular_values),
-            "scheduler": inner,
+            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
