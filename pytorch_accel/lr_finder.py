@@ -395,21 +395,20 @@ class _Sweep:
 
     def result(self, method: SuggestionMethod) -> LRFinderResult:
         lrs = self.lrs[: len(self.losses)]
-        valley = _suggest(valley_index, lrs, self.smoothed)
-        steepest = _suggest(steepest_index, lrs, self.smoothed, up_to_minimum=True)
         lowest = _suggest(lambda losses: losses.index(min(losses)), lrs, self.smoothed)
-        suggestions = {"valley": valley, "steepest": steepest}
-        suggestions["minimum"] = None if lowest is None else lowest / 10
+        suggestions = {
+            "valley": _suggest(valley_index, lrs, self.smoothed),
+            "steepest": _suggest(steepest_index, lrs, self.smoothed, up_to_minimum=True),
+            "minimum": None if lowest is None else lowest / 10,
+        }
         return LRFinderResult(
             lrs=lrs,
             losses=self.losses,
             smoothed_losses=self.smoothed,
             suggestion=suggestions[method],
             method=method,
-            valley=valley,
-            steepest=steepest,
-            minimum=suggestions["minimum"],
             diverged_at=self.diverged_at,
+            **suggestions,
         )
 
 

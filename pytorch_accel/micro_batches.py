@@ -70,8 +70,8 @@ an out-of-memory error that cannot be split further, which beats a stop, which b
 class BatchDoesNotFitError(RuntimeError):
     """A probing step ran out of memory (on some process): the batch size does not fit.
 
-    Its message says "out of memory.", so accelerate's ``should_reduce_batch_size`` and
-    ``find_executable_batch_size`` take it for one.
+    Its message says "out of memory.", so ``is_out_of_memory`` (accelerate's
+    ``should_reduce_batch_size``) takes it for one.
     """
 
 
