@@ -39,7 +39,6 @@ if TYPE_CHECKING:
 __all__ = [
     "DRY_RUN_BATCHES",
     "Snapshot",
-    "redirected_outputs",
     "run_dry_or_overfit",
     "trial_run",
 ]
@@ -96,35 +95,33 @@ def trial_run(trainer: Trainer, num_batches: int) -> Iterator[Path]:
     """Run what is inside on a few batches, then put everything of the user's back.
 
     Inside, at most ``num_batches`` batches per epoch, a fresh run history and every
-    callback's files in a temporary directory (yielded, deleted on exit); on exit the
+    callback's files in a temporary directory (yielded, deleted on exit): each callback's
+    ``redirect_outputs`` gets ``<directory>/callbacks/<index>-<class name>``. On exit the
     trainer is as it was (``Snapshot``, the history and the limits).
     """
     callbacks = trainer.callback_handler.callbacks
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(_kept_as_it_was(trainer))
-        directory = stack.enter_context(_temporary_directory(trainer))
-        stack.enter_context(trainer._run_directory.set_aside(directory / "run", callbacks))
-        stack.enter_context(redirected_outputs(callbacks, directory / "callbacks"))
-        trainer.dry_run_dir = directory
-        trainer.run_history = InMemoryRunHistory()
-        trainer.limit_train_batches = _lowest(trainer.limit_train_batches, num_batches)
-        trainer.limit_eval_batches = _lowest(trainer.limit_eval_batches, num_batches)
-        yield directory
-
-
-@contextlib.contextmanager
-def redirected_outputs(callbacks: list[Any], directory: Path) -> Iterator[None]:
-    """Redirect every callback's files into a directory of its own under ``directory``.
-
-    Each callback's ``redirect_outputs`` (``TrainerCallback``'s declares where it writes) is
-    entered with ``<directory>/<index>-<class name>``; all are exited afterwards.
-    """
-    with contextlib.ExitStack() as stack:
-        for index, callback in enumerate(callbacks):
-            if isinstance(callback, TrainerCallback):
-                own = directory / f"{index}-{type(callback).__name__}"
-                stack.enter_context(callback.redirect_outputs(own))
-        yield
+    kept = (trainer.run_history, trainer.limit_train_batches, trainer.limit_eval_batches)
+    chosen_rates = trainer._state.chosen_rates
+    run_updates = trainer._state.global_num_updates
+    try:
+        with Snapshot.taken(trainer), contextlib.ExitStack() as stack:
+            directory = stack.enter_context(_temporary_directory(trainer))
+            stack.enter_context(trainer._run_directory.set_aside(directory / "run", callbacks))
+            for index, callback in enumerate(callbacks):
+                if isinstance(callback, TrainerCallback):
+                    own = directory / "callbacks" / f"{index}-{type(callback).__name__}"
+                    stack.enter_context(callback.redirect_outputs(own))
+            trainer.dry_run_dir = directory
+            trainer.run_history = InMemoryRunHistory()
+            trainer.limit_train_batches = _lowest(trainer.limit_train_batches, num_batches)
+            trainer.limit_eval_batches = _lowest(trainer.limit_eval_batches, num_batches)
+            yield directory
+    finally:
+        trainer.dry_run_dir = None
+        trainer._state.chosen_rates = chosen_rates.moved_to(trainer.optimizer)
+        # num_updates tells the dry run's updates, as before; the run's count is as it was
+        trainer._state.updates_before = run_updates - trainer._state.num_updates
+        trainer.run_history, trainer.limit_train_batches, trainer.limit_eval_batches = kept
 
 
 @dataclasses.dataclass
@@ -192,23 +189,6 @@ class Snapshot:
             yield snapshot
         finally:
             snapshot.restore(trainer)
-
-
-@contextlib.contextmanager
-def _kept_as_it_was(trainer: Trainer) -> Iterator[None]:
-    """Put back the weights, optimizer, scheduler, history, limits and random states."""
-    kept = (trainer.run_history, trainer.limit_train_batches, trainer.limit_eval_batches)
-    chosen_rates = trainer._state.chosen_rates
-    run_updates = trainer._state.global_num_updates
-    try:
-        with Snapshot.taken(trainer):
-            yield
-    finally:
-        trainer.dry_run_dir = None
-        trainer._state.chosen_rates = chosen_rates.moved_to(trainer.optimizer)
-        # num_updates tells the dry run's updates, as before; the run's count is as it was
-        trainer._state.updates_before = run_updates - trainer._state.num_updates
-        trainer.run_history, trainer.limit_train_batches, trainer.limit_eval_batches = kept
 
 
 @contextlib.contextmanager

@@ -182,8 +182,7 @@ class WSDLrScheduler(StatefulSchedulerBase):
 
     def _lr(self, update: int, base: float) -> float:
         if update <= self.num_warmup_steps:
-            fraction = (update - 1) / self.num_warmup_steps
-            return interpolate(self.warmup_starting_lr, base, fraction)
+            return interpolate(self.warmup_starting_lr, base, (update - 1) / self.num_warmup_steps)
         info = self.get_phase_info(update)
         if update <= info["pre_decay_step"]:
             return base
@@ -228,8 +227,7 @@ class WSDLrScheduler(StatefulSchedulerBase):
         if not self.is_continuation_from_checkpoint:
             super().load_state_dict(state)
             return
-        current = self.state_dict()
-        super().load_state_dict({**current, "base_values": _base_values(state)})
+        super().load_state_dict({**self.state_dict(), "base_values": _base_values(state)})
 
     @property
     def previous_checkpoint_step(self) -> int | None:
