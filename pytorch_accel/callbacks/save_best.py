@@ -32,33 +32,27 @@ _RESERVED_KEYS = frozenset(
 class SaveBestModelCallback(TrainerCallback):
     """Checkpoint the model whenever ``watch_metric`` reaches a new best; load the best at the end.
 
-    At the end of each epoch (``on_training_run_epoch_end``) it reads the latest value of
-    ``watch_metric``. A value strictly better than every earlier one of the run is saved to
-    ``save_path`` with ``trainer.save_checkpoint`` (atomic, written by the main process, so
-    every process takes part). A tie keeps the earlier epoch; NaN is never saved. Every
-    checkpoint holds the metric under its own name and the epoch, e.g.
+    At each epoch's end (``on_training_run_epoch_end``) it reads the latest value of
+    ``watch_metric``; a value strictly better than every earlier one of the run (a tie keeps
+    the earlier epoch, NaN is never saved) is saved to ``save_path`` with
+    ``trainer.save_checkpoint`` (atomic, written by the main process, so every process takes
+    part), with the metric under its own name and the epoch, e.g.
     ``{"model_state_dict": ..., "eval_loss_epoch": 0.12, "epoch": 3}``. At the end of the run
-    (also after an early stop) the best checkpoint is loaded, if one was saved.
-
-    Several ``train()`` calls (stages of one run): with ``reset_on_train=True`` (the default)
-    each call ranks its own epochs and ends with its own best. With ``reset_on_train=False``
-    the ranking spans the calls, and a call ends by loading the best only if that best was
-    saved during the call: a best from an earlier call is never loaded over a later stage's
-    weights (that would silently undo the stages since). The model then keeps the call's
-    last weights, and a message names the earlier best, its epoch and how to load it
-    (``trainer.load_checkpoint(save_path)``). pytorch-accelerated loaded it; here that is
-    asked for explicitly. A resumed ``train(resume_from=...)`` continues the saved call: a
-    best saved before the interruption counts as saved during the call.
+    (also after an early stop) the best checkpoint is loaded, if one was saved. In
+    multi-process runs the main process's value decides, so all processes save and load
+    together.
 
     With ``save_top_k=k > 1`` the ``k`` best epochs are also kept as ``<stem>-epoch<N><suffix>``
-    next to ``save_path`` (``best_model-epoch3.pt`` for ``best_model.pt``); ``save_path`` always
-    holds a copy of the best one. A file that drops out of the top ``k`` is deleted by the main
-    process. With ``save_top_k=1`` only ``save_path`` is written.
+    next to ``save_path`` (``best_model-epoch3.pt`` for ``best_model.pt``), which holds a copy
+    of the best; the main process deletes a file that drops out of the top ``k``.
 
-    With ``reset_on_train=True`` each ``train()`` starts a new ranking: the epoch files of the
-    previous one are deleted when it starts, and ``save_path`` is overwritten at its first
-    epoch end. In multi-process runs the main process's value decides (the trainer's own
-    metrics are the same on every process), so all processes save and load together.
+    Several ``train()`` calls (stages of one run): with ``reset_on_train=True`` each call ranks
+    its own epochs (deleting the previous call's epoch files) and ends with its own best. With
+    ``reset_on_train=False`` the ranking spans the calls, and a call loads the best at its end
+    only if it saved that best itself: a best from an earlier call is never loaded over a later
+    stage's weights; a message names it and how to load it
+    (``trainer.load_checkpoint(save_path)``), where pytorch-accelerated loaded it. A resumed
+    ``train(resume_from=...)`` continues the saved call.
 
     Order ``50``: after callbacks that record metrics at ``on_training_run_epoch_end`` (default
     0, ``ModelEmaCallback`` 40), before ``LogMetricsCallback`` (100) and
@@ -71,8 +65,7 @@ class SaveBestModelCallback(TrainerCallback):
         greater_is_better: Whether larger values of the metric are better. Left out, lower is
             better, with a warning unless the metric's name says it is a loss or an error.
         reset_on_train: Start a new ranking at each ``train()``; ``False`` keeps the best of
-            earlier calls (a later call then saves only what beats them, and loads a best at
-            its end only if it saved one).
+            earlier calls (a later call saves only what beats them).
         save_optimizer: Include the optimizer state in the checkpoints.
         save_scheduler: Include the scheduler state, if there is a scheduler.
         load_saved_checkpoint: Load the best checkpoint at the end of each ``train()`` call,
@@ -152,14 +145,7 @@ class SaveBestModelCallback(TrainerCallback):
         return [(epoch, value) for value, epoch in self._ranking]
 
     def checkpoint_path(self, epoch: int) -> Path:
-        """Return the file that keeps ``epoch`` when ``save_top_k > 1``.
-
-        Args:
-            epoch: The 1-based epoch number.
-
-        Returns:
-            ``<stem>-epoch<epoch><suffix>`` in the directory of ``save_path``.
-        """
+        """Return the file that keeps the 1-based ``epoch`` when ``save_top_k > 1``."""
         path = self.save_path
         return path.with_name(f"{path.stem}-epoch{epoch}{path.suffix}")
 
@@ -223,9 +209,8 @@ class SaveBestModelCallback(TrainerCallback):
         )
 
     def _qualifies(self, value: float) -> bool:
-        if len(self._ranking) < self.save_top_k:
-            return self._watch.is_better(value, None)
-        return self._watch.is_better(value, self._ranking[-1][0])
+        full = len(self._ranking) >= self.save_top_k
+        return self._watch.is_better(value, self._ranking[-1][0] if full else None)
 
     def _save(self, trainer: Trainer, value: float, epoch: int) -> None:
         """Write the epoch's file(s), then delete the file that left the top ``k``."""
