@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from pytorch_accel._checks import check_bool, fail
-from pytorch_accel.distributed import AgreedFlag, agreement_group
+from pytorch_accel.distributed import AgreedFlag
 from pytorch_accel.tracking import MetricNotFoundError, get_logger
 
 if TYPE_CHECKING:
@@ -23,10 +23,9 @@ __all__ = ["MetricWatch", "resolve_direction"]
 
 
 def resolve_direction(where: str, metric_name: str, greater_is_better: bool | None) -> bool:
-    """Return whether a higher ``metric_name`` is better, warning when it is only assumed.
+    """Return whether a higher ``metric_name`` is better; ``None``: lower, with a warning.
 
-    ``None`` means lower is better (the default for losses); for a metric whose name holds
-    neither "loss" nor "error", a warning says that a rise will count as worse.
+    The warning says a rise will count as worse, unless the name says it is a loss or an error.
     """
     if greater_is_better is not None:
         check_bool(where, "greater_is_better", greater_is_better)
@@ -48,13 +47,7 @@ class MetricWatch:
 
     A value is new when the metric gained a value since the last read. A metric never
     recorded is an error naming the recorded ones; a metric not recorded again this epoch is
-    skipped: silently in an epoch the trainer did not evaluate (``eval_every_n_epochs``), else
-    with a message (for metrics a callback records less often than every epoch).
-
-    Args:
-        where: The callback's name, for messages.
-        metric_name: The run-history name to watch.
-        greater_is_better: Whether larger values are better.
+    skipped: silently in an epoch the trainer did not evaluate, else with a message.
     """
 
     def __init__(self, where: str, metric_name: str, greater_is_better: bool) -> None:
@@ -62,18 +55,15 @@ class MetricWatch:
         self.metric_name = metric_name
         self.greater_is_better = greater_is_better
         self._seen = 0
-        self._group: Any = None
         self._agreement: AgreedFlag | None = None
 
     def start_run(self, trainer: Trainer) -> None:
         """Note the values already recorded; fail now if an eval loss is watched without evals.
 
-        With several processes it also makes the ``AgreedFlag`` that ``main_value`` uses
-        (its process group once per watch: every process starts the run at the same point).
+        With several processes it makes, once, the ``AgreedFlag`` that ``main_value`` uses.
         """
         if trainer.accelerator.num_processes > 1 and self._agreement is None:
-            self._group = agreement_group()
-            self._agreement = AgreedFlag(self._group)
+            self._agreement = AgreedFlag()
         history = trainer.run_history
         recorded = self.metric_name in history.get_metric_names()
         self._seen = len(history.get_metric_values(self.metric_name)) if recorded else 0
@@ -102,16 +92,15 @@ class MetricWatch:
     def main_value(self, value: float) -> float:
         """Return the main process's ``value`` on every process (one exchange; none alone).
 
-        Callbacks that call collectives (``save_checkpoint``) depending on a metric must decide
-        the same way on every process, even for a metric recorded per process.
+        For callbacks that call collectives (``save_checkpoint``) depending on a metric.
         """
         return value if self._agreement is None else self._agreement.main_value(value)
 
     def read(self, trainer: Trainer, evaluated: bool = True) -> float | None:
         """Return the value recorded this epoch, or ``None`` (with a message) if there is none.
 
-        ``evaluated=False`` is an epoch between evaluations, where a metric not recorded yet
-        is not an error.
+        In an epoch between evaluations (``evaluated=False``) a metric not recorded yet is not
+        an error.
 
         Raises:
             MetricNotFoundError: If the metric was never recorded, naming those that were.

@@ -32,14 +32,10 @@ class LimitBatchesCallback(TrainerCallback):
     """Use at most ``num_batches`` batches in every training and evaluation epoch.
 
     It sets ``trainer.limit_train_batches`` and ``trainer.limit_eval_batches`` at
-    ``on_init_end``, so pass it to the ``Trainer`` constructor: the training limit is read
-    when ``train()`` starts (the run config, placeholders and accumulation follow it). Added
-    later, it raises at the start of the next run; to limit an existing trainer, set those two
-    attributes directly. Each process uses at most ``num_batches`` of its own batches.
-    Trainers created inside ``LimitBatches`` (or with ``PYTORCH_ACCEL_LIMIT_BATCHES`` set) get
-    this callback automatically.
-
-    Order ``-100``: it only sets attributes when the trainer is created.
+    ``on_init_end``, so pass it to the ``Trainer`` constructor (added later, it raises at the
+    next run's start; to limit an existing trainer, set those two attributes). Each process
+    uses at most ``num_batches`` of its own batches. Trainers created inside ``LimitBatches``
+    (or with ``PYTORCH_ACCEL_LIMIT_BATCHES`` set) get this callback automatically.
 
     Args:
         num_batches: The most batches per epoch, for training and evaluation alike.
@@ -52,7 +48,7 @@ class LimitBatchesCallback(TrainerCallback):
         ```
     """
 
-    order = -100
+    order = -100  # it only sets attributes when the trainer is created
     may_stop_training = False
 
     def __init__(self, num_batches: int) -> None:

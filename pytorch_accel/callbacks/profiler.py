@@ -27,32 +27,22 @@ class ProfilerCallback(TrainerCallback):
     """Profile a scheduled window of training steps; write one trace per process.
 
     A ``torch.profiler.profile`` starts with each training run and stops at its end (also
-    when a ``StopTrainingError`` ends it, and when an exception or Ctrl-C does: then the
-    recording of the steps so far is written). It is stepped once per training step (at
-    ``on_train_step_end``), following ``torch.profiler.schedule``: after ``skip_first``
-    steps, ``wait`` steps unrecorded, ``warmup`` steps recorded and thrown away, ``active``
-    steps recorded; that cycle ``repeat`` times (``0``: until the run ends). Each recorded
-    cycle is written by every process as a Chrome trace,
-    ``<directory>/rank<N>.<cycle>.pt.trace.json``: open it in ``chrome://tracing`` or
-    https://ui.perfetto.dev, or point TensorBoard's profiler plugin at ``directory``
-    (``torch.profiler.tensorboard_trace_handler``'s layout: the process's rank is the worker
-    name, the cycle's number the span). The steps appear as ``ProfilerStep#<i>`` (0-based
-    training steps of the run); a step's span runs from the end of the one before to its own
-    end, so it holds the wait for its batch, and the epoch's end and evaluation for the first
-    step of the next epoch. A run that ends inside the window writes what it recorded, with
-    the run's end as one more step.
+    after a ``StopTrainingError``, an exception or Ctrl-C: the steps recorded so far are
+    written). It steps at each ``on_train_step_end``, following ``torch.profiler.schedule``:
+    after ``skip_first`` steps, ``wait`` steps unrecorded, ``warmup`` recorded and thrown
+    away, ``active`` recorded; that cycle ``repeat`` times (``0``: until the run ends). Every
+    process writes each recorded cycle as a Chrome trace,
+    ``<directory>/rank<N>.<cycle>.pt.trace.json`` (``tensorboard_trace_handler``'s layout):
+    open it in https://ui.perfetto.dev or point TensorBoard's profiler plugin at
+    ``directory``. The steps appear as ``ProfilerStep#<i>`` (0-based steps of the run); a
+    step's span runs from the end of the one before, so it holds the wait for its batch.
 
-    With ``summary_rows=N``, the main process logs the operators of the last recorded cycle,
-    the ``N`` most expensive (``key_averages().table``), when the run ends. The profiler of
-    the last run stays in ``profiler`` for more (``profiler.key_averages()``), and the files
-    this process wrote in ``trace_files``. Built with accelerate's ``ProfileKwargs`` (the
-    options of ``Accelerator(kwargs_handlers=[ProfileKwargs(...)])``); ``Accelerator.profile``
-    itself is a context manager around code, where a callback needs start and stop, and it
-    ends with a barrier, which a run ending on one process only must not wait at.
-
-    Without this callback nothing is profiled and the steps cost nothing more; with it, each
-    step costs the profiler's ``step()`` (a few microseconds) outside the window and the
-    recording inside it.
+    With ``summary_rows=N``, the main process logs the ``N`` most expensive operators of the
+    last recorded cycle when the run ends. The last run's profiler stays in ``profiler``, the
+    files this process wrote in ``trace_files``. It is built with accelerate's
+    ``ProfileKwargs``: ``Accelerator.profile`` wraps a block of code and ends with a barrier,
+    where a callback needs start and stop. Outside the window a step costs the profiler's
+    ``step()`` (a few microseconds).
 
     Args:
         directory: Where the traces are written (created when the first is); left at its
@@ -70,9 +60,6 @@ class ProfilerCallback(TrainerCallback):
         with_stack: Record the Python source lines of the operators.
         summary_rows: Log this many rows of the operator summary at the end of the run, on the
             main process; ``None`` logs none.
-
-    Raises:
-        TypeError, ValueError: For an argument of the wrong type or out of range.
 
     Example:
         ```python
@@ -197,11 +184,7 @@ class ProfilerCallback(TrainerCallback):
         self.stop_profiler()
 
     def stop_profiler(self) -> None:
-        """Stop the profiler if it runs; a cycle still recording is written.
-
-        Called at the end of each training run, and when an exception ends it
-        (``on_exception``, also for Ctrl-C).
-        """
+        """Stop the profiler if it runs; a cycle still recording is written."""
         if self._running and self.profiler is not None:
             self._running = False
             self.profiler.stop()
@@ -213,8 +196,8 @@ class ProfilerCallback(TrainerCallback):
             rows: How many operators; ``summary_rows`` (or 20) by default.
 
         Returns:
-            ``key_averages().table(...)``, sorted by device time when CUDA was recorded, else by
-            CPU time (self time, without the operators called inside).
+            ``key_averages().table(...)``, by self device time when CUDA was recorded, else by
+            self CPU time.
         """
         if self.profiler is None:
             return ""
