@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._checks import check_bool, check_metric_name, check_number, check_positive_int
+from pytorch_accel._checks import check_bool, check_number, check_positive_int
 from pytorch_accel.callback import TrainerCallback
-from pytorch_accel.callbacks._watch import MetricWatch, resolve_direction
+from pytorch_accel.callbacks._watch import MetricWatch
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.tracking import get_logger
 
@@ -52,12 +52,8 @@ class EarlyStoppingCallback(TrainerCallback):
 
     Example:
         ```python
-        trainer = Trainer(
-            model, loss_func, optimizer,
-            callbacks=(*DEFAULT_CALLBACKS,
-                       EarlyStoppingCallback(early_stopping_patience=3,
-                                             early_stopping_threshold=0.001)),
-        )
+        stop = EarlyStoppingCallback(early_stopping_patience=3, early_stopping_threshold=0.001)
+        trainer = Trainer(model, loss_func, optimizer, callbacks=(*DEFAULT_CALLBACKS, stop))
         trainer.train(train_dataset, num_epochs=100, eval_dataset=eval_dataset)
         ```
     """
@@ -81,18 +77,16 @@ class EarlyStoppingCallback(TrainerCallback):
             finite=True,
             fix="Pass early_stopping_threshold >= 0 (0: any improvement).",
         )
-        check_metric_name(where, "watch_metric", watch_metric)
-        greater_is_better = resolve_direction(where, watch_metric, greater_is_better)
+        self._watch = MetricWatch(where, watch_metric, greater_is_better)
         check_bool(where, "reset_on_train", reset_on_train)
         self.early_stopping_patience = early_stopping_patience
         self.early_stopping_threshold = float(early_stopping_threshold)
         self.watch_metric = watch_metric
-        self.greater_is_better = greater_is_better
+        self.greater_is_better = self._watch.greater_is_better
         self.reset_on_train = reset_on_train
         self.best_metric: float | None = None
         self.best_metric_epoch: int | None = None
         self.early_stopping_patience_counter = 0
-        self._watch = MetricWatch(where, watch_metric, greater_is_better)
 
     def reset(self) -> None:
         """Forget the best value and the count of epochs without improvement."""

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.utils import DistributedType
 
-from pytorch_accel._checks import check_bool, check_metric_name, check_path, fail
+from pytorch_accel._checks import check_bool, check_path, fail
 from pytorch_accel.callback import DefaultPath, RunPaths, TrainerCallback, redirected_paths
-from pytorch_accel.callbacks._watch import MetricWatch, resolve_direction
+from pytorch_accel.callbacks._watch import MetricWatch
 from pytorch_accel.utils import EmaPairs, ModelEma
 
 if TYPE_CHECKING:
@@ -109,9 +109,7 @@ class ModelEmaCallback(TrainerCallback):
         self._ema: dict[str, torch.Tensor] | None = None
         self._watch: MetricWatch | None = None
         if watch_metric is not None:
-            check_metric_name(where, "watch_metric", watch_metric)
-            direction = resolve_direction(where, watch_metric, greater_is_better)
-            self._watch = MetricWatch(where, watch_metric, direction)
+            self._watch = MetricWatch(where, watch_metric, greater_is_better)
         self.best_metric: float | None = None
         self._binding: EmaPairs | None = None  # bound to the model of the current run
         self._sharded_by: int | None = None  # FSDP processes whose shards the EMA holds
@@ -198,9 +196,8 @@ class ModelEmaCallback(TrainerCallback):
             self.evaluate(trainer)
         if self._watch is None:
             return
-        local = self._watch.read(trainer, evaluated)
-        value = None if local is None else self._watch.main_value(local)
-        if value is not None and self._watch.is_better(value, self.best_metric):
+        value = self._watch.read_main(trainer, evaluated)
+        if self._watch.is_better(value, self.best_metric):  # NaN (no value) never is
             self.best_metric = value
             self._save(trainer)
 

@@ -42,8 +42,8 @@ class LimitBatchesCallback(TrainerCallback):
 
     Example:
         ```python
-        trainer = Trainer(model, loss_func, optimizer,
-                          callbacks=(*DEFAULT_CALLBACKS, LimitBatchesCallback(2)))
+        limit = LimitBatchesCallback(2)
+        trainer = Trainer(model, loss_func, optimizer, callbacks=(*DEFAULT_CALLBACKS, limit))
         trainer.train(train_dataset, num_epochs=2, eval_dataset=eval_dataset)  # a smoke test
         ```
     """
@@ -64,16 +64,11 @@ class LimitBatchesCallback(TrainerCallback):
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Fail if the callback was added after the trainer was created."""
-        self._check_initialised(trainer)
-
-    def on_evaluation_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Fail if the callback was added after the trainer was created."""
-        self._check_initialised(trainer)
-
-    def _check_initialised(self, trainer: Trainer) -> None:
         if trainer not in self._trainers:
             raise ValueError(
                 "LimitBatchesCallback: it was added after the Trainer was created, so its limit "
                 "is not applied. Pass it to Trainer(..., callbacks=...), or set "
                 f"trainer.limit_train_batches = trainer.limit_eval_batches = {self.num_batches}."
             )
+
+    on_evaluation_run_start = on_training_run_start

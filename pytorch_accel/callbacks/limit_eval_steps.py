@@ -30,11 +30,8 @@ class LimitEvalStepsCallback(TrainerCallback):
 
     Example:
         ```python
-        trainer = Trainer(
-            model, loss_func, optimizer,
-            callbacks=(*DEFAULT_CALLBACKS, StepBasedEvaluationCallback(200),
-                       LimitEvalStepsCallback(20)),
-        )
+        extra = (StepBasedEvaluationCallback(200), LimitEvalStepsCallback(20))
+        trainer = Trainer(model, loss_func, optimizer, callbacks=(*DEFAULT_CALLBACKS, *extra))
         ```
     """
 

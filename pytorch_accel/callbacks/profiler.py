@@ -64,8 +64,7 @@ class ProfilerCallback(TrainerCallback):
     Example:
         ```python
         profiler = ProfilerCallback("profiles", wait=5, warmup=2, active=5, summary_rows=15)
-        trainer = Trainer(model, loss_func, optimizer,
-                          callbacks=(*DEFAULT_CALLBACKS, profiler))
+        trainer = Trainer(model, loss_func, optimizer, callbacks=(*DEFAULT_CALLBACKS, profiler))
         trainer.train(train_dataset, num_epochs=1, per_device_batch_size=32)
         # tensorboard --logdir profiles   (or open profiles/rank0.*.pt.trace.json in Perfetto)
         ```
@@ -90,23 +89,6 @@ class ProfilerCallback(TrainerCallback):
     ) -> None:
         where = "ProfilerCallback"
         check_path(where, "directory", directory, directory=True)
-        for name, value, minimum in (
-            ("wait", wait, 0),
-            ("warmup", warmup, 0),
-            ("active", active, 1),
-            ("repeat", repeat, 0),
-            ("skip_first", skip_first, 0),
-        ):
-            check_count(where, name, value, minimum=minimum, resolved=True)
-        for name, flag in (
-            ("record_shapes", record_shapes),
-            ("profile_memory", profile_memory),
-            ("with_stack", with_stack),
-        ):
-            check_bool(where, name, flag)
-        check_positive_int(where, "summary_rows", summary_rows, allow_none=True)
-        self.directory = Path(directory)
-        self._run_paths = RunPaths(directory=directory)
         self.schedule = {
             "wait": wait,
             "warmup": warmup,
@@ -114,6 +96,14 @@ class ProfilerCallback(TrainerCallback):
             "repeat": repeat,
             "skip_first": skip_first,
         }
+        for name, value in self.schedule.items():
+            check_count(where, name, value, minimum=int(name == "active"), resolved=True)
+        check_bool(where, "record_shapes", record_shapes)
+        check_bool(where, "profile_memory", profile_memory)
+        check_bool(where, "with_stack", with_stack)
+        check_positive_int(where, "summary_rows", summary_rows, allow_none=True)
+        self.directory = Path(directory)
+        self._run_paths = RunPaths(directory=directory)
         self.activities = None if activities is None else _checked_activities(activities)
         self.record_shapes, self.profile_memory = record_shapes, profile_memory
         self.with_stack, self.summary_rows = with_stack, summary_rows

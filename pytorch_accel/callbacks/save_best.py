@@ -8,15 +8,9 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._checks import (
-    check_bool,
-    check_metric_name,
-    check_path,
-    check_positive_int,
-    fail,
-)
+from pytorch_accel._checks import check_bool, check_path, check_positive_int, fail
 from pytorch_accel.callback import DefaultPath, RunPaths, TrainerCallback, redirected_paths
-from pytorch_accel.callbacks._watch import MetricWatch, resolve_direction
+from pytorch_accel.callbacks._watch import MetricWatch
 from pytorch_accel.tracking import get_logger
 
 if TYPE_CHECKING:
@@ -78,13 +72,9 @@ class SaveBestModelCallback(TrainerCallback):
 
     Example:
         ```python
-        trainer = Trainer(
-            model, loss_func, optimizer,
-            callbacks=(*DEFAULT_CALLBACKS,
-                       SaveBestModelCallback("checkpoints/best.pt",
-                                             watch_metric="accuracy",
-                                             greater_is_better=True, save_top_k=3)),
-        )
+        best = SaveBestModelCallback("checkpoints/best.pt", watch_metric="accuracy",
+                                     greater_is_better=True, save_top_k=3)
+        trainer = Trainer(model, loss_func, optimizer, callbacks=(*DEFAULT_CALLBACKS, best))
         trainer.train(train_dataset, num_epochs=10, eval_dataset=eval_dataset)
         # checkpoints/best.pt and checkpoints/best-epoch<N>.pt for the 3 best epochs
         ```
@@ -106,8 +96,16 @@ class SaveBestModelCallback(TrainerCallback):
     ) -> None:
         where = "SaveBestModelCallback"
         check_path(where, "save_path", save_path)
-        _check_watch_metric(where, watch_metric)
-        greater_is_better = resolve_direction(where, watch_metric, greater_is_better)
+        self._watch = MetricWatch(where, watch_metric, greater_is_better)
+        if watch_metric in _RESERVED_KEYS:
+            fail(
+                ValueError,
+                where,
+                "watch_metric",
+                watch_metric,
+                f"a name other than the checkpoint keys {sorted(_RESERVED_KEYS)}",
+                "Record the metric under another name.",
+            )
         for name, flag in (
             ("reset_on_train", reset_on_train),
             ("save_optimizer", save_optimizer),
@@ -119,7 +117,7 @@ class SaveBestModelCallback(TrainerCallback):
         self.save_path = Path(save_path)
         self._run_paths = RunPaths(save_path=save_path)
         self.watch_metric = watch_metric
-        self.greater_is_better = greater_is_better
+        self.greater_is_better = self._watch.greater_is_better
         self.reset_on_train = reset_on_train
         self.save_optimizer = save_optimizer
         self.save_scheduler = save_scheduler
@@ -129,7 +127,6 @@ class SaveBestModelCallback(TrainerCallback):
         self.best_metric_epoch: int | None = None
         self._ranking: list[tuple[float, int]] = []  # (value, epoch), best first
         self._best_in_call = False  # whether the current train() call saved best_metric
-        self._watch = MetricWatch(where, watch_metric, greater_is_better)
 
     def redirect_outputs(self, directory: Path) -> AbstractContextManager[None]:
         """Write the best checkpoints under ``directory`` meanwhile (for ``train(dry_run=...)``)."""
@@ -176,8 +173,7 @@ class SaveBestModelCallback(TrainerCallback):
         self, trainer: Trainer, evaluated: bool = True, **kwargs: Any
     ) -> None:
         """Save the epoch if it is a new best or, with ``save_top_k > 1``, in the top ``k``."""
-        local = self._watch.read(trainer, evaluated)
-        value = self._watch.main_value(float("nan") if local is None else local)
+        value = self._watch.read_main(trainer, evaluated)
         if self._qualifies(value):
             self._save(trainer, value, trainer.run_history.current_epoch)
 
@@ -241,16 +237,3 @@ class SaveBestModelCallback(TrainerCallback):
             return
         for epoch in epochs:
             self.checkpoint_path(epoch).unlink(missing_ok=True)
-
-
-def _check_watch_metric(where: str, watch_metric: object) -> None:
-    check_metric_name(where, "watch_metric", watch_metric)
-    if watch_metric in _RESERVED_KEYS:
-        fail(
-            ValueError,
-            where,
-            "watch_metric",
-            watch_metric,
-            f"a name other than the checkpoint keys {sorted(_RESERVED_KEYS)}",
-            "Record the metric under another name.",
-        )

@@ -39,40 +39,31 @@ class SaveTrainingStateCallback(TrainerCallback):
     among the trainer's callbacks, resumes the newest or starts afresh when there is none, so
     the same command serves the first launch and every requeue.
 
-    Names: ``updates-<n>`` (every ``save_every_n_steps`` updates, counted over the run,
-    ``trainer.global_num_updates``, so a later ``train()`` never replaces an earlier call's
-    states), ``epoch-<n>`` (numbered as in the run history), ``preempted-<n>``,
-    ``interrupted-<n>`` (Ctrl-C, with ``save_on_interrupt``), ``time-limit-<n>``
-    (``TimeBudgetCallback``, through ``save_to_resume``) and ``final`` (when training ends,
-    unless preempted or interrupted).
+    Names: ``updates-<n>`` (``n``: ``trainer.global_num_updates``, counted over the run, so
+    a later ``train()`` never replaces an earlier call's states), ``epoch-<n>``,
+    ``preempted-<n>``, ``interrupted-<n>``, ``time-limit-<n>`` (``TimeBudgetCallback``, through
+    ``save_to_resume``) and ``final`` (unless preempted or interrupted).
 
-    On a preemption signal (SIGTERM by default; add ``signal.SIGUSR1`` for SLURM's
-    ``--signal=USR1@90``) the current step is finished, a state is saved, the run stops
+    On a preemption signal the current step is finished, a state is saved, the run stops
     through the usual stop events, and the process exits with status 0 (``SystemExit(0)``
-    after ``on_training_run_end``), or ``train()`` returns with ``exit_on_preemption=False``.
-    A second signal while the first is handled ends the process at once; one within 1 s of
-    the first counts as the same (torchrun forwards the signal to workers that got it too).
-    With ``save_on_interrupt=True``, Ctrl-C (``SIGINT``) is handled the same way, saving
-    ``interrupted-<n>`` on every process, and then ``KeyboardInterrupt`` propagates from
-    ``train()``; a second Ctrl-C interrupts at once, without a save. Without it, Ctrl-C raises
-    ``KeyboardInterrupt`` wherever the run is.
-
+    after ``on_training_run_end``) unless ``exit_on_preemption=False``. A second signal ends
+    the process at once; one within 1 s of the first is the same (forwarded by torchrun).
+    With ``save_on_interrupt=True``, Ctrl-C is handled the same way, and then
+    ``KeyboardInterrupt`` propagates from ``train()``; a second Ctrl-C interrupts at once.
     With several processes, they agree whether any received the signal without blocking a
-    step: about every ``preemption_check_interval`` seconds (counted in steps all agree on), a
-    step's end starts a small asynchronous all-reduce over gloo that a later step's end reads,
-    and every epoch's end agrees at once. All so save the same step, at most about twice the
-    interval (and a step) after the signal.
+    step (a small asynchronous all-reduce over gloo about every ``preemption_check_interval``
+    seconds, read at a later step; at once at an epoch's end), so all save the same step, at
+    most about twice the interval (and a step) after the signal.
 
-    With ``async_save=True`` the periodic saves (``updates-<n>``, ``epoch-<n>``) stall training
-    only while the state is copied to host memory: it is written in a background thread and
-    published at a later step boundary once every process has written its part. At most one
-    save is in flight; the other saves are blocking (after waiting for one in flight), and
-    ``train()`` returns only once every save is complete. A background write's error is raised
-    at the next step boundary or at the run's end. With ``max_checkpoints``, one more state
-    may exist while a save is in flight.
+    With ``async_save=True`` the periodic saves stall training only while the state is copied
+    to host memory: it is written in a background thread and published at a later step
+    boundary once every process has written its part. At most one save is in flight; the
+    others wait for it, and ``train()`` returns once every save is complete. A background
+    write's error is raised at the next step boundary or at the run's end. With
+    ``max_checkpoints``, one more state may exist while a save is in flight.
 
-    Order ``1000``: after the other callbacks of each event, so a state saved at the end of a
-    step or an epoch includes what they did in that event.
+    Order ``1000``: after the other callbacks of each event, so a state includes what they
+    did in that event.
 
     Args:
         save_dir: The directory that holds the states (in ``trainer.run_dir`` when left out
@@ -81,13 +72,15 @@ class SaveTrainingStateCallback(TrainerCallback):
         save_every_n_steps: Save after every n-th optimizer update.
         save_at_end: Save ``final`` when ``train()`` ends (not after a preemption).
         max_checkpoints: Keep only the newest this many states (deleted by the main process).
-        preemption_signals: Signals that save a state and stop; ``()`` installs no handler.
+        preemption_signals: Signals that save a state and stop (add ``signal.SIGUSR1`` for
+            SLURM's ``--signal=USR1@90``); ``()`` installs no handler.
         exit_on_preemption: Exit the process with status 0 after a preemption.
         preemption_check_interval: With several processes, about how many seconds pass
             between two agreements on a signal (at least one step; ``0``: after every step).
         save_on_interrupt: On Ctrl-C, save ``interrupted-<n>`` at the end of the current step
             (a state that resumes exactly), then raise ``KeyboardInterrupt``.
-        async_save: Write the periodic saves in the background (see above).
+        async_save: Write the periodic saves (``updates-<n>``, ``epoch-<n>``) in the
+            background.
     """
 
     order = 1000

@@ -35,8 +35,8 @@ class StepBasedEvaluationCallback(TrainerCallback):
 
     Example:
         ```python
-        trainer = Trainer(model, loss_func, optimizer,
-                          callbacks=(*DEFAULT_CALLBACKS, StepBasedEvaluationCallback(500)))
+        evaluate = StepBasedEvaluationCallback(500)
+        trainer = Trainer(model, loss_func, optimizer, callbacks=(*DEFAULT_CALLBACKS, evaluate))
         trainer.train(train_dataset, num_epochs=3, eval_dataset=eval_dataset)
         trainer.run_history.get_metric_values("intermediate_eval_loss")
         ```

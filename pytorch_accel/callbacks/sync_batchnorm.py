@@ -27,8 +27,8 @@ class ConvertSyncBatchNormCallback(TrainerCallback):
 
     Example:
         ```python
-        trainer = Trainer(model, loss_func, optimizer,
-                          callbacks=(*DEFAULT_CALLBACKS, ConvertSyncBatchNormCallback()))
+        sync = ConvertSyncBatchNormCallback()
+        trainer = Trainer(model, loss_func, optimizer, callbacks=(*DEFAULT_CALLBACKS, sync))
         ```
     """
 

@@ -59,8 +59,8 @@ class ThroughputCallback(TrainerCallback):
 
     Example:
         ```python
-        trainer = Trainer(model, loss_func, optimizer,
-                          callbacks=(*DEFAULT_CALLBACKS, ThroughputCallback()))
+        throughput = ThroughputCallback()
+        trainer = Trainer(model, loss_func, optimizer, callbacks=(*DEFAULT_CALLBACKS, throughput))
         trainer.train(train_dataset, num_epochs=3)
         trainer.run_history.get_latest_metric("train_samples_per_second")
         ```

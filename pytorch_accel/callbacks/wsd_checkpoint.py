@@ -46,14 +46,10 @@ class WSDCheckpointCallback(TrainerCallback):
 
     Example:
         ```python
-        trainer = Trainer(model, loss_func, optimizer, callbacks=(
-            *DEFAULT_CALLBACKS, WSDCheckpointCallback(save_dir="checkpoints")
-        ))
-        trainer.train(
-            train_dataset,
-            num_epochs=100,
-            create_scheduler_fn=WSDLrScheduler.create_scheduler_fn(num_checkpoints=3),
-        )
+        wsd = WSDCheckpointCallback(save_dir="checkpoints")
+        trainer = Trainer(model, loss_func, optimizer, callbacks=(*DEFAULT_CALLBACKS, wsd))
+        trainer.train(train_dataset, num_epochs=100,
+                      create_scheduler_fn=WSDLrScheduler.create_scheduler_fn(num_checkpoints=3))
         ```
     """
 
