@@ -124,12 +124,10 @@ class ProfilerCallback(TrainerCallback):
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Start a new profiler for this run."""
         self.stop_profiler()
-        activities = self.activities
-        if activities is None:
-            activities = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
-        self._recorded = list(activities)
+        available = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+        self._recorded = list(self.activities or available)
         settings = ProfileKwargs(
-            activities=list(activities),
+            activities=list(self._recorded),
             schedule_option=dict(self.schedule),
             on_trace_ready=self._trace_handler(trainer.accelerator.process_index),
             record_shapes=self.record_shapes,

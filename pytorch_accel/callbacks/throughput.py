@@ -118,9 +118,8 @@ class ThroughputCallback(TrainerCallback):
 
     def on_train_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """End the wait for this batch."""
-        now = time.perf_counter()
         if self._waiting_since is not None:
-            self._wait += now - self._waiting_since
+            self._wait += time.perf_counter() - self._waiting_since
             self._waiting_since = None
 
     def on_train_step_end(
