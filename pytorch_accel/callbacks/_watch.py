@@ -69,26 +69,20 @@ class MetricWatch:
         recorded = self.metric_name in history.get_metric_names()
         self._seen = len(history.get_metric_values(self.metric_name)) if recorded else 0
         named = [name for name in trainer.eval_dataloaders if name is not None]
+        fix = None
         if self.metric_name == "eval_loss_epoch" and named:
-            fail(
-                ValueError,
-                self.where,
-                "watch_metric",
-                self.metric_name,
-                "a metric this run records",
+            fix = (
                 "With named eval sets each set's metrics carry its name: watch e.g. "
-                f"{named[0] + '_eval_loss_epoch'!r} (sets: {', '.join(map(repr, named))}).",
+                f"{named[0] + '_eval_loss_epoch'!r} (sets: {', '.join(map(repr, named))})."
             )
-        if self.metric_name.endswith("eval_loss_epoch") and trainer.eval_dataloader is None:
-            fail(
-                ValueError,
-                self.where,
-                "watch_metric",
-                self.metric_name,
-                "a metric this run records",
+        elif self.metric_name.endswith("eval_loss_epoch") and trainer.eval_dataloader is None:
+            fix = (
                 "It is recorded only with an eval set: pass train(..., eval_dataset=...), "
-                "or watch another metric such as 'train_loss_epoch'.",
+                "or watch another metric such as 'train_loss_epoch'."
             )
+        if fix is not None:
+            expected = "a metric this run records"
+            fail(ValueError, self.where, "watch_metric", self.metric_name, expected, fix)
 
     def read_main(self, trainer: Trainer, evaluated: bool = True) -> float:
         """Return the main process's ``read`` on every process (NaN for none), one exchange.
