@@ -25,8 +25,6 @@ if TYPE_CHECKING:
 
 __all__ = ["RandomState", "nan_origin_report"]
 
-_WHERE = "TerminateOnNaNCallback"
-
 
 @dataclass
 class RandomState:

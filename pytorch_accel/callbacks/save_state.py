@@ -30,6 +30,12 @@ if TYPE_CHECKING:
 
 __all__ = ["SaveTrainingStateCallback"]
 
+_MAX_STEPS_BETWEEN_CHECKS = 10_000
+_SAME_SIGNAL_SECONDS = 1.0
+"""A signal this soon after the first is the same one, forwarded (torchrun forwards the
+SIGINT or SIGTERM the whole process group got to its workers)."""
+_UNCATCHABLE = frozenset({signal.SIGKILL, signal.SIGSTOP})
+
 
 class SaveTrainingStateCallback(TrainerCallback):
     """Save training states to ``save_dir`` to resume from, and on a preemption signal.
@@ -327,13 +333,6 @@ class _Pace:
         return max(1, min(_MAX_STEPS_BETWEEN_CHECKS, int(seconds / max(step_seconds, 1e-9))))
 
 
-_MAX_STEPS_BETWEEN_CHECKS = 10_000
-
-_SAME_SIGNAL_SECONDS = 1.0
-"""A signal this soon after the first is the same one, forwarded (torchrun forwards the
-SIGINT or SIGTERM the whole process group got to its workers)."""
-
-
 def _check_signals(where: str, signals: Iterable[int]) -> tuple[int, ...]:
     try:
         checked = tuple(signal.Signals(signum) for signum in signals)
@@ -358,9 +357,6 @@ def _check_signals(where: str, signals: Iterable[int]) -> tuple[int, ...]:
             "and Kubernetes send SIGTERM (or a signal you choose, e.g. SIGUSR1) first.",
         )
     return tuple(int(signum) for signum in checked)
-
-
-_UNCATCHABLE = frozenset({signal.SIGKILL, signal.SIGSTOP})
 
 
 def _is_state_name(name: str) -> bool:
