@@ -79,13 +79,9 @@ class TimeBudgetCallback(TrainerCallback):
         """Stop if the budget is over, every ``check_every_n_steps`` steps."""
         self._steps += 1
         every, flag = self.check_every_n_steps, self._over
-        if flag is None:
-            if self._steps % every == 0:
-                self._stop_if(trainer, self._read_clock())
-            return
-        if self._steps % every == 0:
-            self._stop_if(trainer, bool(flag.finish()))  # read one step before, on every process
-        if (self._steps + 1) % every == 0:
+        if self._steps % every == 0:  # several processes: read one step before, on every one
+            self._stop_if(trainer, self._read_clock() if flag is None else bool(flag.finish()))
+        if flag is not None and (self._steps + 1) % every == 0:
             flag.start(int(self._read_clock()))
 
     def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
