@@ -61,6 +61,9 @@ class ProfilerCallback(TrainerCallback):
         summary_rows: Log this many rows of the operator summary at the end of the run, on the
             main process; ``None`` logs none.
 
+    Raises:
+        TypeError, ValueError: For an argument of the wrong type or out of range.
+
     Example:
         ```python
         profiler = ProfilerCallback("profiles", wait=5, warmup=2, active=5, summary_rows=15)

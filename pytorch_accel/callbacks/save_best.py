@@ -174,7 +174,8 @@ class SaveBestModelCallback(TrainerCallback):
     ) -> None:
         """Save the epoch if it is a new best or, with ``save_top_k > 1``, in the top ``k``."""
         value = self._watch.read_main(trainer, evaluated)
-        if self._qualifies(value):
+        full = len(self._ranking) >= self.save_top_k
+        if self._watch.is_better(value, self._ranking[-1][0] if full else None):
             self._save(trainer, value, trainer.run_history.current_epoch)
 
     def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
@@ -203,10 +204,6 @@ class SaveBestModelCallback(TrainerCallback):
         trainer.load_checkpoint(
             self.save_path, load_optimizer=self.save_optimizer, load_scheduler=self.save_scheduler
         )
-
-    def _qualifies(self, value: float) -> bool:
-        full = len(self._ranking) >= self.save_top_k
-        return self._watch.is_better(value, self._ranking[-1][0] if full else None)
 
     def _save(self, trainer: Trainer, value: float, epoch: int) -> None:
         """Write the epoch's file(s), then delete the file that left the top ``k``."""
