@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import math
 import os
-from collections.abc import Iterator, Mapping, Sized
+from collections.abc import Callable, Iterator, Mapping, Sized
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
@@ -129,14 +129,12 @@ class TrainerRunConfig:
 
     def __post_init__(self) -> None:
         """Derive the fields pytorch-accelerated did not have, when a config is built by hand."""
-        per_epoch, num_epochs = self.num_update_steps_per_epoch, self.num_epochs
+        per_epoch = self.num_update_steps_per_epoch
         if self.train_dataloader_len is not None and self.train_dataloader_len < 0:
             batches = None if per_epoch is None else per_epoch * self.gradient_accumulation_steps
             object.__setattr__(self, "train_dataloader_len", batches)
         if self.total_num_update_steps < 0:
-            total = None if per_epoch is None or num_epochs is None else per_epoch * num_epochs
-            if self.max_num_train_steps is not None:
-                total = min(total or self.max_num_train_steps, self.max_num_train_steps)
+            total = _total_updates(per_epoch, self.num_epochs, self.max_num_train_steps)
             object.__setattr__(self, "total_num_update_steps", -1 if total is None else total)
 
     def to_dict(self) -> dict[str, Any]:
@@ -155,17 +153,21 @@ def _num_batches(train_dataloader: Sized | None, limit: int | None) -> int | Non
     return batches if limit is None else min(batches, limit)
 
 
+def _total_updates(per_epoch: int | None, epochs: int | None, max_steps: int | None) -> int | None:
+    """The updates of ``epochs`` epochs (if known), capped by ``max_steps`` (if given)."""
+    total = None if per_epoch is None or epochs is None else per_epoch * epochs
+    if max_steps is not None:
+        total = max_steps if total is None else min(total, max_steps)
+    return total
+
+
 def _run_length(
     updates_per_epoch: int | None, num_epochs: int | None, max_num_train_steps: int | None
 ) -> tuple[int, int | None]:
     """The run's updates and epochs; ``train()`` checked that one of the limits is given."""
-    if updates_per_epoch is None:  # a stream: counted in updates (train() required the limit)
-        assert max_num_train_steps is not None
-        return max_num_train_steps, num_epochs
-    total = max_num_train_steps if num_epochs is None else updates_per_epoch * num_epochs
+    total = _total_updates(updates_per_epoch, num_epochs, max_num_train_steps)
     assert total is not None
-    if max_num_train_steps is not None:
-        total = min(total, max_num_train_steps)
+    if updates_per_epoch is not None and max_num_train_steps is not None:
         num_epochs = math.ceil(total / updates_per_epoch) if updates_per_epoch else 0
     return total, num_epochs
 
@@ -329,7 +331,23 @@ class ResumeParts:
 
 
 @contextlib.contextmanager
-def bare_compiled_models(accelerator: Accelerator) -> Iterator[None]:
+def _registered(
+    accelerator: Accelerator, attribute: str, replace: Callable[[list[Any]], list[Any]]
+) -> Iterator[None]:
+    """Replace the accelerator's registered objects (``_models``, ...) inside the block."""
+    registered = getattr(accelerator, attribute, None)
+    if not isinstance(registered, list):
+        yield
+        return
+    saved = list(registered)
+    registered[:] = replace(saved)
+    try:
+        yield
+    finally:
+        registered[:] = saved
+
+
+def bare_compiled_models(accelerator: Accelerator) -> contextlib.AbstractContextManager[None]:
     """Let ``accelerator.save_state``/``load_state`` see compiled models without the wrapper.
 
     accelerate saves the modules it was given: a model compiled by hand
@@ -338,35 +356,20 @@ def bare_compiled_models(accelerator: Accelerator) -> Iterator[None]:
     keys into it). Inside the block the registered compiled models are replaced by the modules
     they wrap, which share their parameters; the registrations are put back afterwards.
     """
-    registered = getattr(accelerator, "_models", None)
-    if not isinstance(registered, list):
-        yield
-        return
-    saved = list(registered)
-    registered[:] = [getattr(model, "_orig_mod", model) for model in registered]
-    try:
-        yield
-    finally:
-        registered[:] = saved
+    return _registered(
+        accelerator, "_models", lambda models: [getattr(m, "_orig_mod", m) for m in models]
+    )
 
 
-@contextlib.contextmanager
-def optimizer_not_loaded(accelerator: Accelerator, skip: bool) -> Iterator[None]:
+def optimizer_not_loaded(
+    accelerator: Accelerator, skip: bool
+) -> contextlib.AbstractContextManager[None]:
     """Hide the optimizers from ``accelerator.load_state`` inside the block, if ``skip``.
 
     accelerate loads every optimizer it prepared; hidden, the trainer's optimizer keeps its
     state and may differ from the saved one (another type, other parameter groups).
     """
-    registered = getattr(accelerator, "_optimizers", None)
-    if not skip or not isinstance(registered, list):
-        yield
-        return
-    saved = list(registered)
-    registered.clear()
-    try:
-        yield
-    finally:
-        registered[:] = saved
+    return _registered(accelerator, "_optimizers", lambda optimizers: [] if skip else optimizers)
 
 
 class ChosenRates:
