@@ -11,13 +11,10 @@ recorded while it is evaluated, by the trainer and by every callback, is named a
 (``val_eval_loss_epoch``, ``ood_accuracy``) without any callback knowing about sets.
 
 **Iterating the batches.** accelerate's ``DataLoaderShard.__iter__`` does some work per batch
-even where it has nothing to do: it offers each batch to ``send_to_device`` when there is a
-device to move it to, and looks for a ``state_dict`` on the dataloader (to snapshot a stateful
-one) with a ``hasattr`` that fails, raising and catching an ``AttributeError``, for every plain
-``DataLoader``. Where none of that applies (no device placement, no stateful dataloader,
-nothing skipped by the shard itself), ``iterate`` runs the same epoch without that per-batch
-work; everything else is left to accelerate. ``epoch_batches`` is how the loop iterates one
-epoch of a prepared dataloader.
+even where it has nothing to do (``send_to_device``; a ``hasattr(dataloader, "state_dict")``
+that raises and catches an ``AttributeError`` for every plain ``DataLoader``). Where none of
+it applies, ``iterate`` runs the same epoch without it. ``epoch_batches`` is how the loop
+iterates one epoch of a prepared dataloader.
 """
 
 from __future__ import annotations
@@ -52,14 +49,6 @@ __all__ = [
     "worker_init_fn",
 ]
 
-_MAX_DEFAULT_WORKERS = 4
-
-
-def _available_cpus() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
 
 def default_num_workers(dataset: object, num_local_processes: int) -> int:
     """Return a sensible number of loader workers for one process.
@@ -79,8 +68,8 @@ def default_num_workers(dataset: object, num_local_processes: int) -> int:
     """
     if isinstance(dataset, (TensorDataset, IterableDataset)):
         return 0
-    per_process = _available_cpus() // max(1, num_local_processes)
-    return max(0, min(_MAX_DEFAULT_WORKERS, per_process - 1))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(0, min(4, (cpus or 1) // max(1, num_local_processes) - 1))
 
 
 def num_batches(dataloader: Sized) -> int | None:
@@ -266,8 +255,8 @@ def epoch_batches(
 ) -> Generator[Iterator[Any], None, None]:
     """Iterate at most ``limit`` batches; always close the iterator and release the loader.
 
-    accelerate only forgets a dataloader it saw to the end; a loop cut short (a batch limit,
-    ``max_num_train_steps``, a stop) would otherwise leave it as the active one.
+    accelerate only forgets a dataloader it saw to the end; a loop cut short would otherwise
+    leave it as the active one.
 
     Args:
         dataloader: A dataloader, usually one prepared by accelerate.
