@@ -222,16 +222,13 @@ def eval_set_prefix(name: str | None) -> str:
 
 
 def _check_name(where: str, argument: str, name: object) -> None:
-    expected = "a name that starts with a letter (letters, digits, _ . -)"
-    if not isinstance(name, str):
-        fail(TypeError, where, f"{argument}'s key", name, expected, "Name each set, e.g. 'val'.")
-    if not EVAL_SET_NAME_PATTERN.fullmatch(name):
+    if not isinstance(name, str) or not EVAL_SET_NAME_PATTERN.fullmatch(name):
         fail(
-            ValueError,
+            ValueError if isinstance(name, str) else TypeError,
             where,
             f"{argument}'s key",
             name,
-            expected,
+            "a name that starts with a letter (letters, digits, _ . -)",
             "Its metrics are named '<name>_...': use e.g. 'val' or 'ood-test'.",
         )
     if name == "train":  # its metrics would land in the training series (train_accuracy)
