@@ -1,10 +1,8 @@
 """Checks of the arguments of the trainer's entry points, and of the data they take.
 
-The entry points are ``Trainer(...)``, ``train``, ``evaluate`` and ``predict``; their data are
-datasets, streams, eval sets and dataloaders. ``train()`` passes its arguments as one typed
-``TrainArguments``. Each failure names the entry point, the argument, the value received and
-the fix (``_checks.fail``), before anything is prepared or trained; the value checks used here
-are those of ``_checks``.
+The entry points are ``Trainer(...)``, ``train`` (its arguments as one typed
+``TrainArguments``), ``evaluate`` and ``predict``. Each failure comes before anything is
+prepared or trained, built from the value checks of ``_checks``.
 """
 
 from __future__ import annotations
@@ -301,10 +299,7 @@ def _check_clipping(where: str, arguments: TrainArguments, fsdp: bool) -> None:
 
 
 def check_trainer_settings(where: str, trainer: Trainer) -> None:
-    """Reject an entry point called during ``train()``, and bad trainer attributes.
-
-    Checks ``progress_interval``, ``limit_train_batches`` and ``limit_eval_batches``.
-    """
+    """Reject an entry point called during ``train()``, and bad trainer attributes."""
     if trainer.is_training:
         raise RuntimeError(
             f"{where}: called while train() is running (from a callback or hook?). It would "
@@ -397,10 +392,9 @@ def check_evaluate_arguments(
     collate_fn: object,
     metric_prefix: object,
 ) -> None:
-    """Check the arguments of ``Trainer.evaluate`` (``dataset`` after its default is applied).
+    """Check ``Trainer.evaluate``'s arguments (``dataset`` defaulted) and the trainer's settings.
 
-    Also the trainer's settings, and its ``loss_func`` for the default eval step (``base``:
-    the ``Trainer`` class).
+    ``base``: the ``Trainer`` class, whose default eval step needs a usable ``loss_func``.
     """
     where = "Trainer.evaluate"
     if dataset is None:
@@ -626,8 +620,8 @@ def check_train_dataloader(train_dl: DataLoader[Any], num_processes: int) -> Non
 def check_has_batches(where: str, state: TrainerState, **dl_kwargs: Mapping[str, Any]) -> None:
     """Reject prepared dataloaders that yield no batch on this process (an empty epoch).
 
-    ``dl_kwargs``: the arguments each dataloader was built with, by the entry point's name for
-    them (a name with ``train`` for the train dataloader, else the eval one).
+    ``dl_kwargs``: each dataloader's arguments, by their argument's name (``train...``: the
+    train dataloader's).
     """
     for name, kwargs in dl_kwargs.items():
         train = "train" in name
@@ -828,8 +822,7 @@ def created_scheduler(factory: Any, optimizer: Any, run_config: TrainerRunConfig
 def suggest_arguments(method: Callable[P, R]) -> Callable[P, R]:
     """Turn an unknown keyword argument of an entry point into a ``TypeError`` with a suggestion.
 
-    ``train(batch_size=32)`` would fail with Python's generic message; this one names the
-    closest argument (``per_device_batch_size``).
+    ``train(batch_size=32)`` names the closest argument, ``per_device_batch_size``.
     """
     signature = inspect.signature(method)
 

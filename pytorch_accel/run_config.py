@@ -4,11 +4,7 @@
 or evaluation run (``trainer.run_config``).
 
 **The run set-up** that ``train()`` does before the loop: seeding, determinism, scaling the
-learning rate. ``RunSetup`` holds the arguments of one ``train()`` call. ``apply_randomness``
-runs first in ``train()``, before any dataset, dataloader or sampler draws a random number;
-``finish`` runs once the run config is known (it needs the global batch size), scales the
-optimizer's learning rates and records the set-up in the run config. ``recorded`` is what a
-training state keeps.
+learning rate (``RunSetup``). ``recorded`` is what a training state keeps of it.
 """
 
 from __future__ import annotations
@@ -188,10 +184,8 @@ def create_run_config(
 ) -> TrainerRunConfig:
     """Describe a run from its prepared dataloaders and the arguments of ``train()``.
 
-    ``train_dataloader`` is this process's prepared train dataloader (``None`` in
-    ``evaluate()``), ``limit_train_batches`` the trainer's, ``dl_kwargs`` the arguments the
-    train and eval dataloaders were built with (``{}`` for one not built); the keyword
-    arguments are ``train()``'s (``max_num_train_steps`` may lower ``num_epochs``).
+    ``train_dataloader`` is this process's (``None`` in ``evaluate()``), ``dl_kwargs`` the
+    arguments the train and eval dataloaders were built with (``{}`` for one not built).
     """
     batches = _num_batches(train_dataloader, limit_train_batches)
     train_dl_kwargs, eval_dl_kwargs = dl_kwargs
@@ -248,6 +242,9 @@ _RECORDED = (
 class RunSetup:
     """The run set-up arguments of one ``train()`` call (see ``Trainer.train``).
 
+    ``apply_randomness`` runs first in ``train()``, before anything draws a random number;
+    ``finish`` once the run config is known (it needs the global batch size).
+
     Attributes:
         seed: Seed ``random``, NumPy and torch (all devices) with it, or ``None`` to leave them.
         seed_per_rank: Add the process index to the seed, so each process draws differently.
@@ -278,10 +275,7 @@ class RunSetup:
         return cls(**values)
 
     def guard_steps(self, state: TrainerState, num_processes: int) -> None:
-        """Give ``state`` this run's guard of failing batches and splitter, if asked for.
-
-        A trial of the batch-size search (``state.probing``) gets a probing splitter.
-        """
+        """Give ``state`` this run's guard of failing batches and splitter (probing in a trial)."""
         policy = self.skip_failing_batches
         state.failing_batches = None if policy is None else FailingBatchGuard(policy, num_processes)
         split = state.probing or self.on_oom == "split"
@@ -305,10 +299,7 @@ class RunSetup:
     def finish(
         self, config: TrainerRunConfig, optimizer: torch.optim.Optimizer, rates: ChosenRates
     ) -> TrainerRunConfig:
-        """Scale the learning rates (if asked) and return ``config`` with the set-up recorded.
-
-        Without ``auto_scale_lr``, rates an earlier call scaled are put back to the user's.
-        """
+        """Scale the learning rates (if asked) and return ``config`` with the set-up recorded."""
         factor = scale_learning_rates(
             optimizer, config.train_total_batch_size, self.auto_scale_lr, rates
         )
@@ -376,11 +367,9 @@ class ChosenRates:
     """The learning rate the user chose for each parameter group, kept across ``train()`` calls.
 
     A run moves a group's ``lr`` (scaling, a scheduler, a callback); the rate it left is
-    noted when it ends (``note_left``). At the next call, an ``lr`` that differs from it is a
-    rate the user set in between, and becomes the group's chosen rate; otherwise the rate
-    chosen before stays, however the run moved ``lr``. Groups are known by identity: a group
-    replaced by loading an optimizer's state is new (``moved_to`` maps the groups by position
-    where the same state was put back).
+    noted when it ends. At the next call, an ``lr`` that differs from it is a rate the user set
+    in between, and becomes the group's chosen rate; otherwise the rate chosen before stays.
+    Groups are known by identity: a group replaced by loading an optimizer's state is new.
     """
 
     def __init__(self) -> None:
@@ -407,11 +396,7 @@ class ChosenRates:
         ]
 
     def note_left(self, optimizer: torch.optim.Optimizer) -> None:
-        """Note the rate each group has as a run ends (not the user's choice).
-
-        Groups that are new by now (added during the run, or loaded by a resume) get the
-        rate ``chosen`` finds in them.
-        """
+        """Note the rate each group has as a run ends (new groups: the rate ``chosen`` finds)."""
         groups = []
         for group in optimizer.param_groups:
             known = self._known(group)
@@ -427,10 +412,7 @@ class ChosenRates:
         return None
 
     def moved_to(self, optimizer: torch.optim.Optimizer) -> ChosenRates:
-        """These rates for ``optimizer``'s groups, by position (after reloading its state).
-
-        Empty before the first run; a group beyond the record is new.
-        """
+        """These rates for ``optimizer``'s groups, by position (after reloading its state)."""
         moved = ChosenRates()
         moved._groups = [
             (group, chosen, left)
@@ -447,12 +429,10 @@ def scale_learning_rates(
 ) -> float:
     """Set each group's ``lr`` to the user's rate times ``total / base``; return the factor.
 
-    The user's rate (``rates.chosen``: the ``lr`` set by hand since the last run, else the rate
-    chosen before, never a rate a scheduler or an earlier scaling left) is kept in the group
-    (``unscaled_lr``), so repeated ``train()`` calls never compound the factor. A scheduler's
-    ``initial_lr`` is set too, so a scheduler created afterwards starts from the scaled rate.
-    Without a base (no ``auto_scale_lr``), groups an earlier call scaled get the user's rate
-    back (factor 1) and lose ``unscaled_lr``; the others are left as they are.
+    The user's rate (``rates.chosen``, never a rate a scheduler or an earlier scaling left) is
+    kept in the group (``unscaled_lr``), so repeated ``train()`` calls never compound the
+    factor; a scheduler's ``initial_lr`` is set too. Without a base (no ``auto_scale_lr``),
+    groups an earlier call scaled get the user's rate back and lose ``unscaled_lr``.
 
     Args:
         optimizer: The optimizer whose parameter groups are scaled.
