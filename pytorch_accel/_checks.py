@@ -114,8 +114,8 @@ def check_mapping(where: str, name: str, value: object) -> None:
         fail(TypeError, where, name, value, "a dict or None", f"Pass e.g. {name}={{}}.")
 
 
-def check_sized_dataset(where: str, name: str, dataset: object) -> int:
-    """Check that ``dataset`` has ``__len__`` and at least one sample; return its length."""
+def check_sized_dataset(where: str, name: str, dataset: object) -> None:
+    """Check that ``dataset`` has ``__len__`` and at least one sample."""
     if not isinstance(dataset, Sized):
         fail(
             TypeError,
@@ -125,10 +125,8 @@ def check_sized_dataset(where: str, name: str, dataset: object) -> int:
             "a map-style dataset with __len__",
             "Wrap the data in a torch.utils.data.Dataset that defines __len__.",
         )
-    size = len(dataset)
-    if size == 0:
+    if len(dataset) == 0:
         fail(ValueError, where, name, dataset, "non-empty", "Pass a dataset with samples.")
-    return size
 
 
 def callable_name(fn: Callable[..., object]) -> str:

@@ -53,11 +53,10 @@ __all__ = [
 def default_num_workers(dataset: object, num_local_processes: int) -> int:
     """Return a sensible number of loader workers for one process.
 
-    In-memory tensor datasets load fastest in the main process (0 workers). An
-    ``IterableDataset`` gets 0 too: with workers, each one would yield the whole stream unless
-    the dataset splits itself with ``torch.utils.data.get_worker_info()`` (pass ``num_workers``
-    yourself when it does). Otherwise each process gets one worker per spare CPU, at most 4,
-    leaving one CPU for the training loop.
+    0 for in-memory tensor datasets (fastest in the main process) and for an
+    ``IterableDataset`` (each worker would yield the whole stream unless it shards itself:
+    pass ``num_workers`` then); else one per spare CPU of the process, at most 4, leaving one
+    CPU for the training loop.
 
     Args:
         dataset: The dataset to load.
@@ -279,7 +278,7 @@ def iterate(dataloader: Iterable[Any]) -> Iterator[Any]:
 
     A ``DataLoaderShard`` whose batches pass through unchanged (``passes_batches_through``)
     is iterated without accelerate's per-batch work, with the same batches, random draws and
-    gradient-state bookkeeping; any other dataloader is iterated by ``iter``.
+    gradient-state bookkeeping.
 
     Args:
         dataloader: The dataloader to iterate.

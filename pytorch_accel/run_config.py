@@ -267,8 +267,7 @@ class RunSetup:
     @classmethod
     def from_arguments(cls, arguments: TrainArguments) -> RunSetup:
         """Collect the set-up from the (checked) arguments of ``train()``."""
-        names = [field.name for field in dataclasses.fields(cls)]
-        values = {name: getattr(arguments, name) for name in names}
+        values = {field.name: getattr(arguments, field.name) for field in dataclasses.fields(cls)}
         policy = values["skip_failing_batches"]
         if policy is not None:  # an int means a SkipFailingBatches with that limit
             values["skip_failing_batches"] = skip_policy("Trainer.train", policy)
