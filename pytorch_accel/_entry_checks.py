@@ -571,11 +571,7 @@ def _check_train_data(where: str, arguments: TrainArguments) -> list[Any]:
 
 
 def _check_eval_data(where: str, name: str, data: object, **settings: object) -> list[Any]:
-    """Check one eval set, or a mapping of named ones, and the ``settings`` that build loaders.
-
-    Returns:
-        The sets.
-    """
+    """Check one eval set, or a mapping of named ones, and their loader ``settings``; list them."""
     sets = named_eval_sets(where, name, data)
     for set_name, one in sets.items():
         label = name if set_name is None else f"{name}[{set_name!r}]"
