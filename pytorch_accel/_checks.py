@@ -403,19 +403,12 @@ def check_path(
     """
     if value is None and allow_none:
         return
-    kind = "directory" if directory else "file"
+    kind, other = ("directory", "file") if directory else ("file", "directory")
     expected = f"a {kind} path" + (" or None" if allow_none else "")
     example = "checkpoints" if directory else "checkpoints/model.pt"
     if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
         fail(TypeError, where, name, value, expected, f"Pass e.g. {name}={example!r}.")
     path = os.fspath(value)
-    wrong_kind = os.path.isfile(path) if directory else os.path.isdir(path)
-    if wrong_kind:
-        fail(
-            ValueError,
-            where,
-            name,
-            value,
-            expected,
-            f"It names an existing {'file' if directory else 'directory'}; pass a {kind} path.",
-        )
+    if os.path.isfile(path) if directory else os.path.isdir(path):
+        fix = f"It names an existing {other}; pass a {kind} path."
+        fail(ValueError, where, name, value, expected, fix)
