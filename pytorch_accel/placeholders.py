@@ -65,15 +65,6 @@ _SYMBOLS: dict[Callable[[Any, Any], Any], str] = {
 }
 
 
-def _operator(
-    op: Callable[[Any, Any], Any], *, reflected: bool
-) -> Callable[[Any, object], PlaceholderExpression]:
-    def method(self: _Arithmetic, other: object) -> PlaceholderExpression:
-        return self._combine(op, other, reflected=reflected)  # type: ignore[no-any-return]
-
-    return method
-
-
 class _Arithmetic:
     """Operators that build a ``PlaceholderExpression`` instead of computing a value."""
 
@@ -84,16 +75,16 @@ class _Arithmetic:
         left, right = (other, self) if reflected else (self, other)
         return PlaceholderExpression(op, left, right)  # type: ignore[arg-type]
 
-    __add__ = _operator(operator.add, reflected=False)
-    __radd__ = _operator(operator.add, reflected=True)
-    __sub__ = _operator(operator.sub, reflected=False)
-    __rsub__ = _operator(operator.sub, reflected=True)
-    __mul__ = _operator(operator.mul, reflected=False)
-    __rmul__ = _operator(operator.mul, reflected=True)
-    __truediv__ = _operator(operator.truediv, reflected=False)
-    __rtruediv__ = _operator(operator.truediv, reflected=True)
-    __floordiv__ = _operator(operator.floordiv, reflected=False)
-    __rfloordiv__ = _operator(operator.floordiv, reflected=True)
+    __add__ = functools.partialmethod(_combine, operator.add, reflected=False)
+    __radd__ = functools.partialmethod(_combine, operator.add, reflected=True)
+    __sub__ = functools.partialmethod(_combine, operator.sub, reflected=False)
+    __rsub__ = functools.partialmethod(_combine, operator.sub, reflected=True)
+    __mul__ = functools.partialmethod(_combine, operator.mul, reflected=False)
+    __rmul__ = functools.partialmethod(_combine, operator.mul, reflected=True)
+    __truediv__ = functools.partialmethod(_combine, operator.truediv, reflected=False)
+    __rtruediv__ = functools.partialmethod(_combine, operator.truediv, reflected=True)
+    __floordiv__ = functools.partialmethod(_combine, operator.floordiv, reflected=False)
+    __rfloordiv__ = functools.partialmethod(_combine, operator.floordiv, reflected=True)
 
 
 class _PlaceholderType(EnumMeta):

@@ -49,11 +49,9 @@ class TrainerRunConfig:
     """The settings of the current ``train()`` or ``evaluate()`` call, fixed when it starts.
 
     The field names and order are those of pytorch-accelerated, so ported code keeps working
-    (the three fields it did not have come last, with defaults derived from the others when a
-    config is built by hand: ``max_grad_norm`` ``None``, ``total_num_update_steps`` and
-    ``train_dataloader_len`` from the update counts). Counts of
-    updates are per process: that is the unit a scheduler is stepped in, because every process
-    steps its own scheduler once per optimizer update.
+    (the fields it did not have come last, with defaults, derived from the update counts when
+    a config is built by hand). Counts of updates are per process: the unit a scheduler is
+    stepped in, as every process steps its own scheduler once per optimizer update.
 
     Attributes:
         num_epochs: Epochs this run will execute (``max_num_train_steps`` may lower it);
