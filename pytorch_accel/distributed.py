@@ -237,12 +237,10 @@ def reduce_across_processes(
 ) -> torch.Tensor:
     """Combine a tensor across processes, each element by its own reduction, at once.
 
-    One collective, on the device and queued like DDP's own: the host does not wait for it
-    and nothing is read on the host. When every element is summed, an all-reduce, in place;
-    otherwise an ``all_gather`` of the 1-D tensor, then each element is the ``"sum"``,
-    ``"mean"``, ``"max"`` or ``"min"`` of the processes' values. Every process must call it at
-    the same point, with a tensor of the same length and the same ``reductions``; in one
-    process it returns ``values``.
+    One collective, on the device and queued like DDP's own (nothing is read on the host): an
+    all-reduce in place when every element is summed, else an ``all_gather`` of the 1-D
+    tensor. Every process must call it at the same point, with a tensor of the same length
+    and the same ``reductions``; in one process it returns ``values``.
 
     Args:
         values: The values of this process, one per element.
