@@ -154,8 +154,24 @@ class Loop:
                 state.epoch_index = epoch_index
                 self._epoch()
                 # the update budget can end a run before its last pass (over a stream)
-                if self._budget_spent():
+                if state.num_updates >= config.total_num_update_steps:
                     break
+                if state.step == 0:  # a pass that yielded nothing
+                    fix = (
+                        "an IterableDataset's __iter__ must start afresh at each call (a "
+                        "generator function, not a generator object)"
+                        if state.epoch_index
+                        else "the dataset or stream is empty"
+                    )
+                    fail(
+                        ValueError,
+                        "Trainer.train",
+                        "train_dataset",
+                        self._trainer.train_dataset,
+                        "data that yields batches on every pass",
+                        f"Epoch {state.epoch_index + 1} got no batch before the run's "
+                        f"{config.total_num_update_steps} updates were done: {fix}.",
+                    )
         finally:
             state.savable, state.finished_epochs = "end", num_epochs or state.epoch_index + 1
 
@@ -274,8 +290,18 @@ class Loop:
                 trainer.calculate_train_batch_loss(batch), "calculate_train_batch_loss"
             )
             size = batch_output["batch_size"]
-            if type(size) is int and size == 0:  # never a tensor here: no host sync
-                self._refuse_empty_batch(batch)
+            # never a tensor here: no host sync; an empty batch's NaN loss would poison weights
+            if type(size) is int and size == 0 and skips.is_empty_batch(batch):
+                fail(
+                    ValueError,
+                    "Trainer.train",
+                    "train batch",
+                    f"batch {self.state.step + 1} of epoch {self.state.epoch_index + 1}",
+                    "a batch with at least one sample",
+                    "The batch is empty (0 samples): its loss would be NaN and the update would "
+                    "poison the weights. Pass train(skip_failing_batches=...) to skip empty "
+                    "batches, or drop them from the data.",
+                )
         else:  # skip_failing_batches: a batch that failed on any process is skipped by all
             guarded = guard.forward(trainer, batch)
             if guarded is None:
@@ -312,20 +338,6 @@ class Loop:
             raise
         if "on_backward_end" in handler.active_events:
             self._fire("on_backward_end", {})
-
-    def _refuse_empty_batch(self, batch: Any) -> None:
-        """Raise for a batch without samples: its loss is NaN and would poison the weights."""
-        if skips.is_empty_batch(batch):
-            fail(
-                ValueError,
-                "Trainer.train",
-                "train batch",
-                f"batch {self.state.step + 1} of epoch {self.state.epoch_index + 1}",
-                "a batch with at least one sample",
-                "The batch is empty (0 samples): its loss would be NaN and the update would "
-                "poison the weights. Pass train(skip_failing_batches=...) to skip empty "
-                "batches, or drop them from the data.",
-            )
 
     def _update(self) -> None:
         trainer = self._trainer
@@ -365,29 +377,6 @@ class Loop:
         state.logged.end_epoch(trainer.run_history, trainer.device)
         if state.failing_batches is not None:
             state.failing_batches.finish_epoch(trainer)
-
-    def _budget_spent(self) -> bool:
-        """Whether a run counted in updates is over; a pass that yielded nothing is an error."""
-        state = self.state
-        if state.num_updates >= self._config().total_num_update_steps:
-            return True
-        if state.step == 0:
-            fix = (
-                "an IterableDataset's __iter__ must start afresh at each call (a generator "
-                "function, not a generator object)"
-                if state.epoch_index
-                else "the dataset or stream is empty"
-            )
-            fail(
-                ValueError,
-                "Trainer.train",
-                "train_dataset",
-                self._trainer.train_dataset,
-                "data that yields batches on every pass",
-                f"Epoch {state.epoch_index + 1} got no batch before the run's "
-                f"{self._config().total_num_update_steps} updates were done: {fix}.",
-            )
-        return False
 
     # ------------------------------------------------------------------------ evaluation
 
@@ -702,7 +691,7 @@ class Loop:
             return
         if stop is not None and state.stop_request is None:
             state.stop_request = stop  # the first one wins
-        if (hooked and self._hook_may_stop(event[3:])) or handler.may_stop(event):
+        if handler.may_stop(event) or (hooked and self._hook_overridden(event[3:])):
             request = state.stop_request
             if not agreement.settle(int(request is not None)):
                 return
@@ -714,12 +703,12 @@ class Loop:
             state.stop_request, state.agreed_stop = None, stop
             raise stop
 
-    def _hook_may_stop(self, hook: str) -> bool:
-        """Whether ``hook`` is overridden (the trainer's own hooks never stop)."""
+    def _hook_overridden(self, hook: str) -> bool:
+        """Whether ``hook`` is overridden, so it may stop (the trainer's own hooks never do)."""
         trainer = self._trainer
-        if hook in vars(trainer):
-            return True
-        return sum(1 for klass in type(trainer).__mro__ if hook in vars(klass)) > 1
+        return (
+            hook in vars(trainer) or sum(hook in vars(kind) for kind in type(trainer).__mro__) > 1
+        )
 
     def _dispatch(
         self, event: str, kwargs: dict[str, Any], hooked: bool

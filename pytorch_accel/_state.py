@@ -214,9 +214,17 @@ class Preparation:
         train_dl: DataLoader[Any] | None,
         eval_dls: Mapping[str | None, DataLoader[Any]],
     ) -> None:
-        """Prepare the model and optimizer (once each) and this run's dataloaders."""
+        """Prepare the model and optimizer (once each) and this run's dataloaders.
+
+        The previous run's dataloaders are forgotten.
+        """
         self.prepare_model_and_optimizer(trainer)
-        self.prepare_dataloaders(train_dl, eval_dls)
+        state = self._state
+        previous = (state.train_dataloader, *state.eval_dataloaders.values())
+        _forget_dataloaders(self._accelerator, *previous)
+        state.resumable, state.eval_set = None, None
+        state.train_dataloader = None if train_dl is None else self._prepare_train(train_dl)
+        state.eval_dataloaders = {name: self._prepare(dl) for name, dl in eval_dls.items()}
 
     def build_dataloaders(
         self, trainer: Trainer, arguments: TrainArguments
@@ -314,19 +322,6 @@ class Preparation:
         self._prepared = (trainer.model, trainer.optimizer)
         self.direct_optimizer = _direct_optimizer(accelerator, trainer.optimizer)
         self._trainable_when_wrapped = _trainable_flags(trainer.model)
-
-    def prepare_dataloaders(
-        self,
-        train_dl: DataLoader[Any] | None,
-        eval_dls: Mapping[str | None, DataLoader[Any]],
-    ) -> None:
-        """Prepare this run's dataloaders, forgetting the previous run's."""
-        state = self._state
-        previous = (state.train_dataloader, *state.eval_dataloaders.values())
-        _forget_dataloaders(self._accelerator, *previous)
-        state.resumable, state.eval_set = None, None
-        state.train_dataloader = None if train_dl is None else self._prepare_train(train_dl)
-        state.eval_dataloaders = {name: self._prepare(dl) for name, dl in eval_dls.items()}
 
     @contextlib.contextmanager
     def prepared_for_prediction(self, dataloader: DataLoader[Any]) -> Iterator[DataLoader[Any]]:

@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, ParamSpec, TypeVar
 
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.events import BUILTIN_EVENTS
@@ -164,12 +164,10 @@ class TrainerCallback:
         """
 
     def on_train_progress(self, trainer: Trainer, steps_done: int, **kwargs: Any) -> None:
-        """Called now and then after a training step, and after the epoch's last one.
+        """Called now and then after a training step (``steps_done``), and after the last one.
 
-        For progress displays, which need no per-step event: the trainer fires it at strides
-        that follow the step time (see ``Trainer.progress_interval``). Processes fire it at
-        different steps, so it must not stop training, call collectives or save state.
-        ``steps_done``: the steps of the epoch done so far.
+        For progress displays. Processes fire it at different steps (see
+        ``Trainer.progress_interval``): it must not stop training, call collectives or save state.
         """
 
     def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
@@ -232,13 +230,11 @@ class TrainerCallback:
     def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
         """Called once when an exception escapes ``train()``, ``evaluate()`` or ``predict()``.
 
-        Fired on the process where it was raised, before it propagates, for any ``Exception``
-        and for ``KeyboardInterrupt`` (Ctrl-C), not for ``StopTrainingError`` (a normal stop)
-        nor ``SystemExit``. The run's end events do not fire then: close what the callback
-        holds open here (files, trackers, progress bars). ``kwargs``: ``where``, the entry
-        point (``"train"``, ``"evaluate"``, ``"predict"``, ``"find_lr"``, ``"find_batch_size"``).
-        Other processes may not have failed, so it must not call collectives; an error it raises
-        is logged, and the original exception propagates.
+        On the process where it was raised (also for ``KeyboardInterrupt``; see
+        ``pytorch_accel.events``), instead of the run's end events: close files, trackers and
+        progress bars here, without collectives. ``kwargs``: ``where``, the entry point
+        (``"train"``, ``"evaluate"``, ``"predict"``, ``"find_lr"``, ``"find_batch_size"``). An
+        error it raises is logged, and the original exception propagates.
         """
 
 
@@ -376,11 +372,6 @@ class CallbackHandler:
         it is raised once every callback has had it, so the order of callbacks never decides
         who sees the last event of a run. Any other exception propagates at once.
 
-        Args:
-            event: The event name, e.g. ``"on_train_epoch_end"``.
-            *args: Positional arguments (the trainer first).
-            **kwargs: Keyword arguments for the event.
-
         Raises:
             ValueError: If the event was never registered and no callback defines it.
             StopTrainingError: The first one a callback raised, after all were called.
@@ -440,8 +431,18 @@ class CallbackHandler:
             ValueError: If the event was never registered and no callback defines it.
         """
         listeners = self._listeners.get(event)
-        if listeners is None:
-            listeners = self._implementers(event)
+        if listeners is None:  # never registered: pytorch-accelerated fires any name
+            listeners = tuple(
+                method
+                for callback in self._callbacks
+                if callable(method := getattr(callback, event, None))
+            )
+            if not listeners:  # a name no callback defines is a typo
+                raise ValueError(
+                    f"CallbackHandler.call_event: unknown event {event!r}"
+                    f"{_suggest(event, self._events)} No callback defines it; register custom "
+                    f"events first with register_event({event!r})."
+                )
         stop: StopTrainingError | None = None
         for listener in listeners:
             try:
@@ -449,28 +450,6 @@ class CallbackHandler:
             except StopTrainingError as error:
                 stop = stop or error
         return stop
-
-    def _implementers(self, event: str) -> tuple[Callable[..., Any], ...]:
-        """The methods named ``event`` of the callbacks, for an event never registered.
-
-        pytorch-accelerated fires any name (``call_event("verify_train_batch", ...)``); a name
-        no callback defines is a typo, and rejected.
-        """
-        found = tuple(
-            method
-            for callback in self._callbacks
-            if callable(method := getattr(callback, event, None))
-        )
-        if not found:
-            self._reject_unknown_event(event)
-        return found
-
-    def _reject_unknown_event(self, event: str) -> NoReturn:
-        suggestion = _suggest(event, self._events)
-        raise ValueError(
-            f"CallbackHandler.call_event: unknown event {event!r}{suggestion} No callback "
-            f"defines it; register custom events first with register_event({event!r})."
-        )
 
     def _add_event(self, name: str) -> None:
         if not (isinstance(name, str) and name.startswith("on_") and name.isidentifier()):
@@ -521,31 +500,21 @@ class CallbackHandler:
 
     def _index(self) -> None:
         self._callbacks.sort(key=lambda callback: getattr(callback, "order", 0))
-        self._listeners = {
-            event: tuple(
-                getattr(callback, event)
-                for callback in self._callbacks
-                if _overrides(callback, event)
-            )
-            for event in self._events
-        }
-        self.active_events = frozenset(event for event, found in self._listeners.items() if found)
-        self._stoppable = frozenset(
-            event
-            for event in self._events
-            if any(
-                getattr(callback, "may_stop_training", True)
-                and event not in getattr(callback, "agreed_stop_events", ())
-                and _overrides(callback, event)
-                for callback in self._callbacks
-            )
-        )
-        self._self_agreeing = frozenset(
-            event
-            for callback in self._callbacks
-            for event in getattr(callback, "agreed_stop_events", ())
-            if _overrides(callback, event)
-        )
+        listeners: dict[str, list[Callable[..., Any]]] = {event: [] for event in self._events}
+        stoppable, self_agreeing = set(), set()
+        for callback in self._callbacks:
+            agreed = getattr(callback, "agreed_stop_events", ())
+            may_stop = getattr(callback, "may_stop_training", True)
+            for event, found in listeners.items():
+                if _overrides(callback, event):
+                    found.append(getattr(callback, event))
+                    if event in agreed:
+                        self_agreeing.add(event)
+                    elif may_stop:
+                        stoppable.add(event)
+        self._listeners = {event: tuple(found) for event, found in listeners.items()}
+        self.active_events = frozenset(event for event, found in listeners.items() if found)
+        self._stoppable, self._self_agreeing = frozenset(stoppable), frozenset(self_agreeing)
 
 
 def announces_exceptions(method: Callable[P, R]) -> Callable[P, R]:
@@ -575,10 +544,8 @@ def announces_exceptions(method: Callable[P, R]) -> Callable[P, R]:
 
 def _overrides(callback: object, event: str) -> bool:
     method = getattr(callback, event, None)
-    if method is None:
-        return False
     base = getattr(TrainerCallback, event, None)
-    return getattr(method, "__func__", method) is not base
+    return method is not None and getattr(method, "__func__", method) is not base
 
 
 def _suggest(name: str, known: Iterable[str]) -> str:

@@ -57,31 +57,28 @@ class DataLoaderSlice:
         return self.slice_size
 
 
-def _on_process_zero_only(local: bool) -> Callable[[Callable[P, R]], Callable[P, R | None]]:
-    """Build a decorator: run on process zero (of the node, or of the run) only, then wait."""
+def _on_process_zero_only(func: Callable[P, R], local: bool) -> Callable[P, R | None]:
+    """Run ``func`` on process zero (of the node, or of the run) only, then wait."""
 
-    def decorate(func: Callable[P, R]) -> Callable[P, R | None]:
-        @functools.wraps(func)
-        def wrapped(*args: P.args, **kwargs: P.kwargs) -> R | None:
-            state = PartialState()
-            zero = state.is_local_main_process if local else state.is_main_process
-            result = func(*args, **kwargs) if zero else None
-            state.wait_for_everyone()
-            return result
+    @functools.wraps(func)
+    def wrapped(*args: P.args, **kwargs: P.kwargs) -> R | None:
+        state = PartialState()
+        zero = state.is_local_main_process if local else state.is_main_process
+        result = func(*args, **kwargs) if zero else None
+        state.wait_for_everyone()
+        return result
 
-        return wrapped
-
-    return decorate
+    return wrapped
 
 
 def local_process_zero_only(func: Callable[P, R]) -> Callable[P, R | None]:
     """Run ``func`` on each node's main process only (others get ``None``); then all wait."""
-    return _on_process_zero_only(local=True)(func)
+    return _on_process_zero_only(func, local=True)
 
 
 def world_process_zero_only(func: Callable[P, R]) -> Callable[P, R | None]:
     """Run ``func`` on the main process of the whole run only (others get ``None``)."""
-    return _on_process_zero_only(local=False)(func)
+    return _on_process_zero_only(func, local=False)
 
 
 def local_process_zero_first(func: Callable[P, R]) -> Callable[P, R]:
