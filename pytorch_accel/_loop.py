@@ -505,31 +505,25 @@ class Loop:
         return {"batch": batch, "batch_output": batch_output}
 
     def _eval_outputs(self, dataloader: DataLoader[Any], batch: Any) -> tuple[Any, Any, Any]:
-        """The batch's output, and that of its real samples where accelerate padded it."""
+        """The batch's output, and that of its real samples where accelerate padded it.
+
+        Real samples: ``None`` if not padded. The first ``remainder`` samples of the gathered
+        last batch are real, in process order (the repeats are those ``gather_for_metrics``
+        drops).
+        """
         method, trainer = "calculate_eval_batch_loss", self._trainer
         batch_output = check_batch_output(trainer.calculate_eval_batch_loss(batch), method)
-        real_samples = self._real_samples(dataloader, batch_output["batch_size"])
+        real_samples, accelerator = None, trainer.accelerator
+        if accelerator.num_processes > 1 and getattr(dataloader, "end_of_dataloader", False):
+            remainder = int(getattr(dataloader, "remainder", -1))
+            if remainder > 0:
+                size, rank = int(batch_output["batch_size"]), int(accelerator.process_index)
+                real_samples = max(0, min(size, remainder - rank * size))
         if not real_samples:
             return batch_output, None, real_samples
         real_batch = slice_tensors(without_count(batch), slice(0, real_samples))
         real_output = check_batch_output(trainer.calculate_eval_batch_loss(real_batch), method)
         return batch_output, real_output, real_samples
-
-    def _real_samples(self, dataloader: DataLoader[Any], batch_size: Any) -> int | None:
-        """Return how many samples of this batch are real, if accelerate padded it; else None.
-
-        The first ``remainder`` samples of the gathered last batch are real, in process order
-        (the repeats after them are those ``gather_for_metrics`` drops).
-        """
-        accelerator = self._trainer.accelerator
-        at_end = getattr(dataloader, "end_of_dataloader", False)
-        if accelerator.num_processes == 1 or not at_end:
-            return None
-        remainder = int(getattr(dataloader, "remainder", -1))
-        if remainder <= 0:
-            return None
-        size, rank = int(batch_size), int(accelerator.process_index)
-        return max(0, min(size, remainder - rank * size))
 
     def _end_eval_epoch(self, metric_name: str) -> None:
         """Report the evaluation epoch's last progress, then record its mean loss."""
