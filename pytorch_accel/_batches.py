@@ -79,9 +79,7 @@ def missing_loss_func(batch: Any, method: str) -> NoReturn:
 
 def output_field(outputs: Any, name: str) -> Any:
     """Return the field ``name`` of a model's output (a dict or a ``ModelOutput``), or ``None``."""
-    if isinstance(outputs, Mapping):
-        return outputs.get(name)
-    return None
+    return outputs.get(name) if isinstance(outputs, Mapping) else None
 
 
 def predictions_of(outputs: Any) -> Any:
