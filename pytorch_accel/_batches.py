@@ -1,36 +1,20 @@
-"""What a batch holds and how it is weighted.
+"""What a batch holds and how it is weighted (the design: docs/hf-models.md).
 
 **Accumulation windows** (``AccumulationPlan``): which micro-batches end an optimizer update,
 and the ``1 / window size`` each one's loss is scaled by.
 
-**Reading a batch.** The default step methods read ``(inputs, targets)``, or a dict: a dict
-batch (any mapping, such as a Hugging Face ``BatchEncoding``) holds the model's keyword
-arguments; the model's output may carry its own loss and ``logits``, as Hugging Face models'
-do. Nothing here synchronises with the device: sizes come from tensor shapes.
+**Reading a batch**: ``(inputs, targets)``, or a dict of the model's keyword arguments, whose
+model output may carry its own loss and ``logits``. Sizes come from tensor shapes: nothing
+here synchronises with the device.
 
-**Token-exact gradient accumulation** (``ItemWeighting``): each window's gradient is the mean
-over its loss elements. A language model's loss is the mean over the batch's tokens (the
-labels that are not ``-100``), and batches hold different numbers of them. Scaling each
-micro-batch's mean by ``1 / window size`` weights every micro-batch alike, so ``N``
-micro-batches are not one batch of ``N`` times the size; across processes DDP's average does
-the same to the processes' batches. When the step's ``batch_output`` carries ``num_items``,
-the number of loss elements its ``loss`` is the mean of, the loop uses ``ItemWeighting``
-instead:
-
-- each micro-batch loss is back-propagated multiplied by ``num_items / reference`` (so the
-  window's gradient is the sum over its elements, divided by ``reference``);
-- at the window's end, before clipping, the gradients are multiplied by
-  ``num_processes * reference / total``, ``total`` being the window's elements summed over
-  micro-batches and processes (one all-reduce per window, with several processes): after
-  DDP's average over the processes, the gradient is the mean over every element of the
-  window, as one large batch gives.
-
-``reference`` is a power of two agreed by every process: that of the previous window's mean
-number of elements per micro-batch (for the run's first window, of the processes' mean count
-of their first micro-batch: one more all-reduce per ``train()`` call). It keeps the
-back-propagated values at the size of a mean (mixed precision gradient scalers do not
-overflow), and, being a power of two, changes no bit of the result. Nothing here waits for the
-device: the counts stay on it.
+**Token-exact gradient accumulation** (``ItemWeighting``), for steps whose ``batch_output``
+carries ``num_items``: each micro-batch loss is back-propagated multiplied by
+``num_items / reference``, and at the window's end, before clipping, the gradients are
+multiplied by ``num_processes * reference / total`` (``total``: the window's elements summed
+over micro-batches and processes, one all-reduce per window), so after DDP's average the
+gradient is the mean over every element of the window. ``reference`` is a power of two agreed
+by every process (of the previous window's mean count per micro-batch): it keeps the
+back-propagated values at the size of a mean for gradient scalers, and changes no bit.
 """
 
 from __future__ import annotations
@@ -69,11 +53,7 @@ _NOT_INPUTS = frozenset({"labels", NUM_ITEMS_IN_BATCH})
 
 
 def inputs_and_targets(batch: Any, method: str) -> tuple[Any, Any]:
-    """Return ``batch[0], batch[1]``: the layout the default step methods read.
-
-    Raises:
-        TypeError: If the batch is not a tuple or list of at least two items.
-    """
+    """Return ``batch[0], batch[1]``: the layout the default step methods read."""
     if isinstance(batch, (tuple, list)) and len(batch) >= 2:
         return batch[0], batch[1]
     layout = f"a {type(batch).__name__}" + (
@@ -99,9 +79,7 @@ def missing_loss_func(batch: Any, method: str) -> NoReturn:
 
 def output_field(outputs: Any, name: str) -> Any:
     """Return the field ``name`` of a model's output (a dict or a ``ModelOutput``), or ``None``."""
-    if isinstance(outputs, Mapping):
-        return outputs.get(name)
-    return None
+    return outputs.get(name) if isinstance(outputs, Mapping) else None
 
 
 def predictions_of(outputs: Any) -> Any:
@@ -111,13 +89,7 @@ def predictions_of(outputs: Any) -> Any:
 
 
 def dict_batch_size(batch: Mapping[str, Any]) -> int:
-    """Return the number of samples in a dict batch: the first dimension of its ``labels``.
-
-    Without ``labels``, that of the batch's first tensor.
-
-    Raises:
-        TypeError: If the batch holds no tensor with a batch dimension.
-    """
+    """Return a dict batch's number of samples: the first dimension of ``labels`` (or a tensor)."""
     labels = batch.get("labels")
     for value in (labels, *batch.values()):
         if isinstance(value, torch.Tensor) and value.ndim > 0:
@@ -137,29 +109,11 @@ def dict_batch_loss(
 ) -> dict[str, Any]:
     """Compute the loss of a dict batch, as the default step methods do.
 
-    The batch holds the model's keyword arguments, as Hugging Face models take them. With
-    ``loss_func=None`` the model gets the whole batch and its output carries the loss
-    (``outputs.loss`` or ``outputs["loss"]``: a Hugging Face model computes it when the
-    batch has ``labels``). With a ``loss_func``, the model gets the batch without
-    ``labels`` and the loss is ``loss_func(predictions, batch["labels"])``. The
-    predictions (``model_outputs``) are the output's ``logits`` where it has them, else
-    the output; ``batch_size`` is the first dimension of ``labels`` (or of the first
-    tensor in the batch).
-
-    A batch may carry ``num_items_in_batch``, the number of loss elements (tokens) of the
-    batch, as Hugging Face's ``Trainer`` passes it to the model: with ``loss_func=None`` the
-    model gets it (a Hugging Face model then divides its summed loss by it), with a
-    ``loss_func`` it is left out of the model's inputs; either way it is returned as
-    ``num_items``, which makes the loop weight the batch by it (token-exact accumulation).
-
-    Args:
-        model: The (prepared) model.
-        loss_func: The trainer's loss function, or ``None``.
-        batch: The model's keyword arguments.
-        method: The calling step method, for messages.
-
-    Returns:
-        A dict with ``loss``, ``model_outputs`` and ``batch_size`` (and ``num_items``).
+    With ``loss_func=None`` the model gets the whole batch and its output carries the loss;
+    with a ``loss_func``, the model gets the batch without ``labels`` (and
+    ``num_items_in_batch``) and the loss is ``loss_func(predictions, batch["labels"])``. The
+    batch's ``num_items_in_batch`` is returned as ``num_items`` (the table of
+    docs/hf-models.md). ``method`` names the calling step method in messages.
     """
     if not isinstance(batch, Mapping):  # loss_func is None: a stream's batches show it here
         missing_loss_func(batch, method)
@@ -192,24 +146,14 @@ def dict_batch_loss(
 
 
 def without_count(batch: Any) -> Any:
-    """Return a dict batch without its ``num_items_in_batch`` (other batches as they are).
-
-    For the first rows of a batch (``slice_tensors``): the count has no rows to slice, and
-    holds the whole batch's elements.
-    """
+    """Return a dict batch without its ``num_items_in_batch``, to slice its first rows."""
     if isinstance(batch, Mapping) and NUM_ITEMS_IN_BATCH in batch:
         return {key: value for key, value in batch.items() if key != NUM_ITEMS_IN_BATCH}
     return batch
 
 
 def check_num_items(value: Any, method: str) -> None:
-    """Raise unless ``value`` is a ``num_items`` the loop can weight by: a number or scalar tensor.
-
-    Only the type and the shape are read: no host synchronisation.
-
-    Raises:
-        TypeError: If ``value`` is neither an int, a float nor a one-element tensor.
-    """
+    """Raise unless ``value`` is a number or a one-element tensor (no host synchronisation)."""
     if type(value) in (int, float) or (isinstance(value, torch.Tensor) and value.numel() == 1):
         return
     shape = f" of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else ""
@@ -237,51 +181,38 @@ class ItemWeighting:
         self.in_use: bool | None = None
 
     def start_run(self, num_processes: int, device: torch.device) -> None:
-        """Start a ``train()`` call: its first batch decides whether it weights by ``num_items``.
-
-        Args:
-            num_processes: The processes whose gradients DDP averages.
-            device: Where the processes exchange their counts (the trainer's device).
-        """
+        """Start a ``train()`` call, whose processes exchange their counts on ``device``."""
         self._num_processes, self._device, self.in_use = num_processes, device, None
         self._count, self._batches, self._reference = 0, 0, None
 
-    def start_unweighted(self, batch_output: Mapping[str, Any]) -> None:
-        """Note that the run's first batch carries no ``num_items``: the run is not weighted.
+    def scaled_loss(
+        self, batch_output: Mapping[str, Any], scale: float, step: int, epoch_index: int
+    ) -> torch.Tensor:
+        """Return the micro-batch loss to back-propagate: weighted by ``num_items`` or scaled.
 
-        Code ported from pytorch-accelerated may return ``num_items_in_batch`` instead, which
-        pytorch-accelerated read as a loss already divided by the count over all processes
-        (and multiplied by the number of processes); it is pointed to ``num_items`` once.
-        """
-        self.in_use = False
-        if "num_items_in_batch" in batch_output:
-            warnings.warn(
-                "Trainer.train: batch_output['num_items_in_batch'] is not interpreted (it was "
-                "pytorch-accelerated's key). For token-exact gradient accumulation return "
-                "'num_items', the number of loss elements the batch's mean loss averages "
-                "(the loop then normalises each window by their total over all processes); "
-                "else rename the key.",
-                UserWarning,
-                stacklevel=2,
-            )
-
-    def weight(self, num_items: Any, step: int, epoch_index: int) -> float | torch.Tensor:
-        """Count a micro-batch's elements; return the factor its mean loss is multiplied by.
-
-        The run's first batch turns the weighting on (``in_use``); the loop calls this for
-        every batch that carries ``num_items``, and for every batch of a run that uses it.
-
-        Args:
-            num_items: The batch's ``batch_output.get("num_items")``.
-            step: The batch's 0-based index in its epoch, for messages.
-            epoch_index: Its epoch's 0-based index, for messages.
+        The run's first batch decides: if it carries ``num_items``, every batch is weighted by
+        its count (and counted for ``normalise``); else each loss is multiplied by ``scale``,
+        its share of the accumulation window. ``step`` and ``epoch_index`` are for messages.
 
         Raises:
             ValueError: If some of the run's batches carry ``num_items`` and others do not.
             TypeError: If ``num_items`` is not a number or a one-element tensor.
         """
-        if self.in_use is None:
-            self.in_use = True
+        loss, num_items = batch_output["loss"], batch_output.get("num_items")
+        if self.in_use is None:  # the run's first batch
+            self.in_use = num_items is not None
+            if not self.in_use and "num_items_in_batch" in batch_output:
+                warnings.warn(
+                    "Trainer.train: batch_output['num_items_in_batch'] is not interpreted (it "
+                    "was pytorch-accelerated's key). For token-exact gradient accumulation "
+                    "return 'num_items', the number of loss elements the batch's mean loss "
+                    "averages (the loop then normalises each window by their total over all "
+                    "processes); else rename the key.",
+                    UserWarning,
+                    stacklevel=2,
+                )
+        if num_items is None and not self.in_use:
+            return loss if scale == 1.0 else loss * scale  # type: ignore[no-any-return]
         if num_items is None or not self.in_use:
             first = "did not carry it" if num_items is not None else "carried it"
             raise ValueError(
@@ -298,29 +229,7 @@ class ItemWeighting:
         self._batches += 1
         if self._reference is None:  # the run's first batch
             self._reference = self._first_reference(num_items)
-        factor: float | torch.Tensor = num_items / self._reference
-        return factor
-
-    def scaled_loss(
-        self, batch_output: Mapping[str, Any], scale: float, step: int, epoch_index: int
-    ) -> torch.Tensor:
-        """Return the micro-batch loss to back-propagate: weighted by ``num_items`` or scaled.
-
-        A run whose batches carry ``num_items`` weights each by its count (``weight``); else
-        the loss is multiplied by ``scale``, the micro-batch's share of its window.
-
-        Args:
-            batch_output: The micro-batch's checked ``batch_output``.
-            scale: Its share of the accumulation window (``1 / window size``, or less).
-            step: Its 0-based index in its epoch, for messages.
-            epoch_index: Its epoch's 0-based index, for messages.
-        """
-        loss, num_items = batch_output["loss"], batch_output.get("num_items")
-        if num_items is not None or self.in_use:  # token-exact: weighted by num_items
-            return loss * self.weight(num_items, step, epoch_index)  # type: ignore[no-any-return]
-        if self.in_use is None:  # the run's first batch: not weighted
-            self.start_unweighted(batch_output)
-        return loss if scale == 1.0 else loss * scale  # type: ignore[no-any-return]
+        return loss * (num_items / self._reference)  # type: ignore[no-any-return]
 
     def snapshot(self) -> tuple[Any, ...]:
         """What ``restore`` puts back: the window's count so far (no copy, no host sync)."""
@@ -332,7 +241,7 @@ class ItemWeighting:
 
     @property
     def agrees_on_reference(self) -> bool:
-        """Whether the next ``weight`` exchanges the first reference with the other processes."""
+        """Whether the next weighted loss agrees on the first reference with the other processes."""
         return self._reference is None and self._num_processes > 1
 
     def _first_reference(self, num_items: int | float | torch.Tensor) -> float | torch.Tensor:
@@ -347,8 +256,7 @@ class ItemWeighting:
     def normalise(self, parameters: Iterable[torch.nn.Parameter], device: torch.device) -> None:
         """Divide the window's gradients by its elements over every process; start a new window.
 
-        Call it on every process at the same point (the window's end, after DDP has averaged
-        the gradients and before clipping).
+        On every process at the window's end, after DDP has averaged and before clipping.
         """
         if not self._batches:  # every batch of the window was skipped: no gradients
             return
@@ -406,12 +314,10 @@ def _to_cpu(value: int | float | torch.Tensor | None) -> int | float | torch.Ten
 class AccumulationPlan:
     """The gradient accumulation windows of one epoch.
 
-    The epoch's micro-batches are cut into windows of ``steps`` batches; the last window holds
-    the remainder. An optimizer update happens at the end of each window. Each micro-batch
-    loss is scaled by ``1 / len(its window)``, so the update follows the mean gradient of the
-    window's batches, also for a short last window. Over data without a length
-    (``num_batches`` is ``None``) every loss is scaled by ``1 / steps``; the loop ends the last
-    window of a pass early, when the dataloader says it yielded its last batch.
+    Windows of ``steps`` micro-batches, the last holding the remainder, each ending in an
+    update. Each loss is scaled by ``1 / len(its window)``, so the update follows the mean
+    gradient of the window's batches, also for a short last window. Over data without a length
+    every loss is scaled by ``1 / steps``.
 
     Args:
         num_batches: Micro-batches in the epoch, or ``None`` when it is not known.
@@ -420,11 +326,6 @@ class AccumulationPlan:
 
     num_batches: int | None
     steps: int
-
-    @property
-    def num_updates(self) -> int | None:
-        """Optimizer updates in the epoch (``None`` when its length is not known)."""
-        return None if self.num_batches is None else math.ceil(self.num_batches / self.steps)
 
     def is_update(self, step: int) -> bool:
         """Return whether micro-batch ``step`` (0-based) ends its window."""

@@ -1,14 +1,8 @@
 """The pytorch-accelerated names of the trainer module and of ``Trainer``, in one place.
 
-- ``TRAINER_MODULE_NAMES``: what pytorch-accelerated users import from its ``trainer`` module.
-  ``pytorch_accel.trainer`` uses ``trainer_module_attribute`` as its module ``__getattr__``, so
-  ``from pytorch_accel.trainer import TrainerWithTimmScheduler, ProgressBarCallback, set_seed``
-  works as it did, without the facade importing them all (``TrainerWithTimmScheduler`` is a
-  subclass of ``Trainer``, defined after it).
-- ``DefaultCallbacks``: the default of ``Trainer(callbacks=...)``, a lazy view of
-  ``DEFAULT_CALLBACKS``.
-- ``TRAINER_ATTRIBUTES``: private attributes of pytorch-accelerated's ``Trainer`` that ported
-  code reads; ``with_ported_attributes`` adds them to ``Trainer`` as read-only aliases.
+``pytorch_accel.trainer`` serves ``TRAINER_MODULE_NAMES`` through its module ``__getattr__``
+(``trainer_module_attribute``), without importing them all (``TrainerWithTimmScheduler`` is a
+subclass of ``Trainer``, defined after it).
 """
 
 from __future__ import annotations
@@ -44,11 +38,7 @@ TRAINER_MODULE_NAMES = (
 
 
 def trainer_module_attribute(name: str) -> Any:
-    """Return one of ``TRAINER_MODULE_NAMES``, imported from where it lives.
-
-    Raises:
-        AttributeError: For any other name, as a module does.
-    """
+    """Return one of ``TRAINER_MODULE_NAMES``, imported from where it lives."""
     if name not in TRAINER_MODULE_NAMES:
         raise AttributeError(f"module 'pytorch_accel.trainer' has no attribute {name!r}")
     from accelerate.utils import set_seed
@@ -80,15 +70,7 @@ TrainerType = TypeVar("TrainerType", bound=type)
 def with_ported_attributes(trainer_class: TrainerType) -> TrainerType:
     """Give ``trainer_class`` the ``TRAINER_ATTRIBUTES``, as read-only aliases of its properties.
 
-    ``Trainer`` is decorated with it, so code written for pytorch-accelerated's trainer (a
-    callback reading ``trainer._train_dataloader``) keeps working; new code uses the public
-    names.
-
-    Args:
-        trainer_class: The class to add the aliases to.
-
-    Returns:
-        ``trainer_class`` itself.
+    So a callback written for pytorch-accelerated (reading ``trainer._train_dataloader``) works.
     """
     for ported, public in TRAINER_ATTRIBUTES.items():
         alias = property(operator.attrgetter(public), doc=f"``{public}``, under {ported!r}.")
@@ -97,11 +79,7 @@ def with_ported_attributes(trainer_class: TrainerType) -> TrainerType:
 
 
 class DefaultCallbacks:
-    """``DEFAULT_CALLBACKS``, read when a trainer is created: the default of ``callbacks``.
-
-    The facade reaches the callback catalogue only when a trainer is built (here and in
-    ``Trainer._create_callback_handler``), never when a module is imported.
-    """
+    """``DEFAULT_CALLBACKS``, read when a trainer is created (never when a module is imported)."""
 
     def __iter__(self) -> Iterator[CallbackLike]:
         from pytorch_accel.callbacks.defaults import DEFAULT_CALLBACKS

@@ -47,7 +47,7 @@ from accelerate.utils import concatenate, send_to_device, slice_tensors
 
 from pytorch_accel import failing_batches as skips
 from pytorch_accel._batches import AccumulationPlan, without_count
-from pytorch_accel._checkpointing.resume import EpochEntry, ResumePoint, enter_epoch
+from pytorch_accel._checkpointing.resume import ResumePoint, enter_epoch
 from pytorch_accel._checks import (
     check_batch_output,
     check_predict_outputs,
@@ -104,11 +104,8 @@ class Loop:
 
     Args:
         trainer: Whose step methods, hooks, callbacks and run config the loop uses.
-        state: Where the loop keeps what changes during a run.
+        state: The trainer's ``TrainerState``, where the loop keeps what changes during a run.
         preparation: The accelerate-prepared objects (for ``direct_optimizer``).
-
-    Attributes:
-        state: The trainer's ``TrainerState``.
     """
 
     def __init__(self, trainer: Trainer, state: TrainerState, preparation: Preparation) -> None:
@@ -157,18 +154,40 @@ class Loop:
                 state.epoch_index = epoch_index
                 self._epoch()
                 # the update budget can end a run before its last pass (over a stream)
-                if self._budget_spent():
+                if state.num_updates >= config.total_num_update_steps:
                     break
+                if state.step == 0:  # a pass that yielded nothing
+                    fix = (
+                        "an IterableDataset's __iter__ must start afresh at each call (a "
+                        "generator function, not a generator object)"
+                        if state.epoch_index
+                        else "the dataset or stream is empty"
+                    )
+                    fail(
+                        ValueError,
+                        "Trainer.train",
+                        "train_dataset",
+                        self._trainer.train_dataset,
+                        "data that yields batches on every pass",
+                        f"Epoch {state.epoch_index + 1} got no batch before the run's "
+                        f"{config.total_num_update_steps} updates were done: {fix}.",
+                    )
         finally:
             state.savable, state.finished_epochs = "end", num_epochs or state.epoch_index + 1
 
     def _epoch(self) -> None:
         trainer, state = self._trainer, self.state
         trainer._run_train_epoch(state.train_dataloader)
-        evaluated = self._evaluates_after_epoch()
-        if evaluated:
+        config, number = self._config(), state.epoch_index + 1
+        # every N epochs, and after the last; True without eval sets, False: skipped
+        evaluated = not state.eval_dataloaders
+        if not evaluated and (
+            number == config.num_epochs
+            or state.num_updates >= config.total_num_update_steps
+            or number % config.eval_every_n_epochs == 0
+        ):
             self.evaluate_in_run("eval_loss_epoch")
-        evaluated = evaluated or not state.eval_dataloaders  # False: skipped
+            evaluated = True
         if trainer.scheduler is not None and state.scheduler_stepping.steps_after_epoch(evaluated):
             trainer.scheduler_step()  # an epoch-stepped scheduler; before a save at the end
         state.savable = "epoch"
@@ -195,7 +214,12 @@ class Loop:
         config, state, trainer = self._config(), self.state, self._trainer
         plan = AccumulationPlan(config.train_dataloader_len, config.gradient_accumulation_steps)
         total_updates = config.total_num_update_steps
-        entry = self._enter_epoch()
+        # where this epoch starts: the resume seam (from its first batch unless resuming)
+        resume, state.resume = state.resume, None
+        entry = enter_epoch(resume, state.resumable, trainer, state.train_loss_tracker)
+        saved = None if resume is None else resume.rank_state.get("item_weighting")
+        if saved is not None and entry.batches_done:  # inside a window weighted by num_items
+            state.item_weighting.load_state_dict(saved, trainer.device)
         progress = self._train_progress
         state.step = entry.batches_done
         progress.start_at(entry.batches_done)
@@ -232,7 +256,11 @@ class Loop:
         ends_window = (
             plan.steps == 1
             or plan.is_update(step)
-            or (plan.num_batches is None and self._at_end_of_data())
+            # accelerate's dataloaders say so before yielding the last batch
+            or (
+                plan.num_batches is None
+                and getattr(state.train_dataloader, "end_of_dataloader", False)
+            )
         )
         if ends_window and (guard is None or not guard.synchronises(self._trainer.model)):
             batch_output = self._forward_backward(batch, scale)
@@ -262,8 +290,18 @@ class Loop:
                 trainer.calculate_train_batch_loss(batch), "calculate_train_batch_loss"
             )
             size = batch_output["batch_size"]
-            if type(size) is int and size == 0:  # never a tensor here: no host sync
-                self._refuse_empty_batch(batch)
+            # never a tensor here: no host sync; an empty batch's NaN loss would poison weights
+            if type(size) is int and size == 0 and skips.is_empty_batch(batch):
+                fail(
+                    ValueError,
+                    "Trainer.train",
+                    "train batch",
+                    f"batch {self.state.step + 1} of epoch {self.state.epoch_index + 1}",
+                    "a batch with at least one sample",
+                    "The batch is empty (0 samples): its loss would be NaN and the update would "
+                    "poison the weights. Pass train(skip_failing_batches=...) to skip empty "
+                    "batches, or drop them from the data.",
+                )
         else:  # skip_failing_batches: a batch that failed on any process is skipped by all
             guarded = guard.forward(trainer, batch)
             if guarded is None:
@@ -289,11 +327,7 @@ class Loop:
     def backward(
         self, loss: torch.Tensor, scaled: torch.Tensor, batch: Any, batch_output: dict[str, Any]
     ) -> None:
-        """Back-propagate ``scaled`` (``loss``, weighted by the loop), with the backward events.
-
-        ``on_backward_start`` gets the ``batch`` and its ``batch_output``: the loss before it
-        changes any weight.
-        """
+        """Back-propagate ``scaled`` (``loss``, weighted by the loop), with the backward events."""
         handler = self._trainer.callback_handler  # an event nobody listens to: one set look-up
         if "on_backward_start" in handler.active_events:
             self._fire("on_backward_start", {"batch": batch, "batch_output": batch_output})
@@ -304,20 +338,6 @@ class Loop:
             raise
         if "on_backward_end" in handler.active_events:
             self._fire("on_backward_end", {})
-
-    def _refuse_empty_batch(self, batch: Any) -> None:
-        """Raise for a batch without samples: its loss is NaN and would poison the weights."""
-        if skips.is_empty_batch(batch):
-            fail(
-                ValueError,
-                "Trainer.train",
-                "train batch",
-                f"batch {self.state.step + 1} of epoch {self.state.epoch_index + 1}",
-                "a batch with at least one sample",
-                "The batch is empty (0 samples): its loss would be NaN and the update would "
-                "poison the weights. Pass train(skip_failing_batches=...) to skip empty "
-                "batches, or drop them from the data.",
-            )
 
     def _update(self) -> None:
         trainer = self._trainer
@@ -340,7 +360,11 @@ class Loop:
         if "on_optimizer_step_end" in handler.active_events:
             self._fire("on_optimizer_step_end", {})
         stepped = trainer.scheduler is not None and self.state.scheduler_stepping.steps_per_update
-        if stepped and not self._step_was_skipped():
+        # the gradient scaler may skip the update (only possible through the wrapper)
+        if stepped and (
+            self._preparation.direct_optimizer is not None
+            or not trainer.accelerator.optimizer_step_was_skipped
+        ):
             trainer.scheduler_step()
         trainer.optimizer_zero_grad()
 
@@ -354,69 +378,10 @@ class Loop:
         if state.failing_batches is not None:
             state.failing_batches.finish_epoch(trainer)
 
-    def _budget_spent(self) -> bool:
-        """Whether a run counted in updates is over; a pass that yielded nothing is an error."""
-        state = self.state
-        if state.num_updates >= self._config().total_num_update_steps:
-            return True
-        if state.step == 0:
-            fix = (
-                "an IterableDataset's __iter__ must start afresh at each call (a generator "
-                "function, not a generator object)"
-                if state.epoch_index
-                else "the dataset or stream is empty"
-            )
-            fail(
-                ValueError,
-                "Trainer.train",
-                "train_dataset",
-                self._trainer.train_dataset,
-                "data that yields batches on every pass",
-                f"Epoch {state.epoch_index + 1} got no batch before the run's "
-                f"{self._config().total_num_update_steps} updates were done: {fix}.",
-            )
-        return False
-
-    def _evaluates_after_epoch(self) -> bool:
-        """Whether the eval sets are evaluated after this epoch: every N epochs, and the last."""
-        config, state = self._config(), self.state
-        if not state.eval_dataloaders:
-            return False
-        number = state.epoch_index + 1
-        last = number == config.num_epochs or state.num_updates >= config.total_num_update_steps
-        return last or number % config.eval_every_n_epochs == 0
-
-    def _at_end_of_data(self) -> bool:
-        """Whether this is the train dataloader's last batch of the pass.
-
-        accelerate's dataloaders look one batch ahead and say so before yielding the last.
-        """
-        return bool(getattr(self.state.train_dataloader, "end_of_dataloader", False))
-
-    def _step_was_skipped(self) -> bool:
-        """Whether the gradient scaler skipped the update (only possible through the wrapper)."""
-        if self._preparation.direct_optimizer is not None:
-            return False
-        return bool(self._trainer.accelerator.optimizer_step_was_skipped)
-
-    def _enter_epoch(self) -> EpochEntry:
-        """Where this epoch starts: the resume seam (from its first batch unless resuming)."""
-        state = self.state
-        resume, state.resume = state.resume, None
-        entry = enter_epoch(resume, state.resumable, self._trainer, state.train_loss_tracker)
-        saved = None if resume is None else resume.rank_state.get("item_weighting")
-        if saved is not None and entry.batches_done:  # inside a window weighted by num_items
-            state.item_weighting.load_state_dict(saved, self._trainer.device)
-        return entry
-
     # ------------------------------------------------------------------------ evaluation
 
     def evaluate(self, metric_prefix: str, skip_failing_batches: object = None) -> dict[str, Any]:
-        """Run an evaluation run (``Trainer.evaluate``): an eval epoch of each set, as ``loss``.
-
-        Returns:
-            The latest value of everything recorded meanwhile (under ``metric_prefix``).
-        """
+        """Run an evaluation run (``Trainer.evaluate``); return what it recorded, by name."""
         history, cursor = self._trainer.run_history, MetricCursor()
         cursor.skip_to_end(history)
         with (
@@ -428,11 +393,7 @@ class Loop:
         return cursor.read_new(history)
 
     def run_eval_epoch(self, metric_name: str, is_intermediate: bool) -> None:
-        """Run an eval epoch for a callback (see ``Trainer.run_eval_epoch``).
-
-        Raises:
-            ValueError: If the current run has no eval set.
-        """
+        """Run an eval epoch for a callback (see ``Trainer.run_eval_epoch``)."""
         if self.state.eval_dataloader is None:
             fail(
                 ValueError,
@@ -458,13 +419,7 @@ class Loop:
             state.savable = savable
 
     def sanity_check(self, num_batches: int) -> None:
-        """Evaluate ``num_batches`` of every eval set, then put the run history back as it was.
-
-        It runs the eval step and every callback of the eval events (with ``sanity_check=True``),
-        so a broken evaluation fails before the first training epoch rather than after it. The
-        run's results do not change: no gradients, the training's random state kept, and the
-        metrics it recorded are removed.
-        """
+        """Evaluate ``num_batches`` of every eval set, then put the run history back as it was."""
         history = self._trainer.run_history
         saved = history.state_dict()
         try:
@@ -477,10 +432,8 @@ class Loop:
     ) -> None:
         """Run an eval epoch of every eval set, recording each mean loss as ``metric_name``.
 
-        Each runs ``Trainer._run_eval_epoch`` without gradients and under
-        ``training_rng_preserved``: evaluating (an eval set, or evaluating more often) never
-        changes the training's random draws, so a resumed run, whose eval iterators start
-        afresh, draws the same. A named set's metrics get its prefix (``val_eval_loss_epoch``).
+        Under ``training_rng_preserved``: evaluating never changes the training's random
+        draws, so a resumed run, whose eval iterators start afresh, draws the same.
         """
         trainer, state = self._trainer, self.state
         for name, dataloader in list(state.eval_dataloaders.items()):
@@ -536,53 +489,41 @@ class Loop:
             state.eval_step += 1
             return {"batch": batch, "batch_output": dict(skips.SKIPPED_OUTPUT)}
         batch_output, real_output, real_samples = outputs
-        # weighted by the loss elements where the step counts them (num_items), else by samples
-        if real_samples is None:
-            weight = batch_output.get("num_items", batch_output["batch_size"])
-            state.eval_loss_tracker.update(batch_output["loss"], weight)
-            if batch_output.keys() - BATCH_OUTPUT_KEYS:  # a loss's components: logged
-                state.logged.log_batch_output(batch_output, trainer.device)
-        elif real_samples > 0:
-            weight = real_output.get("num_items", real_samples)
-            if "num_items" in batch_output and "num_items" not in real_output:
+        if real_samples != 0:  # 0: every sample of this process's batch is a repeat
+            counted = batch_output
+            if real_samples is not None:  # the padded last batch: its real samples only
+                counted = {**real_output, "batch_size": real_samples}
+            # weighted by the loss elements where the step counts them (num_items), else samples
+            weight = counted.get("num_items", counted["batch_size"])
+            if "num_items" in batch_output and "num_items" not in counted:
                 # the real rows' share of the batch's count (their own is not known)
                 weight = batch_output["num_items"] * real_samples / batch_output["batch_size"]
-            state.eval_loss_tracker.update(real_output["loss"], weight)
-            if real_output.keys() - BATCH_OUTPUT_KEYS:
-                state.logged.log_batch_output(
-                    {**real_output, "batch_size": real_samples}, trainer.device
-                )
+            state.eval_loss_tracker.update(counted["loss"], weight)
+            if counted.keys() - BATCH_OUTPUT_KEYS:  # a loss's components: logged
+                state.logged.log_batch_output(counted, trainer.device)
         state.eval_step += 1
         return {"batch": batch, "batch_output": batch_output}
 
     def _eval_outputs(self, dataloader: DataLoader[Any], batch: Any) -> tuple[Any, Any, Any]:
-        """The batch's output, and that of its real samples where accelerate padded it."""
+        """The batch's output, and that of its real samples where accelerate padded it.
+
+        Real samples: ``None`` if not padded. The first ``remainder`` samples of the gathered
+        last batch are real, in process order (the repeats are those ``gather_for_metrics``
+        drops).
+        """
         method, trainer = "calculate_eval_batch_loss", self._trainer
         batch_output = check_batch_output(trainer.calculate_eval_batch_loss(batch), method)
-        real_samples = self._real_samples(dataloader, batch_output["batch_size"])
+        real_samples, accelerator = None, trainer.accelerator
+        if accelerator.num_processes > 1 and getattr(dataloader, "end_of_dataloader", False):
+            remainder = int(getattr(dataloader, "remainder", -1))
+            if remainder > 0:
+                size, rank = int(batch_output["batch_size"]), int(accelerator.process_index)
+                real_samples = max(0, min(size, remainder - rank * size))
         if not real_samples:
             return batch_output, None, real_samples
         real_batch = slice_tensors(without_count(batch), slice(0, real_samples))
         real_output = check_batch_output(trainer.calculate_eval_batch_loss(real_batch), method)
         return batch_output, real_output, real_samples
-
-    def _real_samples(self, dataloader: DataLoader[Any], batch_size: Any) -> int | None:
-        """Return how many samples of this batch are real, if accelerate padded it; else None.
-
-        With several processes, accelerate completes the last round of eval batches with
-        samples from the start of the dataset, so every process has as many batches (no
-        collective can deadlock). Those repeats are the ones ``gather_for_metrics`` drops:
-        the first ``remainder`` samples of the gathered last batch are real, in process order.
-        """
-        accelerator = self._trainer.accelerator
-        at_end = getattr(dataloader, "end_of_dataloader", False)
-        if accelerator.num_processes == 1 or not at_end:
-            return None
-        remainder = int(getattr(dataloader, "remainder", -1))
-        if remainder <= 0:
-            return None
-        size, rank = int(batch_size), int(accelerator.process_index)
-        return max(0, min(size, remainder - rank * size))
 
     def _end_eval_epoch(self, metric_name: str) -> None:
         """Report the evaluation epoch's last progress, then record its mean loss."""
@@ -603,29 +544,13 @@ class Loop:
         keep: bool,
         policy: object = None,
     ) -> Any:
-        """Predict every batch of a prepared ``dataloader``; return the outputs concatenated.
-
-        Each batch goes through ``calculate_predict_batch``; with several processes its
-        outputs are gathered with ``gather_for_metrics``, so every sample appears exactly once,
-        in the order of the (unshuffled) dataloader; with one process nothing is gathered.
+        """Predict every batch of a prepared ``dataloader`` (see ``Trainer.predict``).
 
         Args:
             dataloader: The prepared (sharded) dataloader, not shuffled.
             output_device: Where each gathered batch is moved (``None``: where it is).
-            keep: Keep and return the outputs; ``False`` returns ``None`` (the callbacks of
-                ``on_predict_step_end`` receive each gathered batch).
-            policy: ``skip_failing_batches``: skip the batches that fail, agreed across
-                processes; their indices are recorded as ``predict_skipped_batches``.
-
-        Returns:
-            The outputs of every sample in order, concatenated on the first dimension (a
-            tensor, or the same nested structure of tensors as one batch's outputs).
-
-        Raises:
-            TypeError, ValueError: After the first batch, if its outputs could never be
-                concatenated (``check_predict_outputs``).
-            PredictOutputsError: After the last, if the batches' outputs differ in shape or
-                structure; it holds every batch's outputs.
+            keep: Keep and return the outputs concatenated; ``False`` returns ``None``.
+            policy: ``skip_failing_batches``.
         """
         self._outputs = [] if keep else None
         model = self._trainer.model
@@ -685,9 +610,8 @@ class Loop:
     def _entry_point(self, where: str, level: str, body: Callable[[], None]) -> None:
         """Run a whole run level (``train``, ``evaluate``, ``predict``) with its events.
 
-        ``stopped_by`` is cleared first and holds the stop that ended the run, if one did;
-        a loss that broadcasts targets of another shape raises (``shape_mismatches_raise``).
-        The package's logger is set up first, for the messages of the loop and the callbacks.
+        ``stopped_by`` is cleared first; a loss that broadcasts targets of another shape raises
+        (``shape_mismatches_raise``).
         """
         self.state.stopped_by = None
         setup_logging()  # the loop's and the callbacks' messages go through the package's logger
@@ -724,7 +648,11 @@ class Loop:
             is_run = level.endswith("_run")
             if is_run:
                 self.state.stopped_by = error
-                self._announce_stop(error)
+                if str(error):
+                    get_logger().info(str(error))
+                self._trainer.callback_handler.call_event_while_stopping(
+                    "on_stop_training_error", self._trainer, error=error
+                )
             self._dispatch(end, kwargs, hooked)  # further stops are moot
             if not is_run:
                 raise
@@ -737,14 +665,11 @@ class Loop:
     def _fire(self, event: str, kwargs: dict[str, Any], hooked: bool = False) -> None:
         """Run the trainer's hook (if ``hooked``), then the callbacks of ``event``; agree on a stop.
 
-        The hook and every callback get the event even when one of them asks to stop. With
-        several processes, a stop is agreed on by all of them before anyone moves on, so they
-        all stop at the same point and no collective is left waiting; a stop that was already
-        agreed on in a nested event (an evaluation run by a callback) goes on unwinding at once.
+        With several processes all agree on a stop before anyone moves on, so no collective is
+        left waiting; a stop already agreed on in a nested event goes on unwinding at once.
         The exchange happens after an event whose hook is overridden (the trainer's own hooks
-        never stop) or that has a listener which may stop; one whose only listeners that may
-        stop agree on their stops themselves (``agreed_stop_events``) costs no exchange: their
-        stop is raised as it is.
+        never stop) or that has a listener which may stop, unless those listeners agree on
+        their stops themselves (``agreed_stop_events``).
         """
         handler = self._trainer.callback_handler
         if hooked:
@@ -760,7 +685,7 @@ class Loop:
             return
         if stop is not None and state.stop_request is None:
             state.stop_request = stop  # the first one wins
-        if (hooked and self._hook_may_stop(event[3:])) or handler.may_stop(event):
+        if handler.may_stop(event) or (hooked and self._hook_overridden(event[3:])):
             request = state.stop_request
             if not agreement.settle(int(request is not None)):
                 return
@@ -772,16 +697,12 @@ class Loop:
             state.stop_request, state.agreed_stop = None, stop
             raise stop
 
-    def _hook_may_stop(self, hook: str) -> bool:
-        """Whether the trainer's ``hook`` may raise ``StopTrainingError``.
-
-        The trainer's own hooks are no-ops or mode switches, which never stop; a hook that a
-        subclass (or the instance) overrides may.
-        """
+    def _hook_overridden(self, hook: str) -> bool:
+        """Whether ``hook`` is overridden, so it may stop (the trainer's own hooks never do)."""
         trainer = self._trainer
-        if hook in vars(trainer):
-            return True
-        return sum(1 for klass in type(trainer).__mro__ if hook in vars(klass)) > 1
+        return (
+            hook in vars(trainer) or sum(hook in vars(kind) for kind in type(trainer).__mro__) > 1
+        )
 
     def _dispatch(
         self, event: str, kwargs: dict[str, Any], hooked: bool
@@ -795,14 +716,6 @@ class Loop:
                 stop = error
         callback_stop = self._trainer.callback_handler.dispatch(event, (self._trainer,), kwargs)
         return stop or callback_stop
-
-    def _announce_stop(self, error: StopTrainingError) -> None:
-        trainer = self._trainer
-        if str(error):
-            get_logger().info(str(error))
-        trainer.callback_handler.call_event_while_stopping(
-            "on_stop_training_error", trainer, error=error
-        )
 
     def _config(self) -> TrainerRunConfig:
         config = self._trainer.run_config
@@ -819,9 +732,8 @@ class Loop:
 def training_rng_preserved(device: torch.device) -> Iterator[None]:
     """Restore the CPU random state and that of ``device`` on exit, as they were on entry.
 
-    Creating a ``DataLoader`` iterator draws a seed from the global generator, which also
-    seeds the shuffling of the next training epoch; an evaluation would otherwise change the
-    order of every later epoch.
+    Creating a ``DataLoader`` iterator draws a seed from the global generator: an evaluation
+    would otherwise change the shuffling of every later epoch.
     """
     devices = [] if device.type == "cpu" else [device]
     with torch.random.fork_rng(devices=devices, device_type=device.type):

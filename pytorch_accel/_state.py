@@ -1,18 +1,12 @@
 """What a trainer holds for its runs: ``TrainerState`` and what accelerate prepared.
 
 **``TrainerState``**: everything that changes while a trainer runs, in one object. The loop
-(``pytorch_accel._loop``) writes it; the trainer's public properties (``num_updates``,
-``stopped_by``, ``is_training``, ``grad_norm``, ``resumed_from``, the dataloaders, ``eval_set``
-and the loss trackers) read it, and so does the code that saves a training state
-(``position``, ``num_updates``, ``pass_random_state``, ``train_loss_tracker``).
+(``pytorch_accel._loop``) writes it; the trainer's public properties and the code that saves a
+training state read it.
 
-**``Preparation``**: preparing a trainer's model, optimizer and dataloaders with accelerate,
-and what it keeps. The model and the optimizer are prepared once each (again only when they
+**``Preparation``**: the model and the optimizer are prepared once each (again only when they
 were replaced, or when parameters were unfrozen under DistributedDataParallel); each run's
-dataloaders are prepared afresh (kept in the ``TrainerState``) and the previous run's are
-dropped from the accelerator. Where accelerate's optimizer wrapper and ``backward`` would only
-forward their calls, the inner optimizer is kept for the trainer to call directly
-(``direct_optimizer``).
+dataloaders are prepared afresh and the previous run's are dropped from the accelerator.
 """
 
 from __future__ import annotations
@@ -51,56 +45,37 @@ if TYPE_CHECKING:
     from pytorch_accel.micro_batches import MicroBatchSplitter
     from pytorch_accel.trainer import Trainer
 
-__all__ = [
-    "Preparation",
-    "TrainerState",
-    "num_local_processes",
-]
+__all__ = ["Preparation", "TrainerState"]
 
 
 class TrainerState:
     """What changes during a trainer's runs: counters, position, stop, prepared dataloaders.
 
+    The trainer's properties of the same names document most attributes; the others:
+
     Attributes:
-        epoch_index: The 0-based epoch of the current ``train()`` call in progress.
-        finished_epochs: Epochs of the last ``train()`` call that were completed.
         step: Training micro-batches done in the current epoch (before the step's end event,
             so that a stop raised there still counts the step).
-        eval_step: Batches done in the current evaluation epoch.
         num_updates: Optimizer updates so far in the current ``train()`` (the loop's count).
         updates_before: Optimizer updates of the earlier ``train()`` calls of the same run
             (those that continued it with ``reset_run_history=False``); 0 in a new run.
-        running: Whether ``train()`` is running.
         savable: Where a training state may be saved now: ``"step"`` (between steps),
             ``"epoch"`` (between epochs), ``"end"`` (after the last epoch) or ``None``.
         stop_request: A ``StopTrainingError`` raised on this process that the processes have
             not agreed on yet.
         agreed_stop: The stop every process agreed on and is unwinding with.
-        stopped_by: The ``StopTrainingError`` that ended the last run early, or ``None``.
-        grad_norm: The total gradient norm of the last update, when clipping by norm.
         resume: The resume point the current run has yet to enter, if any.
-        resumed_from: The training state the current (or last) run resumed from, if any.
         pass_random_state: The CPU random state at the start of the current pass through a
-            train dataloader that resumes by replaying its batches (see ``resume``).
-        train_dataloader: The prepared train dataloader of the current run, if any.
-        eval_dataloaders: The prepared eval dataloaders of the current run, by set name
-            (``None``: the one unnamed set); empty without an eval set.
-        eval_set: The name of the set being evaluated (``None``: the unnamed one, or none).
+            train dataloader that resumes by replaying its batches.
         resumable: The controls of a train dataloader that can resume mid-epoch, if it can.
-        train_loss_tracker: The on-device tracker of the current training epoch's loss.
-        eval_loss_tracker: The on-device tracker of the current evaluation epoch's loss.
-        item_weighting: The token-exact weighting of the accumulation windows, for steps
-            whose ``batch_output`` carries ``num_items``.
-        logged: What ``Trainer.log`` logged in the current epochs and logging intervals.
+        item_weighting: The token-exact weighting of the accumulation windows.
         failing_batches: The guard of ``train(skip_failing_batches=...)``, if asked for.
         micro_batches: The splitter of ``train(on_oom="split")`` (or of a batch-size search's
             trial), if asked for.
         probing: Whether ``train()`` runs a trial of the batch-size search.
-        eval_metric_name: The run-history name of the current eval epoch's mean loss.
         eval_limit: The most batches of the current eval epoch (a sanity check), or ``None``.
         chosen_rates: The learning rates the user chose, kept across runs (``auto_scale_lr``).
-        pending_save: A training state being written in the background, if any: the loop
-            polls it after each step (``poll_save``) and waits for it when the run ends.
+        pending_save: A training state being written in the background, if any.
     """
 
     def __init__(self) -> None:
@@ -152,12 +127,7 @@ class TrainerState:
         return self.updates_before + self.num_updates
 
     def start_counting(self, continue_run: bool) -> None:
-        """Start a ``train()`` call's update count at 0; carry the run's count on, or restart it.
-
-        Args:
-            continue_run: The call continues the run (``reset_run_history=False``): the
-                updates of the calls before are kept in ``updates_before``.
-        """
+        """Start a ``train()`` call's update count at 0; carry the run's count on, or restart it."""
         self.updates_before = self.global_num_updates if continue_run else 0
         self.num_updates = 0
 
@@ -174,8 +144,7 @@ class TrainerState:
     def assign_num_updates(self, value: int | None) -> None:
         """Let ``Trainer.num_updates`` read ``value`` (``None``: the count again).
 
-        Code ported from pytorch-accelerated keeps its own update count in this attribute;
-        the loop's stays separate, so the run still ends where it should.
+        Ported code keeps its own update count there; the loop's stays separate.
         """
         if value is not None and not self._warned_assignment:
             self._warned_assignment = True  # once per trainer: ported code assigns it often
@@ -190,9 +159,6 @@ class TrainerState:
 
     def position(self, where: str) -> Position:
         """Return where the loop is, as the point a run resumed from a save there continues.
-
-        Args:
-            where: The caller, for the error message.
 
         Raises:
             RuntimeError: Inside ``train()`` anywhere but between steps or between epochs.
@@ -223,13 +189,7 @@ class TrainerState:
 
 
 class Preparation:
-    """The accelerate-prepared objects of one trainer.
-
-    The run's prepared dataloaders are kept in the trainer's ``TrainerState``.
-
-    Args:
-        accelerator: The trainer's accelerator.
-        state: The trainer's state, which holds the prepared dataloaders.
+    """The accelerate-prepared objects of one trainer (its dataloaders: in ``state``).
 
     Attributes:
         direct_optimizer: The optimizer inside accelerate's wrapper when calling it directly is
@@ -254,18 +214,22 @@ class Preparation:
         train_dl: DataLoader[Any] | None,
         eval_dls: Mapping[str | None, DataLoader[Any]],
     ) -> None:
-        """Prepare the model and optimizer (once each) and this run's dataloaders."""
+        """Prepare the model and optimizer (once each) and this run's dataloaders.
+
+        The previous run's dataloaders are forgotten.
+        """
         self.prepare_model_and_optimizer(trainer)
-        self.prepare_dataloaders(train_dl, eval_dls)
+        state = self._state
+        previous = (state.train_dataloader, *state.eval_dataloaders.values())
+        _forget_dataloaders(self._accelerator, *previous)
+        state.resumable, state.eval_set = None, None
+        state.train_dataloader = None if train_dl is None else self._prepare_train(train_dl)
+        state.eval_dataloaders = {name: self._prepare(dl) for name, dl in eval_dls.items()}
 
     def build_dataloaders(
         self, trainer: Trainer, arguments: TrainArguments
     ) -> tuple[DataLoader[Any], dict[str | None, DataLoader[Any]]]:
-        """Return a run's dataloaders: those the user built, or built by ``trainer``'s hooks.
-
-        Sets the trainer's ``train_dataset`` and ``eval_dataset``; the hooks
-        (``create_train_dataloader``, ``create_eval_dataloader``) may be overridden.
-        """
+        """Return a run's dataloaders: those the user built, or built by ``trainer``'s hooks."""
         a, batch_size = arguments, arguments.per_device_batch_size or 8
         trainer._train_dl_kwargs = {}
         train_dl = _adopt(trainer, "train", a.train_dataset)
@@ -285,9 +249,8 @@ class Preparation:
     ) -> dict[str | None, DataLoader[Any]]:
         """One dataloader per eval set (``{}`` for none), adopted or built.
 
-        While a set's dataloader is built, ``eval_dataset`` is that set, so an overridden
-        ``create_eval_dataloader`` builds each one; afterwards it is what was passed (a mapping
-        of named sets), or the one set's dataset.
+        While a set's dataloader is built, ``eval_dataset`` is that set (for an overridden
+        ``create_eval_dataloader``); afterwards it is what was passed.
         """
         trainer._eval_dl_kwargs, trainer.eval_dataset = {}, None
         if evaluation is None:
@@ -313,30 +276,25 @@ class Preparation:
         shuffle: bool,
         collate_fn: Callable[..., Any] | None,
     ) -> dict[str, Any]:
-        """Return the default ``DataLoader`` arguments for this machine's processes and device.
-
-        See ``pytorch_accel.dataloaders.default_dataloader_kwargs``.
-        """
+        """Return the default ``DataLoader`` arguments for this machine's processes and device."""
         return default_dataloader_kwargs(
             dataset,
             batch_size,
             shuffle=shuffle,
-            num_local_processes=num_local_processes(self._accelerator),
+            # the processes on this machine (LOCAL_WORLD_SIZE, if launched)
+            num_local_processes=int(
+                os.environ.get("LOCAL_WORLD_SIZE", self._accelerator.num_processes)
+            ),
             device=self._accelerator.device,
             collate_fn=collate_fn,
         )
-
-    def evaluation_run_config(self, eval_kwargs: Mapping[str, Any]) -> TrainerRunConfig:
-        """Describe an ``evaluate()`` run: one epoch over its prepared eval dataloaders."""
-        return create_run_config(self._accelerator, None, None, ({}, eval_kwargs), num_epochs=1)
 
     def training_run_config(
         self, trainer: Trainer, arguments: TrainArguments, setup: RunSetup
     ) -> TrainerRunConfig:
         """Describe a ``train()`` run over its prepared dataloaders, and finish its set-up.
 
-        ``setup.finish`` scales the learning rates and records the set-up in the run config;
-        the run's failing-batch guard and micro-batch splitter are kept in the trainer's state.
+        (Scale the learning rates; keep the failing-batch guard and micro-batch splitter.)
         """
         config = create_run_config(
             self._accelerator,
@@ -349,23 +307,8 @@ class Preparation:
         setup.guard_steps(self._state, self._accelerator.num_processes)
         return config
 
-    def prepare_evaluation(
-        self,
-        trainer: Trainer,
-        evaluation: Any,
-        batch_size: int | None,
-        eval_kwargs: Mapping[str, Any] | None,
-    ) -> None:
-        """Prepare the model (once) and ``evaluate()``'s dataloaders (8 per batch by default)."""
-        loaders = self.build_eval_dataloaders(trainer, evaluation, batch_size or 8, eval_kwargs)
-        self.prepare(trainer, None, loaders)
-
     def prepare_model_and_optimizer(self, trainer: Trainer) -> None:
-        """Prepare ``trainer.model`` and ``trainer.optimizer``, each once, and assign them back.
-
-        Either is prepared again if it was replaced; the model also if parameters were
-        (un)frozen since DistributedDataParallel wrapped it.
-        """
+        """Prepare ``trainer.model`` and ``trainer.optimizer``, each once, and assign them back."""
         accelerator = self._accelerator
         model_ready = trainer.model is self._prepared[0] and not self._trainable_set_changed()
         optimizer_ready = trainer.optimizer is self._prepared[1]
@@ -380,19 +323,6 @@ class Preparation:
         self.direct_optimizer = _direct_optimizer(accelerator, trainer.optimizer)
         self._trainable_when_wrapped = _trainable_flags(trainer.model)
 
-    def prepare_dataloaders(
-        self,
-        train_dl: DataLoader[Any] | None,
-        eval_dls: Mapping[str | None, DataLoader[Any]],
-    ) -> None:
-        """Prepare this run's dataloaders, forgetting the previous run's."""
-        state = self._state
-        previous = (state.train_dataloader, *state.eval_dataloaders.values())
-        _forget_dataloaders(self._accelerator, *previous)
-        state.resumable, state.eval_set = None, None
-        state.train_dataloader = None if train_dl is None else self._prepare_train(train_dl)
-        state.eval_dataloaders = {name: self._prepare(dl) for name, dl in eval_dls.items()}
-
     @contextlib.contextmanager
     def prepared_for_prediction(self, dataloader: DataLoader[Any]) -> Iterator[DataLoader[Any]]:
         """Shard a prediction dataloader for the duration of the block, then forget it."""
@@ -405,8 +335,8 @@ class Preparation:
     def _prepare_train(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
         """Prepare the train dataloader as one that can resume mid-epoch, where accelerate can.
 
-        A map-style dataset skips by index (``make_resumable``); a stream that can save its
-        position records it (``track_stream_position``); any other stream replays its pass.
+        A map-style dataset skips by index; a stream that can save its position records it;
+        any other stream replays its pass.
         """
         prepared = self._prepare(dataloader)
         resumable = self._state.resumable = make_resumable(prepared)
@@ -427,10 +357,9 @@ class Preparation:
         return self._accelerator.prepare_data_loader(dataloader, device_placement=placement)  # type: ignore[no-any-return]
 
     def _trainable_set_changed(self) -> bool:
-        """Whether parameters were (un)frozen since the model was wrapped for distribution.
+        """Whether parameters were (un)frozen since DistributedDataParallel wrapped the model.
 
-        DistributedDataParallel only synchronises the parameters that required gradients when
-        it was built, so a model unfrozen between ``train()`` calls must be wrapped again.
+        It only synchronises the parameters that required gradients when it was built.
         """
         wrapped = self._prepared[0]
         if not isinstance(wrapped, nn.parallel.DistributedDataParallel):
@@ -438,17 +367,8 @@ class Preparation:
         return _trainable_flags(wrapped) != self._trainable_when_wrapped
 
 
-def num_local_processes(accelerator: Accelerator) -> int:
-    """Return the number of processes on this machine (``LOCAL_WORLD_SIZE``, if launched)."""
-    return int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes))
-
-
 def _forget_dataloaders(accelerator: Accelerator, *dataloaders: object) -> None:
-    """Drop a finished run's dataloaders from the accelerator, so repeated runs do not leak.
-
-    accelerate keeps every prepared dataloader in ``_dataloaders`` (for ``save_state``);
-    only the current run's belong there.
-    """
+    """Drop a finished run's dataloaders from the accelerator, so repeated runs do not leak."""
     registered = getattr(accelerator, "_dataloaders", None)
     if isinstance(registered, list):
         registered[:] = [dl for dl in registered if all(dl is not old for old in dataloaders)]

@@ -1,13 +1,8 @@
-"""The callback interface and its dispatch.
+"""The callback interface and its dispatch (the catalogue: ``pytorch_accel.callbacks``).
 
 ``TrainerCallback`` is the base class whose ``on_*`` methods the trainer's events call;
 ``CallbackHandler`` calls them in a declared order; ``ProgressEvents`` fires an epoch's
 progress event at strides that follow the speed.
-
-Part of the core: the loop fires events through a ``CallbackHandler``. The catalogue of
-built-in callbacks is the ``pytorch_accel.callbacks`` package, which builds on these classes
-(``pytorch_accel.callbacks.TrainerCallback`` and ``pytorch_accel.callbacks.CallbackHandler``
-are these ones).
 """
 
 from __future__ import annotations
@@ -21,7 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, ParamSpec, TypeVar
 
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.events import BUILTIN_EVENTS
@@ -62,12 +57,10 @@ class TrainerCallback:
             the handler when the callback is added.
         may_stop_training: Whether this callback may raise ``StopTrainingError``. In a
             multi-process run the processes agree on stopping after each event that has a
-            listener which may stop; callbacks that never stop set this to ``False`` to save
-            that exchange.
+            listener which may stop; ``False`` saves that exchange.
         agreed_stop_events: Events in which this callback raises ``StopTrainingError`` only
             on every process at once, because it agrees across processes itself (e.g. with
-            ``pytorch_accel.distributed.AgreedFlag``). The trainer adds no exchange of its own
-            for them, so they cost no collective where nothing else may stop.
+            ``pytorch_accel.distributed.AgreedFlag``): the trainer adds no exchange for them.
 
     Example:
         ```python
@@ -85,11 +78,9 @@ class TrainerCallback:
     def redirect_outputs(self, directory: Path) -> contextlib.AbstractContextManager[None]:
         """Write this callback's files under ``directory`` while the returned context is open.
 
-        ``train(dry_run=...)`` enters it for every callback, with a new directory per callback
-        under the dry run's temporary one, so a dry run leaves the user's files as they were.
-        The default redirects nothing: a callback that writes no files needs nothing. One
-        that writes files overrides it, usually with ``redirected_paths``, naming the
-        attributes that hold where it writes, and puts them back when the context exits.
+        ``train(dry_run=...)`` enters it for every callback, with a directory per callback, so
+        a dry run leaves the user's files as they were. The default redirects nothing; a
+        callback that writes files overrides it, usually with ``redirected_paths``.
 
         Args:
             directory: An empty directory of this callback's own (it may not exist yet).
@@ -109,11 +100,10 @@ class TrainerCallback:
         """Put the files whose location the user left at its default under ``run_dir``.
 
         With ``Trainer(output_dir=...)``, the trainer calls it with ``trainer.run_dir`` at the
-        start of every ``train()`` and ``evaluate()``, before any event, so a
-        callback's default paths live in the run's directory; without ``output_dir`` it is
-        never called. The default places nothing. A callback whose path arguments default to
-        ``DefaultPath`` values records them in a ``RunPaths`` and places that: a path the user
-        passed (or assigned since) stays where it is, relative to the working directory.
+        start of every ``train()`` and ``evaluate()``, before any event; without ``output_dir``
+        it is never called. The default places nothing. A callback whose path arguments default
+        to ``DefaultPath`` values records them in a ``RunPaths`` and places that: a path the
+        user passed (or assigned since) stays where it is.
 
         Args:
             run_dir: The run's directory (it may not exist yet).
@@ -132,9 +122,7 @@ class TrainerCallback:
     def training_states_dir(self) -> Path | None:
         """The directory this callback saves training states in, or ``None`` (the default).
 
-        ``train(resume_from="latest")`` resumes from the newest complete state in the directory
-        of the first callback that returns one (``SaveTrainingStateCallback`` returns its
-        ``save_dir``).
+        ``train(resume_from="latest")`` resumes from the newest state in the first one returned.
         """
         return None
 
@@ -176,12 +164,10 @@ class TrainerCallback:
         """
 
     def on_train_progress(self, trainer: Trainer, steps_done: int, **kwargs: Any) -> None:
-        """Called now and then after a training step, and after the epoch's last one.
+        """Called now and then after a training step (``steps_done``), and after the last one.
 
-        For progress displays, which need no per-step event: the trainer fires it at strides
-        that follow the step time (see ``Trainer.progress_interval``). Processes fire it at
-        different steps, so it must not stop training, call collectives or save state.
-        ``steps_done``: the steps of the epoch done so far.
+        For progress displays. Processes fire it at different steps (see
+        ``Trainer.progress_interval``): it must not stop training, call collectives or save state.
         """
 
     def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
@@ -244,13 +230,11 @@ class TrainerCallback:
     def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
         """Called once when an exception escapes ``train()``, ``evaluate()`` or ``predict()``.
 
-        Fired on the process where it was raised, before it propagates, for any ``Exception``
-        and for ``KeyboardInterrupt`` (Ctrl-C), not for ``StopTrainingError`` (a normal stop)
-        nor ``SystemExit``. The run's end events do not fire then: close what the callback
-        holds open here (files, trackers, progress bars). ``kwargs``: ``where``, the entry
-        point (``"train"``, ``"evaluate"``, ``"predict"``, ``"find_lr"``, ``"find_batch_size"``).
-        Other processes may not have failed, so it must not call collectives; an error it raises
-        is logged, and the original exception propagates.
+        On the process where it was raised (also for ``KeyboardInterrupt``; see
+        ``pytorch_accel.events``), instead of the run's end events: close files, trackers and
+        progress bars here, without collectives. ``kwargs``: ``where``, the entry point
+        (``"train"``, ``"evaluate"``, ``"predict"``, ``"find_lr"``, ``"find_batch_size"``). An
+        error it raises is logged, and the original exception propagates.
         """
 
 
@@ -258,9 +242,8 @@ class TrainerCallback:
 def redirected_paths(owner: object, directory: Path, *names: str) -> Iterator[None]:
     """Point ``owner``'s path attributes ``names`` into ``directory``, then put them back.
 
-    For ``TrainerCallback.redirect_outputs``: each attribute holding a path (a ``str`` or
-    ``os.PathLike``; ``None`` is left alone) becomes the same file name in ``directory``, of
-    the same type, until the context exits.
+    For ``TrainerCallback.redirect_outputs``: each attribute holding a path (``None`` is left
+    alone) becomes the same file name in ``directory``, of the same type.
     """
     saved = {name: getattr(owner, name) for name in names}
     for name, value in saved.items():
@@ -280,14 +263,11 @@ CallbackLike = TrainerCallback | type[TrainerCallback]
 class CallbackHandler:
     """Holds the callbacks of a trainer and calls them when an event fires.
 
-    Callbacks run in increasing ``order`` (an int attribute, default 0); ties keep the order
-    of registration. Only callbacks that define an event's method are called for it; the
-    trainer does not even fire an event nobody listens to (see ``active_events``). Exceptions
-    raised by callbacks propagate: nothing is swallowed.
-
-    A callback method ``on_<name>`` must name a known event: a typo such as
-    ``on_train_epoch_ned`` is rejected when the callback is added. Custom events are known once
-    registered, with ``register_event`` or a callback's ``custom_events``.
+    Callbacks run in increasing ``order`` (default 0); ties keep the order of registration.
+    Only callbacks that define an event's method are called for it. Exceptions raised by
+    callbacks propagate: nothing is swallowed. A callback method ``on_<name>`` must name a
+    known event (a typo such as ``on_train_epoch_ned`` is rejected when the callback is
+    added); custom events are known once registered (``register_event``, ``custom_events``).
 
     Args:
         callbacks: Callback instances, or classes to instantiate without arguments.
@@ -295,8 +275,8 @@ class CallbackHandler:
 
     Attributes:
         active_events: The events at least one callback listens to, kept current as callbacks
-            are added and removed (read it, do not assign it). The trainer does not fire an
-            event outside it, so an event nobody listens to costs one set look-up.
+            are added and removed (read it, do not assign it). The trainer does not fire the
+            others.
     """
 
     def __init__(self, callbacks: Iterable[CallbackLike] = (), events: Iterable[str] = ()) -> None:
@@ -374,17 +354,14 @@ class CallbackHandler:
     def may_stop(self, event: str) -> bool:
         """Return whether a listener of ``event`` may raise ``StopTrainingError``.
 
-        Listeners are callbacks that define the event; a callback declares that it never stops
-        training with ``may_stop_training = False``.
+        A callback declares that it never stops training with ``may_stop_training = False``.
         """
         return event in self._stoppable
 
     def agrees_on_stops(self, event: str) -> bool:
         """Return whether a listener of ``event`` agrees across processes on its own stops.
 
-        Such listeners (``TrainerCallback.agreed_stop_events``) raise ``StopTrainingError`` on
-        every process at once, so a stop raised in the event needs no exchange when no other
-        listener may stop (``may_stop``).
+        See ``TrainerCallback.agreed_stop_events``.
         """
         return event in self._self_agreeing
 
@@ -393,13 +370,7 @@ class CallbackHandler:
 
         A ``StopTrainingError`` raised by one callback does not keep the others from the event:
         it is raised once every callback has had it, so the order of callbacks never decides
-        who sees the last event of a run (and, with several processes, every process runs the
-        same callbacks). Any other exception propagates at once.
-
-        Args:
-            event: The event name, e.g. ``"on_train_epoch_end"``.
-            *args: Positional arguments (the trainer first).
-            **kwargs: Keyword arguments for the event.
+        who sees the last event of a run. Any other exception propagates at once.
 
         Raises:
             ValueError: If the event was never registered and no callback defines it.
@@ -412,9 +383,8 @@ class CallbackHandler:
     def call_event_while_stopping(self, event: str, *args: Any, **kwargs: Any) -> None:
         """Call ``event`` on every listener while the run is already stopping.
 
-        A further ``StopTrainingError`` is redundant then, so it does not keep the
-        remaining callbacks from their end event (to close files and progress bars); any other
-        exception propagates.
+        A further ``StopTrainingError`` is redundant then, and ignored; any other exception
+        propagates.
         """
         self.dispatch(event, args, kwargs)
 
@@ -422,9 +392,8 @@ class CallbackHandler:
         """Fire ``on_exception`` once for ``exception``, escaping the entry point ``where``.
 
         An exception that already passed here (from a ``train()`` inside ``train(dry_run=...)``)
-        is not announced again. Every listener gets it: an error a listener raises is logged
-        with its traceback and the next listener is called, so the original exception is
-        never hidden (the caller re-raises it).
+        is not announced again. An error a listener raises is logged with its traceback and the
+        next listener is called: the original exception is never hidden.
         """
         if getattr(exception, _ANNOUNCED, False) or self._caller_handles:
             return
@@ -455,16 +424,25 @@ class CallbackHandler:
     ) -> StopTrainingError | None:
         """Call ``event`` on every callback that defines it; return the first stop, if any.
 
-        ``call_event`` without the packing of its arguments, for callers that fire events
-        often (the trainer, every step): the same order and the same rule that every callback
-        gets the event, but the first ``StopTrainingError`` is returned instead of raised.
+        ``call_event`` without the packing of its arguments, for the trainer's frequent events:
+        the first ``StopTrainingError`` is returned instead of raised.
 
         Raises:
             ValueError: If the event was never registered and no callback defines it.
         """
         listeners = self._listeners.get(event)
-        if listeners is None:
-            listeners = self._implementers(event)
+        if listeners is None:  # never registered: pytorch-accelerated fires any name
+            listeners = tuple(
+                method
+                for callback in self._callbacks
+                if callable(method := getattr(callback, event, None))
+            )
+            if not listeners:  # a name no callback defines is a typo
+                raise ValueError(
+                    f"CallbackHandler.call_event: unknown event {event!r}"
+                    f"{_suggest(event, self._events)} No callback defines it; register custom "
+                    f"events first with register_event({event!r})."
+                )
         stop: StopTrainingError | None = None
         for listener in listeners:
             try:
@@ -472,29 +450,6 @@ class CallbackHandler:
             except StopTrainingError as error:
                 stop = stop or error
         return stop
-
-    def _implementers(self, event: str) -> tuple[Callable[..., Any], ...]:
-        """The methods named ``event`` of the callbacks, for an event never registered.
-
-        pytorch-accelerated fires any name (``call_event("verify_train_batch", ...)``); such
-        an event reaches the callbacks that define it. A name no callback defines is still a
-        typo, and rejected.
-        """
-        found = tuple(
-            method
-            for callback in self._callbacks
-            if callable(method := getattr(callback, event, None))
-        )
-        if not found:
-            self._reject_unknown_event(event)
-        return found
-
-    def _reject_unknown_event(self, event: str) -> NoReturn:
-        suggestion = _suggest(event, self._events)
-        raise ValueError(
-            f"CallbackHandler.call_event: unknown event {event!r}{suggestion} No callback "
-            f"defines it; register custom events first with register_event({event!r})."
-        )
 
     def _add_event(self, name: str) -> None:
         if not (isinstance(name, str) and name.startswith("on_") and name.isidentifier()):
@@ -545,40 +500,29 @@ class CallbackHandler:
 
     def _index(self) -> None:
         self._callbacks.sort(key=lambda callback: getattr(callback, "order", 0))
-        self._listeners = {
-            event: tuple(
-                getattr(callback, event)
-                for callback in self._callbacks
-                if _overrides(callback, event)
-            )
-            for event in self._events
-        }
-        self.active_events = frozenset(event for event, found in self._listeners.items() if found)
-        self._stoppable = frozenset(
-            event
-            for event in self._events
-            if any(
-                getattr(callback, "may_stop_training", True)
-                and event not in getattr(callback, "agreed_stop_events", ())
-                and _overrides(callback, event)
-                for callback in self._callbacks
-            )
-        )
-        self._self_agreeing = frozenset(
-            event
-            for callback in self._callbacks
-            for event in getattr(callback, "agreed_stop_events", ())
-            if _overrides(callback, event)
-        )
+        listeners: dict[str, list[Callable[..., Any]]] = {event: [] for event in self._events}
+        stoppable, self_agreeing = set(), set()
+        for callback in self._callbacks:
+            agreed = getattr(callback, "agreed_stop_events", ())
+            may_stop = getattr(callback, "may_stop_training", True)
+            for event, found in listeners.items():
+                if _overrides(callback, event):
+                    found.append(getattr(callback, event))
+                    if event in agreed:
+                        self_agreeing.add(event)
+                    elif may_stop:
+                        stoppable.add(event)
+        self._listeners = {event: tuple(found) for event, found in listeners.items()}
+        self.active_events = frozenset(event for event, found in listeners.items() if found)
+        self._stoppable, self._self_agreeing = frozenset(stoppable), frozenset(self_agreeing)
 
 
 def announces_exceptions(method: Callable[P, R]) -> Callable[P, R]:
     """Fire ``on_exception`` when an exception escapes a trainer's entry point ``method``.
 
-    For ``Trainer.train``, ``evaluate`` and ``predict``: any ``Exception`` and
-    ``KeyboardInterrupt``, once (see ``CallbackHandler.announce_exception``), then it
-    propagates unchanged. ``StopTrainingError`` (a normal stop) and ``SystemExit`` (the exit
-    after a preemption save, which ended the run through its stop events) are not announced.
+    Any ``Exception`` and ``KeyboardInterrupt``, once, then it propagates unchanged; not
+    ``StopTrainingError`` (a normal stop) nor ``SystemExit`` (the exit after a preemption save,
+    which ended the run through its stop events).
     """
     where = method.__name__
 
@@ -600,10 +544,8 @@ def announces_exceptions(method: Callable[P, R]) -> Callable[P, R]:
 
 def _overrides(callback: object, event: str) -> bool:
     method = getattr(callback, event, None)
-    if method is None:
-        return False
     base = getattr(TrainerCallback, event, None)
-    return getattr(method, "__func__", method) is not base
+    return method is not None and getattr(method, "__func__", method) is not base
 
 
 def _suggest(name: str, known: Iterable[str]) -> str:
@@ -650,22 +592,15 @@ def _check_accepts_kwargs(kind: str, name: str, method: Callable[..., Any]) -> N
 class ProgressEvents:
     """Fires one epoch's progress event with ``steps_done``, at strides that follow the speed.
 
-    A progress bar needs the number of steps done, but not after every step (firing
-    ``on_train_step_end`` for it costs a dispatch per step). The event (``on_train_progress``
-    or ``on_eval_progress``) fires after the epoch's first step, then at strides of steps that
-    double while the events come less than ``interval`` seconds apart and halve once they come
-    slower, and once more when the epoch ends (``finish``), also early. The loop calls
-    ``report`` once the step's 0-based index reaches ``next_step``: between two events a step
-    costs one integer comparison. Because the strides depend on the clock, processes fire
-    progress events at different steps: a listener must not stop training
-    (``StopTrainingError`` becomes a ``RuntimeError`` here) nor call collectives.
+    The strides are described in ``pytorch_accel.events``. The loop calls ``report`` once the
+    step's 0-based index reaches ``next_step`` (between two events a step costs one integer
+    comparison), and ``finish`` when the epoch ends.
 
     Args:
         handler: The callback handler whose listeners get the event.
         trainer: Passed to the listeners first.
         event: ``"on_train_progress"`` or ``"on_eval_progress"``.
-        interval: Seconds below which consecutive events double their stride; 0 fires the
-            event after every step.
+        interval: Seconds below which consecutive events double their stride.
     """
 
     __slots__ = (
@@ -726,10 +661,9 @@ class ProgressEvents:
 class DefaultPath(str):
     """A path argument's default, which follows the trainer's run directory.
 
-    Without ``Trainer(output_dir=...)`` it is the plain relative path it spells (relative to
-    the working directory, as any path); with it, ``RunPaths.place`` puts it under
-    ``trainer.run_dir``. A path the user passes is a plain ``str`` or ``Path`` and is never
-    moved, even when it spells the same name.
+    Without ``Trainer(output_dir=...)`` it is the relative path it spells; with it,
+    ``RunPaths.place`` puts it under ``trainer.run_dir``. A path the user passes (a plain
+    ``str`` or ``Path``) is never moved, even when it spells the same name.
     """
 
     __slots__ = ()
@@ -738,8 +672,8 @@ class DefaultPath(str):
 class RunPaths:
     """Which of a callback's path attributes follow the run directory, for ``place_outputs``.
 
-    Create it in the constructor with the path arguments as they were received: those that
-    are ``DefaultPath`` values follow the run directory, the others (the user's) never move.
+    Create it in the constructor with the path arguments as they were received: only the
+    ``DefaultPath`` values follow the run directory.
 
     Args:
         **given: Each path attribute's name and the argument it was set from.
@@ -759,8 +693,7 @@ class RunPaths:
         """Set each defaulted attribute of ``owner`` to its default path under ``run_dir``.
 
         An attribute that no longer holds the path this object last gave it (the user set it,
-        or a dry run's ``redirect_outputs`` holds it meanwhile) is left alone. The new value
-        has the attribute's type (``str`` or ``Path``).
+        or a dry run redirects it meanwhile) is left alone.
         """
         for name, default in self._defaults.items():
             current = getattr(owner, name)

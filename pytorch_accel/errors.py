@@ -1,8 +1,6 @@
 """The exception that ends a run cleanly, and the one that keeps ``predict``'s outputs.
 
-Part of the core: the loop catches ``StopTrainingError`` and every layer above may raise it. It
-is re-exported as ``pytorch_accel.callbacks.StopTrainingError``, where pytorch-accelerated users
-import it from. ``PredictOutputsError`` is exported as ``pytorch_accel.PredictOutputsError``.
+``StopTrainingError`` is re-exported as ``pytorch_accel.callbacks.StopTrainingError``.
 """
 
 from __future__ import annotations

@@ -75,15 +75,13 @@ What happens at each point:
   out as they come. For a batch that ``skip_failing_batches`` skipped: ``predictions=None``
   and ``skipped=True``.
 - ``on_train_progress`` and ``on_eval_progress`` report ``steps_done``, the steps of the epoch
-  done so far (a resumed epoch counts the batches it skipped), for progress bars and live
-  displays that need no per-step event. They fire after the epoch's first step, then at
-  strides of steps that double while the events come less than ``Trainer.progress_interval``
-  (0.05 s) apart and halve once they come slower (after every step when steps take longer
-  than that, or when the interval is 0), and once more after the epoch's last step, just
-  before its end event (also when the epoch ends early), so the last one always carries the
-  final count. As the strides follow the clock, processes fire them at different steps: a
-  progress listener must not raise ``StopTrainingError`` (it becomes a ``RuntimeError``),
-  call collectives or save training state. Use the step events for all of that.
+  done so far (a resumed epoch counts the batches it skipped), for progress displays. They
+  fire after the epoch's first step, then at strides of steps that double while the events
+  come less than ``Trainer.progress_interval`` (0.05 s) apart and halve once they come slower,
+  and once more just before the epoch's end event, with the final count. As the strides
+  follow the clock, processes fire them at different steps: a progress listener must not
+  raise ``StopTrainingError`` (it becomes a ``RuntimeError``), call collectives or save
+  training state.
 - A callback added during a run gets each event from its next firing on, and the step events
   from the next step on, so that its ``on_*_step_start`` and ``on_*_step_end`` pair.
 - The epoch's mean loss is recorded in the run history (``train_loss_epoch``,

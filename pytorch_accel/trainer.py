@@ -1,10 +1,7 @@
 """The ``Trainer``: the facade of the training loop, customised by step methods and callbacks.
 
-One class: the constructor, ``train``/``evaluate``/``predict``, the public properties, the
-overridable step methods, hooks and process utilities, the building of its dataloaders, and
-saving and loading checkpoints and training states (the files: ``_checkpointing``). Its
-pytorch-accelerated names come from ``_compat``; ``docs/architecture.md`` maps the layers
-below it.
+``docs/architecture.md`` maps the layers below it; its pytorch-accelerated names come from
+``_compat``.
 """
 
 from __future__ import annotations
@@ -41,7 +38,7 @@ from pytorch_accel.placeholders import (
     check_resolved,
     replace_trainer_placeholder_values,
 )
-from pytorch_accel.run_config import ResumeParts, RunSetup, TrainerRunConfig
+from pytorch_accel.run_config import ResumeParts, RunSetup, TrainerRunConfig, create_run_config
 from pytorch_accel.run_directory import RunDirectory
 from pytorch_accel.tracking import (
     InMemoryRunHistory,
@@ -144,10 +141,7 @@ class Trainer:
         self.callback_handler.call_event("on_init_end", self)
 
     def _create_callback_handler(self, callbacks: Iterable[CallbackLike]) -> CallbackHandler:
-        """Create the ``CallbackHandler``, with this trainer's ``custom_events``.
-
-        A ``LimitBatchesCallback`` is added if ``PYTORCH_ACCEL_LIMIT_BATCHES`` is set.
-        """
+        """Create the ``CallbackHandler`` (with ``PYTORCH_ACCEL_LIMIT_BATCHES``'s callback)."""
         from pytorch_accel.callbacks.defaults import with_environment_callbacks
 
         return CallbackHandler(with_environment_callbacks(callbacks), events=self.custom_events)
@@ -452,11 +446,15 @@ class Trainer:
         self.collate_fn, self._train_dl_kwargs, batch_size = collate_fn, {}, per_device_batch_size
         if self._run_directory.output_dir is not None:
             self._run_directory.place(self.callback_handler.callbacks)
-        self._preparation.prepare_evaluation(self, dataset, batch_size, dataloader_kwargs)
+        loaders = self._preparation.build_eval_dataloaders(
+            self, dataset, batch_size or 8, dataloader_kwargs
+        )
+        self._preparation.prepare(self, None, loaders)
         checks.check_has_batches(
             "Trainer.evaluate", self._state, dataloader_kwargs=self._eval_dl_kwargs
         )
-        self.run_config = self._preparation.evaluation_run_config(self._eval_dl_kwargs)
+        kwargs: tuple[dict[str, Any], dict[str, Any]] = ({}, self._eval_dl_kwargs)  # one epoch
+        self.run_config = create_run_config(self._accelerator, None, None, kwargs, num_epochs=1)
         return self._loop.evaluate(metric_prefix, skip_failing_batches)
 
     @announces_exceptions
@@ -522,9 +520,8 @@ class Trainer:
     def create_scheduler(self) -> Any:
         """Create the scheduler from ``create_scheduler_fn``, resolving its placeholders.
 
-        It receives the optimizer ``optimizer_step`` steps, and ``scheduler_step`` steps it
-        on each process (per update, or per epoch: ``SchedulerStepping``); it is not passed
-        through ``accelerator.prepare``, which would step it once per process per update.
+        It gets the optimizer ``optimizer_step`` steps; it is not passed through
+        ``accelerator.prepare``, which would step it once per process per update.
         """
         factory = replace_trainer_placeholder_values(self, self.create_scheduler_fn)
         optimizer = self._preparation.direct_optimizer or self.optimizer
@@ -538,10 +535,9 @@ class Trainer:
         """Run one evaluation epoch of each of the current run's eval sets, inside ``train()``.
 
         For callbacks that evaluate between epochs (every N updates, or the EMA weights). The
-        eval events fire with ``is_intermediate``; the loss is recorded as ``metric_name`` (with
-        the run history's prefix, and a named set's); the training loss of the epoch in
-        progress is not touched, and the model is put back in train mode if it was in it.
-        Every process must call it.
+        loss is recorded as ``metric_name`` (with a named set's prefix); the training loss of
+        the epoch in progress is not touched, and the model is put back in train mode if it
+        was in it. Every process must call it.
 
         Args:
             metric_name: The run-history name of the epoch's mean loss.
@@ -555,8 +551,7 @@ class Trainer:
     def _run_train_epoch(self, train_dl: DataLoader[Any] | None) -> bool:
         """Run one training epoch over ``train_dl``: its events, batches, steps and updates.
 
-        The loop calls it for every epoch of ``train()``; override it (calling ``super()``)
-        as in pytorch-accelerated to wrap an epoch.
+        Override it (calling ``super()``) as in pytorch-accelerated to wrap an epoch.
 
         Returns:
             Whether the run's updates (``max_num_train_steps``) are all done.
@@ -568,9 +563,8 @@ class Trainer:
     ) -> None:
         """Run one evaluation epoch over ``valid_dl``: its events, batches and mean loss.
 
-        The loop calls it for each eval set (without gradients, with its metric prefix), in
-        ``train()`` and ``evaluate()``; override it (calling ``super()``) as in
-        pytorch-accelerated to wrap an eval epoch.
+        The loop calls it for each eval set, without gradients, in ``train()`` and
+        ``evaluate()``; override it (calling ``super()``) to wrap an eval epoch.
 
         Args:
             valid_dl: The prepared dataloader of the eval set.
@@ -608,10 +602,10 @@ class Trainer:
         return {"loss": loss, "model_outputs": model_outputs, "batch_size": targets.shape[0]}
 
     def backward_step(self, loss: torch.Tensor) -> None:
-        """Run the backward pass of an already scaled loss.
+        """Run the backward pass of an already scaled loss (through ``accelerator.backward``).
 
-        Through ``accelerator.backward`` when it does work (gradient scaling, DeepSpeed, ...);
-        where it would only call ``loss.backward()``, that is called directly.
+        Where ``accelerator.backward`` would only call ``loss.backward()``, that is called
+        directly.
         """
         if self._preparation.direct_optimizer is None:
             self._accelerator.backward(loss)
@@ -619,11 +613,10 @@ class Trainer:
             loss.backward()  # type: ignore[no-untyped-call]
 
     def optimizer_step(self) -> None:
-        """Update the parameters.
+        """Update the parameters (through accelerate's optimizer wrapper).
 
-        Through accelerate's optimizer wrapper when it does work (gradient scaler, XLA,
-        DeepSpeed, ...); where it would only forward the call, the inner optimizer is stepped
-        directly, which saves most of accelerate's per-step overhead.
+        Where the wrapper would only forward the call, the inner optimizer is stepped directly,
+        which saves most of accelerate's per-step overhead.
         """
         (self._preparation.direct_optimizer or self.optimizer).step()
 
@@ -734,8 +727,8 @@ class Trainer:
     def gather_for_metrics(self, data: Any) -> Any:
         """Gather predictions or targets from all processes, without duplicated samples.
 
-        When the eval set does not divide evenly, accelerate pads the last batches with
-        repeated samples; this drops them, so metrics see every sample exactly once.
+        accelerate pads the last batches of an eval set that does not divide evenly with
+        repeated samples; this drops them.
         """
         return self._accelerator.gather_for_metrics(data)
 
@@ -795,9 +788,8 @@ class Trainer:
         """Write a portable checkpoint file, atomically, from the main process.
 
         The file holds ``model_state_dict`` (unwrapped model), ``optimizer_state_dict`` and
-        ``scheduler_state_dict`` when asked for and present, and ``checkpoint_kwargs``. It is
-        written to a temporary file and renamed, so a failed save leaves the previous file
-        intact. Every process must call this.
+        ``scheduler_state_dict`` when asked for and present, and ``checkpoint_kwargs``; a
+        failed save leaves the previous file intact. Every process must call this.
 
         Args:
             save_path: The file to write (e.g. ``"model.pt"``).
@@ -840,9 +832,9 @@ class Trainer:
         Model, optimizer, scaler, every process's random states (``accelerator.save_state``),
         scheduler, run history, counters, position, callbacks' ``state_dict``, and per process
         the running loss, an open accumulation window's gradients and the epoch order's random
-        states. Written to a hidden directory, renamed into place once complete (manifest last):
-        a failed or interrupted save leaves ``output_dir`` intact. Every process must call this:
-        outside ``train()``, or from ``on_train_step_end`` or ``on_training_run_epoch_end``.
+        states. A failed or interrupted save leaves ``output_dir`` intact. Every process must
+        call this: outside ``train()``, or from ``on_train_step_end`` or
+        ``on_training_run_epoch_end``.
 
         Args:
             output_dir: The directory to write; an existing one is replaced.

@@ -57,38 +57,32 @@ class DataLoaderSlice:
         return self.slice_size
 
 
-def _on_process_zero_only(local: bool) -> Callable[[Callable[P, R]], Callable[P, R | None]]:
-    """Build a decorator: run on process zero (of the node, or of the run) only, then wait."""
+def _on_process_zero_only(func: Callable[P, R], local: bool) -> Callable[P, R | None]:
+    """Run ``func`` on process zero (of the node, or of the run) only, then wait."""
 
-    def decorate(func: Callable[P, R]) -> Callable[P, R | None]:
-        @functools.wraps(func)
-        def wrapped(*args: P.args, **kwargs: P.kwargs) -> R | None:
-            state = PartialState()
-            zero = state.is_local_main_process if local else state.is_main_process
-            result = func(*args, **kwargs) if zero else None
-            state.wait_for_everyone()
-            return result
+    @functools.wraps(func)
+    def wrapped(*args: P.args, **kwargs: P.kwargs) -> R | None:
+        state = PartialState()
+        zero = state.is_local_main_process if local else state.is_main_process
+        result = func(*args, **kwargs) if zero else None
+        state.wait_for_everyone()
+        return result
 
-        return wrapped
-
-    return decorate
+    return wrapped
 
 
 def local_process_zero_only(func: Callable[P, R]) -> Callable[P, R | None]:
     """Run ``func`` on each node's main process only (others get ``None``); then all wait."""
-    return _on_process_zero_only(local=True)(func)
+    return _on_process_zero_only(func, local=True)
 
 
 def world_process_zero_only(func: Callable[P, R]) -> Callable[P, R | None]:
     """Run ``func`` on the main process of the whole run only (others get ``None``)."""
-    return _on_process_zero_only(local=False)(func)
+    return _on_process_zero_only(func, local=False)
 
 
 def local_process_zero_first(func: Callable[P, R]) -> Callable[P, R]:
-    """Run ``func`` on each node's main process first, then on the others (e.g. a download).
-
-    accelerate's ``PartialState.local_main_process_first`` does the ordering.
-    """
+    """Run ``func`` on each node's main process first, then on the others (e.g. a download)."""
 
     @functools.wraps(func)
     def wrapped(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -101,9 +95,9 @@ def local_process_zero_first(func: Callable[P, R]) -> Callable[P, R]:
 class EmaPairs(NamedTuple):
     """Average tensors paired with the tensors they follow: the one exponential moving average.
 
-    Floating-point tensors move towards theirs, ``ema = decay * ema + (1 - decay) * live`` (one
-    ``torch._foreach_lerp_``); other tensors (such as BatchNorm's ``num_batches_tracked``) are
-    copied. ``ModelEma`` and ``ModelEmaCallback`` both average with it.
+    Floating-point tensors move towards theirs, ``ema = decay * ema + (1 - decay) * live``;
+    other tensors (such as BatchNorm's ``num_batches_tracked``) are copied. ``ModelEma`` and
+    ``ModelEmaCallback`` both average with it.
     """
 
     pairs: list[tuple[torch.Tensor, torch.Tensor]]
@@ -131,10 +125,8 @@ class EmaPairs(NamedTuple):
 class ModelEma(nn.Module):
     """An exponential moving average of a model's weights, as pytorch-accelerated's ``ModelEma``.
 
-    ``update(model)`` sets each floating-point tensor of the state dict to
-    ``decay * ema + (1 - decay) * model``; other tensors (such as BatchNorm's
-    ``num_batches_tracked``) are copied, where pytorch-accelerated averaged and truncated them.
-    ``ModelEmaCallback`` does this for a trainer.
+    ``update(model)`` averages the state dict as ``EmaPairs`` does (pytorch-accelerated
+    averaged and truncated the integer tensors). ``ModelEmaCallback`` does this for a trainer.
 
     Args:
         model: The model to average (unwrapped, before DDP or SyncBatchNorm conversion).
