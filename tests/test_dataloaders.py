@@ -94,3 +94,29 @@ def test_user_kwargs_override_and_a_sampler_removes_shuffle() -> None:
     assert "persistent_workers" not in no_workers
     assert "worker_init_fn" not in no_workers
     assert merge_dataloader_kwargs(defaults, None) == defaults
+
+
+def test_preparing_asks_accelerate_about_torchdata_once_and_puts_its_check_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """accelerate's check reads package metadata (0.6 ms) for every loader it builds."""
+    import accelerate.data_loader
+
+    asked: list[bool] = []
+    original = accelerate.data_loader.is_torchdata_stateful_dataloader_available
+
+    def counting() -> bool:
+        asked.append(True)
+        return bool(original())
+
+    monkeypatch.setattr(
+        accelerate.data_loader, "is_torchdata_stateful_dataloader_available", counting
+    )
+    trainer = make_trainer()
+    for _ in range(2):
+        trainer.train(
+            make_regression_dataset(16), num_epochs=1, eval_dataset=make_regression_dataset(8)
+        )
+    trainer.predict(make_regression_dataset(8))
+    assert asked == []
+    assert accelerate.data_loader.is_torchdata_stateful_dataloader_available is counting
