@@ -33,12 +33,7 @@ def limit_batches_from_environment() -> int | None:
         The positive number of batches, or ``None``.
 
     Raises:
-        ValueError: If the variable holds anything else, naming the value and the fix.
-
-    Example:
-        ```python
-        limit = limit_batches_from_environment()  # PYTORCH_ACCEL_LIMIT_BATCHES=2 -> 2
-        ```
+        ValueError: If the variable holds anything else.
     """
     raw = os.environ.get(LIMIT_BATCHES_ENV_VAR, "").strip()
     if not raw and os.environ.get(_OLD_ENV_VAR, "").strip():
@@ -65,12 +60,10 @@ def limit_batches_from_environment() -> int | None:
 class LimitBatches(contextlib.ContextDecorator):
     """Make trainers created inside the block use at most ``num_batches`` batches per epoch.
 
-    It sets ``PYTORCH_ACCEL_LIMIT_BATCHES`` for the block and restores its previous value (or
-    removes it) on exit, also after an exception; blocks can be nested. Trainers created while
-    it is set get a ``LimitBatchesCallback(num_batches)``, which stays with them after the
-    block. The variable is process-wide (not per thread) and inherited by child processes,
-    such as those of ``accelerate launch`` or ``notebook_launcher`` started in the block. Also
-    usable as a decorator.
+    It sets ``PYTORCH_ACCEL_LIMIT_BATCHES`` for the block and restores it on exit (blocks can be
+    nested). Trainers created while it is set get a ``LimitBatchesCallback(num_batches)``,
+    which stays with them after the block. The variable is process-wide and inherited by child
+    processes (``accelerate launch``, ``notebook_launcher``). Also usable as a decorator.
 
     Args:
         num_batches: The most batches per epoch, for training and evaluation alike.

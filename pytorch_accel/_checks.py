@@ -1,13 +1,9 @@
-"""The value checks of every entry point: one message format, one check per rule.
+"""The value checks of every entry point: one message format (``fail``), one check per rule.
 
-Each failure names the call and argument, the value received, what it must be and the fix
-(``fail``). Scalars (ints, real numbers, fractions, bools, paths, metric names), callables,
-mappings, optimizers and sized datasets; the placeholder-aware counts of the schedulers; and
-the checks of what step methods return and read (batch outputs, the ``(inputs, targets)``
-layout, a loss that cannot back-propagate, targets a loss would broadcast, predictions that
-cannot be concatenated). The arguments of
-the trainer's entry points (``Trainer(...)``, ``train``, ``evaluate``, ``predict``) and their
-data are checked with these in ``_entry_checks``.
+Scalars, callables, mappings, optimizers and sized datasets; the placeholder-aware counts of
+the schedulers; and what step methods return (batch outputs, a loss that cannot
+back-propagate, targets a loss would broadcast, predictions that cannot be concatenated).
+The trainer's entry points and their data are checked with these in ``_entry_checks``.
 
 Every check takes ``where`` (the entry point, e.g. ``"Trainer.train"``), ``name`` (the
 argument) and ``value``, and raises ``TypeError`` for a value of the wrong type and
@@ -31,11 +27,11 @@ from pytorch_accel.errors import PredictOutputsError
 from pytorch_accel.placeholders import contains_placeholder
 
 __all__ = [
-    "FIX_PLACEHOLDER",
     "callable_name",
     "check_batch_output",
     "check_bool",
     "check_callable",
+    "check_choice",
     "check_count",
     "check_fraction",
     "check_group_bound",
@@ -118,8 +114,8 @@ def check_mapping(where: str, name: str, value: object) -> None:
         fail(TypeError, where, name, value, "a dict or None", f"Pass e.g. {name}={{}}.")
 
 
-def check_sized_dataset(where: str, name: str, dataset: object) -> int:
-    """Check that ``dataset`` has ``__len__`` and at least one sample; return its length."""
+def check_sized_dataset(where: str, name: str, dataset: object) -> None:
+    """Check that ``dataset`` has ``__len__`` and at least one sample."""
     if not isinstance(dataset, Sized):
         fail(
             TypeError,
@@ -129,10 +125,8 @@ def check_sized_dataset(where: str, name: str, dataset: object) -> int:
             "a map-style dataset with __len__",
             "Wrap the data in a torch.utils.data.Dataset that defines __len__.",
         )
-    size = len(dataset)
-    if size == 0:
+    if len(dataset) == 0:
         fail(ValueError, where, name, dataset, "non-empty", "Pass a dataset with samples.")
-    return size
 
 
 def callable_name(fn: Callable[..., object]) -> str:
@@ -141,12 +135,7 @@ def callable_name(fn: Callable[..., object]) -> str:
 
 
 def check_batch_output(batch_output: Any, method: str) -> dict[str, Any]:
-    """Return a step method's ``batch_output`` if it is a dict with ``loss`` and ``batch_size``.
-
-    Raises:
-        TypeError: If it is not a mapping.
-        ValueError: If ``loss`` or ``batch_size`` is missing.
-    """
+    """Return a step method's ``batch_output`` if it is a dict with ``loss`` and ``batch_size``."""
     if type(batch_output) is dict and "loss" in batch_output and "batch_size" in batch_output:
         return batch_output
     if not isinstance(batch_output, Mapping):
@@ -168,10 +157,6 @@ def explain_backward_failure(loss: object, method: str, error: Exception) -> Non
     """Raise a clear error if the loss ``method`` returned made the backward pass fail.
 
     Called only after a failure (``error``), so the steps that succeed pay nothing for it.
-
-    Raises:
-        TypeError: If the loss is not a tensor (a Python number from ``loss.item()``).
-        ValueError: If the loss does not require grad.
     """
     if not isinstance(loss, torch.Tensor):
         raise TypeError(
@@ -201,10 +186,6 @@ def check_predict_outputs(outputs: Any, method: str = "calculate_predict_batch")
 
     ``predict`` keeps tensors with one row per sample, or lists, tuples and dicts of them.
     Called on the first batch (before the others are computed) when the outputs are kept.
-
-    Raises:
-        ValueError: For a 0-d tensor (one value for the whole batch).
-        TypeError: For anything else that is not a tensor.
     """
     for path, leaf in _leaves(outputs, "its output"):
         if isinstance(leaf, torch.Tensor) and leaf.ndim > 0:
@@ -323,7 +304,12 @@ def check_count(
         return
     if not isinstance(value, numbers.Integral) and contains_placeholder(value):  # never an int
         if resolved:
-            fail(TypeError, where, name, value, "an int", FIX_PLACEHOLDER)
+            fix = (
+                "Placeholders are resolved by the Trainer: pass create_scheduler_fn=<Scheduler>."
+                "create_scheduler_fn(...) to Trainer.train, or pass numbers when creating it "
+                "yourself."
+            )
+            fail(TypeError, where, name, value, "an int", fix)
         return
     _check_int(where, name, value, minimum, f"an int >= {minimum}")
 
@@ -333,13 +319,6 @@ def _check_int(where: str, name: str, value: object, minimum: int, expected: str
         fail(TypeError, where, name, value, expected, f"Pass an int, e.g. {name}=1.")
     if value < minimum:
         fail(ValueError, where, name, value, expected, f"Pass {name} >= {minimum}.")
-
-
-FIX_PLACEHOLDER = (
-    "Placeholders are resolved by the Trainer: pass create_scheduler_fn=<Scheduler>."
-    "create_scheduler_fn(...) to Trainer.train, or pass numbers when creating it yourself."
-)
-"""How to fix an unresolved placeholder reaching a scheduler's constructor."""
 
 
 def check_fraction(
@@ -388,12 +367,7 @@ def check_bool(
 
 
 def check_choice(where: str, name: str, value: object, choices: Sequence[str], fix: str) -> None:
-    """Raise unless ``value`` is one of the strings ``choices``.
-
-    Raises:
-        TypeError: If ``value`` is not a string.
-        ValueError: If it is another string.
-    """
+    """Raise unless ``value`` is one of the strings ``choices`` (``TypeError`` for a non-string)."""
     if isinstance(value, str) and value in choices:
         return
     quoted = [repr(choice) for choice in choices]
@@ -429,19 +403,12 @@ def check_path(
     """
     if value is None and allow_none:
         return
-    kind = "directory" if directory else "file"
+    kind, other = ("directory", "file") if directory else ("file", "directory")
     expected = f"a {kind} path" + (" or None" if allow_none else "")
     example = "checkpoints" if directory else "checkpoints/model.pt"
     if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
         fail(TypeError, where, name, value, expected, f"Pass e.g. {name}={example!r}.")
     path = os.fspath(value)
-    wrong_kind = os.path.isfile(path) if directory else os.path.isdir(path)
-    if wrong_kind:
-        fail(
-            ValueError,
-            where,
-            name,
-            value,
-            expected,
-            f"It names an existing {'file' if directory else 'directory'}; pass a {kind} path.",
-        )
+    if os.path.isfile(path) if directory else os.path.isdir(path):
+        fix = f"It names an existing {other}; pass a {kind} path."
+        fail(ValueError, where, name, value, expected, fix)

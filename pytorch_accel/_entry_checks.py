@@ -1,10 +1,8 @@
 """Checks of the arguments of the trainer's entry points, and of the data they take.
 
-The entry points are ``Trainer(...)``, ``train``, ``evaluate`` and ``predict``; their data are
-datasets, streams, eval sets and dataloaders. ``train()`` passes its arguments as one typed
-``TrainArguments``. Each failure names the entry point, the argument, the value received and
-the fix (``_checks.fail``), before anything is prepared or trained; the value checks used here
-are those of ``_checks``.
+The entry points are ``Trainer(...)``, ``train`` (its arguments as one typed
+``TrainArguments``), ``evaluate`` and ``predict``. Each failure comes before anything is
+prepared or trained, built from the value checks of ``_checks``.
 """
 
 from __future__ import annotations
@@ -56,15 +54,14 @@ __all__ = [
     "TrainArguments",
     "check_accelerator",
     "check_constructor_arguments",
-    "check_enough_samples",
+    "check_data",
+    "check_dataloader_settings",
     "check_evaluate_arguments",
     "check_has_batches",
-    "check_loss_func",
     "check_train_arguments",
     "check_train_dataloader",
     "check_trainer_settings",
     "created_scheduler",
-    "has_length",
     "predict_dataloader",
     "suggest_arguments",
 ]
@@ -218,7 +215,7 @@ def _check_deepspeed_request(where: str, kwargs: Mapping[Any, Any]) -> None:
 
 
 def check_accelerator(accelerator: Accelerator) -> None:
-    """Check that the accelerator matches the launcher and leaves accumulation to the trainer."""
+    """Check the accelerator: the launcher's processes, accumulation left to the trainer, FSDP1."""
     check_world_size(accelerator.num_processes)
     if accelerator.gradient_accumulation_steps != 1:
         fail(
@@ -230,15 +227,9 @@ def check_accelerator(accelerator: Accelerator) -> None:
             "The trainer accumulates itself: pass train(gradient_accumulation_steps=N) and "
             "leave the Accelerator's (and ACCELERATE_GRADIENT_ACCUMULATION_STEPS) at 1.",
         )
-    _check_fsdp_plugin(accelerator)
-
-
-def _check_fsdp_plugin(accelerator: Accelerator) -> None:
-    """Refuse FSDP1 without the original parameters: the trainer's optimizer would not train."""
-    if accelerator.distributed_type != DistributedType.FSDP:
-        return
-    plugin = accelerator.state.fsdp_plugin
-    if plugin.fsdp_version == 1 and not plugin.use_orig_params:
+    fsdp = accelerator.distributed_type == DistributedType.FSDP
+    plugin = accelerator.state.fsdp_plugin if fsdp else None
+    if plugin is not None and plugin.fsdp_version == 1 and not plugin.use_orig_params:
         fail(
             ValueError,
             "Trainer",
@@ -260,22 +251,12 @@ def check_train_arguments(trainer: Trainer, base: type, arguments: TrainArgument
     """
     where, a = "Trainer.train", arguments
     check_trainer_settings(where, trainer)
-    _check_run_switches(where, a.reset_run_history, a.resume_from)
-    _check_train_data(where, a)
+    fix = "Pass reset_run_history=False to continue the run history of earlier calls."
+    check_bool(where, "reset_run_history", a.reset_run_history, expected="True or False", fix=fix)
+    _check_resume(where, a)
+    eval_sets = _check_train_data(where, a)
     check_positive_int(where, "gradient_accumulation_steps", a.gradient_accumulation_steps)
-    _check_clipping(where, a.gradient_clip_value, a.max_grad_norm)
-    if a.gradient_clip_value is not None and trainer.accelerator.distributed_type == (
-        DistributedType.FSDP
-    ):
-        fail(
-            ValueError,
-            where,
-            "gradient_clip_value",
-            a.gradient_clip_value,
-            "None under FSDP",
-            "FSDP cannot clip sharded gradients by value; clip by norm instead: "
-            f"train(max_grad_norm={a.gradient_clip_value}), which is right under sharding.",
-        )
+    _check_clipping(where, a, trainer.accelerator.distributed_type == DistributedType.FSDP)
     check_callable(
         where,
         "create_scheduler_fn",
@@ -286,37 +267,13 @@ def check_train_arguments(trainer: Trainer, base: type, arguments: TrainArgument
     _check_run_name(where, a.run_name, trainer)
     _check_run_setup(where, a)
     _check_dry_run(where, a)
-    with_eval = a.eval_dataset is not None
-    eval_sets = named_eval_sets(where, "eval_dataset", a.eval_dataset) if with_eval else {}
-    data = [a.train_dataset, *eval_sets.values()]
-    check_loss_func(
-        where,
-        trainer,
-        base,
-        with_train=True,
-        with_eval=with_eval,
-        data=data,
-        collate_fn=a.collate_fn,
-    )
+    data, with_eval = [a.train_dataset, *eval_sets], a.eval_dataset is not None
+    _check_loss_func(where, trainer, base, data, a.collate_fn, with_train=True, with_eval=with_eval)
 
 
-def _check_run_switches(where: str, reset_run_history: object, resume_from: object) -> None:
-    """Check ``reset_run_history`` and ``resume_from``."""
-    fix = "Pass reset_run_history=False to continue the run history of earlier calls."
-    check_bool(where, "reset_run_history", reset_run_history, expected="True or False", fix=fix)
-    if resume_from is not None and not isinstance(resume_from, (str, os.PathLike)):
-        fail(
-            TypeError,
-            where,
-            "resume_from",
-            resume_from,
-            "a directory path, 'latest' or None",
-            "Pass the directory of a training state, e.g. resume_from='states/updates-00001000'.",
-        )
-
-
-def _check_clipping(where: str, clip_value: object, max_norm: object) -> None:
-    """Check ``gradient_clip_value`` and ``max_grad_norm``: positive, and not both."""
+def _check_clipping(where: str, arguments: TrainArguments, fsdp: bool) -> None:
+    """Check ``gradient_clip_value`` and ``max_grad_norm``: positive, not both, by norm on FSDP."""
+    clip_value, max_norm = arguments.gradient_clip_value, arguments.max_grad_norm
     for name, value in (("gradient_clip_value", clip_value), ("max_grad_norm", max_norm)):
         expected, fix = "a positive number or None", f"Pass {name} > 0, or None to disable."
         check_number(where, name, value, strict=True, allow_none=True, expected=expected, fix=fix)
@@ -329,13 +286,20 @@ def _check_clipping(where: str, clip_value: object, max_norm: object) -> None:
             "None when gradient_clip_value is set",
             "Clip either by value (gradient_clip_value) or by norm (max_grad_norm), not both.",
         )
+    if clip_value is not None and fsdp:
+        fail(
+            ValueError,
+            where,
+            "gradient_clip_value",
+            clip_value,
+            "None under FSDP",
+            "FSDP cannot clip sharded gradients by value; clip by norm instead: "
+            f"train(max_grad_norm={clip_value}), which is right under sharding.",
+        )
 
 
 def check_trainer_settings(where: str, trainer: Trainer) -> None:
-    """Reject an entry point called during ``train()``, and bad trainer attributes.
-
-    Checks ``progress_interval``, ``limit_train_batches`` and ``limit_eval_batches``.
-    """
+    """Reject an entry point called during ``train()``, and bad trainer attributes."""
     if trainer.is_training:
         raise RuntimeError(
             f"{where}: called while train() is running (from a callback or hook?). It would "
@@ -352,44 +316,41 @@ def check_trainer_settings(where: str, trainer: Trainer) -> None:
         check_positive_int(where, f"trainer.{name}", getattr(trainer, name), allow_none=True)
 
 
-def check_loss_func(
+def _check_loss_func(
     where: str,
     trainer: Trainer,
     base: type,
+    data: Iterable[Any],
+    collate_fn: object,
     *,
     with_train: bool,
     with_eval: bool,
-    data: Iterable[Any] = (),
-    collate_fn: object = None,
 ) -> None:
     """Reject a ``loss_func`` that the default step methods in use cannot use.
 
     That is a loss with ``reduction="none"``, whose per-sample losses the default steps would
     neither back-propagate nor record as a mean; or ``None``, unless the batches are dicts
     (the default steps then take the loss from the model's output, as Hugging Face models
-    compute it). The steps in use are those of ``base`` (the ``Trainer`` class) that
-    ``trainer``'s class does not override, among the training (``with_train``) and
-    evaluation (``with_eval``) steps; ``data`` are the datasets (or dataloaders) they read,
-    whose first sample, collated with ``collate_fn``, tells the batches' layout.
+    compute it). The steps in use are the training and evaluation steps asked for that
+    ``trainer``'s class does not override (``base``: the ``Trainer`` class); the first sample
+    of each of ``data``, collated with ``collate_fn``, tells the batches' layout.
     """
-    steps = ("calculate_train_batch_loss",) * with_train + (
-        "calculate_eval_batch_loss",
-    ) * with_eval
+    steps = ("calculate_train_batch_loss",) * with_train
+    steps += ("calculate_eval_batch_loss",) * with_eval
     defaults = [step for step in steps if getattr(type(trainer), step) is getattr(base, step)]
-    loss_func, names = trainer.loss_func, " and ".join(defaults)
+    loss_func, names, one = trainer.loss_func, " and ".join(defaults), len(defaults) == 1
     if defaults and getattr(loss_func, "reduction", None) == "none":
         fail(
             ValueError,
             where,
             "Trainer's loss_func",
             loss_func,
-            f"a loss that reduces to one value while {names} "
-            f"{'is' if len(defaults) == 1 else 'are'} not overridden",
+            f"a loss that reduces to one value while {names} {'is' if one else 'are'} not "
+            "overridden",
             "Use reduction='mean' (or 'sum'), or override the step methods to reduce the "
             "per-sample losses yourself.",
         )
-    if loss_func is None and defaults and not all(_dict_batches(one, collate_fn) for one in data):
-        one = len(defaults) == 1
+    if loss_func is None and defaults and not all(_dict_batches(each, collate_fn) for each in data):
         fail(
             TypeError,
             where,
@@ -431,10 +392,9 @@ def check_evaluate_arguments(
     collate_fn: object,
     metric_prefix: object,
 ) -> None:
-    """Check the arguments of ``Trainer.evaluate`` (``dataset`` after its default is applied).
+    """Check ``Trainer.evaluate``'s arguments (``dataset`` defaulted) and the trainer's settings.
 
-    Also the trainer's settings, and its ``loss_func`` for the default eval step (``base``:
-    the ``Trainer`` class).
+    ``base``: the ``Trainer`` class, whose default eval step needs a usable ``loss_func``.
     """
     where = "Trainer.evaluate"
     if dataset is None:
@@ -446,7 +406,7 @@ def check_evaluate_arguments(
             "a dataset",
             "Pass evaluate(dataset=...), or call train(..., eval_dataset=...) first.",
         )
-    check_eval_data(
+    sets = _check_eval_data(
         where,
         "dataset",
         dataset,
@@ -465,16 +425,24 @@ def check_evaluate_arguments(
             "a string",
             "Pass e.g. metric_prefix='test_' (the loss is then recorded as 'test_loss').",
         )
-    sets = named_eval_sets(where, "dataset", dataset).values()
-    check_loss_func(
-        where, trainer, base, with_train=False, with_eval=True, data=sets, collate_fn=collate_fn
-    )
+    _check_loss_func(where, trainer, base, sets, collate_fn, with_train=False, with_eval=True)
     check_trainer_settings(where, trainer)
 
 
 def _check_run_setup(where: str, arguments: TrainArguments) -> None:
     """Check the run set-up arguments of ``train()``: seeding, determinism, LR scaling, skips."""
-    _check_seed(where, arguments.seed)
+    seed = arguments.seed
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        fail(TypeError, where, "seed", seed, "an int or None", "Pass e.g. seed=42.")
+    if seed is not None and not 0 <= seed < 2**32 - 2**16:
+        fail(
+            ValueError,
+            where,
+            "seed",
+            seed,
+            f"in [0, {2**32 - 2**16})",
+            "NumPy takes 32-bit seeds (and seed_per_rank adds the process index).",
+        )
     for name, value in (
         ("seed_per_rank", arguments.seed_per_rank),
         ("deterministic", arguments.deterministic),
@@ -497,7 +465,6 @@ def _check_run_setup(where: str, arguments: TrainArguments) -> None:
     if arguments.seed_per_rank and arguments.seed is None:
         fail(ValueError, where, "seed_per_rank", True, "False without a seed", "Pass seed=...")
     check_positive_int(where, "auto_scale_lr", arguments.auto_scale_lr, allow_none=True)
-    _check_resume_parts(where, arguments)
     if arguments.skip_failing_batches is not None:
         skip_policy(where, arguments.skip_failing_batches)
     check_choice(where, "on_oom", arguments.on_oom, ON_OOM, ON_OOM_FIX)
@@ -512,8 +479,17 @@ def _check_run_setup(where: str, arguments: TrainArguments) -> None:
         )
 
 
-def _check_resume_parts(where: str, arguments: TrainArguments) -> None:
-    """Check ``resume_optimizer`` and ``resume_scheduler``: bools, ``False`` only to resume."""
+def _check_resume(where: str, arguments: TrainArguments) -> None:
+    """Check ``resume_from``, and ``resume_optimizer``/``_scheduler`` (False only to resume)."""
+    if not isinstance(arguments.resume_from, (str, os.PathLike, type(None))):
+        fail(
+            TypeError,
+            where,
+            "resume_from",
+            arguments.resume_from,
+            "a directory path, 'latest' or None",
+            "Pass the directory of a training state, e.g. resume_from='states/updates-00001000'.",
+        )
     for name, value in (
         ("resume_optimizer", arguments.resume_optimizer),
         ("resume_scheduler", arguments.resume_scheduler),
@@ -528,23 +504,6 @@ def _check_resume_parts(where: str, arguments: TrainArguments) -> None:
                 "True without resume_from",
                 "It chooses what a resumed run loads: pass resume_from=..., or leave it out.",
             )
-
-
-def _check_seed(where: str, seed: object) -> None:
-    """Check that ``seed`` is ``None`` or an int NumPy accepts (after adding a process index)."""
-    if seed is None:
-        return
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        fail(TypeError, where, "seed", seed, "an int or None", "Pass e.g. seed=42.")
-    if not 0 <= seed < 2**32 - 2**16:
-        fail(
-            ValueError,
-            where,
-            "seed",
-            seed,
-            f"in [0, {2**32 - 2**16})",
-            "NumPy takes 32-bit seeds (and seed_per_rank adds the process index).",
-        )
 
 
 def _check_dry_run(where: str, arguments: TrainArguments) -> None:
@@ -576,8 +535,8 @@ def _check_dry_run(where: str, arguments: TrainArguments) -> None:
             fail(ValueError, where, "overfit_batches", overfit, expected, fix)
 
 
-def _check_train_data(where: str, arguments: TrainArguments) -> None:
-    """Check ``train()``'s data arguments: the sets, how long to train, the loader settings."""
+def _check_train_data(where: str, arguments: TrainArguments) -> list[Any]:
+    """Check ``train()``'s data (sets, run length, loader settings); return the eval sets."""
     check_data(where, "train_dataset", arguments.train_dataset, streams=True)
     _check_run_length(where, arguments)
     common = {
@@ -591,8 +550,9 @@ def _check_train_data(where: str, arguments: TrainArguments) -> None:
         train_dataloader_kwargs=arguments.train_dataloader_kwargs,
         **common,
     )
+    eval_sets = []
     if arguments.eval_dataset is not None:
-        check_eval_data(
+        eval_sets = _check_eval_data(
             where,
             "eval_dataset",
             arguments.eval_dataset,
@@ -607,29 +567,41 @@ def _check_train_data(where: str, arguments: TrainArguments) -> None:
     )
     check_mapping(where, "train_dataloader_kwargs", arguments.train_dataloader_kwargs)
     check_mapping(where, "eval_dataloader_kwargs", arguments.eval_dataloader_kwargs)
+    return eval_sets
 
 
-def check_eval_data(where: str, name: str, data: object, **settings: object) -> None:
-    """Check one eval set, or a mapping of named ones, and the ``settings`` that build loaders."""
-    for set_name, one in named_eval_sets(where, name, data).items():
+def _check_eval_data(where: str, name: str, data: object, **settings: object) -> list[Any]:
+    """Check one eval set, or a mapping of named ones, and their loader ``settings``; list them."""
+    sets = named_eval_sets(where, name, data)
+    for set_name, one in sets.items():
         label = name if set_name is None else f"{name}[{set_name!r}]"
         if one is None:
             fail(TypeError, where, label, None, "a dataset", "Pass a dataset or remove the set.")
         check_data(where, label, one)
         check_dataloader_settings(where, one, data_name=label, **settings)
+    return list(sets.values())
 
 
 def check_train_dataloader(train_dl: DataLoader[Any], num_processes: int) -> None:
-    """Check a run's train dataloader: one batch per process at least; workers over a stream."""
-    if has_length(train_dl):
-        check_enough_samples(train_dl, len(train_dl.dataset), num_processes)  # type: ignore[arg-type]
-    else:
-        warn_stream_workers(train_dl)
+    """Check a run's train dataloader: one batch per process at least; workers over a stream.
 
-
-def check_enough_samples(train_dl: DataLoader[Any], num_samples: int, num_processes: int) -> None:
-    """Reject a train set smaller than one batch per process."""
-    batch_size = train_dl.batch_size
+    Several workers over an ``IterableDataset`` are legal (a stream that shards by
+    ``torch.utils.data.get_worker_info()`` is right), but a stream that does not trains every
+    sample once per worker, silently: that gets a warning.
+    """
+    workers, batch_size = train_dl.num_workers, train_dl.batch_size
+    if isinstance(train_dl.dataset, IterableDataset):
+        if workers > 1:
+            warnings.warn(
+                f"Trainer.train: the train dataloader reads an IterableDataset with num_workers="
+                f"{workers}: each worker iterates the whole stream, so every sample is trained "
+                f"{workers} times per pass unless the dataset's __iter__ shards by "
+                "torch.utils.data.get_worker_info(). Shard it, or use num_workers=0 or 1.",
+                UserWarning,
+                stacklevel=2,
+            )
+        return
+    num_samples = len(train_dl.dataset)  # type: ignore[arg-type]
     if batch_size is not None and num_samples < batch_size * num_processes:
         fail(
             ValueError,
@@ -644,8 +616,8 @@ def check_enough_samples(train_dl: DataLoader[Any], num_samples: int, num_proces
 def check_has_batches(where: str, state: TrainerState, **dl_kwargs: Mapping[str, Any]) -> None:
     """Reject prepared dataloaders that yield no batch on this process (an empty epoch).
 
-    ``dl_kwargs``: the arguments each dataloader was built with, by the entry point's name for
-    them (a name with ``train`` for the train dataloader, else the eval one).
+    ``dl_kwargs``: each dataloader's arguments, by their argument's name (``train...``: the
+    train dataloader's).
     """
     for name, kwargs in dl_kwargs.items():
         train = "train" in name
@@ -661,24 +633,6 @@ def check_has_batches(where: str, state: TrainerState, **dl_kwargs: Mapping[str,
             )
 
 
-def warn_stream_workers(dataloader: DataLoader[Any]) -> None:
-    """Warn when several loader workers read one ``IterableDataset``: each replays all of it.
-
-    Legal (a stream that shards by ``torch.utils.data.get_worker_info()`` is right), but a
-    stream that does not trains every sample once per worker, silently.
-    """
-    workers = dataloader.num_workers
-    if isinstance(dataloader.dataset, IterableDataset) and workers > 1:
-        warnings.warn(
-            f"Trainer.train: the train dataloader reads an IterableDataset with num_workers="
-            f"{workers}: each worker iterates the whole stream, so every sample is trained "
-            f"{workers} times per pass unless the dataset's __iter__ shards by "
-            "torch.utils.data.get_worker_info(). Shard it, or use num_workers=0 or 1.",
-            UserWarning,
-            stacklevel=3,
-        )
-
-
 def check_data(where: str, name: str, data: object, *, streams: bool = False) -> None:
     """Accept a map-style dataset, or a ``DataLoader`` over one (or streams, if ``streams``)."""
     dataset = data.dataset if isinstance(data, DataLoader) else data
@@ -688,12 +642,6 @@ def check_data(where: str, name: str, data: object, *, streams: bool = False) ->
     check_sized_dataset(where, label, dataset)
 
 
-def has_length(data: object) -> bool:
-    """Whether ``data`` (a dataset, or a ``DataLoader`` over one) has a number of samples."""
-    dataset = data.dataset if isinstance(data, DataLoader) else data
-    return not isinstance(dataset, IterableDataset)
-
-
 def _check_run_length(where: str, arguments: TrainArguments) -> None:
     """Require ``num_epochs`` or ``max_num_train_steps``; the latter for data without length."""
     num_epochs, max_steps = arguments.num_epochs, arguments.max_num_train_steps
@@ -701,7 +649,8 @@ def _check_run_length(where: str, arguments: TrainArguments) -> None:
     check_positive_int(where, "max_num_train_steps", max_steps, allow_none=True)
     if max_steps is not None:
         return
-    if not has_length(arguments.train_dataset):
+    train = arguments.train_dataset
+    if isinstance(train.dataset if isinstance(train, DataLoader) else train, IterableDataset):
         fail(
             ValueError,
             where,
@@ -869,8 +818,7 @@ def created_scheduler(factory: Any, optimizer: Any, run_config: TrainerRunConfig
 def suggest_arguments(method: Callable[P, R]) -> Callable[P, R]:
     """Turn an unknown keyword argument of an entry point into a ``TypeError`` with a suggestion.
 
-    ``train(batch_size=32)`` would fail with Python's generic message; this one names the
-    closest argument (``per_device_batch_size``).
+    ``train(batch_size=32)`` names the closest argument, ``per_device_batch_size``.
     """
     signature = inspect.signature(method)
 

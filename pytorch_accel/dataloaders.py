@@ -11,13 +11,10 @@ recorded while it is evaluated, by the trainer and by every callback, is named a
 (``val_eval_loss_epoch``, ``ood_accuracy``) without any callback knowing about sets.
 
 **Iterating the batches.** accelerate's ``DataLoaderShard.__iter__`` does some work per batch
-even where it has nothing to do: it offers each batch to ``send_to_device`` when there is a
-device to move it to, and looks for a ``state_dict`` on the dataloader (to snapshot a stateful
-one) with a ``hasattr`` that fails, raising and catching an ``AttributeError``, for every plain
-``DataLoader``. Where none of that applies (no device placement, no stateful dataloader,
-nothing skipped by the shard itself), ``iterate`` runs the same epoch without that per-batch
-work; everything else is left to accelerate. ``epoch_batches`` is how the loop iterates one
-epoch of a prepared dataloader.
+even where it has nothing to do (``send_to_device``; a ``hasattr(dataloader, "state_dict")``
+that raises and catches an ``AttributeError`` for every plain ``DataLoader``). Where none of
+it applies, ``iterate`` runs the same epoch without it. ``epoch_batches`` is how the loop
+iterates one epoch of a prepared dataloader.
 """
 
 from __future__ import annotations
@@ -52,23 +49,14 @@ __all__ = [
     "worker_init_fn",
 ]
 
-_MAX_DEFAULT_WORKERS = 4
-
-
-def _available_cpus() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
 
 def default_num_workers(dataset: object, num_local_processes: int) -> int:
     """Return a sensible number of loader workers for one process.
 
-    In-memory tensor datasets load fastest in the main process (0 workers). An
-    ``IterableDataset`` gets 0 too: with workers, each one would yield the whole stream unless
-    the dataset splits itself with ``torch.utils.data.get_worker_info()`` (pass ``num_workers``
-    yourself when it does). Otherwise each process gets one worker per spare CPU, at most 4,
-    leaving one CPU for the training loop.
+    0 for in-memory tensor datasets (fastest in the main process) and for an
+    ``IterableDataset`` (each worker would yield the whole stream unless it shards itself:
+    pass ``num_workers`` then); else one per spare CPU of the process, at most 4, leaving one
+    CPU for the training loop.
 
     Args:
         dataset: The dataset to load.
@@ -79,8 +67,8 @@ def default_num_workers(dataset: object, num_local_processes: int) -> int:
     """
     if isinstance(dataset, (TensorDataset, IterableDataset)):
         return 0
-    per_process = _available_cpus() // max(1, num_local_processes)
-    return max(0, min(_MAX_DEFAULT_WORKERS, per_process - 1))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(0, min(4, (cpus or 1) // max(1, num_local_processes) - 1))
 
 
 def num_batches(dataloader: Sized) -> int | None:
@@ -233,16 +221,13 @@ def eval_set_prefix(name: str | None) -> str:
 
 
 def _check_name(where: str, argument: str, name: object) -> None:
-    expected = "a name that starts with a letter (letters, digits, _ . -)"
-    if not isinstance(name, str):
-        fail(TypeError, where, f"{argument}'s key", name, expected, "Name each set, e.g. 'val'.")
-    if not EVAL_SET_NAME_PATTERN.fullmatch(name):
+    if not isinstance(name, str) or not EVAL_SET_NAME_PATTERN.fullmatch(name):
         fail(
-            ValueError,
+            ValueError if isinstance(name, str) else TypeError,
             where,
             f"{argument}'s key",
             name,
-            expected,
+            "a name that starts with a letter (letters, digits, _ . -)",
             "Its metrics are named '<name>_...': use e.g. 'val' or 'ood-test'.",
         )
     if name == "train":  # its metrics would land in the training series (train_accuracy)
@@ -266,8 +251,8 @@ def epoch_batches(
 ) -> Generator[Iterator[Any], None, None]:
     """Iterate at most ``limit`` batches; always close the iterator and release the loader.
 
-    accelerate only forgets a dataloader it saw to the end; a loop cut short (a batch limit,
-    ``max_num_train_steps``, a stop) would otherwise leave it as the active one.
+    accelerate only forgets a dataloader it saw to the end; a loop cut short would otherwise
+    leave it as the active one.
 
     Args:
         dataloader: A dataloader, usually one prepared by accelerate.
@@ -293,7 +278,7 @@ def iterate(dataloader: Iterable[Any]) -> Iterator[Any]:
 
     A ``DataLoaderShard`` whose batches pass through unchanged (``passes_batches_through``)
     is iterated without accelerate's per-batch work, with the same batches, random draws and
-    gradient-state bookkeeping; any other dataloader is iterated by ``iter``.
+    gradient-state bookkeeping.
 
     Args:
         dataloader: The dataloader to iterate.

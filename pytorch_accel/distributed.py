@@ -54,13 +54,6 @@ def launcher_world_size() -> int:
     return 1
 
 
-def _has_gpu_like_device() -> bool:
-    if torch.cuda.is_available():
-        return True
-    xpu = getattr(torch, "xpu", None)
-    return bool(xpu is not None and xpu.is_available())
-
-
 def create_accelerator(accelerator_kwargs: Mapping[str, Any]) -> Accelerator:
     """Create a trainer's accelerator, with ``Trainer(accelerator_kwargs=...)`` over the defaults.
 
@@ -81,10 +74,13 @@ def create_accelerator(accelerator_kwargs: Mapping[str, Any]) -> Accelerator:
 def needs_cpu_distributed() -> bool:
     """Return whether several processes were launched on a machine without GPUs.
 
-    accelerate then builds a non-distributed ``Accelerator`` in each process, which would train
-    independent copies; ``Accelerator(cpu=True)`` makes them one gloo process group instead.
+    accelerate would then train independent copies; ``Accelerator(cpu=True)`` makes them one
+    gloo process group (see ``create_accelerator``).
     """
-    return launcher_world_size() > 1 and not _has_gpu_like_device()
+    if launcher_world_size() <= 1:
+        return False
+    xpu = getattr(torch, "xpu", None)
+    return not (torch.cuda.is_available() or (xpu is not None and xpu.is_available()))
 
 
 def fsdp_requested(fsdp_plugin: object = None) -> bool:
@@ -96,12 +92,10 @@ def apply_fsdp_request(accelerator: Accelerator, fsdp_plugin: object = None) -> 
     """Make an FSDP request real in a gloo process group, where accelerate drops it.
 
     accelerate switches to FSDP only from GPU-like run types, so with ``Accelerator(cpu=True)``
-    (the trainer's default when several processes were launched on a machine without GPUs) an
-    FSDP plugin or ``accelerate launch --use_fsdp`` would silently give DDP. Called right after
-    the accelerator is created, before anything is prepared, this sets the run type to FSDP
-    with the plugin (the given one, else one from the ``FSDP_*`` environment variables), as
-    accelerate does on GPUs. torch's FSDP2 and FSDP1 run on gloo; FSDP1 takes the device
-    without an index (``cpu``), as its compute device has none there.
+    an FSDP plugin or ``accelerate launch --use_fsdp`` would silently give DDP. Called before
+    anything is prepared, this sets the run type to FSDP with the plugin (the given one, else
+    one from the ``FSDP_*`` environment variables), as accelerate does on GPUs; FSDP1 takes
+    the device without an index (``cpu``), as its compute device has none there.
 
     Args:
         accelerator: The trainer's new accelerator.
@@ -144,8 +138,8 @@ def check_world_size(num_processes: int) -> None:
 def agreement_group() -> Any:
     """Return the process group for small agreements: gloo, so no GPU stream is synchronised.
 
-    The default group when it is gloo (``None``), else a new gloo group. Call it on every
-    process, at the same point (creating a group is a collective).
+    The default group (``None``) when it is gloo, else a new gloo group: call it on every
+    process, at the same point.
     """
     return dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
 
@@ -157,16 +151,13 @@ class AgreedFlag:
     """A flag that every process reads the same: the maximum of the processes' flags.
 
     The one primitive by which processes agree on what changes the course of a run: the
-    trainer's stop at its agreement points, a skipped failing batch, a preemption signal, a
-    time budget, a watched metric (``main_value``: the main process's value). ``settle``
-    agrees at once (one blocking all-reduce over gloo, so no GPU stream is synchronised), at
-    points where every process waits anyway (an epoch's or a run's end, a stop); ``start``
-    launches the exchange at one step and ``finish``, called on every process at the same
-    later point, reads it (by then it has long completed in gloo's background thread), so a
-    check that runs at every step blocks no step. Every process reads the same value at the
-    same point, so all act on it together. A ``pace`` rides along with each lagged exchange
-    (its maximum is ``agreed_pace`` after ``finish``), so the processes can also agree on when
-    to exchange next.
+    trainer's stop, a skipped failing batch, a preemption signal, a time budget, a watched
+    metric (``main_value``). ``settle`` agrees at once (one blocking all-reduce over gloo, so
+    no GPU stream is synchronised), where every process waits anyway; ``start`` launches the
+    exchange at one step and ``finish``, called on every process at the same later point,
+    reads it (long completed by then in gloo's background thread), so a check at every step
+    blocks no step. A ``pace`` rides along with each lagged exchange (its maximum is
+    ``agreed_pace`` after ``finish``), so the processes can also agree on when to exchange next.
 
     Args:
         group: The gloo process group (``agreement_group()``); by default one is created
@@ -227,9 +218,8 @@ class AgreedFlag:
 def main_process_object(value: Any) -> Any:
     """Return the main process's ``value`` (any picklable object) on every process.
 
-    For what every process must share as the main process chose it (a directory name drawn
-    at random): ``AgreedFlag`` agrees on flags and numbers, this on anything else. Every
-    process must call it; in one process it returns ``value``.
+    For what the main process chose (a directory name), where ``AgreedFlag`` agrees on flags
+    and numbers. Every process must call it; in one process it returns ``value``.
     """
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return value
@@ -247,12 +237,10 @@ def reduce_across_processes(
 ) -> torch.Tensor:
     """Combine a tensor across processes, each element by its own reduction, at once.
 
-    One collective, on the device and queued like DDP's own: the host does not wait for it
-    and nothing is read on the host. When every element is summed, an all-reduce, in place;
-    otherwise an ``all_gather`` of the 1-D tensor, then each element is the ``"sum"``,
-    ``"mean"``, ``"max"`` or ``"min"`` of the processes' values. Every process must call it at
-    the same point, with a tensor of the same length and the same ``reductions``; in one
-    process it returns ``values``.
+    One collective, on the device and queued like DDP's own (nothing is read on the host): an
+    all-reduce in place when every element is summed, else an ``all_gather`` of the 1-D
+    tensor. Every process must call it at the same point, with a tensor of the same length
+    and the same ``reductions``; in one process it returns ``values``.
 
     Args:
         values: The values of this process, one per element.

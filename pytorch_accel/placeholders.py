@@ -65,36 +65,26 @@ _SYMBOLS: dict[Callable[[Any, Any], Any], str] = {
 }
 
 
-def _operator(
-    op: Callable[[Any, Any], Any], *, reflected: bool
-) -> Callable[[Any, object], PlaceholderExpression]:
-    def method(self: _Arithmetic, other: object) -> PlaceholderExpression:
-        return self._combine(op, other, reflected=reflected)  # type: ignore[no-any-return]
-
-    return method
-
-
 class _Arithmetic:
     """Operators that build a ``PlaceholderExpression`` instead of computing a value."""
 
     def _combine(self, op: Callable[[Any, Any], Any], other: object, *, reflected: bool) -> Any:
-        if not isinstance(other, (int, float, TrainerPlaceholderValues, PlaceholderExpression)):
-            return NotImplemented
-        if isinstance(other, bool):
+        operand = (int, float, TrainerPlaceholderValues, PlaceholderExpression)
+        if isinstance(other, bool) or not isinstance(other, operand):
             return NotImplemented
         left, right = (other, self) if reflected else (self, other)
         return PlaceholderExpression(op, left, right)  # type: ignore[arg-type]
 
-    __add__ = _operator(operator.add, reflected=False)
-    __radd__ = _operator(operator.add, reflected=True)
-    __sub__ = _operator(operator.sub, reflected=False)
-    __rsub__ = _operator(operator.sub, reflected=True)
-    __mul__ = _operator(operator.mul, reflected=False)
-    __rmul__ = _operator(operator.mul, reflected=True)
-    __truediv__ = _operator(operator.truediv, reflected=False)
-    __rtruediv__ = _operator(operator.truediv, reflected=True)
-    __floordiv__ = _operator(operator.floordiv, reflected=False)
-    __rfloordiv__ = _operator(operator.floordiv, reflected=True)
+    __add__ = functools.partialmethod(_combine, operator.add, reflected=False)
+    __radd__ = functools.partialmethod(_combine, operator.add, reflected=True)
+    __sub__ = functools.partialmethod(_combine, operator.sub, reflected=False)
+    __rsub__ = functools.partialmethod(_combine, operator.sub, reflected=True)
+    __mul__ = functools.partialmethod(_combine, operator.mul, reflected=False)
+    __rmul__ = functools.partialmethod(_combine, operator.mul, reflected=True)
+    __truediv__ = functools.partialmethod(_combine, operator.truediv, reflected=False)
+    __rtruediv__ = functools.partialmethod(_combine, operator.truediv, reflected=True)
+    __floordiv__ = functools.partialmethod(_combine, operator.floordiv, reflected=False)
+    __rfloordiv__ = functools.partialmethod(_combine, operator.floordiv, reflected=True)
 
 
 class _PlaceholderType(EnumMeta):
@@ -220,13 +210,12 @@ def resolve_placeholders(value: Any, values: Mapping[TrainerPlaceholderValues, i
         func = resolve_placeholders(value.func, values)
         args = [resolve_placeholders(arg, values) for arg in value.args]
         keywords = {key: resolve_placeholders(arg, values) for key, arg in value.keywords.items()}
-        for parameter, given, key in _bound(func, value):
-            resolved = args[key] if isinstance(key, int) else keywords[key]
-            whole = _whole_numbers(func, parameter, given, resolved)
-            if isinstance(key, int):
-                args[key] = whole
-            else:
-                keywords[key] = whole
+        positional, named = _parameters(func)
+        for index, given in enumerate(value.args[: len(positional)]):
+            args[index] = _whole_numbers(func, positional[index], given, args[index])
+        for name, given in value.keywords.items():
+            if name in named:
+                keywords[name] = _whole_numbers(func, named[name], given, keywords[name])
         return functools.partial(func, *args, **keywords)
     if isinstance(value, dict):
         return {key: resolve_placeholders(item, values) for key, item in value.items()}
@@ -242,30 +231,14 @@ _INT_NAMES = {"int", "int|None", "None|int", "Optional[int]"}
 _INT_ITEMS = re.compile(r"(Iterable|Sequence|Collection|list|List|tuple|Tuple)\[int(,\.\.\.)?\]")
 
 
-def _bound(func: Any, partial: functools.partial[Any]) -> list[tuple[inspect.Parameter, Any, Any]]:
-    """Each argument of ``partial`` that holds a placeholder: its parameter, value and key.
-
-    The key is the position in ``args`` or the name in ``keywords``. Empty when ``func`` has
-    no signature to read.
-    """
+def _parameters(func: Any) -> tuple[list[inspect.Parameter], dict[str, inspect.Parameter]]:
+    """``func``'s positional parameters, and all of them by name (none without a signature)."""
     try:
         parameters = list(inspect.signature(func).parameters.values())
     except (TypeError, ValueError):
-        return []
-    positional = [
-        parameter
-        for parameter in parameters
-        if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD)
-    ]
-    named = {parameter.name: parameter for parameter in parameters}
-    found: list[tuple[inspect.Parameter, Any, Any]] = []
-    for index, given in enumerate(partial.args[: len(positional)]):
-        if contains_placeholder(given):
-            found.append((positional[index], given, index))
-    for name, given in partial.keywords.items():
-        if name in named and contains_placeholder(given):
-            found.append((named[name], given, name))
-    return found
+        return [], {}
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p for p in parameters if p.kind in kinds], {p.name: p for p in parameters}
 
 
 def _takes_int(parameter: inspect.Parameter) -> str | None:
@@ -292,12 +265,9 @@ def _takes_int(parameter: inspect.Parameter) -> str | None:
 
 
 def _whole_numbers(func: Any, parameter: inspect.Parameter, given: Any, resolved: Any) -> Any:
-    """``resolved`` with whole floats made ints where ``parameter`` takes ints.
-
-    Raises:
-        ValueError: For a fractional float there, naming the callable, the argument, the
-            expression and its value, and ``//``.
-    """
+    """``resolved``, whole floats made ints where ``parameter`` takes ints; fractions refused."""
+    if not contains_placeholder(given):
+        return resolved
     kind = _takes_int(parameter)
     if kind == "int":
         return _whole(func, f"{parameter.name} must be an int", given, resolved)

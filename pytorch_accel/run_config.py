@@ -4,11 +4,7 @@
 or evaluation run (``trainer.run_config``).
 
 **The run set-up** that ``train()`` does before the loop: seeding, determinism, scaling the
-learning rate. ``RunSetup`` holds the arguments of one ``train()`` call. ``apply_randomness``
-runs first in ``train()``, before any dataset, dataloader or sampler draws a random number;
-``finish`` runs once the run config is known (it needs the global batch size), scales the
-optimizer's learning rates and records the set-up in the run config. ``recorded`` is what a
-training state keeps.
+learning rate (``RunSetup``). ``recorded`` is what a training state keeps of it.
 """
 
 from __future__ import annotations
@@ -17,7 +13,7 @@ import contextlib
 import dataclasses
 import math
 import os
-from collections.abc import Iterator, Mapping, Sized
+from collections.abc import Callable, Iterator, Mapping, Sized
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
@@ -53,11 +49,9 @@ class TrainerRunConfig:
     """The settings of the current ``train()`` or ``evaluate()`` call, fixed when it starts.
 
     The field names and order are those of pytorch-accelerated, so ported code keeps working
-    (the three fields it did not have come last, with defaults derived from the others when a
-    config is built by hand: ``max_grad_norm`` ``None``, ``total_num_update_steps`` and
-    ``train_dataloader_len`` from the update counts). Counts of
-    updates are per process: that is the unit a scheduler is stepped in, because every process
-    steps its own scheduler once per optimizer update.
+    (the fields it did not have come last, with defaults, derived from the update counts when
+    a config is built by hand). Counts of updates are per process: the unit a scheduler is
+    stepped in, as every process steps its own scheduler once per optimizer update.
 
     Attributes:
         num_epochs: Epochs this run will execute (``max_num_train_steps`` may lower it);
@@ -129,14 +123,12 @@ class TrainerRunConfig:
 
     def __post_init__(self) -> None:
         """Derive the fields pytorch-accelerated did not have, when a config is built by hand."""
-        per_epoch, num_epochs = self.num_update_steps_per_epoch, self.num_epochs
+        per_epoch = self.num_update_steps_per_epoch
         if self.train_dataloader_len is not None and self.train_dataloader_len < 0:
             batches = None if per_epoch is None else per_epoch * self.gradient_accumulation_steps
             object.__setattr__(self, "train_dataloader_len", batches)
         if self.total_num_update_steps < 0:
-            total = None if per_epoch is None or num_epochs is None else per_epoch * num_epochs
-            if self.max_num_train_steps is not None:
-                total = min(total or self.max_num_train_steps, self.max_num_train_steps)
+            total = _total_updates(per_epoch, self.num_epochs, self.max_num_train_steps)
             object.__setattr__(self, "total_num_update_steps", -1 if total is None else total)
 
     def to_dict(self) -> dict[str, Any]:
@@ -155,17 +147,21 @@ def _num_batches(train_dataloader: Sized | None, limit: int | None) -> int | Non
     return batches if limit is None else min(batches, limit)
 
 
+def _total_updates(per_epoch: int | None, epochs: int | None, max_steps: int | None) -> int | None:
+    """The updates of ``epochs`` epochs (if known), capped by ``max_steps`` (if given)."""
+    total = None if per_epoch is None or epochs is None else per_epoch * epochs
+    if max_steps is not None:
+        total = max_steps if total is None else min(total, max_steps)
+    return total
+
+
 def _run_length(
     updates_per_epoch: int | None, num_epochs: int | None, max_num_train_steps: int | None
 ) -> tuple[int, int | None]:
     """The run's updates and epochs; ``train()`` checked that one of the limits is given."""
-    if updates_per_epoch is None:  # a stream: counted in updates (train() required the limit)
-        assert max_num_train_steps is not None
-        return max_num_train_steps, num_epochs
-    total = max_num_train_steps if num_epochs is None else updates_per_epoch * num_epochs
+    total = _total_updates(updates_per_epoch, num_epochs, max_num_train_steps)
     assert total is not None
-    if max_num_train_steps is not None:
-        total = min(total, max_num_train_steps)
+    if updates_per_epoch is not None and max_num_train_steps is not None:
         num_epochs = math.ceil(total / updates_per_epoch) if updates_per_epoch else 0
     return total, num_epochs
 
@@ -186,10 +182,8 @@ def create_run_config(
 ) -> TrainerRunConfig:
     """Describe a run from its prepared dataloaders and the arguments of ``train()``.
 
-    ``train_dataloader`` is this process's prepared train dataloader (``None`` in
-    ``evaluate()``), ``limit_train_batches`` the trainer's, ``dl_kwargs`` the arguments the
-    train and eval dataloaders were built with (``{}`` for one not built); the keyword
-    arguments are ``train()``'s (``max_num_train_steps`` may lower ``num_epochs``).
+    ``train_dataloader`` is this process's (``None`` in ``evaluate()``), ``dl_kwargs`` the
+    arguments the train and eval dataloaders were built with (``{}`` for one not built).
     """
     batches = _num_batches(train_dataloader, limit_train_batches)
     train_dl_kwargs, eval_dl_kwargs = dl_kwargs
@@ -246,6 +240,9 @@ _RECORDED = (
 class RunSetup:
     """The run set-up arguments of one ``train()`` call (see ``Trainer.train``).
 
+    ``apply_randomness`` runs first in ``train()``, before anything draws a random number;
+    ``finish`` once the run config is known (it needs the global batch size).
+
     Attributes:
         seed: Seed ``random``, NumPy and torch (all devices) with it, or ``None`` to leave them.
         seed_per_rank: Add the process index to the seed, so each process draws differently.
@@ -268,18 +265,14 @@ class RunSetup:
     @classmethod
     def from_arguments(cls, arguments: TrainArguments) -> RunSetup:
         """Collect the set-up from the (checked) arguments of ``train()``."""
-        names = [field.name for field in dataclasses.fields(cls)]
-        values = {name: getattr(arguments, name) for name in names}
+        values = {field.name: getattr(arguments, field.name) for field in dataclasses.fields(cls)}
         policy = values["skip_failing_batches"]
         if policy is not None:  # an int means a SkipFailingBatches with that limit
             values["skip_failing_batches"] = skip_policy("Trainer.train", policy)
         return cls(**values)
 
     def guard_steps(self, state: TrainerState, num_processes: int) -> None:
-        """Give ``state`` this run's guard of failing batches and splitter, if asked for.
-
-        A trial of the batch-size search (``state.probing``) gets a probing splitter.
-        """
+        """Give ``state`` this run's guard of failing batches and splitter (probing in a trial)."""
         policy = self.skip_failing_batches
         state.failing_batches = None if policy is None else FailingBatchGuard(policy, num_processes)
         split = state.probing or self.on_oom == "split"
@@ -303,10 +296,7 @@ class RunSetup:
     def finish(
         self, config: TrainerRunConfig, optimizer: torch.optim.Optimizer, rates: ChosenRates
     ) -> TrainerRunConfig:
-        """Scale the learning rates (if asked) and return ``config`` with the set-up recorded.
-
-        Without ``auto_scale_lr``, rates an earlier call scaled are put back to the user's.
-        """
+        """Scale the learning rates (if asked) and return ``config`` with the set-up recorded."""
         factor = scale_learning_rates(
             optimizer, config.train_total_batch_size, self.auto_scale_lr, rates
         )
@@ -329,7 +319,23 @@ class ResumeParts:
 
 
 @contextlib.contextmanager
-def bare_compiled_models(accelerator: Accelerator) -> Iterator[None]:
+def _registered(
+    accelerator: Accelerator, attribute: str, replace: Callable[[list[Any]], list[Any]]
+) -> Iterator[None]:
+    """Replace the accelerator's registered objects (``_models``, ...) inside the block."""
+    registered = getattr(accelerator, attribute, None)
+    if not isinstance(registered, list):
+        yield
+        return
+    saved = list(registered)
+    registered[:] = replace(saved)
+    try:
+        yield
+    finally:
+        registered[:] = saved
+
+
+def bare_compiled_models(accelerator: Accelerator) -> contextlib.AbstractContextManager[None]:
     """Let ``accelerator.save_state``/``load_state`` see compiled models without the wrapper.
 
     accelerate saves the modules it was given: a model compiled by hand
@@ -338,46 +344,29 @@ def bare_compiled_models(accelerator: Accelerator) -> Iterator[None]:
     keys into it). Inside the block the registered compiled models are replaced by the modules
     they wrap, which share their parameters; the registrations are put back afterwards.
     """
-    registered = getattr(accelerator, "_models", None)
-    if not isinstance(registered, list):
-        yield
-        return
-    saved = list(registered)
-    registered[:] = [getattr(model, "_orig_mod", model) for model in registered]
-    try:
-        yield
-    finally:
-        registered[:] = saved
+    return _registered(
+        accelerator, "_models", lambda models: [getattr(m, "_orig_mod", m) for m in models]
+    )
 
 
-@contextlib.contextmanager
-def optimizer_not_loaded(accelerator: Accelerator, skip: bool) -> Iterator[None]:
+def optimizer_not_loaded(
+    accelerator: Accelerator, skip: bool
+) -> contextlib.AbstractContextManager[None]:
     """Hide the optimizers from ``accelerator.load_state`` inside the block, if ``skip``.
 
     accelerate loads every optimizer it prepared; hidden, the trainer's optimizer keeps its
     state and may differ from the saved one (another type, other parameter groups).
     """
-    registered = getattr(accelerator, "_optimizers", None)
-    if not skip or not isinstance(registered, list):
-        yield
-        return
-    saved = list(registered)
-    registered.clear()
-    try:
-        yield
-    finally:
-        registered[:] = saved
+    return _registered(accelerator, "_optimizers", lambda optimizers: [] if skip else optimizers)
 
 
 class ChosenRates:
     """The learning rate the user chose for each parameter group, kept across ``train()`` calls.
 
     A run moves a group's ``lr`` (scaling, a scheduler, a callback); the rate it left is
-    noted when it ends (``note_left``). At the next call, an ``lr`` that differs from it is a
-    rate the user set in between, and becomes the group's chosen rate; otherwise the rate
-    chosen before stays, however the run moved ``lr``. Groups are known by identity: a group
-    replaced by loading an optimizer's state is new (``moved_to`` maps the groups by position
-    where the same state was put back).
+    noted when it ends. At the next call, an ``lr`` that differs from it is a rate the user set
+    in between, and becomes the group's chosen rate; otherwise the rate chosen before stays.
+    Groups are known by identity: a group replaced by loading an optimizer's state is new.
     """
 
     def __init__(self) -> None:
@@ -404,11 +393,7 @@ class ChosenRates:
         ]
 
     def note_left(self, optimizer: torch.optim.Optimizer) -> None:
-        """Note the rate each group has as a run ends (not the user's choice).
-
-        Groups that are new by now (added during the run, or loaded by a resume) get the
-        rate ``chosen`` finds in them.
-        """
+        """Note the rate each group has as a run ends (new groups: the rate ``chosen`` finds)."""
         groups = []
         for group in optimizer.param_groups:
             known = self._known(group)
@@ -424,10 +409,7 @@ class ChosenRates:
         return None
 
     def moved_to(self, optimizer: torch.optim.Optimizer) -> ChosenRates:
-        """These rates for ``optimizer``'s groups, by position (after reloading its state).
-
-        Empty before the first run; a group beyond the record is new.
-        """
+        """These rates for ``optimizer``'s groups, by position (after reloading its state)."""
         moved = ChosenRates()
         moved._groups = [
             (group, chosen, left)
@@ -444,12 +426,10 @@ def scale_learning_rates(
 ) -> float:
     """Set each group's ``lr`` to the user's rate times ``total / base``; return the factor.
 
-    The user's rate (``rates.chosen``: the ``lr`` set by hand since the last run, else the rate
-    chosen before, never a rate a scheduler or an earlier scaling left) is kept in the group
-    (``unscaled_lr``), so repeated ``train()`` calls never compound the factor. A scheduler's
-    ``initial_lr`` is set too, so a scheduler created afterwards starts from the scaled rate.
-    Without a base (no ``auto_scale_lr``), groups an earlier call scaled get the user's rate
-    back (factor 1) and lose ``unscaled_lr``; the others are left as they are.
+    The user's rate (``rates.chosen``, never a rate a scheduler or an earlier scaling left) is
+    kept in the group (``unscaled_lr``), so repeated ``train()`` calls never compound the
+    factor; a scheduler's ``initial_lr`` is set too. Without a base (no ``auto_scale_lr``),
+    groups an earlier call scaled get the user's rate back and lose ``unscaled_lr``.
 
     Args:
         optimizer: The optimizer whose parameter groups are scaled.

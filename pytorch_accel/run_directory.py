@@ -2,22 +2,16 @@
 
 With an output root, each run has a directory ``<output_dir>/<run name>``
 (``Trainer.run_dir``) under which the callbacks put the files whose paths the user left at
-their defaults (through ``TrainerCallback.place_outputs``); paths the user gave stay where
-they are. Without one, nothing here does anything: every path is relative to the working
-directory, as it always was.
+their defaults (``TrainerCallback.place_outputs``). Without one, nothing here does anything.
 
-- **The run name** is drawn when the trainer is created: the main process's local time,
-  ``2026-11-24_19-40-05`` (``-2``, ``-3``, ... appended when that directory exists or this
-  process handed it out already), shared with every process, so all use the same directory
-  even when their clocks differ. ``train(run_name=...)`` names the run instead, for that call
-  and the trainer's later ones.
-- **Several ``train()`` calls** of one trainer (stages) share its run directory.
+- **The run name** is the main process's local time when the trainer is created
+  (``2026-11-24_19-40-05``, ``-2``... when taken), shared with every process; or
+  ``train(run_name=...)``, for that call and later ones. Stages of one trainer share it.
 - **``train(resume_from="latest")``** without a ``run_name`` continues the run that holds the
-  newest complete training state under ``output_dir``: the trainer's run directory becomes
-  that run's, so a relaunched job (a new trainer, a new time) writes on in the directory of
-  the run it resumes. With a ``run_name`` only that run's states are searched.
-- **A dry run** (``train(dry_run=...)``) chooses and creates nothing: meanwhile ``run_dir`` is a
-  directory inside the dry run's temporary one.
+  newest complete training state under ``output_dir``, so a relaunched job writes on in the
+  directory of the run it resumes.
+- **A dry run** chooses and creates nothing: meanwhile ``run_dir`` is a directory inside the
+  dry run's temporary one.
 """
 
 from __future__ import annotations
@@ -89,12 +83,7 @@ class RunDirectory:
         run_name: str | None,
         resume_from: str | os.PathLike[str] | None,
     ) -> None:
-        """At the start of ``train()``: choose the run, create its directory, place the outputs.
-
-        ``run_name`` names the run; else ``resume_from="latest"`` continues the run that holds
-        the newest training state under the output root, if any; else the run is the
-        trainer's current one. The main process creates the directory.
-        """
+        """At the start of ``train()``: choose the run, create its directory, place the outputs."""
         if self.output_dir is None:
             return
         callbacks = list(callbacks)
@@ -121,11 +110,7 @@ class RunDirectory:
 
     @contextlib.contextmanager
     def set_aside(self, directory: Path, callbacks: Iterable[Any]) -> Iterator[None]:
-        """Make ``directory`` the run directory meanwhile (a dry run's), then the run's again.
-
-        The run's name is kept; afterwards the callbacks' default paths are placed back in
-        the run's directory.
-        """
+        """Make ``directory`` the run directory meanwhile (a dry run's), then the run's again."""
         if self.output_dir is None:
             yield
             return
