@@ -1,11 +1,28 @@
 """One process of a paired benchmark in a process group: ``torchrun ... -m benchmarks.worker``.
 
 Every process builds the same loops (``benchmarks.pipelines``) in the same order, then runs
-interleaved rounds in the same new random order each round, after a barrier before each loop,
-so the processes run each loop together, as in a real job. A loop's per-batch cost is the wall
-time between two probes (with several processes a step includes waiting for the slowest one,
-which is a real cost), the median of its round; its fixed cost is the call's wall time minus
-its batches. Round 0 is a warm-up. Process 0 writes every loop's per-round figures as JSON.
+interleaved rounds, after a barrier before each loop, so the processes run each loop together,
+as in a real job. Round 0 is a warm-up. Process 0 writes every loop's per-round figures as JSON.
+
+- **Order.** The rounds cycle through the rows of a Williams design (a balanced Latin square,
+  with its mirror for an odd number of loops) over the loops in a random order fixed by a
+  seed, the same on every process, in whole cycles (the rounds asked for, rounded up): over a
+  cycle each loop runs once at each position in a round and once right after each other loop.
+  A shuffled order left position and carry-over effects (what the previous loop left in the
+  allocator, the caches and gloo's threads) to chance, and 20 rounds are too few for chance
+  to even them out: the hand-written control read +11.5 ms per call against its identical
+  twin.
+- **Per batch.** The wall time between two probes (with several processes a step includes
+  waiting for the slowest one, which is a real cost), the median of the call's gaps after
+  ``WARM_UP_BATCHES``.
+- **Fixed cost per call.** The time before the first probe and after the last one, less one
+  batch (the first batch's loading and forward and the last one's backward and step make up
+  one), plus how much the first gap exceeds the median: a call's start shows there too (the
+  hand-written loop's first gradient all-reduce waits for the process that left the barrier
+  last, where a trainer's loader waits at its random-state broadcast, before the first
+  probe). The former estimate, the call's wall time less its number of batches times the
+  median, also summed every batch's deviation from the median: on this shared machine tens
+  of ms either way, a noise several times as wide as the fixed cost.
 """
 
 from __future__ import annotations
@@ -94,14 +111,34 @@ def time_call(run: pipelines.Run) -> tuple[float, float, float]:
         dist.barrier()
     start = time.perf_counter()
     run(lambda: stamps.append(time.perf_counter()))
-    total = time.perf_counter() - start
+    end = time.perf_counter()
     gaps = [later - earlier for earlier, later in itertools.pairwise(stamps)]
     per_batch = statistics.median(gaps[WARM_UP_BATCHES:] or gaps)
-    return per_batch, total - len(stamps) * per_batch, total
+    outside = (stamps[0] - start) + (end - stamps[-1]) - per_batch
+    start_up = gaps[0] - per_batch if gaps else 0.0
+    return per_batch, outside + start_up, end - start
+
+
+def balanced_orders(names: list[str], seed: int = 0) -> list[list[str]]:
+    """The rows of a Williams design over ``names`` (shuffled by ``seed``): one cycle of rounds.
+
+    Each name is at each position once per cycle and follows each other name once (twice
+    as many rows, the mirrored ones, when the number of names is odd).
+    """
+    shuffled = list(names)
+    random.Random(seed).shuffle(shuffled)
+    count = len(shuffled)
+    first = [0]  # 0, 1, n-1, 2, n-2, ...
+    for index in range(1, count):
+        first.append((index + 1) // 2 if index % 2 else count - index // 2)
+    rows = [[shuffled[(position + shift) % count] for position in first] for shift in range(count)]
+    if count % 2:
+        rows += [list(reversed(row)) for row in rows]
+    return rows
 
 
 def measure(groups: Groups, rounds: int) -> dict[str, dict[str, dict[str, list[float]]]]:
-    """Interleaved rounds of every loop of every group; round 0 is a warm-up."""
+    """Interleaved rounds of every loop of every group, in balanced orders; round 0 warms up."""
     flat: dict[str, tuple[str, Callable[[pipelines.Probe], None]]] = {
         name: (group, run) for group, runs in groups.items() for name, run in runs.items()
     }
@@ -109,11 +146,11 @@ def measure(groups: Groups, rounds: int) -> dict[str, dict[str, dict[str, list[f
         group: {name: {"per_batch": [], "fixed": [], "whole": []} for name in runs}
         for group, runs in groups.items()
     }
-    order = list(flat)
-    shuffler = random.Random(0)  # the same order on every process
+    orders = balanced_orders(list(flat))  # the same on every process
+    if rounds >= len(orders):  # whole cycles (a quick run keeps its few rounds)
+        rounds = -(-rounds // len(orders)) * len(orders)
     for round_index in range(rounds + 1):
-        shuffler.shuffle(order)
-        for name in order:
+        for name in orders[(round_index - 1) % len(orders)]:
             group, run = flat[name]
             per_batch, fixed, whole = time_call(run)
             if round_index > 0:

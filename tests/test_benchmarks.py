@@ -77,6 +77,25 @@ def test_the_suites_summarise_paired_rounds() -> None:
     assert "| other | 1100.00 | 1.100 [1.100, 1.100] (1.100-1.100) |" in "\n".join(table)
 
 
+@pytest.mark.parametrize("count", [3, 4, 6])
+def test_the_suites_order_rounds_in_balanced_cycles(count: int) -> None:
+    """Over a cycle each loop runs once at each position and once right after each other."""
+    import itertools
+    from collections import Counter
+
+    from benchmarks.worker import balanced_orders
+
+    names = [f"loop {index}" for index in range(count)]
+    rows = balanced_orders(names)
+    assert all(sorted(row) == names for row in rows)
+    positions = Counter((name, place) for row in rows for place, name in enumerate(row))
+    neighbours = Counter(pair for row in rows for pair in itertools.pairwise(row))
+    assert len(positions) == count * count
+    assert len(set(positions.values())) == 1
+    assert len(neighbours) == count * (count - 1)
+    assert len(set(neighbours.values())) == 1
+
+
 def test_the_two_process_training_suite_runs() -> None:
     """The DDP suite in 2 real processes, in its quick form (2 rounds of 4 steps)."""
     from benchmarks import suites
