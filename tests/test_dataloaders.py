@@ -94,4 +94,3 @@ def test_user_kwargs_override_and_a_sampler_removes_shuffle() -> None:
     assert "persistent_workers" not in no_workers
     assert "worker_init_fn" not in no_workers
     assert merge_dataloader_kwargs(defaults, None) == defaults
-
