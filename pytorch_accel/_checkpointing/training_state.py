@@ -1,12 +1,9 @@
 """Saving, loading and resuming a trainer's training states.
 
-A training state is a directory (format, manifest and verification: ``store``) written by
-``accelerator.save_state`` plus the trainer's own parts (``resume``). ``TrainingStateIO``
-writes it atomically, verifies it before anything is loaded, and turns it into the
-``ResumePoint`` a resumed ``train()`` continues from. What the trainer loads itself (its own
-state, registered objects' states, the per-process states) is deserialised from the bytes that
-were verified, with ``weights_only=True``; accelerate loads the rest (weights, optimizer,
-scaler, random states) with ``weights_only=True`` too, so nothing in a state can run code.
+``TrainingStateIO`` writes a training state (``store``) atomically, verifies it before anything
+is loaded, and turns it into the ``ResumePoint`` a resumed ``train()`` continues from. What the
+trainer loads itself is deserialised from the verified bytes, and accelerate loads the rest,
+all with ``weights_only=True``: nothing in a state can run code.
 """
 
 from __future__ import annotations
@@ -25,7 +22,7 @@ import torch
 from accelerate.utils import DistributedType
 
 from pytorch_accel._checkpointing.files import (
-    atomic_save,
+    atomic_write,
     disk_full_error,
     load_pickled,
     load_safely,
@@ -86,13 +83,7 @@ __all__ = ["TrainingStateIO"]
 
 
 class TrainingStateIO:
-    """Saves and loads the training states of one trainer.
-
-    Args:
-        trainer: Whose model, optimizer, scheduler, history and callbacks are saved.
-        preparation: Its prepared objects (the model is prepared before a save or load).
-        loop: Its ``TrainerState``: position, update count, running loss.
-    """
+    """Saves and loads the training states of one trainer."""
 
     def __init__(self, trainer: Trainer, preparation: Preparation, loop: TrainerState) -> None:
         self._trainer, self._preparation, self._loop = trainer, preparation, loop
@@ -107,9 +98,8 @@ class TrainingStateIO:
     def save(self, output_dir: str | os.PathLike[str], blocking: bool = True) -> Path:
         """Write a training state to ``output_dir`` (see ``Trainer.save_training_state``).
 
-        With ``blocking=False`` inside ``train()``, the state is staged in host memory here
-        and written in the background; it is published at a later step boundary
-        (``TrainerState.poll_save``), or when the next save or the run's end waits for it.
+        With ``blocking=False`` inside ``train()``, it is staged in host memory, written in the
+        background and published at a later step boundary (``TrainerState.poll_save``).
         """
         final = Path(output_dir)
         self._loop.end_save()  # at most one save in flight: the previous one completes
@@ -122,11 +112,9 @@ class TrainingStateIO:
         return final
 
     def _refuse_open_window(self, position: Position) -> None:
-        """Refuse a save inside an accumulation window under FSDP (its gradients are not saved).
+        """Refuse FSDP1, and a save inside an accumulation window under FSDP.
 
-        FSDP keeps a window's unsynchronised gradients inside its own state, out of reach of
-        the parameters' ``.grad`` that a training state saves, so the resumed window would be
-        wrong (FSDP2) or fail (FSDP1). Every process refuses at the same step.
+        FSDP keeps a window's gradients out of reach of the ``.grad`` a training state saves.
         """
         refuse_fsdp1(self._trainer.accelerator, "Trainer.save_training_state")
         config = self._trainer.run_config
@@ -176,7 +164,7 @@ class TrainingStateIO:
             self._loop.pending_save = pending
 
     def _agreement(self) -> AgreedFlag | None:
-        """The flag the processes agree with on a save's completion (``None``: one process)."""
+        """The flag the processes agree on a save's completion with (``None``: one process)."""
         if self._trainer.accelerator.num_processes == 1:
             return None
         if self._flag is None:
@@ -192,7 +180,8 @@ class TrainingStateIO:
             with bare_compiled_models(accelerator), _stateful_loaders_hidden(accelerator):
                 accelerator.save_state(str(temporary))  # no _orig_mod. in the saved keys
             rank_state = self._rank_state(self._saving)
-            atomic_save(rank_state, temporary / rank_state_name(accelerator.process_index))
+            path = temporary / rank_state_name(accelerator.process_index)
+            atomic_write(path, lambda handle: torch.save(rank_state, handle))
             accelerator.wait_for_everyone()
             if accelerator.is_main_process:
                 _check_saved_states_load_safely(temporary)
@@ -229,28 +218,24 @@ class TrainingStateIO:
 
     def _rank_state(self, position: Position) -> dict[str, Any]:
         """The trainer state that differs between processes."""
-        resumable = self._loop.resumable
+        resumable, dataloader = self._loop.resumable, self._loop.train_dataloader
         mid_epoch = position.in_run and position.batches_done > 0
-        loader: dict[str, Any] = {"epoch_states": None, "generators": [], "iteration": 0}
+        stream = None
         if resumable is not None:
             epoch_states = resumable.randomness.epoch_states if mid_epoch else None
-            loader = {
-                "epoch_states": None if epoch_states is None else epoch_states.to_dict(),
-                "generators": list(resumable.randomness.current_states().generators),
-                "iteration": int(resumable.dataloader.iteration),
-            }
+            generators = list(resumable.randomness.current_states().generators)
+            dataloader = resumable.dataloader
         else:  # a stream: its saved position, or replayed (see resume.enter_epoch)
-            pass_state = self._loop.pass_random_state
-            replay = RandomStates(pass_state, ()) if mid_epoch and pass_state is not None else None
-            train_dataloader = self._loop.train_dataloader
-            stream = stream_position(train_dataloader)
-            loader = {
-                "epoch_states": None if replay is None else replay.to_dict(),
-                "generators": [],
-                "iteration": int(getattr(train_dataloader, "iteration", 0)),
-            }
-            if stream is not None and mid_epoch:
-                loader["stream"] = {"state": stream.state_at(position.batches_done)}
+            pass_state = self._loop.pass_random_state if mid_epoch else None
+            epoch_states = None if pass_state is None else RandomStates(pass_state, ())
+            generators, stream = [], stream_position(dataloader)
+        loader: dict[str, Any] = {
+            "epoch_states": None if epoch_states is None else epoch_states.to_dict(),
+            "generators": generators,
+            "iteration": int(getattr(dataloader, "iteration", 0)),
+        }
+        if stream is not None and mid_epoch:
+            loader["stream"] = {"state": stream.state_at(position.batches_done)}
         return {
             "loss_tracker": self._loop.train_loss_tracker.state_dict() if mid_epoch else None,
             "item_weighting": self._loop.item_weighting.state_dict() if mid_epoch else None,
@@ -278,18 +263,10 @@ class TrainingStateIO:
         where: str,
         check: Callable[[dict[str, Any]], None] | None = None,
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Verify a training state, then load it; return its trainer parts.
+        """Verify a training state, then load it; return its shared and this process's state.
 
-        accelerate loads the weights, optimizer, scaler and random states; the trainer loads
-        its own state and the registered objects' states from the bytes it verified.
-
-        Args:
-            directory: The training state.
-            where: The entry point, for error messages.
-            check: Sees the saved trainer state before anything is loaded into the trainer.
-
-        Returns:
-            The trainer state shared by all processes, and this process's own.
+        ``where`` is the entry point, for messages; ``check`` sees the shared state before
+        anything is loaded.
 
         Raises:
             FileNotFoundError: If there is no such directory.
@@ -362,10 +339,8 @@ class TrainingStateIO:
     def _lengthen_schedule(self, directory: Path, updates: int) -> None:
         """Replace a loaded schedule too short for the resumed run by one built for its length.
 
-        A ``OneCycleLR`` (any scheduler with ``total_steps``) saved at the end of a run of N
-        updates fails at update N + 1; resumed for more epochs, the run gets the scheduler
-        ``create_scheduler_fn`` builds for its new length, moved to the saved update count:
-        the schedule of the longer run, from where the saved run stopped.
+        A scheduler with ``total_steps`` (``OneCycleLR``) fails past its end; the run gets the
+        one ``create_scheduler_fn`` builds for its new length, stepped to the saved count.
         """
         trainer = self._trainer
         saved_length = getattr(trainer.scheduler, "total_steps", None)
@@ -430,21 +405,8 @@ class TrainingStateIO:
                 f"{str(directory)!r} was saved {'with' if saved_scheduler else 'without'} a "
                 "scheduler; resume with the same create_scheduler_fn.",
             )
-        self._check_epochs_left(directory, position)
-        mid_epoch = position.batches_done > 0
-        num_epochs = self._num_epochs()
-        in_run = num_epochs is None or position.epoch_index < num_epochs
-        counted = int(shared["num_updates"]) > 0 and in_run
-        if mid_epoch or counted:
-            why = "it stopped mid-epoch" if mid_epoch else "its update count continues"
-            self._check_same_batches(directory, shared["run"], why)
-
-    def _check_epochs_left(self, directory: Path, position: Position) -> None:
-        """Raise if the saved run is past this call's ``num_epochs``; say if it is at its end."""
-        done, num_epochs = position.epoch_index, self._num_epochs()
-        if num_epochs is None:  # counted in updates: no end in epochs
-            return
-        if done > num_epochs:
+        done, num_epochs = position.epoch_index, trainer.run_config.num_epochs
+        if num_epochs is not None and done > num_epochs:
             fail(
                 TrainingStateError,
                 "Trainer.train",
@@ -459,14 +421,15 @@ class TrainingStateIO:
                 f"{str(directory)!r} is the end of a run of {num_epochs} epochs: nothing is left "
                 "to train (pass a larger num_epochs to continue it)."
             )
-
-    def _check_same_batches(self, directory: Path, saved: Mapping[str, Any], why: str) -> None:
-        """Raise if this call's batches per epoch differ from the saved run's."""
-        assert self._trainer.run_config is not None
-        now = _resume_relevant(self._trainer.run_config)
-        elastic = saved.get("num_processes") != now["num_processes"]
-        if elastic and why != "it stopped mid-epoch":  # the updates per epoch matter, not
-            now = {k: v for k, v in now.items() if k in _UPDATES_PER_EPOCH}  # how they split
+        mid_epoch = position.batches_done > 0
+        in_run = num_epochs is None or done < num_epochs
+        if not mid_epoch and not (int(shared["num_updates"]) > 0 and in_run):
+            return  # else this call's batches per epoch must be the saved run's
+        why = "it stopped mid-epoch" if mid_epoch else "its update count continues"
+        saved, now = shared["run"], _resume_relevant(trainer.run_config)
+        if saved.get("num_processes") != now["num_processes"] and not mid_epoch:
+            # the updates per epoch matter, not how they split
+            now = {k: v for k, v in now.items() if k in _UPDATES_PER_EPOCH}
         for name, value in now.items():
             if name in saved and saved[name] != value:
                 fail(
@@ -477,10 +440,6 @@ class TrainingStateIO:
                     f"{saved[name]}, as in the saved run ({why})",
                     f"Resume {str(directory)!r} with the same train() arguments and dataset.",
                 )
-
-    def _num_epochs(self) -> int | None:
-        assert self._trainer.run_config is not None
-        return self._trainer.run_config.num_epochs
 
     # ------------------------------------------------------------------------------ shared
 
@@ -529,11 +488,7 @@ def _check_saved_states_load_safely(directory: Path) -> None:
 
 
 def refuse_fsdp1(accelerator: Any, where: str) -> None:
-    """Refuse training states under FSDP version 1: resuming from one is not exact.
-
-    Tested in 2 gloo processes with AdamW: a run resumed after an epoch ended 2e-2 away from
-    the uninterrupted run (FSDP2 resumes bitwise).
-    """
+    """Refuse training states under FSDP version 1: resuming from one is not exact (FSDP2's is)."""
     if fsdp_version(accelerator) == 1:
         raise RuntimeError(
             f"{where}: training states are not supported under FSDP version 1 (a run resumed "
@@ -546,11 +501,7 @@ def refuse_fsdp1(accelerator: Any, where: str) -> None:
 def _check_model_fits(
     accelerator: Any, model: torch.nn.Module, directory: Path, where: str
 ) -> None:
-    """Compare the saved parameter names and shapes with the model's, before loading.
-
-    The weights are ``model.safetensors``, or under FSDP ``pytorch_model_fsdp.bin`` (a full
-    state) or ``pytorch_model_fsdp_0`` (a sharded one, whose metadata has the full shapes).
-    """
+    """Compare the saved parameter names and shapes with the model's, before loading."""
     saved = _saved_model_shapes(directory, where)
     if saved is None:
         return
@@ -567,7 +518,7 @@ def _check_model_fits(
 def _saved_model_shapes(
     directory: Path, where: str
 ) -> tuple[Path, dict[str, tuple[int, ...]]] | None:
-    """The saved model's parameter shapes by name, and the file they are in (or ``None``)."""
+    """The saved model's parameter shapes by name, and their file (FSDP's too), or ``None``."""
     path = directory / "model.safetensors"
     try:
         if path.is_file():
@@ -603,9 +554,8 @@ def _saved_model_shapes(
 def _stateful_loaders_hidden(accelerator: Any) -> Iterator[None]:
     """Keep accelerate's ``save_state`` from saving ``StatefulDataLoader`` positions itself.
 
-    It would write every process's to one ``dl_state_dict.bin``, and ``load_state`` would load
-    it into every dataloader, eval ones included; the train stream's position is saved per
-    process in ``trainer_rank_<rank>.pt`` instead (``streams.StreamPosition``).
+    It would write one file for every process and load it into every dataloader; the train
+    stream's position is saved per process instead (``streams.StreamPosition``).
     """
     registered = getattr(accelerator, "_dataloaders", None)
     if not isinstance(registered, list):
@@ -622,8 +572,7 @@ def _stateful_loaders_hidden(accelerator: Any) -> Iterator[None]:
 class _SavedByAccelerate:
     """The trainer's state, registered with ``accelerator.register_for_checkpointing``.
 
-    accelerate saves it (as ``custom_checkpoint_<i>.pkl``, numbered with the objects users
-    register); the trainer reads it itself, from verified bytes (``_registered_states_from``).
+    accelerate saves it; the trainer reads it itself, from verified bytes.
     """
 
     def __init__(self, collect: Callable[[], dict[str, Any]]) -> None:
@@ -637,8 +586,7 @@ class _SavedByAccelerate:
 def _registered_states_from(states: list[Any]) -> Iterator[None]:
     """Have ``accelerator.load_state`` give the registered objects these verified states.
 
-    accelerate's own loader of registered objects opens their files again and unpickles them
-    with ``weights_only=False``; inside the block, nothing is read for them.
+    accelerate's own loader would read their files again, with ``weights_only=False``.
     """
     original = accelerate.accelerator.load_custom_state
 
@@ -657,10 +605,8 @@ def _registered_states_from(states: list[Any]) -> Iterator[None]:
 def _rebase_schedule(scheduler: Any, optimizer: torch.optim.Optimizer, kept: list[float]) -> None:
     """Put a resumed schedule on the kept optimizer's rates (``resume_optimizer=False``).
 
-    The saved scheduler brings its position and the saved run's base rates; only the position
-    resumes: the base rates become the kept optimizer's, and each group's current rate is the
-    saved one scaled by new base over old base (exact for every schedule proportional to its
-    base rate; a schedule that sets its own rates, such as ``OneCycleLR``, keeps them).
+    Only the position resumes: each group's rate is the saved one scaled by new base over old
+    base (exact for every schedule proportional to its base rate).
     """
     saved_bases, saved_rates = list(scheduler.base_lrs), scheduler.get_last_lr()
     scheduler.base_lrs = list(kept)
