@@ -57,11 +57,8 @@ class TrainingStateError(ValueError):
 class Digest:
     """The size and digest of bytes fed in pieces: the one integrity scheme of saved files.
 
-    CRC-32 detects accidental corruption (a changed bit, a truncated file) at several GB/s; it
-    is not meant against someone who can write the files. ``"sha256"``: earlier versions'.
-
-    Args:
-        algorithm: ``"crc32"`` or ``"sha256"``.
+    ``algorithm``: CRC-32 (``DIGEST``), which detects accidental corruption at several GB/s
+    (not someone who can write the files), or ``"sha256"`` (earlier versions' manifests).
     """
 
     def __init__(self, algorithm: str = DIGEST) -> None:
@@ -148,15 +145,8 @@ def atomic_write(
 ) -> Path:
     """Write ``content`` to ``path`` so that ``path`` is either the old file or the new one.
 
-    A failure leaves the previous file intact; temporary files that killed processes left
-    beside ``path`` are removed first.
-
-    Args:
-        path: The destination file; its directory is created if needed.
-        content: Bytes, text (written as UTF-8), or a function that writes to a binary file.
-
-    Returns:
-        The destination path.
+    ``content``: bytes, text (UTF-8) or a function that writes to a binary file. The directory
+    is created if needed; temporary files that killed processes left are removed first.
 
     Raises:
         OSError: With ``errno.ENOSPC`` when the disk is full, naming the file.
@@ -216,9 +206,7 @@ def atomic_save_digested(obj: Any, path: str | os.PathLike[str]) -> Path:
 def read_checked(path: Path, where: str) -> tuple[bytes, bool]:
     """Read a file once; check it against the record in its ZIP comment, if it has one.
 
-    Returns:
-        The file's bytes, and whether they carried a record (files of ``atomic_save_digested``;
-        not those of ``torch.save`` or pytorch-accelerated).
+    Returns the file's bytes, and whether they carried a record (not ``torch.save``'s files).
 
     Raises:
         ValueError: If the bytes differ from their record, naming the file.
@@ -267,14 +255,8 @@ def disk_full_error(error: BaseException, path: Path, kind: str = "file") -> OSE
 def write_error(error: OSError, path: Path, where: str, elsewhere: str) -> OSError:
     """``error``, raised while writing ``path``, as an ``OSError`` naming the file and the fix.
 
-    Args:
-        error: What writing, opening, flushing or closing ``path`` raised.
-        path: The file (or directory) being written.
-        where: Who writes it, e.g. ``"RunRecordCallback"``.
-        elsewhere: How to write it somewhere else, e.g. ``"pass another csv_path"``.
-
-    Returns:
-        An ``OSError`` with ``error``'s errno (``ENOSPC`` for a full disk), to raise from it.
+    ``where``: who writes it (``"RunRecordCallback"``); ``elsewhere``: how to write it
+    elsewhere (``"pass another csv_path"``). The errno is ``error``'s (``ENOSPC``: disk full).
     """
     if disk_full_error(error, path) is not None:
         code, reason, fix = errno.ENOSPC, "the disk is full", "free some space"

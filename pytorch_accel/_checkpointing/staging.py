@@ -2,11 +2,11 @@
 
 ``stage_accelerator_state`` runs ``accelerator.save_state`` with its writes recorded instead of
 done, the contents copied to host memory for a save written in the background (``HostCopies``,
-into buffers kept between saves). A ``StateWrite`` writes one process's files, each flushed and
-digested in one pass. ``PendingSave`` completes a save: once every process wrote its files
-(agreed through an ``AgreedFlag`` from the training thread, never the writing one), the main
-process writes the manifest from the recorded digests and publishes the directory
-(``store.publish``). A process killed earlier leaves a hidden directory without a manifest.
+into buffers kept between saves). A ``PendingSave`` writes one process's files, each flushed
+and digested in one pass; once every process wrote its files (agreed through an ``AgreedFlag``
+from the training thread, never the writing one), the main process writes the manifest from
+the recorded digests and publishes the directory. A process killed earlier leaves a hidden
+directory without a manifest.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
@@ -42,7 +42,6 @@ __all__ = [
     "HostCopies",
     "PendingSave",
     "StagedFile",
-    "StateWrite",
     "stage_accelerator_state",
     "write_safetensors",
 ]
@@ -185,32 +184,6 @@ class _TorchWithSave:
         return getattr(torch, name)
 
 
-@dataclass
-class StateWrite:
-    """The files one process writes into a training state's hidden directory.
-
-    ``run`` writes them and keeps their digests in ``records`` (a process other than the main
-    one also in ``.records-<rank>.json``, for the manifest), and what it raised in ``error``.
-    """
-
-    directory: Path
-    rank: int
-    files: list[StagedFile]
-    error: BaseException | None = field(default=None, init=False)
-    records: dict[str, Any] = field(default_factory=dict, init=False)
-
-    def run(self) -> None:
-        """Write the files and their records; keep an error for the training thread."""
-        try:
-            for item in self.files:
-                self.records[item.name] = _write(self.directory / item.name, item)
-            if self.rank != 0:
-                path = self.directory / _RECORDS.format(rank=self.rank)
-                path.write_text(json.dumps(self.records, sort_keys=True), encoding="utf-8")
-        except BaseException as error:  # kept, raised by the training thread
-            self.error = error
-
-
 def _write(path: Path, item: StagedFile) -> dict[str, Any]:
     if item.safetensors:
         return write_digested(path, functools.partial(write_safetensors, item.content))
@@ -281,33 +254,43 @@ def write_safetensors(tensors: Mapping[str, torch.Tensor], handle: IO[bytes]) ->
 
 
 class PendingSave:
-    """A training state being written; published once every process wrote its part.
+    """A training state being written into its hidden ``directory``, to publish at ``final``.
 
-    Args:
-        write: This process's files.
-        final: Where the state is published.
-        manifest_info: What the manifest records besides the files.
-        accelerator: For the process's rank.
-        flag: The agreement between processes (``None`` in one process).
+    ``run`` writes this process's ``files``, keeps their digests in ``records`` (a process other
+    than the main one also in ``.records-<rank>.json``, for the manifest) and what it raised in
+    ``error``. The state is published once every process wrote its part (agreed through
+    ``flag``; ``None`` in one process), with ``manifest_info`` in its manifest.
     """
 
     def __init__(
         self,
-        write: StateWrite,
+        files: list[StagedFile],
+        directory: Path,
         final: Path,
         manifest_info: Mapping[str, Any],
         accelerator: Any,
         flag: AgreedFlag | None,
     ) -> None:
-        self.write, self.final, self._info = write, final, dict(manifest_info)
-        self._accelerator, self._flag = accelerator, flag
+        self.files, self.directory, self.final = files, directory, final
+        self._info, self._accelerator, self._flag = dict(manifest_info), accelerator, flag
+        self.records: dict[str, Any] = {}
+        self.error: BaseException | None = None
         self._thread: threading.Thread | None = None
+
+    def run(self) -> None:
+        """Write the files and their records; keep an error for the training thread."""
+        try:
+            for item in self.files:
+                self.records[item.name] = _write(self.directory / item.name, item)
+            if not self._accelerator.is_main_process:
+                path = self.directory / _RECORDS.format(rank=self._accelerator.process_index)
+                path.write_text(json.dumps(self.records, sort_keys=True), encoding="utf-8")
+        except BaseException as error:  # kept, raised by the training thread
+            self.error = error
 
     def start(self) -> None:
         """Write this process's files in a background thread."""
-        self._thread = threading.Thread(
-            target=self.write.run, name="pytorch_accel-save", daemon=True
-        )
+        self._thread = threading.Thread(target=self.run, name="pytorch_accel-save", daemon=True)
         self._thread.start()
 
     def poll(self) -> bool:
@@ -317,9 +300,8 @@ class PendingSave:
         for it). Raises what the writing raised (see ``wait``).
         """
         if self._flag is None:
-            if self._thread is not None and self._thread.is_alive():
-                return False
-            return self._complete(_FAILED if self.write.error else 0)
+            local = self._local_flag()
+            return local != _WRITING and self._complete(local)
         if self._flag.pending:
             agreed = self._flag.finish()
             if agreed != _WRITING:
@@ -336,7 +318,7 @@ class PendingSave:
                 ``TrainingStateError`` if another process failed to write its files.
         """
         self._join()
-        agreed = _FAILED if self.write.error else 0
+        agreed = _FAILED if self.error else 0
         if self._flag is not None:
             self._flag.finish()  # an exchange started at a step boundary: outdated
             agreed = self._flag.settle(agreed)
@@ -349,7 +331,7 @@ class PendingSave:
         directory is left to be tidied. Nothing is raised.
         """
         self._join()
-        if self._flag is None and self.write.error is None:
+        if self._flag is None and self.error is None:
             with contextlib.suppress(Exception):
                 self._complete(0)
                 return
@@ -365,13 +347,13 @@ class PendingSave:
     def _local_flag(self) -> int:
         if self._thread is not None and self._thread.is_alive():
             return _WRITING
-        return _FAILED if self.write.error else 0
+        return _FAILED if self.error else 0
 
     def _complete(self, agreed: int) -> bool:
-        main, directory = self._accelerator.is_main_process, self.write.directory
+        main, directory = self._accelerator.is_main_process, self.directory
         if agreed == 0 and main:
             try:
-                records = dict(self.write.records)
+                records = dict(self.records)
                 for path in sorted(directory.glob(".records-*.json")):
                     records.update(json.loads(path.read_text(encoding="utf-8")))
                     path.unlink()
@@ -385,13 +367,13 @@ class PendingSave:
         self._join()  # a process failed: this one's writing may still be going on
         if main:
             discard(directory)
-        if self.write.error is None:
+        if self.error is None:
             raise TrainingStateError(
                 f"Trainer.save_training_state: another process could not write its part of "
                 f"{str(self.final)!r}; the save was abandoned (its error is in that process's "
                 "output)."
             )
-        self._raise(self.write.error)
+        self._raise(self.error)
 
     def _raise(self, error: BaseException) -> NoReturn:
         full = disk_full_error(error, self.final, "training state")

@@ -37,12 +37,10 @@ def _has_state(obj: object) -> bool:
 
 
 class StreamPosition:
-    """The saved positions of a train stream, by the number of inner batches loaded.
+    """The saved positions of a train stream (``source``: its dataset or ``StatefulDataLoader``).
 
-    Args:
-        source: What holds the position: the ``StatefulDataLoader``, or the dataset.
-        per_batch: Inner batches per batch the trainer gets (the number of processes when the
-            main process dispatches them, else 1).
+    Kept by the number of inner batches loaded; ``per_batch`` inner batches make a trainer's
+    batch (the number of processes when the main process dispatches them, else 1).
     """
 
     def __init__(self, source: Any, per_batch: int) -> None:

@@ -46,7 +46,6 @@ from pytorch_accel._checkpointing.staging import (
     HostCopies,
     PendingSave,
     StagedFile,
-    StateWrite,
     stage_accelerator_state,
     unsafe_state_error,
 )
@@ -87,7 +86,6 @@ class TrainingStateIO:
 
     def __init__(self, trainer: Trainer, preparation: Preparation, loop: TrainerState) -> None:
         self._trainer, self._preparation, self._loop = trainer, preparation, loop
-        self._checkpointed = _SavedByAccelerate(self._shared_state)
         self._registered = False
         self._saving: Position | None = None
         self._copies = HostCopies()
@@ -153,10 +151,9 @@ class TrainingStateIO:
             rank_state = copy(self._rank_state(self._saving))
         name = rank_state_name(accelerator.process_index)
         files.append(StagedFile(name, rank_state, checked=True))
-        write = StateWrite(temporary, accelerator.process_index, files)
-        pending = PendingSave(write, final, info, accelerator, self._agreement())
+        pending = PendingSave(files, temporary, final, info, accelerator, self._agreement())
         if blocking:
-            write.run()
+            pending.run()
             pending.wait()
             accelerator.wait_for_everyone()  # the state is published for every process
         else:
@@ -197,8 +194,12 @@ class TrainingStateIO:
             raise full
         accelerator.wait_for_everyone()
 
-    def _shared_state(self) -> dict[str, Any]:
-        """The trainer state that is the same on every process (saved by the main process)."""
+    def state_dict(self) -> dict[str, Any]:
+        """The trainer state that is the same on every process, which accelerate saves.
+
+        This object is registered with ``accelerator.register_for_checkpointing``; ``load``
+        reads the saved state itself, from verified bytes.
+        """
         trainer = self._trainer
         position = self._saving or self._loop.position("Trainer.save_training_state")
         history = trainer.run_history.state_dict()
@@ -255,6 +256,9 @@ class TrainingStateIO:
             "position": self._saving.to_dict(),
         }
 
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Nothing: ``load`` has the state already (see ``state_dict``)."""
+
     # -------------------------------------------------------------------------------- load
 
     def load(
@@ -283,7 +287,7 @@ class TrainingStateIO:
         self._register()
         registered = list(getattr(accelerator, "_custom_objects", []))
         states = [loaded.get(f"custom_checkpoint_{index}.pkl") for index in range(len(registered))]
-        shared = states[registered.index(self._checkpointed)]
+        shared = states[registered.index(self)]
         if not isinstance(shared, dict) or "position" not in shared:
             raise TrainingStateError(f"{where}: {str(directory)!r} holds no trainer state.")
         if check is not None:
@@ -451,7 +455,7 @@ class TrainingStateIO:
     def _register(self) -> None:
         """Register the trainer's state with accelerate's checkpointing, once per trainer."""
         if not self._registered:
-            self._trainer.accelerator.register_for_checkpointing(self._checkpointed)
+            self._trainer.accelerator.register_for_checkpointing(self)
             self._registered = True
 
 
@@ -567,19 +571,6 @@ def _stateful_loaders_hidden(accelerator: Any) -> Iterator[None]:
         yield
     finally:
         registered[:] = kept
-
-
-class _SavedByAccelerate:
-    """The trainer's state, registered with ``accelerator.register_for_checkpointing``.
-
-    accelerate saves it; the trainer reads it itself, from verified bytes.
-    """
-
-    def __init__(self, collect: Callable[[], dict[str, Any]]) -> None:
-        self.state_dict = collect
-
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Nothing to do: ``TrainingStateIO.load`` has the state already."""
 
 
 @contextlib.contextmanager
