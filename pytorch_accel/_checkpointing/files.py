@@ -348,11 +348,11 @@ def load_safely(
         return accelerate_safe_load(io.BytesIO(data), map_location="cpu")
     except Exception as cause:
         if error is TrainingStateError:
-            problem = "safely: it is corrupt, or holds objects other than tensors, NumPy arrays"
+            problem = " safely: it is corrupt, or holds objects other than tensors, NumPy arrays"
         else:
             problem = ": it is truncated, corrupt, or holds objects other than tensors"
-        text = f"could not read {str(path)!r}{' ' * problem.startswith('s')}{problem}"
-        raise error(f"{where}: {text} and plain containers ({cause}).") from cause
+        text = f"could not read {str(path)!r}{problem} and plain containers ({cause})."
+        raise error(f"{where}: {text}") from cause
 
 
 def load_pickled(path: Path, where: str) -> Any:

@@ -122,16 +122,12 @@ class HostCopies:
 
     def _buffer(self, source: torch.Tensor) -> torch.Tensor:
         index, self._used = self._used, self._used + 1
-        if index < len(self._buffers):
-            kept = self._buffers[index]
-            if kept.shape == source.shape and kept.dtype == source.dtype:
-                return kept
+        kept = self._buffers[index] if index < len(self._buffers) else None
+        if kept is not None and kept.shape == source.shape and kept.dtype == source.dtype:
+            return kept
         pin = source.device.type == "cuda"
         buffer = torch.empty(source.shape, dtype=source.dtype, pin_memory=pin)
-        if index < len(self._buffers):
-            self._buffers[index] = buffer
-        else:
-            self._buffers.append(buffer)
+        self._buffers[index : index + 1] = [buffer]  # replaced, or appended (index == len)
         return buffer
 
 

@@ -25,7 +25,6 @@ from pytorch_accel._checkpointing.files import (
     atomic_write,
     disk_full_error,
     load_pickled,
-    load_safely,
 )
 from pytorch_accel._checkpointing.fit import model_misfit
 from pytorch_accel._checkpointing.resume import (
@@ -104,7 +103,7 @@ class TrainingStateIO:
         self._saving = self._loop.position("Trainer.save_training_state")
         self._refuse_open_window(self._saving)
         try:
-            self._write(final, hidden(final), blocking or not self._loop.running)
+            self._write(final, hidden(final), blocking or not self._loop.running, self._saving)
         finally:
             self._saving = None
         return final
@@ -129,9 +128,8 @@ class TrainingStateIO:
                 "save_every_n_steps does) or at the end of an epoch."
             )
 
-    def _write(self, final: Path, temporary: Path, blocking: bool) -> None:
+    def _write(self, final: Path, temporary: Path, blocking: bool, position: Position) -> None:
         accelerator = self._trainer.accelerator
-        assert self._saving is not None
         self._prepare_model()
         if accelerator.is_main_process:
             discard(temporary)
@@ -139,16 +137,16 @@ class TrainingStateIO:
         accelerator.wait_for_everyone()
         self._register()
         if accelerator.distributed_type in _ENGINES_WRITING_THEIR_OWN_FILES:
-            self._write_unstaged(final, temporary)
+            self._write_unstaged(final, temporary, position)
             return
-        info = self._manifest_info()
+        info = self._manifest_info(position)
         with (
             self._copies.session(copy=not blocking) as copy,
             bare_compiled_models(accelerator),
             _stateful_loaders_hidden(accelerator),
         ):
             files = stage_accelerator_state(accelerator, temporary, copy)
-            rank_state = copy(self._rank_state(self._saving))
+            rank_state = copy(self._rank_state(position))
         name = rank_state_name(accelerator.process_index)
         files.append(StagedFile(name, rank_state, checked=True))
         pending = PendingSave(files, temporary, final, info, accelerator, self._agreement())
@@ -168,21 +166,20 @@ class TrainingStateIO:
             self._flag = AgreedFlag()
         return self._flag
 
-    def _write_unstaged(self, final: Path, temporary: Path) -> None:
+    def _write_unstaged(self, final: Path, temporary: Path, position: Position) -> None:
         """FSDP and DeepSpeed: accelerate's engines write their files; then the manifest."""
         accelerator = self._trainer.accelerator
-        assert self._saving is not None
         full: OSError | None = None
         try:
             with bare_compiled_models(accelerator), _stateful_loaders_hidden(accelerator):
                 accelerator.save_state(str(temporary))  # no _orig_mod. in the saved keys
-            rank_state = self._rank_state(self._saving)
+            rank_state = self._rank_state(position)
             path = temporary / rank_state_name(accelerator.process_index)
             atomic_write(path, lambda handle: torch.save(rank_state, handle))
             accelerator.wait_for_everyone()
             if accelerator.is_main_process:
                 _check_saved_states_load_safely(temporary)
-                write_manifest(temporary, self._manifest_info())
+                write_manifest(temporary, self._manifest_info(position))
                 publish(temporary, final)
         except BaseException as error:
             full = disk_full_error(error, final, "training state")
@@ -246,14 +243,13 @@ class TrainingStateIO:
             "loader": loader,
         }
 
-    def _manifest_info(self) -> dict[str, Any]:
-        assert self._saving is not None
+    def _manifest_info(self, position: Position) -> dict[str, Any]:
         return {
             "world_size": self._trainer.accelerator.num_processes,
             "saved_at_ns": time.time_ns(),
             "num_updates": self._loop.num_updates,
             "epoch": self._trainer.run_history.current_epoch,
-            "position": self._saving.to_dict(),
+            "position": position.to_dict(),
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -535,7 +531,7 @@ def _saved_model_shapes(
                 }
         path = directory / "pytorch_model_fsdp.bin"
         if path.is_file():
-            state = load_safely(path.read_bytes(), path, where, TrainingStateError)
+            state = load_pickled(path, where)
             return path, {k: tuple(v.shape) for k, v in state.items() if hasattr(v, "shape")}
         path = directory / "pytorch_model_fsdp_0"
         if path.is_dir():
