@@ -209,7 +209,9 @@ def find_training_states(save_dir: Path) -> list[Path]:
     """Return the complete training states directly inside ``save_dir``, oldest first.
 
     Ordered by the time their save completed (recorded in the manifest), then by name.
-    Directories without a valid manifest (interrupted saves) are skipped.
+    Directories without a valid manifest (interrupted saves) are skipped; a state whose
+    replacement was interrupted is found under its hidden stand-in (``.NAME.incomplete`` or
+    ``.NAME.previous``).
     """
     return [path for *_, path in sorted(_timed_states(save_dir))]
 
