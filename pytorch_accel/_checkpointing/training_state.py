@@ -308,19 +308,16 @@ class TrainingStateIO:
         self, resume_from: str | os.PathLike[str] | None, parts: ResumeParts | None = None
     ) -> ResumePoint | None:
         """Load the state to resume from (if any, with ``parts``); check that it fits this run."""
-        parts = parts or ResumeParts()
-        if resume_from is None:
-            return None
-        directory = self._resume_directory(resume_from)
+        directory = None if resume_from is None else self._resume_directory(resume_from)
         if directory is None:
             return None
+        parts = parts or ResumeParts()
         check = functools.partial(self._check_resumable, directory, parts.scheduler)
         with optimizer_not_loaded(self._trainer.accelerator, skip=not parts.optimizer):
             shared, rank_state = self.load(directory, "Trainer.train", check)
         random_states = RandomStates(
             torch.get_rng_state(), tuple(rank_state["loader"]["generators"])
         )
-        position = Position.from_dict(shared["position"])
         trainer = self._trainer
         trainer.run_history.load_state_dict(shared["history"])
         self._loop.restore_counts(shared)
@@ -334,6 +331,7 @@ class TrainingStateIO:
         setup_logging().info(f"Resuming from {str(directory)!r} (epoch {epoch}).")
         if trainer.scheduler is not None and parts.scheduler:
             self._lengthen_schedule(directory, int(shared["num_updates"]))
+        position = Position.from_dict(shared["position"])
         return ResumePoint(directory, position, shared["callbacks"], rank_state, random_states)
 
     def _lengthen_schedule(self, directory: Path, updates: int) -> None:
