@@ -176,10 +176,11 @@ def _step_seconds(model: nn.Module, width: int) -> float:
     return max(time.perf_counter() - start, 1e-3) * 1.5
 
 
-def measure(quick: bool) -> dict[str, Any]:
-    """Every size's figures (``quick``: one small size, few saves)."""
+def measure(quick: bool, only: list[str] | None = None) -> dict[str, Any]:
+    """Every size's figures (``quick``: one small size, few saves; ``only``: these sizes)."""
     torch.set_num_threads(1)
     sizes = QUICK_SIZES if quick else SIZES
+    sizes = {name: count for name, count in sizes.items() if only is None or name in only}
     saves = 3 if quick else 8
     root = Path(tempfile.mkdtemp(prefix="bench-saving-", dir=os.environ.get("BENCH_SAVE_DIR")))
     try:
@@ -215,8 +216,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--sizes", nargs="+", choices=sorted(SIZES), help="these sizes only")
     args = parser.parse_args()
-    results = measure(args.quick)
+    results = measure(args.quick, args.sizes)
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=2))
     print(markdown(results))

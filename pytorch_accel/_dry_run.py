@@ -1,14 +1,10 @@
 """Dry runs and overfit runs: ``train(dry_run=...)`` and ``train(overfit_batches=...)``.
 
 A dry run calls ``train()`` again for one short epoch (a few batches of training and
-evaluation, every callback enabled), with a fresh run history and every callback's files
-redirected into a temporary directory (each callback says where it writes through
-``TrainerCallback.redirect_outputs``; with ``Trainer(output_dir=...)``, ``trainer.run_dir`` is
-a directory inside it meanwhile, and no run directory is chosen or created), then saves a
-training state there and loads it back.
-Afterwards the model, optimizer, scheduler, run history, random states and callback outputs
-are put back and the directory is deleted, so nothing of the user's (checkpoints, states,
-records, history, weights) changes.
+evaluation, every callback enabled) inside ``trial_run``, then saves a training state and
+loads it back. Each callback's files go where its ``TrainerCallback.redirect_outputs`` says
+(with ``Trainer(output_dir=...)``, ``trainer.run_dir`` is a temporary directory meanwhile),
+so nothing of the user's (checkpoints, states, records, history, weights) changes.
 
 An overfit run trains on the first few batches of the train set only, in order, and evaluates
 on the same batches (Lightning's ``overfit_batches``): a model that cannot drive that loss
@@ -43,10 +39,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DRY_RUN_BATCHES",
     "Snapshot",
-    "redirected_outputs",
-    "run_dry",
     "run_dry_or_overfit",
-    "run_overfit",
     "trial_run",
 ]
 
@@ -55,70 +48,36 @@ DRY_RUN_BATCHES = 2
 
 
 def run_dry_or_overfit(trainer: Trainer, arguments: TrainArguments) -> bool:
-    """Run ``train()`` as a dry or overfit run if its arguments ask; return whether it did.
+    """Run ``train()`` as a dry or overfit run if its (checked) arguments ask; say if it did.
 
-    Args:
-        trainer: The trainer.
-        arguments: ``train()``'s arguments, checked.
+    A dry run leaves nothing of the user's changed; an overfit run trains and evaluates on
+    the first ``overfit_batches`` batches of the train set, in order.
     """
     if arguments.dry_run:
-        run_dry(trainer, arguments)
+        num_batches = DRY_RUN_BATCHES if arguments.dry_run is True else int(arguments.dry_run)
+        with trial_run(trainer, num_batches) as directory:
+            settings = dataclasses.replace(
+                arguments,
+                num_epochs=1,
+                resume_from=None,
+                dry_run=False,
+                resume_optimizer=True,
+                resume_scheduler=True,
+            )
+            trainer.train(**settings.as_kwargs())
+            trainer.save_training_state(directory / "training_state")
+            trainer.load_training_state(directory / "training_state")
+            names = trainer.run_history.get_metric_names()
+        get_logger().info(f"Dry run passed: {names} recorded.")
         return True
-    if arguments.overfit_batches is not None:
-        run_overfit(trainer, arguments)
-        return True
-    return False
-
-
-def run_dry(trainer: Trainer, arguments: TrainArguments) -> None:
-    """Run ``train()`` with ``arguments`` as a dry run, leaving nothing of the user's changed."""
-    num_batches = DRY_RUN_BATCHES if arguments.dry_run is True else int(arguments.dry_run)
-    with trial_run(trainer, num_batches) as directory:
-        settings = dataclasses.replace(
-            arguments,
-            num_epochs=1,
-            resume_from=None,
-            dry_run=False,
-            resume_optimizer=True,
-            resume_scheduler=True,
-        )
-        trainer.train(**settings.as_kwargs())
-        trainer.save_training_state(directory / "training_state")
-        trainer.load_training_state(directory / "training_state")
-        names = trainer.run_history.get_metric_names()
-    get_logger().info(f"Dry run passed: {names} recorded.")
-
-
-@contextlib.contextmanager
-def trial_run(trainer: Trainer, num_batches: int) -> Iterator[Path]:
-    """Run what is inside on a few batches, then put everything of the user's back.
-
-    Inside, the trainer trains and evaluates at most ``num_batches`` batches per epoch, with a
-    fresh run history and every callback's files redirected into a temporary directory (which
-    it yields); on exit the weights, optimizer, scheduler, run history, limits and random
-    states are put back as they were and the directory is deleted. Dry runs and the trials
-    of the batch-size search run in it.
-    """
-    callbacks = trainer.callback_handler.callbacks
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(_kept_as_it_was(trainer))
-        directory = stack.enter_context(_temporary_directory(trainer))
-        stack.enter_context(trainer._run_directory.set_aside(directory / "run", callbacks))
-        stack.enter_context(redirected_outputs(callbacks, directory / "callbacks"))
-        trainer.dry_run_dir = directory
-        trainer.run_history = InMemoryRunHistory()
-        trainer.limit_train_batches = _lowest(trainer.limit_train_batches, num_batches)
-        trainer.limit_eval_batches = _lowest(trainer.limit_eval_batches, num_batches)
-        yield directory
-
-
-def run_overfit(trainer: Trainer, arguments: TrainArguments) -> None:
-    """Run ``train()`` on the first ``overfit_batches`` batches, for train and eval."""
+    if arguments.overfit_batches is None:
+        return False
     batch_size = arguments.per_device_batch_size or 8
     processes = trainer.accelerator.num_processes
     dataset = arguments.train_dataset
-    size = min(len(dataset), (arguments.overfit_batches or 0) * batch_size * processes)
-    subset = Subset(dataset, range(size))
+    subset = Subset(
+        dataset, range(min(len(dataset), arguments.overfit_batches * batch_size * processes))
+    )
     loader_kwargs = {**(arguments.train_dataloader_kwargs or {}), "shuffle": False}
     settings = dataclasses.replace(
         arguments,
@@ -128,21 +87,41 @@ def run_overfit(trainer: Trainer, arguments: TrainArguments) -> None:
         overfit_batches=None,
     )
     trainer.train(**settings.as_kwargs())
+    return True
 
 
 @contextlib.contextmanager
-def redirected_outputs(callbacks: list[Any], directory: Path) -> Iterator[None]:
-    """Redirect every callback's files into a directory of its own under ``directory``.
+def trial_run(trainer: Trainer, num_batches: int) -> Iterator[Path]:
+    """Run what is inside on a few batches, then put everything of the user's back.
 
-    Each callback's ``redirect_outputs`` (``TrainerCallback``'s declares where it writes) is
-    entered with ``<directory>/<index>-<class name>``; all are exited afterwards.
+    Inside, at most ``num_batches`` batches per epoch, a fresh run history and every
+    callback's files in a temporary directory (yielded, deleted on exit): each callback's
+    ``redirect_outputs`` gets ``<directory>/callbacks/<index>-<class name>``. On exit the
+    trainer is as it was (``Snapshot``, the history and the limits).
     """
-    with contextlib.ExitStack() as stack:
-        for index, callback in enumerate(callbacks):
-            if isinstance(callback, TrainerCallback):
-                own = directory / f"{index}-{type(callback).__name__}"
-                stack.enter_context(callback.redirect_outputs(own))
-        yield
+    callbacks = trainer.callback_handler.callbacks
+    kept = (trainer.run_history, trainer.limit_train_batches, trainer.limit_eval_batches)
+    chosen_rates = trainer._state.chosen_rates
+    run_updates = trainer._state.global_num_updates
+    try:
+        with Snapshot.taken(trainer), contextlib.ExitStack() as stack:
+            directory = stack.enter_context(_temporary_directory(trainer))
+            stack.enter_context(trainer._run_directory.set_aside(directory / "run", callbacks))
+            for index, callback in enumerate(callbacks):
+                if isinstance(callback, TrainerCallback):
+                    own = directory / "callbacks" / f"{index}-{type(callback).__name__}"
+                    stack.enter_context(callback.redirect_outputs(own))
+            trainer.dry_run_dir = directory
+            trainer.run_history = InMemoryRunHistory()
+            trainer.limit_train_batches = _lowest(trainer.limit_train_batches, num_batches)
+            trainer.limit_eval_batches = _lowest(trainer.limit_eval_batches, num_batches)
+            yield directory
+    finally:
+        trainer.dry_run_dir = None
+        trainer._state.chosen_rates = chosen_rates.moved_to(trainer.optimizer)
+        # num_updates tells the dry run's updates, as before; the run's count is as it was
+        trainer._state.updates_before = run_updates - trainer._state.num_updates
+        trainer.run_history, trainer.limit_train_batches, trainer.limit_eval_batches = kept
 
 
 @dataclasses.dataclass
@@ -151,17 +130,8 @@ class Snapshot:
 
     The one way the package puts a trainer back: dry runs, the trials of the batch-size search
     and the learning-rate sweep all run inside ``Snapshot.taken``. Weights and optimizer state
-    are copied to the CPU (no device memory); gradients stay where they are.
-
-    Attributes:
-        model: The bare model's state dict (weights and buffers), on the CPU.
-        optimizer: The optimizer's state dict (state and parameter groups), on the CPU.
-        scheduler: The trainer's scheduler object (``train()`` replaces it).
-        scheduler_state: That scheduler's state dict, if it has one.
-        scaler: The gradient scaler's state dict, with fp16 mixed precision.
-        grads: Each parameter's gradient, cloned (or ``None``).
-        modes: Each module's ``training`` flag.
-        random: The Python, NumPy, torch and CUDA random states.
+    are copied to the CPU (no device memory); gradients stay where they are. The scheduler
+    object is kept too (``train()`` replaces it), with its state.
     """
 
     model: dict[str, Any]
@@ -183,7 +153,7 @@ class Snapshot:
         )
         state_dict = getattr(scheduler, "state_dict", None)
         return cls(
-            model=_to_cpu(model.state_dict()),
+            model=_copied_to_cpu(model.state_dict()),
             optimizer=_copied_to_cpu(trainer.optimizer.state_dict()),
             scheduler=scheduler,
             scheduler_state=None if state_dict is None else copy.deepcopy(state_dict()),
@@ -222,23 +192,6 @@ class Snapshot:
 
 
 @contextlib.contextmanager
-def _kept_as_it_was(trainer: Trainer) -> Iterator[None]:
-    """Put back the weights, optimizer, scheduler, history, limits and random states."""
-    kept = (trainer.run_history, trainer.limit_train_batches, trainer.limit_eval_batches)
-    chosen_rates = trainer._state.chosen_rates
-    run_updates = trainer._state.global_num_updates
-    try:
-        with Snapshot.taken(trainer):
-            yield
-    finally:
-        trainer.dry_run_dir = None
-        trainer._state.chosen_rates = chosen_rates.moved_to(trainer.optimizer)
-        # num_updates tells the dry run's updates, as before; the run's count is as it was
-        trainer._state.updates_before = run_updates - trainer._state.num_updates
-        trainer.run_history, trainer.limit_train_batches, trainer.limit_eval_batches = kept
-
-
-@contextlib.contextmanager
 def _temporary_directory(trainer: Trainer) -> Iterator[Path]:
     """A new directory under the system's temporary one, the same path on every process."""
     name = main_process_object(f"pytorch-accel-dry-run-{uuid.uuid4().hex}")
@@ -260,18 +213,11 @@ def _lowest(limit: int | None, num_batches: int) -> int:
     return num_batches if limit is None else min(limit, num_batches)
 
 
-def _to_cpu(state: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        key: value.detach().to("cpu", copy=True) if isinstance(value, torch.Tensor) else value
-        for key, value in state.items()
-    }
-
-
 def _copied_to_cpu(value: Any) -> Any:
     """A deep copy of ``value`` with every tensor copied to the CPU."""
     if isinstance(value, torch.Tensor):
         return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return {key: _copied_to_cpu(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return type(value)(_copied_to_cpu(item) for item in value)

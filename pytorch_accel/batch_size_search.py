@@ -1,6 +1,6 @@
 """The largest batch that fits: ``Trainer.find_batch_size`` (Lightning's ``BatchSizeFinder``).
 
-Each trial trains a few steps at one per-device batch size, inside ``dry_run.trial_run``
+Each trial trains a few steps at one per-device batch size, inside ``_dry_run.trial_run``
 (callbacks' files redirected, the run history fresh), and then puts the model, optimizer,
 scheduler, run history and random states back as they were, bitwise. The steps run with a
 *probing* ``MicroBatchSplitter``: an out-of-memory error on any process ends the trial on every
@@ -10,20 +10,19 @@ fails on one process only does not leave the others waiting in DDP.
 ``mode="power"`` doubles the batch size from ``init_batch_size`` until a trial fails (or the
 dataset or ``max_batch_size`` is reached); ``"binsearch"`` then halves the interval between the
 last size that fitted and the first that did not. When even ``init_batch_size`` fails, the size
-is halved until one fits, with accelerate's ``find_executable_batch_size``.
+is halved until one fits.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accelerate.utils import find_executable_batch_size
 from accelerate.utils.memory import clear_device_cache
 
-from pytorch_accel._checks import check_positive_int, fail
+from pytorch_accel._checks import check_choice, check_positive_int, fail
 from pytorch_accel._dry_run import trial_run
 from pytorch_accel.logging_setup import get_logger
-from pytorch_accel.micro_batches import BatchDoesNotFitError, is_out_of_memory
+from pytorch_accel.micro_batches import is_out_of_memory
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer
@@ -83,7 +82,11 @@ def find_batch_size(
         RuntimeError: When not even a batch of one sample fits.
     """
     where = "Trainer.find_batch_size"
-    _check_arguments(where, mode, init_batch_size, max_batch_size, steps_per_trial, max_trials)
+    check_choice(where, "mode", mode, SEARCH_MODES, "Pass mode='power'.")
+    check_positive_int(where, "init_batch_size", init_batch_size)
+    check_positive_int(where, "max_batch_size", max_batch_size, allow_none=True)
+    check_positive_int(where, "steps_per_trial", steps_per_trial)
+    check_positive_int(where, "max_trials", max_trials)
     for name in _NOT_SEARCHED:
         if name in train_kwargs:
             fail(
@@ -94,19 +97,31 @@ def find_batch_size(
                 "left out",
                 "The search sets the batch size and the length of its trials itself.",
             )
-    limit = _largest_size(trainer, train_dataset, max_batch_size)
+    try:  # the largest size worth trying: the samples per process, or max_batch_size
+        samples: int | None = len(train_dataset) // trainer.accelerator.num_processes
+        length: dict[str, Any] = {"num_epochs": 1}
+    except TypeError:  # a stream: no length, trials counted in updates
+        samples, length = None, {"max_num_train_steps": steps_per_trial}
+    sizes = [size for size in (samples, max_batch_size) if size is not None]
+    limit = max(1, min(sizes)) if sizes else 2**31
     trials = 0
 
     def fits(size: int) -> bool:
         nonlocal trials
         trials += 1
-        fitted = _trial(trainer, train_dataset, size, steps_per_trial, train_kwargs)
+        fitted = _trial(trainer, train_dataset, size, steps_per_trial, {**length, **train_kwargs})
         get_logger().info(f"Batch size {size}: {'fits' if fitted else 'out of memory'}.")
         return fitted
 
     size = min(init_batch_size, limit)
     if not fits(size):
-        return _largest_below(fits, size // 2)
+        while size > 1:  # halve until a size fits
+            size //= 2
+            if fits(size):
+                return size
+        raise RuntimeError(
+            "Trainer.find_batch_size: not even a batch of one sample fits in memory."
+        )
     fitted, failed = size, None
     while trials < max_trials and fitted < limit:
         size = min(fitted * 2, limit)
@@ -125,74 +140,16 @@ def find_batch_size(
     return fitted
 
 
-def _check_arguments(
-    where: str,
-    mode: object,
-    init_batch_size: object,
-    max_batch_size: object,
-    steps_per_trial: object,
-    max_trials: object,
-) -> None:
-    if mode not in SEARCH_MODES:
-        fail(ValueError, where, "mode", mode, "'power' or 'binsearch'", "Pass mode='power'.")
-    check_positive_int(where, "init_batch_size", init_batch_size)
-    check_positive_int(where, "max_batch_size", max_batch_size, allow_none=True)
-    check_positive_int(where, "steps_per_trial", steps_per_trial)
-    check_positive_int(where, "max_trials", max_trials)
-
-
-def _largest_size(trainer: Trainer, train_dataset: Any, max_batch_size: int | None) -> int:
-    """The largest size worth trying: the dataset's samples per process, or the user's."""
-    try:
-        samples = len(train_dataset) // trainer.accelerator.num_processes
-    except TypeError:  # a stream: no length
-        samples = None
-    sizes = [size for size in (samples, max_batch_size) if size is not None]
-    return max(1, min(sizes)) if sizes else 2**31
-
-
-def _largest_below(fits: Any, start: int) -> int:
-    """Halve from ``start`` until a size fits (accelerate's ``find_executable_batch_size``)."""
-    if start < 1:
-        raise RuntimeError(
-            "Trainer.find_batch_size: not even a batch of one sample fits in memory."
-        )
-    size = start
-
-    def halve() -> int:
-        nonlocal size
-        size //= 2
-        return size
-
-    @find_executable_batch_size(starting_batch_size=start, reduce_batch_size_fn=halve)  # type: ignore[untyped-decorator]
-    def largest(batch_size: int) -> int:
-        if not fits(batch_size):
-            raise BatchDoesNotFitError(f"Batch size {batch_size}: out of memory.")
-        return batch_size
-
-    try:
-        return int(largest())
-    except RuntimeError as error:  # accelerate's: "reached zero"
-        raise RuntimeError(
-            "Trainer.find_batch_size: not even a batch of one sample fits in memory."
-        ) from error
-
-
 def _trial(
     trainer: Trainer, train_dataset: Any, size: int, steps: int, train_kwargs: dict[str, Any]
 ) -> bool:
     """Whether ``steps`` training steps at batch size ``size`` fit; everything put back."""
     state = trainer._state
-    try:
-        len(train_dataset)
-        length: dict[str, Any] = {"num_epochs": 1}
-    except TypeError:  # a stream: counted in updates
-        length = {"max_num_train_steps": steps}
     # a trial's out-of-memory error is the search's to handle: no on_exception for it
     with trial_run(trainer, steps), trainer.callback_handler.exceptions_handled_by_caller():
         state.probing = True
         try:
-            trainer.train(train_dataset, per_device_batch_size=size, **length, **train_kwargs)
+            trainer.train(train_dataset, per_device_batch_size=size, **train_kwargs)
         except Exception as error:  # BatchDoesNotFitError, or out of memory outside the steps
             if not is_out_of_memory(error):
                 raise

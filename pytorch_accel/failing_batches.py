@@ -1,28 +1,20 @@
 """Skipping batches whose forward pass fails, or which are empty (opt-in).
 
-``SkipFailingBatches`` is the policy ``train(skip_failing_batches=...)``,
-``evaluate(skip_failing_batches=...)`` and ``predict(skip_failing_batches=...)`` take; the
-loop asks a ``FailingBatchGuard`` for each batch's output. The guard runs the step method
-(``calculate_train_batch_loss``, ``calculate_eval_batch_loss`` or ``calculate_predict_batch``),
-catching the policy's exceptions (out-of-memory by default), and with several processes agrees
-with the others what happened on any of them (one blocking ``AgreedFlag`` exchange per step,
-only when the policy is on): a skip, a ``StopTrainingError`` (never skipped: every process
-stops) or another error (every process raises), so every process does the same and none
-waits in a collective for one that did something else. The eval epochs of ``train()`` follow
-its policy, each with a guard of its own (``scoped``): the limit counts per eval epoch.
+``SkipFailingBatches`` is the policy that ``train``, ``evaluate`` and ``predict`` take
+(``skip_failing_batches=...``); a ``FailingBatchGuard`` runs the step method of each batch,
+catching the policy's exceptions (out-of-memory by default). With several processes they
+agree on what happened on any of them (one blocking ``AgreedFlag`` exchange per step, only
+when the policy is on): a skip, a ``StopTrainingError`` (never skipped: every process stops)
+or another error (every process raises), so none waits in a collective for one that did
+something else. Each eval epoch of ``train()`` has a guard of its own
+(``eval_epoch_guard``): the limit counts per eval epoch.
 
-Evaluation and prediction with several processes and a DDP model: DDP broadcasts the buffers
-before the first forward after a training one; a guarded evaluation or prediction does that
-broadcast itself at its start (``distributed.broadcast_buffers``), so no forward of it calls
-a collective and a failure before the forward on one process cannot leave another waiting.
-
-With several processes and a DDP model, a guarded run keeps DDP out of its collectives: every
-micro-batch runs under ``no_sync`` (DDP then neither broadcasts buffers before a forward nor
-all-reduces in the backward), and the loop averages the window's gradients and broadcasts the
-buffers itself at the window's end (``distributed.synchronise_replicas``), when a batch of the
-window was not skipped. A failure anywhere in ``calculate_train_batch_loss``, before, in or
-after the forward, on any process, leaves every process's DDP state the same, and skipping
-a window's last micro-batch still averages the window's gradients.
+With several processes and a DDP model, a guarded run keeps DDP out of its collectives: a
+guarded evaluation or prediction broadcasts the buffers at its start
+(``distributed.broadcast_buffers``); in training every micro-batch runs under ``no_sync``,
+and the loop averages the window's gradients and broadcasts the buffers at the window's end
+(``distributed.synchronise_replicas``) when a batch of the window was not skipped. So a
+failure anywhere in a step, on any process, leaves every process's DDP state the same.
 """
 
 from __future__ import annotations
@@ -55,7 +47,6 @@ __all__ = [
     "is_empty_batch",
     "record_eval_epoch",
     "skip_policy",
-    "skipped_metric",
 ]
 
 SKIPPED_METRIC = "train_skipped_batches"
@@ -80,15 +71,6 @@ SKIPPED: Any = object()
 
 PREDICT_SKIPPED_METRIC = "predict_skipped_batches"
 """The run-history metric of ``predict()``: the 0-based indices of the batches it skipped."""
-
-
-def skipped_metric(loss_name: str) -> str:
-    """The run-history name of an eval epoch's skipped batches, from its loss's name.
-
-    ``eval_loss_epoch`` (in ``train()``): ``eval_skipped_batches``; ``loss`` (``evaluate()``,
-    then prefixed ``evaluation_``): ``skipped_batches``.
-    """
-    return f"{loss_name.partition('loss')[0]}skipped_batches"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,19 +125,11 @@ def skip_policy(where: str, value: object) -> SkipFailingBatches | None:
 
 
 class FailingBatchGuard:
-    """Runs the forward pass of each training batch under a ``SkipFailingBatches`` policy.
+    """Runs the step method of each batch of a ``kind`` under a ``SkipFailingBatches`` policy.
 
-    Args:
-        policy: What to skip, and how many.
-        num_processes: Processes taking part; with more than one they agree on every skip.
-        where: The entry point, for messages (``"Trainer.train"``).
-        kind: What is guarded: ``"training"``, ``"evaluation"`` or ``"prediction"``.
-
-    Attributes:
-        skipped: Batches skipped so far in this guard's scope (a ``train()`` call, an eval
-            epoch, a ``predict()`` call).
-        skipped_in_epoch: Training batches skipped in the current epoch.
-        skipped_indices: The 0-based indices of the skipped batches in the scope.
+    ``kind`` is ``"training"``, ``"evaluation"`` or ``"prediction"``; ``where`` names the entry
+    point in messages. ``skipped`` and ``skipped_indices`` count in the guard's scope (a
+    ``train()`` call, an eval epoch, a ``predict()`` call), ``skipped_in_epoch`` per epoch.
     """
 
     def __init__(
@@ -173,20 +147,13 @@ class FailingBatchGuard:
         self._calls = 0
         self._num_processes = num_processes
         self._window_contributed = False
-        multiple = num_processes > 1
-        self._any_failed = agreement or (AgreedFlag() if multiple else None)
-
-    def scoped(self, kind: str) -> FailingBatchGuard:
-        """A guard with this one's policy and agreement that counts afresh (an eval epoch)."""
-        return FailingBatchGuard(
-            self.policy, self._num_processes, self.where, kind, self._any_failed
-        )
+        self._any_failed = agreement or (AgreedFlag() if num_processes > 1 else None)
 
     def start(self, model: torch.nn.Module) -> None:
-        """Before a guarded evaluation or prediction: broadcast a DDP model's buffers now.
+        """Broadcast a DDP model's buffers before a guarded evaluation or prediction.
 
-        DDP would do it in the first forward (after a training one), a collective that a
-        failure before that forward on one process would leave waiting.
+        Else DDP does it in the first forward, a collective that a failure before that forward
+        on one process would leave waiting.
         """
         if self._any_failed is not None and isinstance(
             model, torch.nn.parallel.DistributedDataParallel
@@ -196,24 +163,18 @@ class FailingBatchGuard:
 
     def forward(self, trainer: Trainer, batch: Any) -> dict[str, Any] | None:
         """Return the training batch's output, or ``None`` when every process skips it."""
-        method = "calculate_train_batch_loss"
         output = self.attempt(trainer, lambda: trainer.calculate_train_batch_loss(batch), batch)
         if output is SKIPPED:
             return None
         self._window_contributed = True
-        return check_batch_output(output, method)
+        return check_batch_output(output, "calculate_train_batch_loss")
 
     def attempt(self, trainer: Trainer, compute: Callable[[], Any], batch: Any) -> Any:
         """Return ``compute()``'s result, or ``SKIPPED`` when every process skips this batch.
 
-        With several processes, what happened on any of them happens on all: a skip, a stop
-        or an error.
-
-        Raises:
-            StopTrainingError: When the step raised it on any process (never skipped,
-                whatever the policy's exceptions).
-            RuntimeError: When more than ``max_skipped`` batches were skipped (from the error),
-                or another process raised an error the policy does not skip.
+        What happened on any process happens on all: a skip, a ``StopTrainingError`` (never
+        skipped), or an error (a ``RuntimeError`` on the others); more than ``max_skipped``
+        skips raise a ``RuntimeError`` from the last error.
         """
         index, self._calls = self._calls, self._calls + 1
         error: BaseException | None = None
@@ -271,15 +232,6 @@ class FailingBatchGuard:
             f"({where}): {reason}"
         )
 
-    def record_prediction(self, trainer: Trainer) -> None:
-        """Record which batches ``predict()`` skipped (``predict_skipped_batches``); say so."""
-        trainer.run_history.update_metric(PREDICT_SKIPPED_METRIC, list(self.skipped_indices))
-        if self.skipped_indices:
-            get_logger().warning(
-                f"Trainer.predict: skipped batches {self.skipped_indices} (0-based): the "
-                "outputs lack their samples (see predict_skipped_batches in the run history)."
-            )
-
     def synchronises(self, model: torch.nn.Module) -> bool:
         """Whether the loop, not DDP, synchronises ``model``'s replicas (see the module)."""
         return self._any_failed is not None and isinstance(
@@ -287,10 +239,7 @@ class FailingBatchGuard:
         )
 
     def end_window(self) -> bool:
-        """Whether a batch of the accumulation window that ends here was not skipped.
-
-        The loop updates only then: a window whose batches were all skipped has no gradients.
-        """
+        """Whether a batch of the window that ends here was not skipped (it has gradients)."""
         contributed, self._window_contributed = self._window_contributed, False
         return contributed
 
@@ -316,13 +265,19 @@ def is_empty_batch(batch: Any) -> bool:
 
 
 def record_eval_epoch(guard: FailingBatchGuard, history: Any, loss_name: str) -> None:
-    """Record a guarded eval epoch's skipped batches next to its loss ``loss_name``."""
-    history.update_metric(skipped_metric(loss_name), guard.skipped)
+    """Record a guarded eval epoch's skipped batches next to its loss ``loss_name``.
+
+    ``eval_loss_epoch`` (in ``train()``): ``eval_skipped_batches``; ``loss`` (``evaluate()``,
+    then prefixed ``evaluation_``): ``skipped_batches``.
+    """
+    history.update_metric(f"{loss_name.partition('loss')[0]}skipped_batches", guard.skipped)
 
 
 def eval_epoch_guard(guard: FailingBatchGuard, model: torch.nn.Module) -> FailingBatchGuard:
-    """The guard of one eval epoch under ``guard``'s policy, started."""
-    scoped = guard.scoped("evaluation")
+    """The guard of one eval epoch: ``guard``'s policy and agreement, counting afresh, started."""
+    scoped = FailingBatchGuard(
+        guard.policy, guard._num_processes, guard.where, "evaluation", guard._any_failed
+    )
     scoped.start(model)
     return scoped
 
@@ -345,6 +300,12 @@ def guarding(state: TrainerState, policy: object, trainer: Trainer, kind: str) -
             guard.start(trainer.model)
         yield
         if guard is not None and kind == "prediction":
-            guard.record_prediction(trainer)
+            skipped = list(guard.skipped_indices)
+            trainer.run_history.update_metric(PREDICT_SKIPPED_METRIC, skipped)
+            if skipped:
+                get_logger().warning(
+                    f"Trainer.predict: skipped batches {skipped} (0-based): the outputs lack "
+                    "their samples (see predict_skipped_batches in the run history)."
+                )
     finally:
         state.failing_batches = saved

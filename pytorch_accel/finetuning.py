@@ -69,16 +69,11 @@ class ModelFreezer:
 
     The layer groups are the model's direct children, in registration order: index 0 is the
     first (often the stem), -1 the last (often the head). Indexes are inclusive and may be
-    negative; `from_index > to_index` is accepted (the range is the same). Every parameter of
-    the model is made trainable when the freezer is created.
-
-    With `freeze_batch_norms=False` (the default), batch-norm layers are left alone by both
-    `freeze` and `unfreeze`: they stay trainable and keep their mode. Parameters registered
-    directly on the model (not in a child) belong to no group and are never changed.
-
-    The `Trainer` calls `model.train()` at the start of every epoch, which undoes
-    `set_modules_as_eval`; call `restore_eval_modes()` from `on_train_epoch_start` to keep
-    frozen modules in eval mode (see the fine-tuning docs).
+    negative, in either order. Every parameter of the model is made trainable when the
+    freezer is created; parameters registered on the model itself (in no group) are never
+    changed. With `freeze_batch_norms=False` (the default), batch-norm layers stay trainable
+    and keep their mode. The `Trainer` calls `model.train()` at every epoch's start, which
+    undoes `set_modules_as_eval`: call `restore_eval_modes()` from `on_train_epoch_start`.
 
     Args:
         model: The model.
@@ -155,7 +150,7 @@ class ModelFreezer:
         """
         check_bool("ModelFreezer.freeze", "set_modules_as_eval", set_modules_as_eval)
         for _, module in self._modules_in(*self._range("freeze", from_index, to_index)):
-            if _is_batch_norm(module) and not self.freeze_bn:
+            if isinstance(module, BN_MODULES) and not self.freeze_bn:
                 continue
             for parameter in module.parameters(recurse=False):
                 parameter.requires_grad_(False)
@@ -180,7 +175,7 @@ class ModelFreezer:
         check_bool("ModelFreezer.unfreeze", "set_modules_as_training", set_modules_as_training)
         unfrozen: ParamGroups = {}
         for index, module in self._modules_in(*self._range("unfreeze", from_index, to_index)):
-            if _is_batch_norm(module) and not self.freeze_bn:
+            if isinstance(module, BN_MODULES) and not self.freeze_bn:
                 continue
             for parameter in module.parameters(recurse=False):
                 if not parameter.requires_grad:
@@ -194,8 +189,7 @@ class ModelFreezer:
     def restore_eval_modes(self) -> None:
         """Put the modules frozen with `set_modules_as_eval=True` back in eval mode.
 
-        `Trainer` puts the whole model in train mode at the start of every epoch; call this
-        afterwards, e.g. from a callback's `on_train_epoch_start`.
+        Call it after the `Trainer` puts the model in train mode: from `on_train_epoch_start`.
         """
         for module in self._eval_modules:
             module.training = False
@@ -229,15 +223,8 @@ class ModelFreezer:
         return index, index - self.num_groups
 
 
-def _is_batch_norm(module: nn.Module) -> bool:
-    return isinstance(module, BN_MODULES)
-
-
 def _any_frozen(parameters: Iterable[nn.Parameter]) -> bool:
     return any(not parameter.requires_grad for parameter in parameters)
-
-
-# ----------------------------------------------------------------- pretrained weights
 
 
 class ShapeMismatch(NamedTuple):
@@ -338,22 +325,6 @@ def load_pretrained_weights(
         print(result.summary())
         ```
     """
-    prefixes = _check_load_arguments(model, strict, key_prefix_map, skip)
-    state = _rename(_read_state_dict(source), key_prefix_map or {})
-    result, to_load = _match(model.state_dict(), state, prefixes)
-    if strict and (result.missing_keys or result.unexpected_keys or result.mismatched):
-        raise ValueError(
-            "load_pretrained_weights: the weights do not fit the model (strict=True); nothing "
-            f"was loaded. Pass strict=False to load what fits, or skip=[...].\n{result.summary()}"
-        )
-    model.load_state_dict(to_load, strict=False)
-    return result
-
-
-def _check_load_arguments(
-    model: object, strict: object, key_prefix_map: object, skip: object
-) -> tuple[str, ...]:
-    """Check the arguments of `load_pretrained_weights`; return the skip prefixes."""
     where = "load_pretrained_weights"
     if not isinstance(model, nn.Module):
         fail(TypeError, where, "model", model, "a torch.nn.Module", "Pass the model to load into.")
@@ -363,14 +334,22 @@ def _check_load_arguments(
         and all(isinstance(k, str) and isinstance(v, str) for k, v in key_prefix_map.items())
     ):
         fail(TypeError, where, "key_prefix_map", key_prefix_map, "a dict of str to str", _FIX_MAP)
-    if skip is None:
-        return ()
-    if isinstance(skip, str) or not isinstance(skip, Iterable):
-        fail(TypeError, where, "skip", skip, "a list of key prefixes", _FIX_SKIP)
-    prefixes = tuple(skip)
-    if not all(isinstance(prefix, str) for prefix in prefixes):
-        fail(TypeError, where, "skip", skip, "a list of str key prefixes", _FIX_SKIP)
-    return prefixes
+    prefixes: tuple[str, ...] = ()
+    if skip is not None:
+        if isinstance(skip, str) or not isinstance(skip, Iterable):
+            fail(TypeError, where, "skip", skip, "a list of key prefixes", _FIX_SKIP)
+        prefixes = tuple(skip)
+        if not all(isinstance(prefix, str) for prefix in prefixes):
+            fail(TypeError, where, "skip", skip, "a list of str key prefixes", _FIX_SKIP)
+    state = _rename(_read_state_dict(source), key_prefix_map or {})
+    result, to_load = _match(model.state_dict(), state, prefixes)
+    if strict and (result.missing_keys or result.unexpected_keys or result.mismatched):
+        raise ValueError(
+            "load_pretrained_weights: the weights do not fit the model (strict=True); nothing "
+            f"was loaded. Pass strict=False to load what fits, or skip=[...].\n{result.summary()}"
+        )
+    model.load_state_dict(to_load, strict=False)
+    return result
 
 
 _FIX_MAP = 'Pass e.g. key_prefix_map={"module.": ""}.'

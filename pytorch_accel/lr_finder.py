@@ -1,15 +1,10 @@
 """The learning-rate range test: ``Trainer.find_lr``, its result, its suggestion and its plot.
 
-An exponential sweep of the learning rate over ``num_steps`` optimizer updates, from
-``start_lr`` to ``end_lr``, through the trainer's own step methods
-(``calculate_train_batch_loss``, ``backward_step``, ``optimizer_step``,
-``optimizer_zero_grad``), so an overridden step, a dict batch or gradient accumulation
-behaves as in training. The loss of each update is kept on the device; every
-``check_every`` updates the new ones are averaged across processes (one collective), read
-on the host, smoothed, and checked for divergence, so all processes stop at the same update
-and suggest the same rate. Afterwards the model, the optimizer (state and learning rates),
-the scheduler, the gradient scaler, the gradients, the modules' train/eval modes and the
-random states are exactly as before (``dry_run.Snapshot``, as after a dry run).
+The sweep runs through the trainer's own step methods (``calculate_train_batch_loss``,
+``backward_step``, ``optimizer_step``, ``optimizer_zero_grad``), so an overridden step, a
+dict batch or gradient accumulation behaves as in training. The losses stay on the device
+between checks; each check averages them across processes (one collective), so all
+processes stop at the same update and suggest the same rate.
 """
 
 from __future__ import annotations
@@ -26,6 +21,7 @@ from torch.utils.data import DataLoader
 from pytorch_accel._checks import (
     check_batch_output,
     check_callable,
+    check_choice,
     check_mapping,
     check_number,
     check_positive_int,
@@ -113,9 +109,7 @@ class LRFinderResult:
         if ax is None:
             ax = Figure(figsize=(6.0, 4.0), layout="constrained").subplots()
         ax.plot(self.lrs, self.smoothed_losses, label="smoothed loss")
-        ax.set_xscale("log")
-        ax.set_xlabel("learning rate")
-        ax.set_ylabel("loss")
+        ax.set(xscale="log", xlabel="learning rate", ylabel="loss")
         ax.grid(alpha=0.3)
         if show_suggestion and self.suggestion is not None:
             index = self.lrs.index(self.suggestion)
@@ -168,11 +162,10 @@ def find_lr(
     (0-based) ``start_lr * (end_lr / start_lr) ** (i / (num_steps - 1))`` in every parameter
     group, through the trainer's step methods (no callback events fire, no scheduler is
     stepped, nothing is recorded in the run history), and stops once the smoothed loss exceeds
-    ``divergence`` times its best. Then it puts back the model's weights and buffers, the
-    optimizer's state and learning rates, the scheduler's and gradient scaler's states, the
-    gradients, the train/eval mode of every module and the random states (Python, NumPy,
-    torch, the device's) exactly, so ``train()`` afterwards gives the same weights as without
-    it. Every process must call it; all get the same result.
+    ``divergence`` times its best. Then it puts back exactly the weights and buffers, the
+    optimizer's state and rates, the scheduler and gradient scaler, the gradients, the modules'
+    train/eval modes and the random states, so ``train()`` afterwards gives the same weights
+    as without it. Every process must call it; all get the same result.
 
     Args:
         trainer: The trainer (``trainer.find_lr(...)`` passes it).
@@ -214,63 +207,9 @@ def find_lr(
         trainer.train(train_dataset, num_epochs=5)
         ```
     """
-    _check_arguments(
-        start_lr,
-        end_lr,
-        num_steps,
-        per_device_batch_size,
-        gradient_accumulation_steps,
-        collate_fn,
-        train_dataloader_kwargs,
-        smoothing,
-        divergence,
-        method,
-        check_every,
-    )
-    check_trainer_settings(_WHERE, trainer)
-    check_data(_WHERE, "train_dataset", train_dataset, streams=True)
-    check_dataloader_settings(
-        _WHERE,
-        train_dataset,
-        data_name="train_dataset",
-        per_device_batch_size=per_device_batch_size,
-        collate_fn=collate_fn,
-        train_dataloader_kwargs=train_dataloader_kwargs,
-    )
-    for name, bound in (
-        ("max_grad_norm", max_grad_norm),
-        ("gradient_clip_value", gradient_clip_value),
-    ):
-        check_number(_WHERE, name, bound, strict=True, allow_none=True)
-    clip = _clipping(trainer, max_grad_norm, gradient_clip_value)
-    trainer._preparation.prepare_model_and_optimizer(trainer)
-    schedule = [start_lr * (end_lr / start_lr) ** (i / (num_steps - 1)) for i in range(num_steps)]
-    sweep = _Sweep(schedule, smoothing, divergence, check_every)
-    with Snapshot.taken(trainer):
-        loader = _dataloader(
-            trainer, train_dataset, per_device_batch_size, collate_fn, train_dataloader_kwargs
-        )
-        with trainer._preparation.prepared_for_prediction(loader) as prepared:  # shard, forget
-            _run(trainer, sweep, prepared, gradient_accumulation_steps, clip)
-    return sweep.result(method)
-
-
-def _check_arguments(
-    start_lr: object,
-    end_lr: object,
-    num_steps: object,
-    per_device_batch_size: object,
-    gradient_accumulation_steps: object,
-    collate_fn: object,
-    train_dataloader_kwargs: object,
-    smoothing: object,
-    divergence: object,
-    method: object,
-    check_every: object,
-) -> None:
     check_number(_WHERE, "start_lr", start_lr, strict=True, finite=True)
     check_number(_WHERE, "end_lr", end_lr, strict=True, finite=True)
-    if float(end_lr) <= float(start_lr):  # type: ignore[arg-type]
+    if float(end_lr) <= float(start_lr):
         fail(
             ValueError,
             _WHERE,
@@ -287,21 +226,42 @@ def _check_arguments(
     check_callable(_WHERE, "collate_fn", collate_fn, "Pass a function, or leave it out.")
     check_mapping(_WHERE, "train_dataloader_kwargs", train_dataloader_kwargs)
     check_number(_WHERE, "smoothing", smoothing, finite=True)
-    if float(smoothing) >= 1:  # type: ignore[arg-type]
+    if float(smoothing) >= 1:
         fail(ValueError, _WHERE, "smoothing", smoothing, "in [0, 1)", "Pass e.g. 0.98.")
     fix = "Pass e.g. divergence=4.0 (fastai's), or None to sweep to end_lr."
     check_number(_WHERE, "divergence", divergence, strict=True, allow_none=True, fix=fix)
-    if method not in ("valley", "steepest", "minimum"):
-        fail(
-            ValueError,
-            _WHERE,
-            "method",
-            method,
-            "'valley', 'steepest' or 'minimum'",
-            "'valley' is fastai's default suggestion, 'steepest' Lightning's, 'minimum' a "
-            "tenth of the rate of the lowest loss.",
-        )
+    check_choice(
+        _WHERE,
+        "method",
+        method,
+        ("valley", "steepest", "minimum"),
+        "'valley' is fastai's default suggestion, 'steepest' Lightning's, 'minimum' a "
+        "tenth of the rate of the lowest loss.",
+    )
     check_positive_int(_WHERE, "check_every", check_every)
+    check_trainer_settings(_WHERE, trainer)
+    check_data(_WHERE, "train_dataset", train_dataset, streams=True)
+    check_dataloader_settings(
+        _WHERE,
+        train_dataset,
+        data_name="train_dataset",
+        per_device_batch_size=per_device_batch_size,
+        collate_fn=collate_fn,
+        train_dataloader_kwargs=train_dataloader_kwargs,
+    )
+    check_number(_WHERE, "max_grad_norm", max_grad_norm, strict=True, allow_none=True)
+    check_number(_WHERE, "gradient_clip_value", gradient_clip_value, strict=True, allow_none=True)
+    clip = _clipping(trainer, max_grad_norm, gradient_clip_value)
+    trainer._preparation.prepare_model_and_optimizer(trainer)
+    schedule = [start_lr * (end_lr / start_lr) ** (i / (num_steps - 1)) for i in range(num_steps)]
+    sweep = _Sweep(schedule, smoothing, divergence, check_every)
+    with Snapshot.taken(trainer):
+        loader = _dataloader(
+            trainer, train_dataset, per_device_batch_size, collate_fn, train_dataloader_kwargs
+        )
+        with trainer._preparation.prepared_for_prediction(loader) as prepared:  # shard, forget
+            _run(trainer, sweep, prepared, gradient_accumulation_steps, clip)
+    return sweep.result(method)
 
 
 def _dataloader(
@@ -311,11 +271,7 @@ def _dataloader(
     collate_fn: Callable[..., Any] | None,
     dl_kwargs: Mapping[str, Any] | None,
 ) -> DataLoader[Any]:
-    """The sweep's dataloader: ``data`` itself, or built by the trainer's dataloader hook.
-
-    The trainer's ``train_dataset``, ``collate_fn`` and dataloader settings are put back
-    afterwards.
-    """
+    """``data`` itself, or a loader from the trainer's hook (its settings put back after)."""
     if isinstance(data, DataLoader):
         return data
     saved = (trainer.train_dataset, trainer.collate_fn, trainer._train_dl_kwargs)
@@ -345,11 +301,39 @@ def _run(
     accumulation: int,
     clip: Callable[[], None],
 ) -> None:
-    """Train with the sweep's rates, passing over ``loader`` again as needed, until it ends."""
+    """Train with the sweep's rates, passing over ``loader`` again as needed, until it ends.
+
+    An accumulation window left open at a pass's end continues in the next pass.
+    """
     trainer.model.train()
     trainer.optimizer_zero_grad()
     while not sweep.done:
-        if not _one_pass(trainer, sweep, loader, accumulation, clip):
+        used = 0
+        with epoch_batches(loader, None) as batches:
+            for batch in batches:
+                used += 1
+                if not sweep.window:
+                    for group in trainer.optimizer.param_groups:
+                        group["lr"] = sweep.next_lr
+                last = len(sweep.window) + 1 == accumulation
+                # inside an accumulation window: no gradient synchronisation, as in training
+                synchronised = contextlib.nullcontext() if last else None
+                with synchronised or trainer.accelerator.no_sync(trainer.model):
+                    output = check_batch_output(
+                        trainer.calculate_train_batch_loss(batch), "calculate_train_batch_loss"
+                    )
+                    loss = output["loss"]
+                    trainer.backward_step(loss if accumulation == 1 else loss / accumulation)
+                sweep.window.append(loss.detach().float())
+                if last:
+                    clip()
+                    trainer.optimizer_step()
+                    trainer.optimizer_zero_grad()
+                    over = sweep.record(torch.stack(sweep.window).mean())
+                    sweep.window.clear()
+                    if over:
+                        break
+        if not used:
             fail(
                 ValueError,
                 _WHERE,
@@ -359,45 +343,6 @@ def _run(
                 "The dataloader yielded no batch: pass a dataset with samples (and a batch "
                 "size no larger than it with drop_last).",
             )
-
-
-def _one_pass(
-    trainer: Trainer,
-    sweep: _Sweep,
-    loader: DataLoader[Any],
-    accumulation: int,
-    clip: Callable[[], None],
-) -> int:
-    """Run the sweep's updates over one pass of ``loader``; return the batches it used.
-
-    An accumulation window left open at the pass's end continues in the next pass.
-    """
-    used = 0
-    with epoch_batches(loader, None) as batches:
-        for batch in batches:
-            used += 1
-            if not sweep.window:
-                for group in trainer.optimizer.param_groups:
-                    group["lr"] = sweep.next_lr
-            last = len(sweep.window) + 1 == accumulation
-            # inside an accumulation window: no gradient synchronisation, as in training
-            synchronised = contextlib.nullcontext() if last else None
-            with synchronised or trainer.accelerator.no_sync(trainer.model):
-                output = check_batch_output(
-                    trainer.calculate_train_batch_loss(batch), "calculate_train_batch_loss"
-                )
-                loss = output["loss"]
-                trainer.backward_step(loss if accumulation == 1 else loss / accumulation)
-            sweep.window.append(loss.detach().float())
-            if last:
-                clip()
-                trainer.optimizer_step()
-                trainer.optimizer_zero_grad()
-                sweep.record(torch.stack(sweep.window).mean())
-                sweep.window.clear()
-                if sweep.done:
-                    break
-    return used
 
 
 class _Sweep:
@@ -425,12 +370,13 @@ class _Sweep:
         """The rate of the next update."""
         return self.lrs[len(self.losses) + len(self.pending)]
 
-    def record(self, loss: torch.Tensor) -> None:
-        """Keep an update's loss; check the pending ones every ``check_every`` and at the end."""
+    def record(self, loss: torch.Tensor) -> bool:
+        """Keep an update's loss, check every ``check_every`` and at the end; return ``done``."""
         self.pending.append(loss)
         tried = len(self.losses) + len(self.pending)
         if len(self.pending) >= self.check_every or tried == len(self.lrs):
             self._check()
+        return self.done
 
     def _check(self) -> None:
         values = torch.stack(self.pending)
@@ -441,34 +387,28 @@ class _Sweep:
             self._average = self.beta * self._average + (1 - self.beta) * loss
             smoothed = self._average / (1 - self.beta ** len(self.losses))
             self.smoothed.append(smoothed)
-            if self.divergence is not None and self._diverges(smoothed):
+            above = len(self.losses) > 1 and smoothed > (self.divergence or 0) * self._best
+            if self.divergence is not None and (not math.isfinite(smoothed) or above):
                 self.diverged_at = len(self.losses) - 1
                 return  # the updates after it are discarded
             self._best = min(self._best, smoothed)
 
-    def _diverges(self, smoothed: float) -> bool:
-        if not math.isfinite(smoothed):
-            return True
-        assert self.divergence is not None
-        return len(self.losses) > 1 and smoothed > self.divergence * self._best
-
     def result(self, method: SuggestionMethod) -> LRFinderResult:
         lrs = self.lrs[: len(self.losses)]
-        valley = _suggest(valley_index, lrs, self.smoothed)
-        steepest = _suggest(steepest_index, lrs, self.smoothed, up_to_minimum=True)
         lowest = _suggest(lambda losses: losses.index(min(losses)), lrs, self.smoothed)
-        suggestions = {"valley": valley, "steepest": steepest}
-        suggestions["minimum"] = None if lowest is None else lowest / 10
+        suggestions = {
+            "valley": _suggest(valley_index, lrs, self.smoothed),
+            "steepest": _suggest(steepest_index, lrs, self.smoothed, up_to_minimum=True),
+            "minimum": None if lowest is None else lowest / 10,
+        }
         return LRFinderResult(
             lrs=lrs,
             losses=self.losses,
             smoothed_losses=self.smoothed,
             suggestion=suggestions[method],
             method=method,
-            valley=valley,
-            steepest=steepest,
-            minimum=suggestions["minimum"],
             diverged_at=self.diverged_at,
+            **suggestions,
         )
 
 

@@ -1,27 +1,22 @@
 """On out-of-memory, more micro-batches of the same total: ``train(on_oom="split")``.
 
-Composer's automatic micro-batching, for the trainer's loop. With ``on_oom="split"`` every
-training step runs through a ``MicroBatchSplitter``: the batch the dataloader yields is cut
-along its first dimension into ``splits`` micro-batches (1 at first), each is forwarded and
-back-propagated with its loss scaled by its share of the batch (``rows / batch rows``, or
-weighted by its ``num_items`` in a token-exact run, see ``_batches.ItemWeighting``), so
-the gradients add up to the whole batch's. When a step raises out-of-memory
-(``torch.OutOfMemoryError``, or what accelerate's ``should_reduce_batch_size`` recognises: CUDA,
-MPS, XPU or CPU allocator errors), the step's partial gradients are dropped (the window's
-gradients of the earlier steps are set aside while a step runs, and put back), the micro-batches
-counted by the weighting are forgotten, the cache is emptied, ``splits`` doubles and the step
-runs again; the run keeps that number of micro-batches to its end and says so once, in the log.
+Composer's automatic micro-batching. With ``on_oom="split"`` every training step runs through
+a ``MicroBatchSplitter``: the batch is cut along its first dimension into ``splits``
+micro-batches (1 at first), each back-propagated with its loss scaled by its share of the
+batch (its rows, or its ``num_items`` in a token-exact run, see ``_batches.ItemWeighting``),
+so the gradients add up to the whole batch's. When a step runs out of memory
+(``is_out_of_memory``), its partial gradients and item counts are dropped (the window's
+earlier gradients are kept), the cache is emptied, ``splits`` doubles and the step runs
+again; the run keeps that number of micro-batches to its end and says so once, in the log.
 
 With several processes every step ends with one agreement (``AgreedFlag.settle``): an
 out-of-memory error on any process makes every process split and repeat the step together.
-The model's DDP synchronisation is then done by the loop at the window's end
-(``distributed.synchronise_replicas``, as for ``skip_failing_batches``), so a process that
-failed mid-backward leaves no other waiting in DDP's all-reduce. Off (the default), nothing of
-this runs: the loop has no agreement and no host synchronisation per step.
+The loop then synchronises the DDP replicas at the window's end
+(``distributed.synchronise_replicas``), so no process waits in DDP's all-reduce for one that
+failed mid-backward. Off (the default), none of this runs: no agreement, no host sync per step.
 
-The batch-size search (``pytorch_accel.batch_size_search``) runs its trials with a *probe*: the
-same splitter, which on an agreed out-of-memory error frees what it can and raises
-``BatchDoesNotFitError`` on every process instead of splitting.
+The batch-size search runs its trials with a *probe*: the same splitter, which on an agreed
+out-of-memory error raises ``BatchDoesNotFitError`` on every process instead of splitting.
 """
 
 from __future__ import annotations
@@ -75,8 +70,8 @@ an out-of-memory error that cannot be split further, which beats a stop, which b
 class BatchDoesNotFitError(RuntimeError):
     """A probing step ran out of memory (on some process): the batch size does not fit.
 
-    Its message says "out of memory.", so accelerate's ``should_reduce_batch_size`` and
-    ``find_executable_batch_size`` take it for one.
+    Its message says "out of memory.", so ``is_out_of_memory`` (accelerate's
+    ``should_reduce_batch_size``) takes it for one.
     """
 
 
@@ -88,15 +83,10 @@ def is_out_of_memory(error: BaseException) -> bool:
 
 
 class MicroBatchSplitter:
-    """Runs each training step in ``splits`` micro-batches, doubling them on out-of-memory.
+    """Runs each training step in ``splits`` micro-batches (a power of two), doubled on OOM.
 
-    Args:
-        num_processes: Processes taking part; with more than one they agree after every step.
-        probe: Raise ``BatchDoesNotFitError`` on an out-of-memory error instead of splitting (the
-            batch-size search's trials).
-
-    Attributes:
-        splits: Micro-batches each step's batch is cut into (a power of two).
+    With ``num_processes > 1`` the processes agree after every step; a ``probe`` raises
+    ``BatchDoesNotFitError`` on out-of-memory instead of splitting.
     """
 
     def __init__(self, num_processes: int, probe: bool = False) -> None:
@@ -108,9 +98,8 @@ class MicroBatchSplitter:
     def synchronises(self, model: torch.nn.Module) -> bool:
         """Whether the loop, not DDP, synchronises ``model``'s replicas (several processes).
 
-        Raises:
-            ValueError: With several processes and a model DDP does not wrap (FSDP, DeepSpeed):
-                their collectives inside the backward pass could not be agreed on.
+        Raises ``ValueError`` for a model DDP does not wrap (FSDP, DeepSpeed): its collectives
+        in the backward pass could not be agreed on.
         """
         if self._agreement is None:
             return False
@@ -133,15 +122,8 @@ class MicroBatchSplitter:
     def run(self, trainer: Trainer, loop: Loop, batch: Any, scale: float) -> dict[str, Any]:
         """Forward and back-propagate ``batch`` in micro-batches; return its merged output.
 
-        Args:
-            trainer: Whose ``calculate_train_batch_loss`` computes each micro-batch's loss.
-            loop: The loop, whose ``backward`` back-propagates (with the backward events).
-            batch: The step's batch, as the dataloader yielded it.
-            scale: The batch's share of its accumulation window.
-
-        Raises:
-            BatchDoesNotFitError: When probing, on an out-of-memory error on any process.
-            RuntimeError: On out-of-memory with micro-batches of one sample, from the error.
+        ``scale`` is the batch's share of its window. Raises ``BatchDoesNotFitError`` when
+        probing, and ``RuntimeError`` on out-of-memory with micro-batches of one sample.
         """
         weighting = loop.state.item_weighting
         while True:
@@ -153,7 +135,11 @@ class MicroBatchSplitter:
             outputs: list[dict[str, Any]] = []
             own, agreed, error = self._attempt(trainer, loop, batch, scale, outputs)
             if agreed == _OK:
-                _add_held(parameters, held)
+                for parameter, grad in zip(parameters, held, strict=True):  # add them back
+                    if parameter.grad is None:
+                        parameter.grad = grad
+                    elif grad is not None:
+                        parameter.grad.add_(grad)
                 if self._announce is not None:
                     self._say_split(batch)
                 return _merged(outputs)
@@ -189,7 +175,8 @@ class MicroBatchSplitter:
             own, error = _STOP, stop
         except Exception as raised:
             if is_out_of_memory(raised):
-                own = _STUCK if self._rows_per_split(batch) <= 1 and not self._probe else _OOM
+                rows = math.ceil(int(find_batch_size(batch)) / self.splits)
+                own = _STUCK if rows <= 1 and not self._probe else _OOM
                 if own == _OOM:
                     raised.with_traceback(None)  # its frames hold the failed step's tensors
             elif agreement is None:
@@ -243,9 +230,6 @@ class MicroBatchSplitter:
         )
         self._announce = None
 
-    def _rows_per_split(self, batch: Any) -> int:
-        return math.ceil(int(find_batch_size(batch)) / self.splits)
-
     def _chunks(self, batch: Any) -> Iterator[tuple[Any, float]]:
         """The step's micro-batches, each with its share of the batch's rows."""
         if self.splits == 1:
@@ -267,17 +251,6 @@ class MicroBatchSplitter:
         for start, end in itertools.pairwise(bounds):
             if end > start:
                 yield slice_tensors(batch, slice(start, end)), (end - start) / rows
-
-
-def _add_held(parameters: list[torch.nn.Parameter], held: list[torch.Tensor | None]) -> None:
-    """Add the window's earlier gradients, set aside while the step ran, to the step's."""
-    for parameter, grad in zip(parameters, held, strict=True):
-        if grad is None:
-            continue
-        if parameter.grad is None:
-            parameter.grad = grad
-        else:
-            parameter.grad.add_(grad)
 
 
 def _merged(outputs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -307,7 +280,7 @@ def _merged(outputs: list[dict[str, Any]]) -> dict[str, Any]:
             merged[key] = _weighted_mean(values, sizes)
             continue
         try:
-            merged[key] = concatenate(recursively_apply(_detached, values))
+            merged[key] = concatenate(recursively_apply(torch.Tensor.detach, values))
         except Exception:  # not tensors of one structure: the last micro-batch's
             merged[key] = values[-1]
     return merged
@@ -319,7 +292,3 @@ def _weighted_mean(values: list[Any], weights: list[Any]) -> Any:
         for value, weight in zip(values, weights, strict=True)
     )
     return total / sum(weights)
-
-
-def _detached(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.detach()

@@ -30,6 +30,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
+from accelerate.utils import send_to_device
 
 from pytorch_accel._checks import fail
 from pytorch_accel.distributed import REDUCTIONS, reduce_across_processes
@@ -53,6 +54,7 @@ __all__ = [
     "get_logger",
     "is_main_process",
     "logged_name",
+    "read_reduced",
     "reduction_dtype",
     "reported_float",
     "setup_logging",
@@ -62,6 +64,15 @@ __all__ = [
 def reduction_dtype(device: torch.device) -> torch.dtype:
     """The dtype to sum metrics in on ``device``: float64, or float32 on MPS (which has none)."""
     return torch.float32 if device.type == "mps" else torch.float64
+
+
+def read_reduced(
+    parts: Sequence[Any], reductions: Sequence[str], device: torch.device
+) -> list[float]:
+    """Stack ``parts`` on ``device``, combine them across processes and read them: once each."""
+    dtype = reduction_dtype(device)
+    packed = torch.stack([torch.as_tensor(part).to(device, dtype) for part in parts])
+    return reduce_across_processes(packed, reductions).tolist()
 
 
 class MetricNotFoundError(KeyError, ValueError):
@@ -180,19 +191,11 @@ class InMemoryRunHistory(RunHistory):
         return set(self._metrics)
 
     def get_metric_values(self, metric_name: str) -> list[Any]:
-        """Return every value recorded for ``metric_name``, oldest first.
-
-        Raises:
-            MetricNotFoundError: If nothing was recorded under that name.
-        """
+        """Return every value recorded for ``metric_name``, oldest first."""
         return list(self._values(metric_name))
 
     def get_latest_metric(self, metric_name: str) -> Any:
-        """Return the most recent value of ``metric_name``.
-
-        Raises:
-            MetricNotFoundError: If nothing was recorded under that name.
-        """
+        """Return the most recent value of ``metric_name``."""
         return self._values(metric_name)[-1]
 
     def update_metric(self, metric_name: str, metric_value: Any) -> None:
@@ -275,10 +278,9 @@ class LossTracker:
     """Accumulates a sample-weighted loss on the loss's device, without host synchronisation.
 
     ``update`` only keeps a detached reference to each batch loss; every ``fold_every``
-    batches (and whenever ``total_loss`` is read) the pending values are folded into the sum
-    with one ``stack`` and one ``dot`` on the device, instead of one kernel per step. The mean
-    is read once, by ``reduce`` (across processes) or ``average`` (this process), typically at
-    the end of an epoch.
+    batches (and whenever ``total_loss`` is read) they are folded into the sum with one
+    ``stack`` and one ``dot`` on the device. The mean is read once, by ``reduce`` (across
+    processes) or ``average`` (this process), typically at the end of an epoch.
 
     Attributes:
         fold_every: How many batch losses are kept before they are folded into the sum.
@@ -299,10 +301,7 @@ class LossTracker:
     def update(
         self, loss_batch_value: torch.Tensor | float, batch_size: int | torch.Tensor = 1
     ) -> None:
-        """Add one batch: its mean loss and the number of samples it holds.
-
-        Only a reference is kept (the count and the last value are derived when read), so a
-        step pays for nothing else.
+        """Add one batch: its mean loss and the number of samples it holds (a reference only).
 
         Args:
             loss_batch_value: The batch's mean loss (a scalar tensor; a tensor of per-sample
@@ -334,27 +333,22 @@ class LossTracker:
 
     def state_dict(self) -> dict[str, Any]:
         """Return the running sums, on the CPU (saved in training states)."""
-        return {
-            "loss_value": _to_cpu(self.loss_value),
-            "running_count": _to_cpu(self.running_count),
-            "total": _to_cpu(self._total),
-            "pending": [_to_cpu(value) for value, _ in self._pending],
-            "pending_sizes": [_to_cpu(size) for _, size in self._pending],
+        state = {
+            "loss_value": self.loss_value,
+            "running_count": self.running_count,
+            "total": self._total,
+            "pending": [value for value, _ in self._pending],
+            "pending_sizes": [size for _, size in self._pending],
         }
+        return send_to_device(state, torch.device("cpu"))  # type: ignore[no-any-return]
 
     def load_state_dict(self, state_dict: Mapping[str, Any], device: torch.device) -> None:
-        """Restore the sums saved by ``state_dict``, on ``device``.
-
-        Args:
-            state_dict: The dict returned by ``state_dict()``.
-            device: The device the losses live on.
-        """
-        values = [_to_device(value, device) for value in state_dict["pending"]]
-        sizes = [_to_device(size, device) for size in state_dict["pending_sizes"]]
-        self._pending = list(zip(values, sizes, strict=True))
-        self._total = _to_device(state_dict["total"], device)
-        self._folded_count = _to_device(state_dict["running_count"], device) - sum(sizes)
-        self._last_folded = _to_device(state_dict["loss_value"], device)
+        """Restore the sums saved by ``state_dict`` on ``device``, the losses' device."""
+        state = send_to_device(dict(state_dict), device)
+        self._pending = list(zip(state["pending"], state["pending_sizes"], strict=True))
+        self._total = state["total"]
+        self._folded_count = state["running_count"] - sum(state["pending_sizes"])
+        self._last_folded = state["loss_value"]
 
     @property
     def total_loss(self) -> torch.Tensor | None:
@@ -369,14 +363,18 @@ class LossTracker:
         values = torch.stack([value for value, _ in pending])
         values = values.to(torch.promote_types(values.dtype, torch.float32))
         sizes = [size for _, size in pending]
+        self._total = self._folded(values, sizes)
+        self._folded_count = sum(sizes, self._folded_count)
+        self._last_folded, self._pending = pending[-1][0], []
+
+    def _folded(self, values: torch.Tensor, sizes: list[int | torch.Tensor]) -> torch.Tensor:
+        """The running sum with ``values`` added, weighted by ``sizes``."""
         if all(isinstance(size, int) and size == sizes[0] for size in sizes):
             folded = values.sum() * sizes[0]  # the usual case: nothing to copy to the device
         else:
             folded = torch.dot(values, _as_device_tensor(sizes, values))
         # Out of place: a state_dict() taken earlier may hold this very tensor (on the CPU).
-        self._total = folded if self._total is None else self._total + folded
-        self._folded_count = sum(sizes, self._folded_count)
-        self._last_folded, self._pending = pending[-1][0], []
+        return folded if self._total is None else self._total + folded
 
     @property
     def average(self) -> float:
@@ -386,24 +384,16 @@ class LossTracker:
         return float(self.total_loss / self.running_count)
 
     def reduce(self, accelerator: Accelerator) -> float:
-        """Return the sample-weighted mean over every process's batches.
+        """Return the sample-weighted mean over every process's batches (``nan`` if none).
 
         One collective and one host read for the whole epoch.
 
         Args:
             accelerator: The accelerator whose processes take part.
-
-        Returns:
-            The mean loss over all samples seen by all processes (``nan`` if none).
         """
-        device = accelerator.device
-        dtype = reduction_dtype(device)
-        total = torch.zeros((), device=device) if self.total_loss is None else self.total_loss
-        count = torch.as_tensor(self.running_count, device=device)
-        totals = torch.stack([total.to(device, dtype), count.to(dtype)])
-        if accelerator.num_processes > 1:
-            totals = accelerator.reduce(totals, reduction="sum")
-        loss_sum, count_sum = totals.tolist()
+        total = 0.0 if self.total_loss is None else self.total_loss
+        parts = [total, self.running_count]
+        loss_sum, count_sum = read_reduced(parts, ("sum", "sum"), accelerator.device)
         return loss_sum / count_sum if count_sum else float("nan")
 
 
@@ -415,13 +405,14 @@ class _ExtremeTracker(LossTracker):
         self._combine = torch.maximum if reduction == "max" else torch.minimum
         self._extreme = torch.amax if reduction == "max" else torch.amin
 
-    def _fold(self) -> None:
-        pending = self._pending
-        values = torch.stack([value for value, _ in pending])
-        folded = self._extreme(values.to(torch.promote_types(values.dtype, torch.float32)))
-        self._total = folded if self._total is None else self._combine(self._total, folded)
-        self._folded_count = sum((size for _, size in pending), self._folded_count)
-        self._last_folded, self._pending = pending[-1][0], []
+    def _folded(self, values: torch.Tensor, sizes: list[int | torch.Tensor]) -> torch.Tensor:
+        folded = self._extreme(values)
+        return folded if self._total is None else self._combine(self._total, folded)
+
+
+def _tracker(reduction: str) -> LossTracker:
+    """The on-device tracker of a value logged with ``reduction``."""
+    return LossTracker() if reduction in ("mean", "sum") else _ExtremeTracker(reduction)
 
 
 class LoggedValues:
@@ -452,8 +443,7 @@ class LoggedValues:
         """Add one value of ``name`` (a one-element tensor), with its weight (for a mean)."""
         entry = self._trackers.get(name)
         if entry is None:
-            tracker = LossTracker() if reduction in ("mean", "sum") else _ExtremeTracker(reduction)
-            entry = self._trackers[name] = (reduction, tracker)
+            entry = self._trackers[name] = (reduction, _tracker(reduction))
         entry[1].update(value, weight)
 
     def state_dict(self) -> dict[str, Any]:
@@ -467,10 +457,9 @@ class LoggedValues:
         """Replace the values with those ``state_dict`` returned, on ``device``."""
         self._trackers = {}
         for name, saved in state.items():
-            reduction = saved["reduction"]
-            tracker = LossTracker() if reduction in ("mean", "sum") else _ExtremeTracker(reduction)
+            tracker = _tracker(saved["reduction"])
             tracker.load_state_dict(saved["tracker"], device)
-            self._trackers[name] = (reduction, tracker)
+            self._trackers[name] = (saved["reduction"], tracker)
 
     def take(self) -> LoggedValues:
         """Return the values logged so far and start the span afresh."""
@@ -506,10 +495,7 @@ class LoggedValues:
 
     def reduce(self, device: torch.device) -> dict[str, float]:
         """Combine the span's values across processes (one collective) and read them once."""
-        parts, reductions = self.parts()
-        dtype = reduction_dtype(device)
-        packed = torch.stack([torch.as_tensor(part).to(device, dtype) for part in parts])
-        return self.results(reduce_across_processes(packed, reductions).tolist())
+        return self.results(read_reduced(*self.parts(), device))
 
 
 TRAIN_LOSS_NAME = "train_loss_epoch"
@@ -520,9 +506,8 @@ def logged_name(loss_name: str, name: str) -> str:
     """The run-history name of a value logged as ``name`` in an epoch whose loss is ``loss_name``.
 
     The loss's name with its first ``loss`` replaced by ``name`` (``train_loss_epoch``:
-    ``train_<name>_epoch``; ``eval_loss_epoch``: ``eval_<name>_epoch``; ``evaluate()``'s
-    ``loss``: ``<name>``, which gets the evaluation's prefix); ``<loss_name>_<name>`` if it
-    has no ``loss``.
+    ``train_<name>_epoch``; ``evaluate()``'s ``loss``: ``<name>``); ``<loss_name>_<name>``
+    if it has no ``loss``.
     """
     return loss_name.replace("loss", name, 1) if "loss" in loss_name else f"{loss_name}_{name}"
 
@@ -538,12 +523,9 @@ class LoggedMetrics:
 
     Inside a train or eval epoch (``start_epoch`` to ``end_epoch``, nested for an evaluation
     run inside a training epoch) each value is added to the epoch's ``LoggedValues``, which
-    ``end_epoch`` reduces across processes (one collective) and records in the run history
-    under the name of the epoch's loss with ``loss`` replaced by the value's name
-    (``train_loss_epoch``: ``train_<name>_epoch``; see ``logged_name``); training values are
-    also added to each logging interval opened with ``open_interval`` (the step-logging
-    callbacks read them at their logging points). Outside an epoch a value is reduced and
-    recorded at once, as ``<name>``.
+    ``end_epoch`` reduces across processes (one collective) and records under its
+    ``logged_name``; training values also go to each interval opened with ``open_interval``
+    (read by the step-logging callbacks). Outside an epoch a value is recorded at once.
     """
 
     def __init__(self) -> None:
@@ -609,7 +591,6 @@ class LoggedMetrics:
         if type(weight) is not int and not isinstance(weight, (numbers.Real, torch.Tensor)):
             fail(TypeError, where, "weight", weight, "a number", "Pass e.g. weight=batch_size.")
         values = self._epochs[-1][1] if self._epochs else LoggedValues()
-        intervals = self._intervals if self.in_training_epoch else ()
         for name, value in metrics.items():
             checked = _checked_value(where, name, value, device)
             logged = values.reduction_of(name)
@@ -622,9 +603,7 @@ class LoggedMetrics:
                     f"{logged!r}, as {name!r} was logged",
                     "Log each name with one reduction, or log the other under another name.",
                 )
-            values.update(name, checked, reduce, weight)
-            for interval in intervals:
-                interval.update(name, checked, reduce, weight)
+            self._add(values, name, checked, reduce, weight)
         if not self._epochs:  # between epochs: reduced and recorded now
             for name, value in values.reduce(device).items():
                 history.update_metric(name, value)
@@ -638,7 +617,6 @@ class LoggedMetrics:
         if not self._epochs:
             return
         values, weight = self._epochs[-1][1], batch_output["batch_size"]
-        intervals = self._intervals if self.in_training_epoch else ()
         for name, value in batch_output.items():
             if name in BATCH_OUTPUT_KEYS or not isinstance(name, str) or name.startswith("_"):
                 continue
@@ -651,9 +629,12 @@ class LoggedMetrics:
             else:
                 continue
             if values.reduction_of(name) in (None, "mean"):
-                values.update(name, value, "mean", weight)
-                for interval in intervals:
-                    interval.update(name, value, "mean", weight)
+                self._add(values, name, value, "mean", weight)
+
+    def _add(self, values: LoggedValues, name: str, value: Any, reduce: str, weight: Any) -> None:
+        """Add a value to ``values`` and, in a training epoch, to each open interval."""
+        for span in [values, *(self._intervals if self.in_training_epoch else ())]:
+            span.update(name, value, reduce, weight)
 
 
 def _checked_value(where: str, name: object, value: object, device: torch.device) -> Any:
@@ -712,14 +693,6 @@ def reported_float(value: Any) -> float | None:
     return None
 
 
-def _to_cpu(value: Any) -> Any:
-    return value.detach().cpu() if isinstance(value, torch.Tensor) else value
-
-
-def _to_device(value: Any, device: torch.device) -> Any:
-    return value.to(device) if isinstance(value, torch.Tensor) else value
-
-
 LOGGER_NAME = "pytorch_accel"
 """The name of the package's logger."""
 
@@ -728,20 +701,12 @@ CONSOLE_HANDLER_NAME = "pytorch_accel.console"
 
 
 def get_logger() -> logging.Logger:
-    """Return the package's logger (without setting anything up).
-
-    Returns:
-        ``logging.getLogger("pytorch_accel")``.
-    """
+    """Return the package's logger, ``logging.getLogger("pytorch_accel")`` (sets nothing up)."""
     return logging.getLogger(LOGGER_NAME)
 
 
 class MainProcessFilter(logging.Filter):
-    """Let records through on the main process only (of the whole run, not of each machine).
-
-    Before accelerate's state exists (no ``Accelerator`` created yet), the ``RANK`` variable of
-    the launcher decides; without one, the process is the main one.
-    """
+    """Let records through on the main process only (of the whole run, see ``is_main_process``)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         """Return whether this process is the main one."""
@@ -751,8 +716,7 @@ class MainProcessFilter(logging.Filter):
 def is_main_process() -> bool:
     """Return whether this is the run's main process (rank 0).
 
-    Returns:
-        accelerate's ``is_main_process`` once an ``Accelerator`` exists, else ``RANK == 0``.
+    accelerate's ``is_main_process`` once an ``Accelerator`` exists, else ``RANK == 0``.
     """
     from accelerate.state import PartialState
 
@@ -782,10 +746,7 @@ class _StandardOutputHandler(logging.StreamHandler):  # type: ignore[type-arg]
 def setup_logging() -> logging.Logger:
     """Make the package's logger show its ``INFO`` lines on the main process (see the module).
 
-    Idempotent and cheap: the callbacks that log call it when each run starts.
-
-    Returns:
-        The package's logger.
+    Idempotent and cheap: the callbacks that log call it when each run starts. Returns the logger.
     """
     logger = get_logger()
     if not any(isinstance(existing, MainProcessFilter) for existing in logger.filters):

@@ -95,46 +95,33 @@ __all__ = [
     "redirected_paths",
 ]
 
-_MODULES = {
-    "CallbackHandler": "pytorch_accel.callback",
-    "CallbackMethodNotImplementedError": "pytorch_accel.errors",
-    "ConvertSyncBatchNormCallback": "pytorch_accel.callbacks.sync_batchnorm",
-    "DEFAULT_CALLBACKS": "pytorch_accel.callbacks.defaults",
-    "DEFAULT_LOG_EVERY_N_UPDATES": "pytorch_accel.callbacks.step_logging",
-    "EMA_METRIC_PREFIX": "pytorch_accel.callbacks.ema",
-    "EarlyStoppingCallback": "pytorch_accel.callbacks.early_stopping",
-    "LIMIT_BATCHES_ENV_VAR": "pytorch_accel.callbacks.limit_batches",
-    "LimitBatches": "pytorch_accel.callbacks.limit_batches",
-    "LimitBatchesCallback": "pytorch_accel.callbacks.limit_batches",
-    "LimitEvalStepsCallback": "pytorch_accel.callbacks.limit_eval_steps",
-    "LogMetricsCallback": "pytorch_accel.callbacks.defaults",
-    "MetricsCallback": "pytorch_accel.callbacks.metrics",
-    "ModelEmaCallback": "pytorch_accel.callbacks.ema",
-    "MoveModulesToDeviceCallback": "pytorch_accel.callbacks.defaults",
-    "PlotMetricsCallback": "pytorch_accel.callbacks.plotting",
-    "PrintProgressCallback": "pytorch_accel.callbacks.defaults",
-    "ProfilerCallback": "pytorch_accel.callbacks.profiler",
-    "ProgressBarCallback": "pytorch_accel.callbacks.defaults",
-    "RunRecordCallback": "pytorch_accel.callbacks.run_record",
-    "SaveBestModelCallback": "pytorch_accel.callbacks.save_best",
-    "SaveTrainingStateCallback": "pytorch_accel.callbacks.save_state",
-    "StepBasedEvaluationCallback": "pytorch_accel.callbacks.step_eval",
-    "StepLoggingCallback": "pytorch_accel.callbacks.step_logging",
-    "StepMetrics": "pytorch_accel.callbacks.step_logging",
-    "StopTrainingError": "pytorch_accel.errors",
-    "TerminateOnNaNCallback": "pytorch_accel.callbacks.defaults",
-    "ThroughputCallback": "pytorch_accel.callbacks.throughput",
-    "TimeBudgetCallback": "pytorch_accel.callbacks.time_budget",
-    "TrackingCallback": "pytorch_accel.callbacks.trackers",
-    "TrainerCallback": "pytorch_accel.callback",
-    "WSDCheckpointCallback": "pytorch_accel.callbacks.wsd_checkpoint",
-    "get_default_callbacks": "pytorch_accel.callbacks.defaults",
-    "limit_batches_from_environment": "pytorch_accel.callbacks.limit_batches",
-    "plot_metrics": "pytorch_accel.callbacks.plotting",
-    "redirected_paths": "pytorch_accel.callback",
-    "DefaultPath": "pytorch_accel.callback",
-    "RunPaths": "pytorch_accel.callback",
+_HOMES = {
+    "pytorch_accel.callback": "CallbackHandler DefaultPath RunPaths TrainerCallback "
+    "redirected_paths",
+    "pytorch_accel.errors": "CallbackMethodNotImplementedError StopTrainingError",
+    ".defaults": "DEFAULT_CALLBACKS LogMetricsCallback MoveModulesToDeviceCallback "
+    "PrintProgressCallback ProgressBarCallback TerminateOnNaNCallback get_default_callbacks",
+    ".early_stopping": "EarlyStoppingCallback",
+    ".ema": "EMA_METRIC_PREFIX ModelEmaCallback",
+    ".limit_batches": "LIMIT_BATCHES_ENV_VAR LimitBatches LimitBatchesCallback "
+    "limit_batches_from_environment",
+    ".limit_eval_steps": "LimitEvalStepsCallback",
+    ".metrics": "MetricsCallback",
+    ".plotting": "PlotMetricsCallback plot_metrics",
+    ".profiler": "ProfilerCallback",
+    ".run_record": "RunRecordCallback",
+    ".save_best": "SaveBestModelCallback",
+    ".save_state": "SaveTrainingStateCallback",
+    ".step_eval": "StepBasedEvaluationCallback",
+    ".step_logging": "DEFAULT_LOG_EVERY_N_UPDATES StepLoggingCallback StepMetrics",
+    ".sync_batchnorm": "ConvertSyncBatchNormCallback",
+    ".throughput": "ThroughputCallback",
+    ".time_budget": "TimeBudgetCallback",
+    ".trackers": "TrackingCallback",
+    ".wsd_checkpoint": "WSDCheckpointCallback",
 }
+"""The module of each name (relative: in this package), names separated by spaces."""
+_MODULES = {name: module for module, names in _HOMES.items() for name in names.split()}
 
 
 def __getattr__(name: str) -> Any:
@@ -142,7 +129,7 @@ def __getattr__(name: str) -> Any:
     module = _MODULES.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module(module, __name__), name)
     globals()[name] = value
     return value
 

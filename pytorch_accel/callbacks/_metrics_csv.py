@@ -40,49 +40,26 @@ UPDATE_COLUMN = "update"
 """The per-epoch file's column of the run's update count at each epoch's end (not a metric),
 written by ``TrackingCallback(epoch_x_axis="update")``."""
 
-_INDEX_COLUMNS = (EPOCH_COLUMN, STEP_COLUMN)
-
 
 def write_metrics_csv(
     rows: Mapping[int, Mapping[str, Any]],
     path: str | os.PathLike[str],
     index_column: str = EPOCH_COLUMN,
-) -> Path:
-    """Write ``{epoch: {metric: value}}`` to ``path``, replacing the file atomically.
-
-    The table goes to a temporary file in the same directory, which is then renamed over
-    ``path``: a reader sees the old file or the new one, never a partial one.
-
-    Args:
-        rows: The metrics of each epoch (or step).
-        path: The CSV file; its directory is created if needed.
-        index_column: The name of the first column.
-
-    Returns:
-        The path written.
-    """
-    destination = Path(path)
+) -> None:
+    """Write ``{epoch: {metric: value}}`` (or by step) to ``path``, replacing it atomically."""
     names = sorted({name for row in rows.values() for name in row} - {index_column})
     table = io.StringIO(newline="")
     writer = csv.writer(table)
     writer.writerow([index_column, *names])
     for epoch in sorted(rows):
         writer.writerow([epoch, *(_cell(rows[epoch].get(name)) for name in names)])
-    atomic_write(destination, table.getvalue())
-    return destination
+    atomic_write(Path(path), table.getvalue())
 
 
 def append_metrics_row(
     path: str | os.PathLike[str], index: int, row: Mapping[str, Any], names: list[str]
 ) -> None:
-    """Append one row to a file written by ``write_metrics_csv`` with the columns ``names``.
-
-    Args:
-        path: The CSV file.
-        index: The first cell (the step).
-        row: The metrics of the row.
-        names: The file's metric columns, in order.
-    """
+    """Append the row of step ``index`` to a file written with the metric columns ``names``."""
     with open(path, "a", newline="", encoding="utf-8") as handle:
         csv.writer(handle).writerow([index, *(_cell(row.get(name)) for name in names)])
 
@@ -90,13 +67,7 @@ def append_metrics_row(
 def read_metrics_csv(path: str | os.PathLike[str]) -> dict[str, list[tuple[int, float]]]:
     """Read a metrics CSV file into ``{metric: [(epoch, value), ...]}`` (numeric cells only).
 
-    Args:
-        path: A file written by ``write_metrics_csv`` (or any CSV with an ``epoch`` column),
-            or the step-level file (a ``step`` column: the pairs are then ``(step, value)``).
-
-    Returns:
-        The numeric values of each metric column, in file order; empty and non-numeric
-        cells are skipped.
+    The pairs are ``(step, value)`` for the step-level file.
 
     Raises:
         ValueError: If the file has neither an ``epoch`` nor a ``step`` column.
@@ -124,19 +95,11 @@ def read_metrics_csv(path: str | os.PathLike[str]) -> dict[str, list[tuple[int, 
 def read_metrics_rows(
     path: str | os.PathLike[str], index_column: str = EPOCH_COLUMN
 ) -> dict[int, dict[str, str]]:
-    """Read back the rows of a file written by ``write_metrics_csv``, cells as written.
+    """Read back ``{index: {metric: cell}}`` (non-empty cells, as written) for a resumed run.
 
-    For a resumed run to keep what the file held before it continues the series. Only the
-    complete rows of increasing index are read: the reading stops at the first row that is
-    not (a row cut short by a killed process, say).
-
-    Args:
-        path: The CSV file; it may not exist.
-        index_column: The first column the file must have (``epoch`` or ``step``).
-
-    Returns:
-        ``{index: {metric: cell}}`` with the non-empty cells; empty if there is no such file
-        or it has another first column.
+    Only the complete rows of increasing index are read: the reading stops at the first row
+    that is not (a row cut short by a killed process, say). Empty if there is no such file or
+    its first column is not ``index_column``.
     """
     if not os.path.isfile(path):
         return {}
@@ -159,18 +122,14 @@ def read_metrics_rows(
 
 def metrics_csv_index(fieldnames: Sequence[str] | None) -> str | None:
     """The index column of a metrics file's header: ``epoch``, ``step`` or ``None``."""
-    for name in _INDEX_COLUMNS:
-        if fieldnames is not None and name in fieldnames:
-            return name
-    return None
+    columns = fieldnames or ()
+    return next((name for name in (EPOCH_COLUMN, STEP_COLUMN) if name in columns), None)
 
 
 def _cell(value: Any) -> Any:
     if value is None:
         return ""
-    if isinstance(value, float):
-        return repr(value)
-    return value
+    return repr(value) if isinstance(value, float) else value
 
 
 def _number(text: str | None) -> float | None:

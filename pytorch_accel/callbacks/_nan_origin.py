@@ -1,13 +1,11 @@
 """Where a non-finite loss starts: the first module whose output was not finite.
 
 For ``TerminateOnNaNCallback(report_origin=True)``. The batch whose loss is not finite is run
-through the model again, before the backward pass has changed any weight, under forward hooks
-that count the NaN and infinite values of every module's output; the first module to finish
-with one (in execution order: an inner module before the module around it) is where it
-started. The re-run changes nothing: the random state is set to the step's own (dropout draws
-the same masks) and put back after, and the modules' buffers (batch-norm statistics) it
-updates are copies. The
-model's mode is left as it is (training), so the re-run computes what the step computed.
+through the model again, in training mode, before the backward pass has changed any weight,
+under forward hooks that count the NaN and infinite values of every module's output; the
+first module to finish with one (an inner module before the module around it) is where it
+started. The re-run changes nothing: the random state is the step's own (dropout draws the
+same masks) and put back after, and the buffers it updates (batch-norm statistics) are copies.
 """
 
 from __future__ import annotations
@@ -26,8 +24,6 @@ if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer
 
 __all__ = ["RandomState", "nan_origin_report"]
-
-_WHERE = "TerminateOnNaNCallback"
 
 
 @dataclass
@@ -102,11 +98,11 @@ def _rerun(
 ) -> tuple[str | None, Any]:
     """Run ``batch`` through the unwrapped model under hooks; the first bad module, the loss.
 
-    The unwrapped model, not the prepared one: a DDP wrapper would broadcast buffers in its
-    forward pass, a collective the other processes are not in.
+    Not the prepared model: a DDP wrapper would broadcast buffers, a collective the other
+    processes are not in.
     """
     found: list[str] = []
-    modules = [(name, module) for name, module in model.named_modules()]
+    modules = list(model.named_modules())
     loss_func = trainer.loss_func
     if isinstance(loss_func, nn.Module):
         modules.append(("loss_func", loss_func))

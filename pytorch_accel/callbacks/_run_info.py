@@ -26,17 +26,22 @@ __all__ = ["environment", "jsonable", "model_summary", "model_summary_text", "ru
 
 
 def jsonable(value: Any) -> Any:
-    """``value`` with every leaf a JSON value: callables by name, other objects by ``str``."""
+    """``value`` with every leaf a JSON value (paths as strings, other objects ``described``)."""
     if isinstance(value, Mapping):
         return {str(key): jsonable(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [jsonable(item) for item in value]
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return value.item()
     if isinstance(value, os.PathLike):
         return os.fspath(value)
+    return described(value)
+
+
+def described(value: object) -> Any:
+    """A one-element tensor's number, a callable's name, else ``str`` (no memory addresses)."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
     if callable(value) and hasattr(value, "__qualname__"):
         return callable_name(value)
     text = str(value)

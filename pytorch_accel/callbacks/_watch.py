@@ -1,7 +1,4 @@
-"""Shared pieces of the callbacks that watch a metric: its direction, reading, comparing.
-
-Private: used by ``EarlyStoppingCallback`` and ``SaveBestModelCallback``.
-"""
+"""The metric watch of ``EarlyStoppingCallback``, ``SaveBestModelCallback`` and the EMA's."""
 
 from __future__ import annotations
 
@@ -12,22 +9,18 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pytorch_accel._checks import check_bool, fail
-from pytorch_accel.distributed import AgreedFlag, agreement_group
+from pytorch_accel._checks import check_bool, check_metric_name, fail
+from pytorch_accel.distributed import AgreedFlag
 from pytorch_accel.tracking import MetricNotFoundError, get_logger
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer
 
-__all__ = ["MetricWatch", "resolve_direction"]
+__all__ = ["MetricWatch"]
 
 
-def resolve_direction(where: str, metric_name: str, greater_is_better: bool | None) -> bool:
-    """Return whether a higher ``metric_name`` is better, warning when it is only assumed.
-
-    ``None`` means lower is better (the default for losses); for a metric whose name holds
-    neither "loss" nor "error", a warning says that a rise will count as worse.
-    """
+def _direction(where: str, metric_name: str, greater_is_better: bool | None) -> bool:
+    """Whether a higher value is better; ``None``: lower, with a warning unless a loss's name."""
     if greater_is_better is not None:
         check_bool(where, "greater_is_better", greater_is_better)
         return greater_is_better
@@ -38,7 +31,7 @@ def resolve_direction(where: str, metric_name: str, greater_is_better: bool | No
             f"If a higher {metric_name} is better (an accuracy, a score), pass "
             "greater_is_better=True; pass greater_is_better=False to silence this warning.",
             UserWarning,
-            stacklevel=3,
+            stacklevel=4,  # the callback's constructor's caller
         )
     return False
 
@@ -48,70 +41,63 @@ class MetricWatch:
 
     A value is new when the metric gained a value since the last read. A metric never
     recorded is an error naming the recorded ones; a metric not recorded again this epoch is
-    skipped: silently in an epoch the trainer did not evaluate (``eval_every_n_epochs``), else
-    with a message (for metrics a callback records less often than every epoch).
+    skipped: silently in an epoch the trainer did not evaluate, else with a message.
 
     Args:
         where: The callback's name, for messages.
-        metric_name: The run-history name to watch.
-        greater_is_better: Whether larger values are better.
+        metric_name: The run-history name to watch (the callback's ``watch_metric``).
+        greater_is_better: Whether larger values are better; ``None``: lower, with a warning
+            unless the name says it is a loss or an error.
     """
 
-    def __init__(self, where: str, metric_name: str, greater_is_better: bool) -> None:
+    def __init__(self, where: str, metric_name: str, greater_is_better: bool | None) -> None:
+        check_metric_name(where, "watch_metric", metric_name)
         self.where = where
         self.metric_name = metric_name
-        self.greater_is_better = greater_is_better
+        self.greater_is_better = _direction(where, metric_name, greater_is_better)
         self._seen = 0
-        self._group: Any = None
         self._agreement: AgreedFlag | None = None
 
     def start_run(self, trainer: Trainer) -> None:
         """Note the values already recorded; fail now if an eval loss is watched without evals.
 
-        With several processes it also makes the ``AgreedFlag`` that ``main_value`` uses
-        (its process group once per watch: every process starts the run at the same point).
+        With several processes it makes, once, the ``AgreedFlag`` that ``read_main`` uses.
         """
         if trainer.accelerator.num_processes > 1 and self._agreement is None:
-            self._group = agreement_group()
-            self._agreement = AgreedFlag(self._group)
+            self._agreement = AgreedFlag()
         history = trainer.run_history
         recorded = self.metric_name in history.get_metric_names()
         self._seen = len(history.get_metric_values(self.metric_name)) if recorded else 0
         named = [name for name in trainer.eval_dataloaders if name is not None]
+        fix = None
         if self.metric_name == "eval_loss_epoch" and named:
-            fail(
-                ValueError,
-                self.where,
-                "watch_metric",
-                self.metric_name,
-                "a metric this run records",
+            fix = (
                 "With named eval sets each set's metrics carry its name: watch e.g. "
-                f"{named[0] + '_eval_loss_epoch'!r} (sets: {', '.join(map(repr, named))}).",
+                f"{named[0] + '_eval_loss_epoch'!r} (sets: {', '.join(map(repr, named))})."
             )
-        if self.metric_name.endswith("eval_loss_epoch") and trainer.eval_dataloader is None:
-            fail(
-                ValueError,
-                self.where,
-                "watch_metric",
-                self.metric_name,
-                "a metric this run records",
+        elif self.metric_name.endswith("eval_loss_epoch") and trainer.eval_dataloader is None:
+            fix = (
                 "It is recorded only with an eval set: pass train(..., eval_dataset=...), "
-                "or watch another metric such as 'train_loss_epoch'.",
+                "or watch another metric such as 'train_loss_epoch'."
             )
+        if fix is not None:
+            expected = "a metric this run records"
+            fail(ValueError, self.where, "watch_metric", self.metric_name, expected, fix)
 
-    def main_value(self, value: float) -> float:
-        """Return the main process's ``value`` on every process (one exchange; none alone).
+    def read_main(self, trainer: Trainer, evaluated: bool = True) -> float:
+        """Return the main process's ``read`` on every process (NaN for none), one exchange.
 
-        Callbacks that call collectives (``save_checkpoint``) depending on a metric must decide
-        the same way on every process, even for a metric recorded per process.
+        For callbacks that call collectives (``save_checkpoint``) depending on a metric.
         """
+        local = self.read(trainer, evaluated)
+        value = float("nan") if local is None else local
         return value if self._agreement is None else self._agreement.main_value(value)
 
     def read(self, trainer: Trainer, evaluated: bool = True) -> float | None:
         """Return the value recorded this epoch, or ``None`` (with a message) if there is none.
 
-        ``evaluated=False`` is an epoch between evaluations, where a metric not recorded yet
-        is not an error.
+        In an epoch between evaluations (``evaluated=False``) a metric not recorded yet is not
+        an error.
 
         Raises:
             MetricNotFoundError: If the metric was never recorded, naming those that were.

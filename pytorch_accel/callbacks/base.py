@@ -1,7 +1,6 @@
-"""The callback base class and the exception that stops training, where users import them.
+"""``TrainerCallback`` and ``StopTrainingError`` under pytorch-accelerated's import path.
 
-Both are defined in the core (``pytorch_accel.callback`` and ``pytorch_accel.errors``), which
-the loop builds on; this module keeps pytorch-accelerated's import path.
+Both are defined in the core: ``pytorch_accel.callback`` and ``pytorch_accel.errors``.
 """
 
 from __future__ import annotations

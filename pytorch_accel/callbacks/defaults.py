@@ -47,9 +47,7 @@ __all__ = [
     "with_environment_callbacks",
 ]
 
-# How the console shows metrics: short names, 4 significant digits, one line. Used by the
-# progress and logging callbacks here, and by ``StepLoggingCallback`` and ``TrackingCallback``.
-
+# How the console shows metrics: short names, 4 significant digits, one line.
 SEPARATOR = "  "
 """Between the items of a console line."""
 
@@ -60,21 +58,12 @@ def display_name(name: str) -> str:
 
 
 def format_value(value: Any) -> str | None:
-    """The value with 4 significant digits, or ``None`` if it is not a number.
+    """The value with 4 significant digits (integers whole), or ``None`` if not a real number.
 
-    Integers are shown whole; one-element tensors as their number (``.item()``: called once
-    per epoch, on values the run history holds, never in a step).
-
-    Args:
-        value: A metric value.
-
-    Returns:
-        The text, or ``None`` for values that are not real numbers (lists, strings, ...).
+    A one-element tensor is read with ``.item()``: once per epoch, never in a step.
     """
     if isinstance(value, torch.Tensor):
-        if value.numel() != 1 or value.is_complex():
-            return None
-        value = value.item()
+        value = value.item() if value.numel() == 1 and not value.is_complex() else None
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return None
     if isinstance(value, numbers.Integral):
@@ -94,14 +83,7 @@ def loss_first(names: Iterable[str]) -> list[str]:
 
 
 def format_metrics(metrics: Mapping[str, Any]) -> str:
-    """``name value`` pairs, in the mapping's order, for the numeric values.
-
-    Args:
-        metrics: Metric names and values.
-
-    Returns:
-        E.g. ``"train_loss 0.1234  accuracy 0.9833"`` (names shortened by ``display_name``).
-    """
+    """The numeric values as ``name value`` pairs, e.g. ``train_loss 0.1234  accuracy 0.9833``."""
     items = []
     for name, value in metrics.items():
         text = format_value(value)
@@ -127,40 +109,32 @@ class MoveModulesToDeviceCallback(TrainerCallback):
     may_stop_training = False
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Move the modules before training starts."""
-        self._move_modules(trainer)
-
-    def on_evaluation_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Move the modules before evaluation starts."""
-        self._move_modules(trainer)
-
-    @staticmethod
-    def _move_modules(trainer: Trainer) -> None:
+        """Move the modules before the run (training or evaluation) starts."""
         for name, value in vars(trainer).items():
             public = not name.startswith("_")
             if public and isinstance(value, nn.Module) and value is not trainer.model:
                 value.to(trainer.device)
 
+    on_evaluation_run_start = on_training_run_start
+
 
 class TerminateOnNaNCallback(TrainerCallback):
     """Raise ``StopTrainingError`` once the loss is NaN or infinite.
 
-    It never reads a loss per step. A NaN or infinite batch loss makes the epoch's
-    sample-weighted sum non-finite, so by default the check reads the epoch loss the trainer
-    has already brought to the host (``train_loss_epoch``): it costs nothing and stops at the
-    end of the epoch that went bad, before its evaluation. With ``check_every_n_steps=N`` it
-    also reads the running sum every N training steps (one host synchronisation each time),
-    stopping within N steps. It never calls ``sys.exit``.
+    By default it reads no loss per step: a non-finite batch loss makes the epoch's sum
+    non-finite, so it checks ``train_loss_epoch``, already on the host, and stops at the end
+    of the epoch that went bad, before its evaluation. With ``check_every_n_steps=N`` it also
+    reads the running sum every N training steps (one host sync each). It never calls
+    ``sys.exit``.
 
-    With ``report_origin=True`` it also says where the first non-finite loss started: it reads
-    each batch's loss before its backward pass (one host synchronisation per step; the only
-    point where the weights are still those that produced it: the update that follows spreads
-    the NaN into every weight), and on the first non-finite one it runs the batch through the
-    model again under forward hooks, without gradients, with the step's random state and the
-    model in training mode, and warns with the first module whose output was not finite, e.g.
+    With ``report_origin=True`` it reads each batch's loss before its backward pass (one host
+    sync per step; the update that follows would spread the NaN into every weight), and on
+    the first non-finite one runs the batch through the model again under forward hooks,
+    without gradients, with the step's random state, and warns (a ``RuntimeWarning``, on the
+    process whose batch it was) with the first module whose output was not finite, e.g.
     ``first non-finite output: encoder.1 (Linear), 3 of 64 values NaN; the batch is finite``.
-    The report is made on the process whose batch it was (a ``RuntimeWarning``), kept in
-    ``origin``, and added to the stop's message; the stop itself comes at the usual check.
+    The report is kept in ``origin`` and added to the stop's message; the stop itself comes
+    at the usual check.
 
     Args:
         check_every_n_steps: Also check the running loss every this many training steps, or
@@ -243,15 +217,19 @@ class TerminateOnNaNCallback(TrainerCallback):
 
     def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
         """Check the epoch's mean training loss."""
-        self._check_metric(trainer, "train_loss_epoch")
+        value = trainer.run_history.get_latest_metric("train_loss_epoch")
+        if not math.isfinite(value):
+            raise StopTrainingError(
+                f"Stopping training: train_loss_epoch is {value} in epoch "
+                f"{trainer.run_history.current_epoch}.{self._origin_text()}"
+            )
 
     def check_for_nan_after_batch(
         self, batch_output: dict[str, Any], step: str | None = None
     ) -> None:
         """Stop if a batch's loss is NaN or infinite (pytorch-accelerated's per-batch check).
 
-        The callback itself never calls it (it reads the loss once per epoch); a subclass or a
-        step method may, at the cost of one host synchronisation per call.
+        Never called by the callback itself; one host synchronisation per call.
 
         Args:
             batch_output: A step method's output, with ``loss``.
@@ -263,14 +241,6 @@ class TerminateOnNaNCallback(TrainerCallback):
         loss = batch_output["loss"]
         if not bool(torch.isfinite(torch.as_tensor(loss)).all()):
             raise StopTrainingError(f"Stopping training due to NaN loss in {step} step")
-
-    def _check_metric(self, trainer: Trainer, name: str) -> None:
-        value = trainer.run_history.get_latest_metric(name)
-        if not math.isfinite(value):
-            raise StopTrainingError(
-                f"Stopping training: {name} is {value} in epoch "
-                f"{trainer.run_history.current_epoch}.{self._origin_text()}"
-            )
 
     def _origin_text(self) -> str:
         return "" if self.origin is None else f" Where it started: {self.origin}."
@@ -289,18 +259,15 @@ class PrintProgressCallback(TrainerCallback):
         training: 8 epochs, 360 updates, 32 samples per update
         epoch 1/8  train_loss 1.046  eval_loss 0.3012  accuracy 0.9083  (1.2 s)
 
-    Each epoch's line holds every metric recorded in the run history during that epoch
-    (training, evaluation and what other callbacks recorded, whatever their names), the
+    Each epoch's line holds every metric recorded in the run history during that epoch, the
     losses first, with 4 significant digits, names without their ``_epoch`` suffix; then the
     epoch's wall-clock time (training and evaluation). An ``evaluate()`` run logs one
-    ``evaluation ...`` line. A run stopped inside an epoch logs what that epoch recorded, with
-    ``(stopped)``. The lines go through ``logging.getLogger("pytorch_accel")`` at ``INFO``
-    (see ``pytorch_accel.tracking``): silence them with
-    ``logging.getLogger("pytorch_accel").setLevel(logging.WARNING)``, or add a handler to send
-    them elsewhere. Order ``100``: it reads the metrics after the callbacks that record them.
-
-    The name is pytorch-accelerated's, whose callback printed "Starting epoch N" and similar
-    messages; ported code that lists it gets this output.
+    ``evaluation ...`` line; a run stopped inside an epoch logs what that epoch recorded, with
+    ``(stopped)``. The lines go through the ``pytorch_accel`` logger at ``INFO`` (see
+    ``pytorch_accel.tracking``): silence them with
+    ``logging.getLogger("pytorch_accel").setLevel(logging.WARNING)``. Order ``100``: it reads
+    the metrics after the callbacks that record them. (The name is pytorch-accelerated's,
+    whose callback printed "Starting epoch N"; ported code that lists it gets this output.)
 
     Example:
         ```python
@@ -378,11 +345,11 @@ class PrintProgressCallback(TrainerCallback):
         self._collect(trainer)
         self._emit(trainer, "evaluation")
 
-    def _start(self, trainer: Trainer) -> logging.Logger:
+    def _start(self, trainer: Trainer) -> None:
+        setup_logging()
         self._cursor.skip_to_end(trainer.run_history)
         self._pending = {}
         self._started = time.perf_counter()
-        return setup_logging()
 
     def _collect(self, trainer: Trainer) -> None:
         new = self._cursor.read_new(trainer.run_history)
@@ -406,30 +373,21 @@ class ProgressBarCallback(TrainerCallback):
     """Show a tqdm progress bar for each training and evaluation epoch, on the main process.
 
     The bars move on the trainer's progress events (``on_train_progress``,
-    ``on_eval_progress``), not on every step: while steps are fast the trainer reports them
-    in growing strides, at most about every 0.05 s (``Trainer.progress_interval``), which is
-    as often as tqdm redraws anyway (every ``mininterval``, 0.1 s), and after every step once
-    steps are slower. So the bar costs the training loop nothing on most steps, trails by at
-    most about one redraw interval, and shows the exact count when the epoch ends.
+    ``on_eval_progress``), which come in growing strides while steps are fast (at most about
+    every 0.05 s, ``Trainer.progress_interval``, as often as tqdm redraws): the bar costs the
+    loop nothing on most steps and shows the exact count when the epoch ends.
 
-    The training bar shows the mean loss of the epoch so far, on the local main process
-    (the trainer's on-device running sum ``trainer.train_loss_tracker``, not reduced across
-    processes). Reading a device value on the host can make the host wait for the device, so
-    by default the loss is shown once per epoch, at its end, from the ``train_loss_epoch``
-    the trainer has already brought to the host: the steps stay free of host reads, as for
-    every default callback.
+    The training bar shows the epoch's mean loss so far on the local main process (not
+    reduced across processes). By default it is shown once per epoch, at its end, from the
+    ``train_loss_epoch`` already on the host, so the steps stay free of host reads. With
+    ``loss_update_interval=N`` it is also refreshed at the first progress event after each
+    multiple of N steps: on CUDA without waiting (copied into pinned memory with
+    ``non_blocking=True`` and shown one refresh later, once a CUDA event says the copy is
+    done); on the CPU read directly; on other devices (MPS, XPU) with one sync per refresh.
 
-    With ``loss_update_interval=N`` the loss is also refreshed at most once every N training
-    steps: at the first progress event after each multiple of N steps. On CUDA that costs no
-    wait: the mean is copied into pinned host memory with ``non_blocking=True`` and shown one
-    refresh later, once the copy has finished (checked with a CUDA event, which does not
-    block). On the CPU there is no device to wait for and the value is read directly; on
-    other devices (MPS, XPU, ...) the read synchronises, once per refresh.
-
-    The bars are drawn only where they help: on the main process, and, by default, only when
-    standard error is a terminal (or in a notebook), so that output piped to a file carries no
-    carriage-return clutter. They disappear when their epoch ends (``leave=False``), leaving
-    the one line per epoch of ``PrintProgressCallback``.
+    The bars are drawn on the main process, by default only when standard error is a
+    terminal (or in a notebook), and disappear when their epoch ends (``leave=False``),
+    leaving ``PrintProgressCallback``'s line.
 
     Args:
         loss_update_interval: Refresh the running loss at most once every this many training
@@ -524,9 +482,17 @@ class ProgressBarCallback(TrainerCallback):
         if mean.device.type != "cuda":
             self._show_loss(mean.item())
             return
-        if self._pending is not None and self._pending[1].query():  # the previous copy is done
-            self._show_loss(self._pending[0].item())  # a host tensor: no device wait
-        self._pending = _copy_to_host_async(mean, self._pending)
+        # a copy of the mean into pinned host memory, with its done-event; a finished copy
+        # is shown (a host tensor: no device wait) and its buffer reused
+        if self._pending is not None and self._pending[1].query():
+            self._show_loss(self._pending[0].item())
+            buffer = self._pending[0]
+        else:  # a copy still in flight keeps its buffer
+            buffer = torch.empty((), dtype=mean.dtype, pin_memory=True)
+        buffer.copy_(mean, non_blocking=True)
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record()
+        self._pending = (buffer, event)
 
     def _show_loss(self, value: float) -> None:
         self.pbar.set_postfix(loss=f"{value:.4g}", refresh=False)
@@ -542,24 +508,6 @@ def _advance(bar: Any, steps_done: int) -> None:
     """Move ``bar`` forward to ``steps_done`` (tqdm redraws at most every ``mininterval``)."""
     if steps_done > bar.n:
         bar.update(steps_done - bar.n)
-
-
-def _copy_to_host_async(
-    value: torch.Tensor, previous: tuple[torch.Tensor, Any] | None
-) -> tuple[torch.Tensor, Any]:
-    """Queue a copy of a CUDA scalar into pinned host memory; return it with its done-event.
-
-    The previous copy's buffer is reused once that copy finished; one still in flight keeps
-    its buffer, and a new one is allocated.
-    """
-    if previous is not None and previous[1].query():
-        buffer = previous[0]
-    else:
-        buffer = torch.empty((), dtype=value.dtype, pin_memory=True)
-    buffer.copy_(value, non_blocking=True)
-    event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-    event.record()
-    return buffer, event
 
 
 class LogMetricsCallback(TrainerCallback):
@@ -588,16 +536,15 @@ class LogMetricsCallback(TrainerCallback):
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Mark everything already recorded as logged."""
         setup_logging()
-        self._mark_all_seen(trainer)
+        self._cursor.skip_to_end(trainer.run_history)
 
-    def on_evaluation_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Mark everything already recorded as logged."""
-        setup_logging()
-        self._mark_all_seen(trainer)
+    on_evaluation_run_start = on_training_run_start
 
     def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Log the metrics of the training epoch."""
+        """Log the metrics recorded since the last logging (training, run and evaluation ends)."""
         self._log_new(trainer)
+
+    on_training_run_epoch_end = on_evaluation_run_end = on_train_epoch_end
 
     def on_eval_epoch_end(
         self, trainer: Trainer, sanity_check: bool = False, **kwargs: Any
@@ -605,14 +552,6 @@ class LogMetricsCallback(TrainerCallback):
         """Log the metrics of the evaluation epoch (not those of a sanity evaluation)."""
         if not sanity_check:
             self._log_new(trainer)
-
-    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Log metrics recorded at the end of the epoch by other callbacks."""
-        self._log_new(trainer)
-
-    def on_evaluation_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Log metrics recorded at the end of the evaluation run."""
-        self._log_new(trainer)
 
     def log_metrics(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         """Log a dict of metric values; override to send them elsewhere.
@@ -630,19 +569,12 @@ class LogMetricsCallback(TrainerCallback):
         if new:
             self.log_metrics(trainer, new)
 
-    def _mark_all_seen(self, trainer: Trainer) -> None:
-        self._cursor.skip_to_end(trainer.run_history)
-
 
 def get_default_callbacks(progress_bar: bool = True) -> tuple[type[TrainerCallback], ...]:
-    """Return the default callback classes.
+    """Return the default callback classes (each trainer instantiates its own).
 
     Args:
         progress_bar: Whether to include ``ProgressBarCallback``.
-
-    Returns:
-        Device placement, NaN termination, progress messages, (progress bars) and metric
-        logging, as classes: each trainer instantiates its own.
     """
     progress: tuple[type[TrainerCallback], ...] = (ProgressBarCallback,) if progress_bar else ()
     return (
@@ -659,26 +591,22 @@ DEFAULT_CALLBACKS: tuple[type[TrainerCallback], ...] = get_default_callbacks()
 
 
 def with_environment_callbacks(callbacks: Iterable[CallbackLike]) -> list[CallbackLike]:
-    """Return ``callbacks`` plus those that environment variables ask for.
+    """Return a new list: ``callbacks`` (instances or classes), then those the environment adds.
 
     When ``PYTORCH_ACCEL_LIMIT_BATCHES`` is set (see ``LimitBatches``), a
     ``LimitBatchesCallback`` is added unless one was given. Callbacks that print nothing
     (none of the console callbacks) are pointed out, once per process.
 
-    Args:
-        callbacks: The trainer's callbacks, instances or classes.
-
-    Returns:
-        A new list: the callbacks given, then any added.
-
     Raises:
         ValueError: If ``PYTORCH_ACCEL_LIMIT_BATCHES`` holds something other than a count.
     """
     callbacks = list(callbacks)
+    kinds = [callback if isinstance(callback, type) else type(callback) for callback in callbacks]
     limit = limit_batches_from_environment()
-    if limit is not None and not any(_is_limit_callback(callback) for callback in callbacks):
+    if limit is not None and not any(issubclass(kind, LimitBatchesCallback) for kind in kinds):
         callbacks.append(LimitBatchesCallback(limit))
-    _say_once_if_silent(callbacks)
+        kinds.append(LimitBatchesCallback)
+    _say_once_if_silent(kinds)
     return callbacks
 
 
@@ -687,7 +615,7 @@ _said_silent = False
 """Whether this process was told that its callbacks print nothing (it is said once)."""
 
 
-def _say_once_if_silent(callbacks: list[CallbackLike]) -> None:
+def _say_once_if_silent(kinds: list[type[TrainerCallback]]) -> None:
     """Say once per process that the callbacks given dropped the console callbacks.
 
     As in pytorch-accelerated, ``callbacks=`` replaces ``DEFAULT_CALLBACKS``; a list of one's
@@ -695,7 +623,6 @@ def _say_once_if_silent(callbacks: list[CallbackLike]) -> None:
     (whose callbacks add to the defaults). An empty list is a deliberate silence: not said.
     """
     global _said_silent
-    kinds = [callback if isinstance(callback, type) else type(callback) for callback in callbacks]
     if _said_silent or not kinds or any(issubclass(k, _CONSOLE_CALLBACKS) for k in kinds):
         return
     _said_silent = True
@@ -704,8 +631,3 @@ def _say_once_if_silent(callbacks: list[CallbackLike]) -> None:
         "progress or metrics. To keep them, pass callbacks=(*DEFAULT_CALLBACKS, "
         f"{kinds[0].__name__}(...)). (Said once.)"
     )
-
-
-def _is_limit_callback(callback: CallbackLike) -> bool:
-    kind = callback if isinstance(callback, type) else type(callback)
-    return issubclass(kind, LimitBatchesCallback)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._checks import check_bool, check_metric_name, check_number, check_positive_int
+from pytorch_accel._checks import check_bool, check_number, check_positive_int
 from pytorch_accel.callback import TrainerCallback
-from pytorch_accel.callbacks._watch import MetricWatch, resolve_direction
+from pytorch_accel.callbacks._watch import MetricWatch
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.tracking import get_logger
 
@@ -20,25 +20,21 @@ __all__ = ["EarlyStoppingCallback"]
 class EarlyStoppingCallback(TrainerCallback):
     """Raise ``StopTrainingError`` after ``early_stopping_patience`` epochs without improvement.
 
-    At the end of each epoch (``on_training_run_epoch_end``) it reads the latest value of
-    ``watch_metric`` from the run history. The threshold is absolute: with
-    ``greater_is_better=False`` a value is an improvement when
-    ``value < best - early_stopping_threshold``, with ``greater_is_better=True`` when
-    ``value > best + early_stopping_threshold`` (strict, so ``0`` accepts any improvement).
-    ``best`` is the last value that was an improvement, so several small steps count
-    once they add up to more than the threshold. The first value of a run is an improvement;
-    NaN never is. After an improvement the count of epochs without one starts again at 0.
+    At each epoch's end (``on_training_run_epoch_end``) it reads the latest value of
+    ``watch_metric``. The threshold is absolute: a value improves when
+    ``value < best - early_stopping_threshold`` (``value > best + threshold`` with
+    ``greater_is_better=True``; strict, so ``0`` accepts any improvement), where ``best`` is
+    the last improvement, so small steps count once they add up. The first value of a run
+    improves, NaN never does; an improvement restarts the count at 0.
 
-    A metric that was never recorded by the end of an epoch is an error naming the recorded
-    metrics; one that gained no new value this epoch (recorded every other epoch, say) is not
-    compared. Watching an ``...eval_loss_epoch`` without an eval set fails when the run
-    starts. In multi-process runs each process decides on its own values, and a stop on any
-    process stops them all at the same point.
+    A metric never recorded by an epoch's end is an error naming the recorded ones; one with
+    no new value this epoch is not compared; watching an ``...eval_loss_epoch`` without an
+    eval set fails when the run starts. Each process decides on its own values, and a stop on
+    any stops them all at the same point.
 
-    Order ``150``: after every callback that records metrics at ``on_training_run_epoch_end``
-    (default order 0, ``ModelEmaCallback`` 40, ``SaveBestModelCallback`` 50) and after
-    ``LogMetricsCallback`` (100). Raising ends that event's dispatch, so callbacks after it
-    would miss the last epoch.
+    Order ``150``: after the callbacks that record metrics at ``on_training_run_epoch_end``
+    (default 0, ``ModelEmaCallback`` 40, ``SaveBestModelCallback`` 50) and
+    ``LogMetricsCallback`` (100), which would miss the last epoch after its stop.
 
     Args:
         early_stopping_patience: Epochs without improvement after which training stops.
@@ -56,12 +52,8 @@ class EarlyStoppingCallback(TrainerCallback):
 
     Example:
         ```python
-        trainer = Trainer(
-            model, loss_func, optimizer,
-            callbacks=(*DEFAULT_CALLBACKS,
-                       EarlyStoppingCallback(early_stopping_patience=3,
-                                             early_stopping_threshold=0.001)),
-        )
+        stop = EarlyStoppingCallback(early_stopping_patience=3, early_stopping_threshold=0.001)
+        trainer = Trainer(model, loss_func, optimizer, callbacks=(*DEFAULT_CALLBACKS, stop))
         trainer.train(train_dataset, num_epochs=100, eval_dataset=eval_dataset)
         ```
     """
@@ -85,18 +77,16 @@ class EarlyStoppingCallback(TrainerCallback):
             finite=True,
             fix="Pass early_stopping_threshold >= 0 (0: any improvement).",
         )
-        check_metric_name(where, "watch_metric", watch_metric)
-        greater_is_better = resolve_direction(where, watch_metric, greater_is_better)
+        self._watch = MetricWatch(where, watch_metric, greater_is_better)
         check_bool(where, "reset_on_train", reset_on_train)
         self.early_stopping_patience = early_stopping_patience
         self.early_stopping_threshold = float(early_stopping_threshold)
         self.watch_metric = watch_metric
-        self.greater_is_better = greater_is_better
+        self.greater_is_better = self._watch.greater_is_better
         self.reset_on_train = reset_on_train
         self.best_metric: float | None = None
         self.best_metric_epoch: int | None = None
         self.early_stopping_patience_counter = 0
-        self._watch = MetricWatch(where, watch_metric, greater_is_better)
 
     def reset(self) -> None:
         """Forget the best value and the count of epochs without improvement."""

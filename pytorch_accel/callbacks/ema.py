@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.utils import DistributedType
 
-from pytorch_accel._checks import check_bool, check_metric_name, check_path, fail
+from pytorch_accel._checks import check_bool, check_path, fail
 from pytorch_accel.callback import DefaultPath, RunPaths, TrainerCallback, redirected_paths
-from pytorch_accel.callbacks._watch import MetricWatch, resolve_direction
+from pytorch_accel.callbacks._watch import MetricWatch
 from pytorch_accel.utils import EmaPairs, ModelEma
 
 if TYPE_CHECKING:
@@ -31,29 +31,26 @@ class ModelEmaCallback(TrainerCallback):
     """Maintain ``ema = decay * ema + (1 - decay) * weights`` after every optimizer update.
 
     The EMA covers the unwrapped model's whole state dict: floating-point parameters and
-    buffers (BatchNorm running statistics) are averaged; other tensors (such as BatchNorm's
-    integer ``num_batches_tracked``) are copied. It is kept on the model's device and updated
-    at ``on_optimizer_step_end``, right after each update that the gradient scaler did not skip.
-    It starts from the model's weights at the first ``train()``; later runs continue it unless
+    buffers (BatchNorm running statistics) are averaged, other tensors (BatchNorm's
+    ``num_batches_tracked``) copied. It is kept on the model's device, updated at
+    ``on_optimizer_step_end`` after each update the gradient scaler did not skip, and starts
+    from the model's weights at the first ``train()``; later runs continue it unless
     ``reset_on_train=True``.
 
-    With ``evaluate_during_training``, each epoch with an eval set ends
-    (``on_training_run_epoch_end``) with one more evaluation epoch of the EMA weights: they are
-    swapped into ``trainer.get_model()`` and every metric recorded meanwhile gets the prefix
-    ``ema_model_`` (the loss as ``ema_model_eval_loss_epoch``, metric callbacks' values
-    likewise); the eval events fire with ``is_intermediate=False``. Afterwards the prefix and
-    the model's own weights are restored exactly, also if the evaluation raises, and so is the
-    random state, so training follows the same path as without the callback. At the end of
-    each run (also after an early stop) the EMA weights are saved to ``save_path`` with
-    ``trainer.save_checkpoint`` (no optimizer state), loadable with ``trainer.load_checkpoint``.
+    With ``evaluate_during_training``, each epoch with an eval set ends with one more
+    evaluation epoch of the EMA weights, swapped into ``trainer.get_model()``: every metric
+    recorded meanwhile gets the prefix ``ema_model_`` (``ema_model_eval_loss_epoch``) and the
+    eval events fire with ``is_intermediate=False``. The prefix, the model's weights and the
+    random state are restored exactly afterwards (also if it raises), so training follows the
+    same path as without the callback. At the end of each run (also after an early stop) the
+    EMA weights are saved to ``save_path`` with ``trainer.save_checkpoint`` (no optimizer
+    state), loadable with ``trainer.load_checkpoint``.
 
-    Order ``40``: its evaluation runs before ``SaveBestModelCallback`` (50),
-    ``LogMetricsCallback`` (100) and ``EarlyStoppingCallback`` (150), so they can use
-    ``ema_model_eval_loss_epoch`` in the same epoch.
-
-    Under FSDP2 each process averages its own shards of the parameters (the update is local,
-    with no communication) and the saved EMA weights are gathered by ``save_checkpoint`` like
-    the model's; a training state holds each process's shards. DeepSpeed is refused.
+    Order ``40``: before ``SaveBestModelCallback`` (50), ``LogMetricsCallback`` (100) and
+    ``EarlyStoppingCallback`` (150), so they can use ``ema_model_eval_loss_epoch`` in the
+    same epoch. Under FSDP2 each process averages its own shards (no communication); the
+    saved weights are gathered by ``save_checkpoint`` like the model's, and a training state
+    holds each process's shards. DeepSpeed and FSDP1 are refused.
 
     Args:
         decay: The weight of the old average, in ``(0, 1)``; ``0.999`` averages over roughly
@@ -112,9 +109,7 @@ class ModelEmaCallback(TrainerCallback):
         self._ema: dict[str, torch.Tensor] | None = None
         self._watch: MetricWatch | None = None
         if watch_metric is not None:
-            check_metric_name(where, "watch_metric", watch_metric)
-            direction = resolve_direction(where, watch_metric, greater_is_better)
-            self._watch = MetricWatch(where, watch_metric, direction)
+            self._watch = MetricWatch(where, watch_metric, greater_is_better)
         self.best_metric: float | None = None
         self._binding: EmaPairs | None = None  # bound to the model of the current run
         self._sharded_by: int | None = None  # FSDP processes whose shards the EMA holds
@@ -127,14 +122,11 @@ class ModelEmaCallback(TrainerCallback):
         """Put the EMA weights' file under ``run_dir`` if ``save_path`` was left at its default."""
         self._run_paths.place(self, run_dir)
 
-    # ------------------------------------------------------------------------ state
-
     def state_dict(self) -> dict[str, Any]:
         """Return the EMA state: ``ema_state_dict`` (name -> tensor), ``decay``, updates.
 
-        The tensors are the live EMA tensors (as in ``nn.Module.state_dict``); save or clone
-        them before training continues. Under FSDP2 they are this process's shards
-        (``sharded_by`` gives the number of processes).
+        The tensors are the live EMA tensors (as in ``nn.Module.state_dict``): save or clone
+        them before training continues. Under FSDP2 they are this process's shards.
         """
         return {
             "ema_state_dict": dict(self._ema or {}),
@@ -145,12 +137,7 @@ class ModelEmaCallback(TrainerCallback):
         }
 
     def rank_state_dict(self) -> dict[str, Any]:
-        """Return this process's shards of the EMA under FSDP2 (saved by every process).
-
-        Under FSDP2 each process averages its own shards, so a training state keeps each
-        process's; otherwise every process holds the whole EMA (``state_dict``) and this
-        holds nothing.
-        """
+        """Return this process's shards of the EMA under FSDP2 (else nothing), saved by all."""
         sharded = self._sharded_by is not None and self._ema is not None
         return {
             "sharded_by": self._sharded_by,
@@ -161,9 +148,7 @@ class ModelEmaCallback(TrainerCallback):
         """Restore this process's shards from ``rank_state_dict`` (after ``load_state_dict``)."""
         shards = state_dict.get("ema_state_dict")
         if shards:
-            self._ema = {name: tensor.detach().clone() for name, tensor in shards.items()}
-            self._sharded_by = state_dict.get("sharded_by")
-            self._binding = None
+            self._hold(shards, state_dict.get("sharded_by"))
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore a state from ``state_dict()``; it is moved to the model's device when bound.
@@ -182,22 +167,16 @@ class ModelEmaCallback(TrainerCallback):
                 "a non-empty dict of tensors",
                 "Pass the dict returned by ModelEmaCallback.state_dict() after training.",
             )
-        self._ema = {name: tensor.detach().clone() for name, tensor in weights.items()}
+        self._hold(weights, state_dict.get("sharded_by"))
         self.num_ema_updates = int(state_dict.get("num_ema_updates", 0))
         self.best_metric = state_dict.get("best_metric")
-        self._binding = None
-        self._sharded_by = state_dict.get("sharded_by")
-
-    # ------------------------------------------------------------------------ events
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Start the EMA from the model's weights (first run, or ``reset_on_train``); bind it."""
         sharded_by = _check_not_sharded(trainer)
         if self._ema is None or self.reset_on_train:
-            model_state = _model_state(trainer)
-            self._ema = {name: tensor.detach().clone() for name, tensor in model_state.items()}
+            self._hold(_model_state(trainer), sharded_by)
             self.num_ema_updates = 0
-            self._sharded_by = sharded_by
         self._bind(trainer)
         if self._watch is not None:
             self._watch.start_run(trainer)
@@ -212,17 +191,13 @@ class ModelEmaCallback(TrainerCallback):
     def on_training_run_epoch_end(
         self, trainer: Trainer, evaluated: bool = True, **kwargs: Any
     ) -> None:
-        """Evaluate the EMA weights, if asked for; save them if ``watch_metric`` improved.
-
-        The EMA weights are evaluated in the epochs the eval sets are (``evaluated``).
-        """
+        """Evaluate the EMA weights (in the epochs the eval sets are); save them if improved."""
         if self.evaluate_during_training and evaluated and trainer.eval_dataloader is not None:
             self.evaluate(trainer)
         if self._watch is None:
             return
-        local = self._watch.read(trainer, evaluated)
-        value = None if local is None else self._watch.main_value(local)
-        if value is not None and self._watch.is_better(value, self.best_metric):
+        value = self._watch.read_main(trainer, evaluated)
+        if self._watch.is_better(value, self.best_metric):  # NaN (no value) never is
             self.best_metric = value
             self._save(trainer)
 
@@ -243,12 +218,10 @@ class ModelEmaCallback(TrainerCallback):
                 save_scheduler=False,
             )
 
-    # ------------------------------------------------------------------------ use
-
     def evaluate(self, trainer: Trainer) -> None:
         """Evaluate the EMA weights inside ``train()``, with metrics prefixed ``ema_model_``.
 
-        Every process must call it. The model's weights and the run history's prefix are
+        Call it on every process. The model's weights and the run history's prefix are
         restored afterwards, also when the evaluation raises.
         """
         prefixed = trainer.run_history.prefixed(EMA_METRIC_PREFIX, replace=True)
@@ -260,9 +233,8 @@ class ModelEmaCallback(TrainerCallback):
         """Put the EMA weights into ``trainer.get_model()`` for the duration of the block.
 
         The tensors are exchanged in place (the parameters stay the same objects, so the
-        optimizer and distributed wrappers are unaffected) and exchanged back on exit, even
-        after an exception: the model's weights come back bit for bit. Inside the block the
-        EMA's own tensors (and ``state_dict()``) hold the model's weights.
+        optimizer and distributed wrappers are unaffected) and back on exit, also after an
+        exception, bit for bit. Inside the block the EMA's tensors hold the model's weights.
 
         Raises:
             ValueError: If there is no EMA yet (no training run started, nothing loaded).
@@ -275,6 +247,12 @@ class ModelEmaCallback(TrainerCallback):
         finally:
             _swap(pairs)
             _drop_gathered(trainer)
+
+    def _hold(self, weights: Mapping[str, torch.Tensor], sharded_by: int | None) -> None:
+        """Hold copies of ``weights`` as the EMA, bound to the model at its next use."""
+        self._ema = {name: tensor.detach().clone() for name, tensor in weights.items()}
+        self._sharded_by = sharded_by
+        self._binding = None
 
     def _bind(self, trainer: Trainer) -> EmaPairs:
         """Pair each EMA tensor with the model's tensor of the same name, on its device."""
@@ -299,17 +277,16 @@ class ModelEmaCallback(TrainerCallback):
 
 
 def _model_state(trainer: Trainer) -> dict[str, torch.Tensor]:
-    """The unwrapped model's state dict: detached tensors sharing the model's storage.
+    """The unwrapped model's state dict, sharing its storage; an FSDP2 ``DTensor`` as its shard.
 
-    A parameter sharded by FSDP2 (a ``DTensor``) is given as this process's shard (its local
-    tensor, a view of the parameter's storage), so the average is kept and updated per shard.
+    A sharded parameter is given as this process's local tensor (``DTensor.to_local``, a view
+    of the parameter's storage), so the average is kept and updated per shard.
     """
     state = trainer.get_model(keep_torch_compile=False).state_dict()
     return {name: _local_shard(tensor) for name, tensor in state.items()}
 
 
 def _local_shard(tensor: torch.Tensor) -> torch.Tensor:
-    """This process's part of a sharded tensor (``DTensor.to_local``), else the tensor."""
     to_local = getattr(tensor, "to_local", None)
     return to_local() if callable(to_local) else tensor
 

@@ -1,8 +1,4 @@
-"""The callback handler, where users import it from.
-
-Defined in the core (``pytorch_accel.callback``), which the loop builds on; this module keeps
-the import path of earlier releases.
-"""
+"""``CallbackHandler`` under its earlier import path (defined in ``pytorch_accel.callback``)."""
 
 from __future__ import annotations
 

@@ -32,27 +32,23 @@ class LimitBatchesCallback(TrainerCallback):
     """Use at most ``num_batches`` batches in every training and evaluation epoch.
 
     It sets ``trainer.limit_train_batches`` and ``trainer.limit_eval_batches`` at
-    ``on_init_end``, so pass it to the ``Trainer`` constructor: the training limit is read
-    when ``train()`` starts (the run config, placeholders and accumulation follow it). Added
-    later, it raises at the start of the next run; to limit an existing trainer, set those two
-    attributes directly. Each process uses at most ``num_batches`` of its own batches.
-    Trainers created inside ``LimitBatches`` (or with ``PYTORCH_ACCEL_LIMIT_BATCHES`` set) get
-    this callback automatically.
-
-    Order ``-100``: it only sets attributes when the trainer is created.
+    ``on_init_end``, so pass it to the ``Trainer`` constructor (added later, it raises at the
+    next run's start; to limit an existing trainer, set those two attributes). Each process
+    uses at most ``num_batches`` of its own batches. Trainers created inside ``LimitBatches``
+    (or with ``PYTORCH_ACCEL_LIMIT_BATCHES`` set) get this callback automatically.
 
     Args:
         num_batches: The most batches per epoch, for training and evaluation alike.
 
     Example:
         ```python
-        trainer = Trainer(model, loss_func, optimizer,
-                          callbacks=(*DEFAULT_CALLBACKS, LimitBatchesCallback(2)))
+        limit = LimitBatchesCallback(2)
+        trainer = Trainer(model, loss_func, optimizer, callbacks=(*DEFAULT_CALLBACKS, limit))
         trainer.train(train_dataset, num_epochs=2, eval_dataset=eval_dataset)  # a smoke test
         ```
     """
 
-    order = -100
+    order = -100  # it only sets attributes when the trainer is created
     may_stop_training = False
 
     def __init__(self, num_batches: int) -> None:
@@ -68,16 +64,11 @@ class LimitBatchesCallback(TrainerCallback):
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Fail if the callback was added after the trainer was created."""
-        self._check_initialised(trainer)
-
-    def on_evaluation_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Fail if the callback was added after the trainer was created."""
-        self._check_initialised(trainer)
-
-    def _check_initialised(self, trainer: Trainer) -> None:
         if trainer not in self._trainers:
             raise ValueError(
                 "LimitBatchesCallback: it was added after the Trainer was created, so its limit "
                 "is not applied. Pass it to Trainer(..., callbacks=...), or set "
                 f"trainer.limit_train_batches = trainer.limit_eval_batches = {self.num_batches}."
             )
+
+    on_evaluation_run_start = on_training_run_start

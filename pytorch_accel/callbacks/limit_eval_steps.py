@@ -17,16 +17,12 @@ __all__ = ["LimitEvalStepsCallback"]
 class LimitEvalStepsCallback(TrainerCallback):
     """Run at most ``num_eval_steps`` evaluation steps, in total over all processes, per epoch.
 
-    At ``on_eval_epoch_start`` it lowers ``trainer.limit_eval_batches`` (which the trainer reads
-    once that event has fired) and restores the previous limit at ``on_eval_epoch_end``, also
-    when the run stops. A stricter limit already set (``LimitBatchesCallback``) is kept. With
-    several processes each runs ``ceil(num_eval_steps / num_processes)`` steps, so every
-    process runs at least one and all run the same number. With ``limit_intermediate_only``
-    (the default) only the evaluations started inside a training epoch are limited
-    (``is_intermediate=True``: those of ``StepBasedEvaluationCallback``); the evaluation after
-    each epoch, ``evaluate()`` and the EMA evaluation keep the whole eval set.
-
-    Order ``-100``: its limit is in place before the other callbacks see the epoch start.
+    At ``on_eval_epoch_start`` it lowers ``trainer.limit_eval_batches`` and restores the
+    previous limit at ``on_eval_epoch_end`` (also when the run stops); a stricter limit
+    (``LimitBatchesCallback``) is kept. Each process runs ``ceil(num_eval_steps /
+    num_processes)`` steps. With ``limit_intermediate_only`` (the default) only evaluations
+    inside a training epoch (``is_intermediate=True``: ``StepBasedEvaluationCallback``'s) are
+    limited; the one after each epoch, ``evaluate()`` and the EMA's keep the whole eval set.
 
     Args:
         num_eval_steps: The most evaluation steps per limited epoch, over all processes.
@@ -34,15 +30,12 @@ class LimitEvalStepsCallback(TrainerCallback):
 
     Example:
         ```python
-        trainer = Trainer(
-            model, loss_func, optimizer,
-            callbacks=(*DEFAULT_CALLBACKS, StepBasedEvaluationCallback(200),
-                       LimitEvalStepsCallback(20)),
-        )
+        extra = (StepBasedEvaluationCallback(200), LimitEvalStepsCallback(20))
+        trainer = Trainer(model, loss_func, optimizer, callbacks=(*DEFAULT_CALLBACKS, *extra))
         ```
     """
 
-    order = -100
+    order = -100  # the limit is in place before the other callbacks see the epoch start
     may_stop_training = False
 
     def __init__(self, num_eval_steps: int, limit_intermediate_only: bool = True) -> None:

@@ -32,31 +32,26 @@ class MetricsCallback(TrainerCallback):
     """Update torchmetrics metrics on every eval step and record them at each epoch's end.
 
     At each evaluation step, ``prepare(batch, batch_output)`` gives ``(predictions, targets)``,
-    which are gathered from all processes with ``trainer.gather_for_metrics`` (without the
-    samples accelerate repeats to even out the last batches) and passed to the metrics'
-    ``update``. At the end of the evaluation epoch the metrics are computed, recorded in the
-    run history and reset. With ``train=True`` a copy of the metrics does the same on the
-    training steps, recorded at the end of each training epoch.
+    gathered from all processes with ``trainer.gather_for_metrics`` (without the samples
+    accelerate repeats to even out the last batches) and passed to the metrics' ``update``;
+    at the end of the evaluation epoch the metrics are computed, recorded in the run history
+    and reset. With ``train=True`` a copy does the same on the training steps.
 
     Names: a bare ``Metric`` is recorded as ``name``, by default its class name in snake case
     (``MulticlassAccuracy`` → ``multiclass_accuracy``); a ``MetricCollection`` (or a dict of
-    metrics, which becomes one) under its keys. Evaluation values get ``prefix``, training
-    values ``train_prefix``; an intermediate evaluation (one a callback starts inside a
-    training epoch, with ``is_intermediate=True``) adds ``intermediate_`` in front, as the
-    trainer does for its loss. The run history's own prefix applies on top. A scalar result is
-    recorded as a float, any other tensor as a (nested) list.
+    metrics) under its keys. Evaluation values get ``prefix``, training values
+    ``train_prefix``; an intermediate evaluation (``is_intermediate=True``) adds
+    ``intermediate_`` in front, as the trainer does for its loss. A scalar result is recorded
+    as a float, any other tensor as a (nested) list.
 
-    Every process gathers all predictions, so every process computes the same values from
-    all the samples; the metrics' own cross-process synchronisation (torchmetrics'
-    ``sync_on_compute``) is switched off, since it would count every sample once per process.
-    Gathering is a collective: every process must run the same steps (the trainer does).
+    Every process gathers all predictions and computes the same values; torchmetrics' own
+    cross-process synchronisation is switched off (it would count every sample once per
+    process). Gathering is a collective: every process must run the same steps.
 
-    The metrics are moved to ``trainer.device`` when each run starts. The callback runs at
-    order ``-20``, so callbacks of the default order can read its values at the same event.
-
-    The training metrics' accumulated state is part of the training state
-    (``state_dict``), so a run resumed mid-epoch records the same training metrics as an
-    uninterrupted one. (The evaluation metrics are empty wherever a state can be saved.)
+    The metrics are moved to ``trainer.device`` when each run starts. Order ``-20``:
+    callbacks of the default order can read its values at the same event. The training
+    metrics' state is part of the training state (``state_dict``), so a run resumed
+    mid-epoch records the same training metrics as an uninterrupted one.
 
     Args:
         metrics: A torchmetrics ``Metric``, ``MetricCollection`` or dict of metrics.
@@ -99,8 +94,7 @@ class MetricsCallback(TrainerCallback):
         prepare: Prepare | None = None,
     ) -> None:
         _check_arguments(train, prefix, train_prefix, name, prepare)
-        self.eval_metrics = _as_metric(metrics, name)
-        collection = _is_collection(self.eval_metrics)
+        self.eval_metrics, collection = _as_metric(metrics, name)
         self.name = None if collection else name or metric_name_of(self.eval_metrics)
         self.prefix, self.train_prefix = prefix, train_prefix
         self._prepare_fn = prepare
@@ -134,11 +128,12 @@ class MetricsCallback(TrainerCallback):
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Move the metrics to the trainer's device."""
-        self._to_device(trainer)
+        self._device = trainer.device
+        for metrics in (self.eval_metrics, self.train_metrics):
+            if metrics is not None:
+                metrics.to(trainer.device)
 
-    def on_evaluation_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Move the metrics to the trainer's device."""
-        self._to_device(trainer)
+    on_evaluation_run_start = on_training_run_start
 
     def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Start the training metrics afresh."""
@@ -148,8 +143,6 @@ class MetricsCallback(TrainerCallback):
         self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
     ) -> None:
         """Update the training metrics with the step's gathered predictions."""
-        if batch_output.get("skipped"):  # train(skip_failing_batches=...): no predictions
-            return
         self._update(trainer, "train", batch, batch_output)
 
     def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
@@ -164,8 +157,6 @@ class MetricsCallback(TrainerCallback):
         self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
     ) -> None:
         """Update the evaluation metrics with the step's gathered predictions."""
-        if batch_output.get("skipped"):  # skip_failing_batches: skipped on every process
-            return
         self._update(trainer, "eval", batch, batch_output)
 
     def on_eval_epoch_end(
@@ -180,17 +171,13 @@ class MetricsCallback(TrainerCallback):
         assert metrics is not None
         return metrics
 
-    def _to_device(self, trainer: Trainer) -> None:
-        self._device = trainer.device
-        for metrics in (self.eval_metrics, self.train_metrics):
-            if metrics is not None:
-                metrics.to(trainer.device)
-
     def _reset(self, phase: str) -> None:
         self._metrics(phase).reset()
         self._updated[phase] = False
 
     def _update(self, trainer: Trainer, phase: str, batch: Any, batch_output: Any) -> None:
+        if batch_output.get("skipped"):  # skip_failing_batches: skipped on every process
+            return
         with torch.no_grad():
             predictions, targets = self.prepare(batch, batch_output)
             predictions, targets = trainer.gather_for_metrics((predictions, targets))
@@ -218,11 +205,9 @@ def default_prepare(batch: Any, batch_output: Mapping[str, Any]) -> tuple[Any, A
     """Return the class predictions and the targets of a ``(inputs, targets)`` batch.
 
     Predictions are ``batch_output["model_outputs"]``, reduced with ``argmax`` over dimension
-    1 when that is a class dimension (size > 1), as in logits ``(N, C)`` or ``(N, C, H, W)``;
-    other outputs are passed on as they are. Targets are ``batch[1]``, or ``batch["labels"]``
-    for a dict batch (whose ``model_outputs`` the default steps make the model's logits).
-    Metrics that need scores rather than classes (AUROC, calibration) need their own
-    ``prepare``, e.g.
+    1 when that is a class dimension (size > 1), as in logits ``(N, C)`` or ``(N, C, H, W)``.
+    Targets are ``batch[1]``, or ``batch["labels"]`` for a dict batch. Metrics that need
+    scores (AUROC, calibration) need their own ``prepare``, e.g.
     ``lambda batch, output: (output["model_outputs"].softmax(dim=1), batch[1])``.
 
     Raises:
@@ -258,10 +243,10 @@ def _load_metric_states(
     states: Mapping[str, Mapping[str, Any]],
     device: torch.device | None,
 ) -> None:
-    """Set the states returned by ``metric_states`` on ``metrics`` (moved to ``device``).
+    """Set the states ``_metric_states`` returned on ``metrics`` (moved to ``device``).
 
-    A collection's members are first given states of their own, as torchmetrics does for
-    ``items()``; metrics that share a compute group share them again at the next update.
+    A collection's members get states of their own first (``copy_state``); metrics of one
+    compute group share them again at the next update.
     """
     for key, metric in _members(metrics, copy_state=True):
         state = states[key] if device is None else send_to_device(states[key], device)
@@ -288,7 +273,8 @@ def metric_name_of(metric: object) -> str:
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
 
 
-def _as_metric(metrics: object, name: str | None) -> Metric | MetricCollection:
+def _as_metric(metrics: object, name: str | None) -> tuple[Metric | MetricCollection, bool]:
+    """The metrics as a ``Metric`` or ``MetricCollection``, and whether it is a collection."""
     try:
         from torchmetrics import Metric, MetricCollection
     except ImportError as error:
@@ -313,13 +299,7 @@ def _as_metric(metrics: object, name: str | None) -> Metric | MetricCollection:
             "None with a MetricCollection",
             "Name the metrics of a collection with its keys, e.g. {'accuracy': ...}.",
         )
-    return metrics
-
-
-def _is_collection(metrics: object) -> bool:
-    from torchmetrics import MetricCollection
-
-    return isinstance(metrics, MetricCollection)
+    return metrics, isinstance(metrics, MetricCollection)
 
 
 def _never_distributed() -> bool:

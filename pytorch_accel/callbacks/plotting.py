@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import math
-import numbers
 import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import torch
 
 from pytorch_accel._checkpointing.files import atomic_write
 from pytorch_accel._checks import check_bool
@@ -37,13 +34,11 @@ def plot_metrics(
 ) -> Path:
     """Draw one small plot per metric, value against epoch, and save them as one image.
 
-    From a run history, the i-th value of each metric is drawn at epoch i (right for the
-    metrics recorded once per epoch, as the trainer's losses and the catalogue's callbacks
-    do); from a CSV file written by ``TrackingCallback``, at its ``epoch`` column (or, for
-    the step-level file, its ``step`` column: the update count). Only
-    numeric values are drawn. The image is written atomically, in the format of ``path``'s
-    suffix (PNG for ``.png``). matplotlib is imported here, not with the package, and drawn
-    without pyplot, so no window opens and the global backend is untouched.
+    From a run history, the i-th value of each metric is drawn at epoch i (metrics recorded
+    once per epoch); from a CSV file written by ``TrackingCallback``, at its ``epoch`` column
+    (or the step-level file's ``step`` column, the update count). Only numeric values are
+    drawn. The image is written atomically, in the format of ``path``'s suffix. matplotlib is
+    used without pyplot: no window opens and the global backend is untouched.
 
     Args:
         source: A run history (e.g. ``trainer.run_history``) or the path of a metrics CSV.
@@ -67,8 +62,7 @@ def plot_metrics(
     figure_class = _figure_class()
     series, x_label = _series(source)
     if metric_names is not None:
-        wanted = list(metric_names)
-        series = {name: series.get(name, []) for name in wanted}
+        series = {name: series.get(name, []) for name in metric_names}
     series = {name: points for name, points in series.items() if points}
     if not series:
         raise ValueError(
@@ -76,17 +70,19 @@ def plot_metrics(
             "history, or check metric_names against the recorded names."
         )
     figure = _draw(figure_class, series, x_label)
-    return _save(figure, Path(path))
+    destination = Path(path)
+    file_format = destination.suffix.lstrip(".") or "png"
+    atomic_write(destination, lambda handle: figure.savefig(handle, format=file_format))
+    return destination
 
 
 class PlotMetricsCallback(TrainerCallback):
     """Write a PNG of the run history's metric curves after each epoch and at the end of a run.
 
-    Written by the main process with ``plot_metrics``, at each ``on_training_run_epoch_end``
-    (so the curves can be watched as the run goes; ``every_epoch=False`` draws only at the
-    end) and at ``on_training_run_end`` (also after an early stop). Each drawing replaces the
-    file atomically. Needs matplotlib (``pip install "pytorch-accel[plot]"``), checked when
-    the callback is created. Order ``100``: it runs after the callbacks that record metrics.
+    Drawn by the main process with ``plot_metrics`` at each ``on_training_run_epoch_end``
+    (unless ``every_epoch=False``) and at ``on_training_run_end`` (also after an early stop).
+    Needs matplotlib (``pip install "pytorch-accel[plot]"``), checked when the callback is
+    created. Order ``100``: it runs after the callbacks that record metrics.
 
     Args:
         path: The image file to write (in ``trainer.run_dir`` when left out and the trainer
@@ -168,14 +164,6 @@ def _series(source: RunHistory | str | os.PathLike[str]) -> tuple[Series, str]:
     return series, "epoch"
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return float(value.item())
-    if isinstance(value, numbers.Real):
-        return float(value)
-    return None
-
-
 def _draw(figure_class: type[Figure], series: Series, x_label: str) -> Figure:
     columns = min(3, len(series))
     rows = math.ceil(len(series) / columns)
@@ -191,10 +179,3 @@ def _draw(figure_class: type[Figure], series: Series, x_label: str) -> Figure:
     for ax in axes[len(series) :]:
         ax.set_visible(False)
     return figure
-
-
-def _save(figure: Figure, destination: Path) -> Path:
-    """Save through a temporary file renamed over ``destination``."""
-    file_format = destination.suffix.lstrip(".") or "png"
-    atomic_write(destination, lambda handle: figure.savefig(handle, format=file_format))
-    return destination

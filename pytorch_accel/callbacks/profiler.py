@@ -27,32 +27,22 @@ class ProfilerCallback(TrainerCallback):
     """Profile a scheduled window of training steps; write one trace per process.
 
     A ``torch.profiler.profile`` starts with each training run and stops at its end (also
-    when a ``StopTrainingError`` ends it, and when an exception or Ctrl-C does: then the
-    recording of the steps so far is written). It is stepped once per training step (at
-    ``on_train_step_end``), following ``torch.profiler.schedule``: after ``skip_first``
-    steps, ``wait`` steps unrecorded, ``warmup`` steps recorded and thrown away, ``active``
-    steps recorded; that cycle ``repeat`` times (``0``: until the run ends). Each recorded
-    cycle is written by every process as a Chrome trace,
-    ``<directory>/rank<N>.<cycle>.pt.trace.json``: open it in ``chrome://tracing`` or
-    https://ui.perfetto.dev, or point TensorBoard's profiler plugin at ``directory``
-    (``torch.profiler.tensorboard_trace_handler``'s layout: the process's rank is the worker
-    name, the cycle's number the span). The steps appear as ``ProfilerStep#<i>`` (0-based
-    training steps of the run); a step's span runs from the end of the one before to its own
-    end, so it holds the wait for its batch, and the epoch's end and evaluation for the first
-    step of the next epoch. A run that ends inside the window writes what it recorded, with
-    the run's end as one more step.
+    after a ``StopTrainingError``, an exception or Ctrl-C: the steps recorded so far are
+    written). It steps at each ``on_train_step_end``, following ``torch.profiler.schedule``:
+    after ``skip_first`` steps, ``wait`` steps unrecorded, ``warmup`` recorded and thrown
+    away, ``active`` recorded; that cycle ``repeat`` times (``0``: until the run ends). Every
+    process writes each recorded cycle as a Chrome trace,
+    ``<directory>/rank<N>.<cycle>.pt.trace.json`` (``tensorboard_trace_handler``'s layout):
+    open it in https://ui.perfetto.dev or point TensorBoard's profiler plugin at
+    ``directory``. The steps appear as ``ProfilerStep#<i>`` (0-based steps of the run); a
+    step's span runs from the end of the one before, so it holds the wait for its batch.
 
-    With ``summary_rows=N``, the main process logs the operators of the last recorded cycle,
-    the ``N`` most expensive (``key_averages().table``), when the run ends. The profiler of
-    the last run stays in ``profiler`` for more (``profiler.key_averages()``), and the files
-    this process wrote in ``trace_files``. Built with accelerate's ``ProfileKwargs`` (the
-    options of ``Accelerator(kwargs_handlers=[ProfileKwargs(...)])``); ``Accelerator.profile``
-    itself is a context manager around code, where a callback needs start and stop, and it
-    ends with a barrier, which a run ending on one process only must not wait at.
-
-    Without this callback nothing is profiled and the steps cost nothing more; with it, each
-    step costs the profiler's ``step()`` (a few microseconds) outside the window and the
-    recording inside it.
+    With ``summary_rows=N``, the main process logs the ``N`` most expensive operators of the
+    last recorded cycle when the run ends. The last run's profiler stays in ``profiler``, the
+    files this process wrote in ``trace_files``. It is built with accelerate's
+    ``ProfileKwargs``: ``Accelerator.profile`` wraps a block of code and ends with a barrier,
+    where a callback needs start and stop. Outside the window a step costs the profiler's
+    ``step()`` (a few microseconds).
 
     Args:
         directory: Where the traces are written (created when the first is); left at its
@@ -77,8 +67,7 @@ class ProfilerCallback(TrainerCallback):
     Example:
         ```python
         profiler = ProfilerCallback("profiles", wait=5, warmup=2, active=5, summary_rows=15)
-        trainer = Trainer(model, loss_func, optimizer,
-                          callbacks=(*DEFAULT_CALLBACKS, profiler))
+        trainer = Trainer(model, loss_func, optimizer, callbacks=(*DEFAULT_CALLBACKS, profiler))
         trainer.train(train_dataset, num_epochs=1, per_device_batch_size=32)
         # tensorboard --logdir profiles   (or open profiles/rank0.*.pt.trace.json in Perfetto)
         ```
@@ -103,23 +92,6 @@ class ProfilerCallback(TrainerCallback):
     ) -> None:
         where = "ProfilerCallback"
         check_path(where, "directory", directory, directory=True)
-        for name, value, minimum in (
-            ("wait", wait, 0),
-            ("warmup", warmup, 0),
-            ("active", active, 1),
-            ("repeat", repeat, 0),
-            ("skip_first", skip_first, 0),
-        ):
-            check_count(where, name, value, minimum=minimum, resolved=True)
-        for name, flag in (
-            ("record_shapes", record_shapes),
-            ("profile_memory", profile_memory),
-            ("with_stack", with_stack),
-        ):
-            check_bool(where, name, flag)
-        check_positive_int(where, "summary_rows", summary_rows, allow_none=True)
-        self.directory = Path(directory)
-        self._run_paths = RunPaths(directory=directory)
         self.schedule = {
             "wait": wait,
             "warmup": warmup,
@@ -127,6 +99,14 @@ class ProfilerCallback(TrainerCallback):
             "repeat": repeat,
             "skip_first": skip_first,
         }
+        for name, value in self.schedule.items():
+            check_count(where, name, value, minimum=int(name == "active"), resolved=True)
+        check_bool(where, "record_shapes", record_shapes)
+        check_bool(where, "profile_memory", profile_memory)
+        check_bool(where, "with_stack", with_stack)
+        check_positive_int(where, "summary_rows", summary_rows, allow_none=True)
+        self.directory = Path(directory)
+        self._run_paths = RunPaths(directory=directory)
         self.activities = None if activities is None else _checked_activities(activities)
         self.record_shapes, self.profile_memory = record_shapes, profile_memory
         self.with_stack, self.summary_rows = with_stack, summary_rows
@@ -147,12 +127,10 @@ class ProfilerCallback(TrainerCallback):
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Start a new profiler for this run."""
         self.stop_profiler()
-        activities = self.activities
-        if activities is None:
-            activities = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
-        self._recorded = list(activities)
+        available = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+        self._recorded = list(self.activities or available)
         settings = ProfileKwargs(
-            activities=list(activities),
+            activities=list(self._recorded),
             schedule_option=dict(self.schedule),
             on_trace_ready=self._trace_handler(trainer.accelerator.process_index),
             record_shapes=self.record_shapes,
@@ -197,11 +175,7 @@ class ProfilerCallback(TrainerCallback):
         self.stop_profiler()
 
     def stop_profiler(self) -> None:
-        """Stop the profiler if it runs; a cycle still recording is written.
-
-        Called at the end of each training run, and when an exception ends it
-        (``on_exception``, also for Ctrl-C).
-        """
+        """Stop the profiler if it runs; a cycle still recording is written."""
         if self._running and self.profiler is not None:
             self._running = False
             self.profiler.stop()
@@ -213,8 +187,8 @@ class ProfilerCallback(TrainerCallback):
             rows: How many operators; ``summary_rows`` (or 20) by default.
 
         Returns:
-            ``key_averages().table(...)``, sorted by device time when CUDA was recorded, else by
-            CPU time (self time, without the operators called inside).
+            ``key_averages().table(...)``, by self device time when CUDA was recorded, else by
+            self CPU time.
         """
         if self.profiler is None:
             return ""

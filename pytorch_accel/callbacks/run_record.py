@@ -23,7 +23,7 @@ from pytorch_accel.callbacks._run_info import (
     run_configuration,
 )
 from pytorch_accel.callbacks.step_logging import DEFAULT_LOG_EVERY_N_UPDATES
-from pytorch_accel.callbacks.trackers import TrackingCallback
+from pytorch_accel.callbacks.trackers import TrackingCallback, available_trackers
 from pytorch_accel.tracking import get_logger, setup_logging
 
 if TYPE_CHECKING:
@@ -56,43 +56,38 @@ class RunRecordCallback(TrackingCallback):
 
     When ``train()`` starts, the main process writes (each file replaced atomically):
 
-    - ``config.json``: the run config (``train()``'s arguments as the trainer holds them:
-      epochs, batch sizes, accumulation, clipping, ...), the rest that the trainer exposes
-      (scheduler factory, collate function, resume point, data set sizes) and the trainer's
-      parts (model, loss, optimizer with its parameter groups' settings, scheduler, callbacks);
+    - ``config.json``: the run config (``train()``'s arguments as the trainer holds them),
+      what else the trainer exposes (scheduler factory, collate function, resume point, data
+      set sizes) and its parts (model, loss, optimizer and its parameter groups' settings,
+      scheduler, callbacks);
     - ``hyperparameters.json``: ``hyperparameters``, as given;
     - ``environment.json``: Python, platform, torch / accelerate / pytorch_accel versions,
       devices and processes, the ``accelerate config`` file and ``ACCELERATE_*`` variables,
-      the git commit of the script's repository (and whether it was modified), the command
-      line;
+      the script's git commit (and whether it was modified), the command line;
     - ``model_summary.json`` and ``model_summary.txt``: parameters per top-level module,
       trainable and frozen, and the model's ``repr``.
 
-    During the run: ``train.log`` receives the ``pytorch_accel`` logger's lines (the epoch
-    lines, and anything else logged there, with a time stamp; appended to by later runs);
-    ``metrics.csv`` (one row per epoch) and ``metrics_steps.csv`` (every
-    ``log_every_n_updates`` updates) grow as in ``TrackingCallback``, which this callback is;
-    ``metrics.png`` and ``metrics_steps.png`` are redrawn at each epoch end when matplotlib is
-    installed; the trackers (``tensorboard/`` by default, when tensorboard is installed)
-    receive the run config and the hyper-parameters, as hyper-parameters, and the metrics.
+    During the run: ``train.log`` receives the ``pytorch_accel`` logger's lines, time-stamped
+    (appended to by later runs); ``metrics.csv`` and ``metrics_steps.csv`` grow as in
+    ``TrackingCallback``, which this callback is; ``metrics.png`` and ``metrics_steps.png``
+    are redrawn at each epoch end when matplotlib is installed; the trackers
+    (``tensorboard/`` by default, when installed) receive the run config and the
+    hyper-parameters, as hyper-parameters, and the metrics.
 
     When the run ends, ``outcome.json`` says how: ``{"status": ..., "epochs": ...,
-    "updates": ..., "error": ...}`` (the epochs completed and the updates of the run), with
+    "updates": ..., "error": ...}`` (the epochs completed and the run's updates), with
     ``status`` ``"completed"``, ``"stopped"`` (a ``StopTrainingError``; ``error`` is its
-    message), ``"interrupted"`` (Ctrl-C: a ``KeyboardInterrupt``, or the stop after the save
-    of ``SaveTrainingStateCallback(save_on_interrupt=True)``) or ``"failed"`` (any other
+    message), ``"interrupted"`` (a ``KeyboardInterrupt``, or the stop after the save of
+    ``SaveTrainingStateCallback(save_on_interrupt=True)``) or ``"failed"`` (any other
     exception; ``error`` is ``"<type>: <message>"``); ``train.log`` gets a last line saying the
-    same, and the trackers and the log file are closed also after an exception
-    (``on_exception``).
+    same, and the trackers and the log file are closed also after an exception.
 
-    Nothing is written by the other processes. A later ``train()`` that continues the run
-    (``reset_run_history=False``) continues the metric files and the tracker run; one that
-    starts a new run rewrites the record's files (the log file is appended to): give each run
-    its own directory to keep several. A resumed ``train(resume_from=...)`` continues the
-    metric files from the training state (see ``TrackingCallback``). A file that cannot be
-    written (a full disk) raises an ``OSError`` naming it, once the trackers are finished and
-    the log file closed.
-    Order ``110``: after the console's epoch line, which the log file then holds.
+    Nothing is written by the other processes. Continuing and resumed runs continue the
+    metric files and the tracker run as in ``TrackingCallback``; a new run rewrites the
+    record's files (the log is appended to): give each run its own directory to keep
+    several. A file that cannot be written (a full disk) raises an ``OSError`` naming it,
+    once the trackers are finished and the log file closed. Order ``110``: after the
+    console's epoch line, which the log file then holds.
 
     Args:
         directory: The record's directory (created if needed); ``None`` (the default): the
@@ -138,8 +133,10 @@ class RunRecordCallback(TrackingCallback):
         self.directory = Path(directory)
         self._record_paths = RunPaths(directory=directory)
         self.hyperparameters = dict(hyperparameters or {})
+        if log_with is None:  # TensorBoard where it is installed
+            log_with = ("tensorboard",) if "tensorboard" in available_trackers() else ()
         super().__init__(
-            _default_trackers() if log_with is None else log_with,
+            log_with,
             project_name="tensorboard",
             logging_dir=self.directory,
             csv_path=self.directory / RUN_RECORD_FILES["metrics"],
@@ -175,12 +172,7 @@ class RunRecordCallback(TrackingCallback):
         return self.directory / RUN_RECORD_FILES[role]
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Write the record's description of the run; open the log file.
-
-        A file that cannot be written (a full disk, a read-only directory) raises an
-        ``OSError`` naming it, here or at a later event, once the record's open files are
-        closed.
-        """
+        """Write the record's description of the run; open the log file."""
         self._check_directory(trainer)
         if trainer.accelerator.is_main_process:
             with self._writing(self.directory, "directory"):
@@ -212,15 +204,13 @@ class RunRecordCallback(TrackingCallback):
         """Send the epoch's metrics; redraw the curves."""
         self._check_log()
         super().on_training_run_epoch_end(trainer)
-        if self.plot and trainer.accelerator.is_main_process:
-            self._draw()
+        self._draw(trainer)
 
     def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
         """Send the last metrics, redraw the curves and close the log file."""
         self._check_log()
         super().on_training_run_end(trainer)
-        if self.plot and trainer.accelerator.is_main_process:
-            self._draw()
+        self._draw(trainer)
         self._in_run = False
         stop = trainer.stopped_by
         if stop is None:
@@ -232,10 +222,7 @@ class RunRecordCallback(TrackingCallback):
             self._close_log()
 
     def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
-        """Record the run as interrupted (Ctrl-C) or failed; close the trackers and the log.
-
-        Only for an exception escaping ``train()`` after the run started; on the main process.
-        """
+        """Record the run as interrupted (Ctrl-C) or failed; close the trackers and the log."""
         try:
             if self._in_run and trainer.accelerator.is_main_process:
                 interrupted = isinstance(exception, KeyboardInterrupt)
@@ -311,20 +298,15 @@ class RunRecordCallback(TrackingCallback):
     def _elsewhere(self, setting: str) -> str:
         return "give RunRecordCallback a directory elsewhere"
 
-    def _draw(self) -> None:
+    def _draw(self, trainer: Trainer) -> None:
         from pytorch_accel.callbacks.plotting import plot_metrics
 
+        if not self.plot or not trainer.accelerator.is_main_process:
+            return
         for source, image in (("metrics", "plot"), ("step_metrics", "step_plot")):
             if self.path(source).exists():
                 with contextlib.suppress(ValueError), self._writing(self.path(image), "directory"):
                     plot_metrics(self.path(source), self.path(image))
-
-
-def _default_trackers() -> tuple[str, ...]:
-    from accelerate.tracking import get_available_trackers
-
-    available = {str(getattr(kind, "value", kind)) for kind in get_available_trackers()}
-    return ("tensorboard",) if "tensorboard" in available else ()
 
 
 def _check_plot(plot: object) -> bool:
@@ -345,11 +327,10 @@ def _check_plot(plot: object) -> bool:
 class _RunLogHandler(logging.FileHandler):
     """The run's ``train.log``: it takes the run's lines only, and closes once the run is over.
 
-    ``on_training_run_end`` closes it; a ``train()`` that raised never gets there, so the
-    first line logged after the run (by any trainer) closes it instead of landing in the
-    failed run's log. A line it cannot write (a full disk) closes it too, and the error is
-    kept in ``failure`` for the callback to raise: a handler's errors do not reach the code
-    that logged.
+    A ``train()`` that raised never reaches ``on_training_run_end``: the first line logged
+    after the run closes it instead. A line it cannot write (a full disk) closes it too, and
+    the error is kept in ``failure`` for the callback to raise (the code that logged never
+    sees a handler's errors).
     """
 
     def __init__(self, path: Path, trainer: weakref.ReferenceType[Trainer]) -> None:

@@ -8,15 +8,9 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._checks import (
-    check_bool,
-    check_metric_name,
-    check_path,
-    check_positive_int,
-    fail,
-)
+from pytorch_accel._checks import check_bool, check_path, check_positive_int, fail
 from pytorch_accel.callback import DefaultPath, RunPaths, TrainerCallback, redirected_paths
-from pytorch_accel.callbacks._watch import MetricWatch, resolve_direction
+from pytorch_accel.callbacks._watch import MetricWatch
 from pytorch_accel.tracking import get_logger
 
 if TYPE_CHECKING:
@@ -32,33 +26,27 @@ _RESERVED_KEYS = frozenset(
 class SaveBestModelCallback(TrainerCallback):
     """Checkpoint the model whenever ``watch_metric`` reaches a new best; load the best at the end.
 
-    At the end of each epoch (``on_training_run_epoch_end``) it reads the latest value of
-    ``watch_metric``. A value strictly better than every earlier one of the run is saved to
-    ``save_path`` with ``trainer.save_checkpoint`` (atomic, written by the main process, so
-    every process takes part). A tie keeps the earlier epoch; NaN is never saved. Every
-    checkpoint holds the metric under its own name and the epoch, e.g.
+    At each epoch's end (``on_training_run_epoch_end``) it reads the latest value of
+    ``watch_metric``; a value strictly better than every earlier one of the run (a tie keeps
+    the earlier epoch, NaN is never saved) is saved to ``save_path`` with
+    ``trainer.save_checkpoint`` (atomic, written by the main process, so every process takes
+    part), with the metric under its own name and the epoch, e.g.
     ``{"model_state_dict": ..., "eval_loss_epoch": 0.12, "epoch": 3}``. At the end of the run
-    (also after an early stop) the best checkpoint is loaded, if one was saved.
-
-    Several ``train()`` calls (stages of one run): with ``reset_on_train=True`` (the default)
-    each call ranks its own epochs and ends with its own best. With ``reset_on_train=False``
-    the ranking spans the calls, and a call ends by loading the best only if that best was
-    saved during the call: a best from an earlier call is never loaded over a later stage's
-    weights (that would silently undo the stages since). The model then keeps the call's
-    last weights, and a message names the earlier best, its epoch and how to load it
-    (``trainer.load_checkpoint(save_path)``). pytorch-accelerated loaded it; here that is
-    asked for explicitly. A resumed ``train(resume_from=...)`` continues the saved call: a
-    best saved before the interruption counts as saved during the call.
+    (also after an early stop) the best checkpoint is loaded, if one was saved. In
+    multi-process runs the main process's value decides, so all processes save and load
+    together.
 
     With ``save_top_k=k > 1`` the ``k`` best epochs are also kept as ``<stem>-epoch<N><suffix>``
-    next to ``save_path`` (``best_model-epoch3.pt`` for ``best_model.pt``); ``save_path`` always
-    holds a copy of the best one. A file that drops out of the top ``k`` is deleted by the main
-    process. With ``save_top_k=1`` only ``save_path`` is written.
+    next to ``save_path`` (``best_model-epoch3.pt`` for ``best_model.pt``), which holds a copy
+    of the best; the main process deletes a file that drops out of the top ``k``.
 
-    With ``reset_on_train=True`` each ``train()`` starts a new ranking: the epoch files of the
-    previous one are deleted when it starts, and ``save_path`` is overwritten at its first
-    epoch end. In multi-process runs the main process's value decides (the trainer's own
-    metrics are the same on every process), so all processes save and load together.
+    Several ``train()`` calls (stages of one run): with ``reset_on_train=True`` each call ranks
+    its own epochs (deleting the previous call's epoch files) and ends with its own best. With
+    ``reset_on_train=False`` the ranking spans the calls, and a call loads the best at its end
+    only if it saved that best itself: a best from an earlier call is never loaded over a later
+    stage's weights; a message names it and how to load it
+    (``trainer.load_checkpoint(save_path)``), where pytorch-accelerated loaded it. A resumed
+    ``train(resume_from=...)`` continues the saved call.
 
     Order ``50``: after callbacks that record metrics at ``on_training_run_epoch_end`` (default
     0, ``ModelEmaCallback`` 40), before ``LogMetricsCallback`` (100) and
@@ -71,8 +59,7 @@ class SaveBestModelCallback(TrainerCallback):
         greater_is_better: Whether larger values of the metric are better. Left out, lower is
             better, with a warning unless the metric's name says it is a loss or an error.
         reset_on_train: Start a new ranking at each ``train()``; ``False`` keeps the best of
-            earlier calls (a later call then saves only what beats them, and loads a best at
-            its end only if it saved one).
+            earlier calls (a later call saves only what beats them).
         save_optimizer: Include the optimizer state in the checkpoints.
         save_scheduler: Include the scheduler state, if there is a scheduler.
         load_saved_checkpoint: Load the best checkpoint at the end of each ``train()`` call,
@@ -85,13 +72,9 @@ class SaveBestModelCallback(TrainerCallback):
 
     Example:
         ```python
-        trainer = Trainer(
-            model, loss_func, optimizer,
-            callbacks=(*DEFAULT_CALLBACKS,
-                       SaveBestModelCallback("checkpoints/best.pt",
-                                             watch_metric="accuracy",
-                                             greater_is_better=True, save_top_k=3)),
-        )
+        best = SaveBestModelCallback("checkpoints/best.pt", watch_metric="accuracy",
+                                     greater_is_better=True, save_top_k=3)
+        trainer = Trainer(model, loss_func, optimizer, callbacks=(*DEFAULT_CALLBACKS, best))
         trainer.train(train_dataset, num_epochs=10, eval_dataset=eval_dataset)
         # checkpoints/best.pt and checkpoints/best-epoch<N>.pt for the 3 best epochs
         ```
@@ -113,8 +96,16 @@ class SaveBestModelCallback(TrainerCallback):
     ) -> None:
         where = "SaveBestModelCallback"
         check_path(where, "save_path", save_path)
-        _check_watch_metric(where, watch_metric)
-        greater_is_better = resolve_direction(where, watch_metric, greater_is_better)
+        self._watch = MetricWatch(where, watch_metric, greater_is_better)
+        if watch_metric in _RESERVED_KEYS:
+            fail(
+                ValueError,
+                where,
+                "watch_metric",
+                watch_metric,
+                f"a name other than the checkpoint keys {sorted(_RESERVED_KEYS)}",
+                "Record the metric under another name.",
+            )
         for name, flag in (
             ("reset_on_train", reset_on_train),
             ("save_optimizer", save_optimizer),
@@ -126,7 +117,7 @@ class SaveBestModelCallback(TrainerCallback):
         self.save_path = Path(save_path)
         self._run_paths = RunPaths(save_path=save_path)
         self.watch_metric = watch_metric
-        self.greater_is_better = greater_is_better
+        self.greater_is_better = self._watch.greater_is_better
         self.reset_on_train = reset_on_train
         self.save_optimizer = save_optimizer
         self.save_scheduler = save_scheduler
@@ -136,7 +127,6 @@ class SaveBestModelCallback(TrainerCallback):
         self.best_metric_epoch: int | None = None
         self._ranking: list[tuple[float, int]] = []  # (value, epoch), best first
         self._best_in_call = False  # whether the current train() call saved best_metric
-        self._watch = MetricWatch(where, watch_metric, greater_is_better)
 
     def redirect_outputs(self, directory: Path) -> AbstractContextManager[None]:
         """Write the best checkpoints under ``directory`` meanwhile (for ``train(dry_run=...)``)."""
@@ -152,14 +142,7 @@ class SaveBestModelCallback(TrainerCallback):
         return [(epoch, value) for value, epoch in self._ranking]
 
     def checkpoint_path(self, epoch: int) -> Path:
-        """Return the file that keeps ``epoch`` when ``save_top_k > 1``.
-
-        Args:
-            epoch: The 1-based epoch number.
-
-        Returns:
-            ``<stem>-epoch<epoch><suffix>`` in the directory of ``save_path``.
-        """
+        """Return the file that keeps the 1-based ``epoch`` when ``save_top_k > 1``."""
         path = self.save_path
         return path.with_name(f"{path.stem}-epoch{epoch}{path.suffix}")
 
@@ -190,9 +173,9 @@ class SaveBestModelCallback(TrainerCallback):
         self, trainer: Trainer, evaluated: bool = True, **kwargs: Any
     ) -> None:
         """Save the epoch if it is a new best or, with ``save_top_k > 1``, in the top ``k``."""
-        local = self._watch.read(trainer, evaluated)
-        value = self._watch.main_value(float("nan") if local is None else local)
-        if self._qualifies(value):
+        value = self._watch.read_main(trainer, evaluated)
+        full = len(self._ranking) >= self.save_top_k
+        if self._watch.is_better(value, self._ranking[-1][0] if full else None):
             self._save(trainer, value, trainer.run_history.current_epoch)
 
     def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
@@ -221,11 +204,6 @@ class SaveBestModelCallback(TrainerCallback):
         trainer.load_checkpoint(
             self.save_path, load_optimizer=self.save_optimizer, load_scheduler=self.save_scheduler
         )
-
-    def _qualifies(self, value: float) -> bool:
-        if len(self._ranking) < self.save_top_k:
-            return self._watch.is_better(value, None)
-        return self._watch.is_better(value, self._ranking[-1][0])
 
     def _save(self, trainer: Trainer, value: float, epoch: int) -> None:
         """Write the epoch's file(s), then delete the file that left the top ``k``."""
@@ -256,16 +234,3 @@ class SaveBestModelCallback(TrainerCallback):
             return
         for epoch in epochs:
             self.checkpoint_path(epoch).unlink(missing_ok=True)
-
-
-def _check_watch_metric(where: str, watch_metric: object) -> None:
-    check_metric_name(where, "watch_metric", watch_metric)
-    if watch_metric in _RESERVED_KEYS:
-        fail(
-            ValueError,
-            where,
-            "watch_metric",
-            watch_metric,
-            f"a name other than the checkpoint keys {sorted(_RESERVED_KEYS)}",
-            "Record the metric under another name.",
-        )

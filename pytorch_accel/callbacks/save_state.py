@@ -30,57 +30,46 @@ if TYPE_CHECKING:
 
 __all__ = ["SaveTrainingStateCallback"]
 
-_SignalHandler = Any  # what signal.signal returns: a callable, an int, or None
+_MAX_STEPS_BETWEEN_CHECKS = 10_000
+_SAME_SIGNAL_SECONDS = 1.0
+"""A signal this soon after the first is the same one, forwarded (torchrun forwards the
+SIGINT or SIGTERM the whole process group got to its workers)."""
+_UNCATCHABLE = frozenset({signal.SIGKILL, signal.SIGSTOP})
 
 
 class SaveTrainingStateCallback(TrainerCallback):
     """Save training states to ``save_dir`` to resume from, and on a preemption signal.
 
-    Each state is a directory written by ``Trainer.save_training_state``: atomic, complete
-    only with its manifest. Resume the newest with ``trainer.train(..., resume_from="latest")``
-    (with this callback among the trainer's callbacks), which also starts afresh when there is
-    none yet, so the same command serves the first launch and every requeue.
+    Each state is a directory written by ``Trainer.save_training_state`` (atomic, complete
+    only with its manifest). ``trainer.train(..., resume_from="latest")``, with this callback
+    among the trainer's callbacks, resumes the newest or starts afresh when there is none, so
+    the same command serves the first launch and every requeue.
 
-    Names: ``updates-<n>`` (every ``save_every_n_steps`` optimizer updates, counted over the
-    run, ``trainer.global_num_updates``, so a later ``train()`` that continues the run never
-    replaces an earlier call's states), ``epoch-<n>`` (every ``save_every_n_epochs`` epochs,
-    numbered as in the run history), ``preempted-<n>``, ``interrupted-<n>`` (Ctrl-C, with
-    ``save_on_interrupt``), ``time-limit-<n>`` (``TimeBudgetCallback``, through
-    ``save_to_resume``) and ``final`` (when training ends, unless preempted or interrupted).
+    Names: ``updates-<n>`` (``n``: ``trainer.global_num_updates``, counted over the run, so
+    a later ``train()`` never replaces an earlier call's states), ``epoch-<n>``,
+    ``preempted-<n>``, ``interrupted-<n>``, ``time-limit-<n>`` (``TimeBudgetCallback``, through
+    ``save_to_resume``) and ``final`` (unless preempted or interrupted).
 
-    On a preemption signal (SIGTERM by default; add ``signal.SIGUSR1`` for SLURM's
-    ``--signal=USR1@90``) the current step is finished, a state is saved, the run stops
+    On a preemption signal the current step is finished, a state is saved, the run stops
     through the usual stop events, and the process exits with status 0 (``SystemExit(0)``
-    after ``on_training_run_end``) unless ``exit_on_preemption=False``, in which case
-    ``train()`` returns. A second signal while the first is handled ends the process at once;
-    one that comes within ``_SAME_SIGNAL_SECONDS`` (1 s) of the first counts as the same (torchrun
-    forwards the signal it received to workers that got it already).
+    after ``on_training_run_end``) unless ``exit_on_preemption=False``. A second signal ends
+    the process at once; one within 1 s of the first is the same (forwarded by torchrun).
+    With ``save_on_interrupt=True``, Ctrl-C is handled the same way, and then
+    ``KeyboardInterrupt`` propagates from ``train()``; a second Ctrl-C interrupts at once.
+    With several processes, they agree whether any received the signal without blocking a
+    step (a small asynchronous all-reduce over gloo about every ``preemption_check_interval``
+    seconds, read at a later step; at once at an epoch's end), so all save the same step, at
+    most about twice the interval (and a step) after the signal.
 
-    With ``save_on_interrupt=True``, Ctrl-C (``SIGINT``) is handled the same way: the current
-    step is finished, ``interrupted-<n>`` is saved (on every process, agreed), the run stops
-    through the usual stop events, and then ``KeyboardInterrupt`` propagates from ``train()``
-    (whatever ``exit_on_preemption`` says), as it would without a save. A second Ctrl-C
-    interrupts at once, without a save. Without it, Ctrl-C raises ``KeyboardInterrupt``
-    wherever the run is, and ``on_exception`` restores the signal handlers.
-    With several processes, the processes agree whether any received the signal without
-    blocking a step: about every ``preemption_check_interval`` seconds (counted in steps that
-    the processes agree on), a step's end starts a small asynchronous all-reduce over gloo
-    that a later step's end reads (by then it has completed in the background), and every
-    epoch's end agrees at once. All processes read the same answer at the same step, so they
-    all save the same step, at most about twice the interval (and a step) after the signal.
+    With ``async_save=True`` the periodic saves stall training only while the state is copied
+    to host memory: it is written in a background thread and published at a later step
+    boundary once every process has written its part. At most one save is in flight; the
+    others wait for it, and ``train()`` returns once every save is complete. A background
+    write's error is raised at the next step boundary or at the run's end. With
+    ``max_checkpoints``, one more state may exist while a save is in flight.
 
-    With ``async_save=True`` the periodic saves (``updates-<n>``, ``epoch-<n>``) stall training
-    only while the state is copied to host memory: the files are written, flushed and digested
-    in a background thread, and the state is published (manifest, rename) at a later step
-    boundary once every process has written its part. At most one save is in flight: a save
-    waits for the previous one. ``preempted-<n>``, ``interrupted-<n>``, ``time-limit-<n>`` and
-    ``final`` are saved blocking (after waiting for one in flight), and ``train()`` returns only
-    once every save is complete. An error of a background write is raised at the next step
-    boundary or at the run's end. With ``max_checkpoints``, one more state may exist while a
-    save is in flight.
-
-    This callback runs after the others of each event (``order = 1000``), so a state saved at
-    the end of a step or an epoch includes what they did in that event.
+    Order ``1000``: after the other callbacks of each event, so a state includes what they
+    did in that event.
 
     Args:
         save_dir: The directory that holds the states (in ``trainer.run_dir`` when left out
@@ -89,13 +78,15 @@ class SaveTrainingStateCallback(TrainerCallback):
         save_every_n_steps: Save after every n-th optimizer update.
         save_at_end: Save ``final`` when ``train()`` ends (not after a preemption).
         max_checkpoints: Keep only the newest this many states (deleted by the main process).
-        preemption_signals: Signals that save a state and stop; ``()`` installs no handler.
+        preemption_signals: Signals that save a state and stop (add ``signal.SIGUSR1`` for
+            SLURM's ``--signal=USR1@90``); ``()`` installs no handler.
         exit_on_preemption: Exit the process with status 0 after a preemption.
         preemption_check_interval: With several processes, about how many seconds pass
             between two agreements on a signal (at least one step; ``0``: after every step).
         save_on_interrupt: On Ctrl-C, save ``interrupted-<n>`` at the end of the current step
             (a state that resumes exactly), then raise ``KeyboardInterrupt``.
-        async_save: Write the periodic saves in the background (see above).
+        async_save: Write the periodic saves (``updates-<n>``, ``epoch-<n>``) in the
+            background.
     """
 
     order = 1000
@@ -146,7 +137,7 @@ class SaveTrainingStateCallback(TrainerCallback):
         self.preempted_by: signal.Signals | None = None
         self._received: int | None = None
         self._received_at = 0.0
-        self._previous: dict[int, _SignalHandler] = {}
+        self._previous: dict[int, Any] = {}  # what signal.signal returned
         self._updates_seen = 0
         self._group: Any = None
         self._signal_flag: AgreedFlag | None = None
@@ -156,8 +147,6 @@ class SaveTrainingStateCallback(TrainerCallback):
     def training_states_dir(self) -> Path:
         """``save_dir``, where ``train(resume_from="latest")`` finds the newest state."""
         return self.save_dir
-
-    # ------------------------------------------------------------------------ events
 
     def redirect_outputs(self, directory: Path) -> AbstractContextManager[None]:
         """Write the training states under ``directory`` meanwhile (for ``train(dry_run=...)``)."""
@@ -225,8 +214,6 @@ class SaveTrainingStateCallback(TrainerCallback):
         self._restore_handlers()
         self._signal_flag = None  # an exchange left open: the other processes may be gone
 
-    # ------------------------------------------------------------------------ saving
-
     def save_to_resume(self, trainer: Trainer, prefix: str) -> Path:
         """Save ``<prefix>-<updates>`` for a run that stops to be resumed; skip ``final``.
 
@@ -287,8 +274,6 @@ class SaveTrainingStateCallback(TrainerCallback):
             flag.start(received, proposal)
         return agreed or None
 
-    # ------------------------------------------------------------------------ signals
-
     def _signals(self) -> tuple[int, ...]:
         """The signals handled: the preemption signals, and SIGINT with ``save_on_interrupt``."""
         interrupt = (int(signal.SIGINT),) if self.save_on_interrupt else ()
@@ -348,13 +333,6 @@ class _Pace:
         return max(1, min(_MAX_STEPS_BETWEEN_CHECKS, int(seconds / max(step_seconds, 1e-9))))
 
 
-_MAX_STEPS_BETWEEN_CHECKS = 10_000
-
-_SAME_SIGNAL_SECONDS = 1.0
-"""A signal this soon after the first is the same one, forwarded (torchrun forwards the
-SIGINT or SIGTERM the whole process group got to its workers)."""
-
-
 def _check_signals(where: str, signals: Iterable[int]) -> tuple[int, ...]:
     try:
         checked = tuple(signal.Signals(signum) for signum in signals)
@@ -379,9 +357,6 @@ def _check_signals(where: str, signals: Iterable[int]) -> tuple[int, ...]:
             "and Kubernetes send SIGTERM (or a signal you choose, e.g. SIGUSR1) first.",
         )
     return tuple(int(signum) for signum in checked)
-
-
-_UNCATCHABLE = frozenset({signal.SIGKILL, signal.SIGSTOP})
 
 
 def _is_state_name(name: str) -> bool:

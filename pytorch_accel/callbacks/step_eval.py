@@ -17,32 +17,26 @@ __all__ = ["StepBasedEvaluationCallback"]
 class StepBasedEvaluationCallback(TrainerCallback):
     """Run an evaluation epoch after every ``eval_every_n_steps`` optimizer updates.
 
-    It counts updates (``trainer.num_updates``), not batches, so gradient accumulation does
-    not change its rhythm, and the count runs across epochs (updates 100, 200, ... of the
-    run). At the end of the training step whose update completes a multiple of the interval,
-    it calls ``trainer.run_eval_epoch()``: the eval events fire with ``is_intermediate=True``,
-    the loss is recorded as ``intermediate_eval_loss``, and the model is back in train mode
-    afterwards. The training loss of the epoch in progress is left untouched, and so is the
-    random state (the evaluation's dataloader draws a seed that would otherwise change the
-    shuffling of later epochs), so training follows the same path as without it. Evaluations are
-    independent of the regular one after each epoch, even when both fall on the same update.
-    Combine with ``LimitEvalStepsCallback`` to evaluate on a few batches only.
+    It counts updates (``trainer.num_updates``, across epochs), not batches, so gradient
+    accumulation does not change its rhythm. At the end of the step whose update completes a
+    multiple of the interval it calls ``trainer.run_eval_epoch()``: the eval events fire with
+    ``is_intermediate=True``, the loss is recorded as ``intermediate_eval_loss``, and the model
+    is back in train mode afterwards, with the epoch's training loss and the random state
+    untouched, so training follows the same path as without it. These evaluations are
+    independent of the one after each epoch. Combine with ``LimitEvalStepsCallback`` to
+    evaluate on a few batches only.
 
-    The run must have an eval set (checked when it starts). Every process evaluates at the
-    same update. A stop raised by a callback during the evaluation ends the run at once in a
-    single process; with several processes the trainer agrees on it at the end of the training
-    epoch (this callback never stops training itself: ``may_stop_training = False``, so steps
-    need no agreement).
-
-    Order ``0`` (the default): it has no order dependency.
+    The run must have an eval set (checked when it starts); every process evaluates at the
+    same update. A callback's stop during the evaluation ends a single process's run at once;
+    with several, the trainer agrees on it at the training epoch's end.
 
     Args:
         eval_every_n_steps: Optimizer updates between two evaluations.
 
     Example:
         ```python
-        trainer = Trainer(model, loss_func, optimizer,
-                          callbacks=(*DEFAULT_CALLBACKS, StepBasedEvaluationCallback(500)))
+        evaluate = StepBasedEvaluationCallback(500)
+        trainer = Trainer(model, loss_func, optimizer, callbacks=(*DEFAULT_CALLBACKS, evaluate))
         trainer.train(train_dataset, num_epochs=3, eval_dataset=eval_dataset)
         trainer.run_history.get_metric_values("intermediate_eval_loss")
         ```

@@ -17,12 +17,11 @@ from accelerate.utils import send_to_device
 from pytorch_accel._checks import check_bool, check_positive_int
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks.defaults import SEPARATOR, format_metrics
-from pytorch_accel.distributed import reduce_across_processes
 from pytorch_accel.tracking import (
     LoggedValues,
     get_logger,
     logged_name,
-    reduction_dtype,
+    read_reduced,
     setup_logging,
 )
 
@@ -41,33 +40,28 @@ class StepMetrics:
 
     Nothing is read on the host between logging points: the interval's loss is the difference
     of the trainer's on-device running sum (``trainer.train_loss_tracker``) between two points,
-    carried over epoch ends; the learning rates are Python numbers in the optimizer's
-    parameter groups (a tensor learning rate is read with the rest); the gradient norm, when
-    asked for, is that of the update at the logging point (``trainer.grad_norm`` when
-    ``train(max_grad_norm=...)`` computes it, else computed then on the device). At each
-    logging point everything is stacked into one tensor, combined across processes with one
-    collective when there are several (``reduce_across_processes``), and read with one
-    ``tolist()``.
+    carried over epoch ends. At each logging point everything is stacked into one tensor,
+    combined across processes with one collective (``reduce_across_processes``) and read
+    with one ``tolist()``.
 
     The metrics, by name:
 
-    - ``train_loss_step``: the sample-weighted mean training loss over the interval, over
-      every process.
+    - ``train_loss_step``: the sample-weighted mean training loss over the interval.
     - ``lr`` (one parameter group), or ``lr_group_0``, ``lr_group_1``, ...: the learning rate
-      the update at the logging point used (at the end of a run, the last update's, kept
-      when it was made: a callback that loads a checkpoint at the run's end changes nothing).
-    - ``grad_norm``: the total gradient norm of that update, before clipping (if asked for).
-    - ``samples_per_second``: the interval's samples, over every process, per second of wall
-      clock, without the evaluations run inside it.
+      the update at the logging point used (at the end of a run, the last update's).
+    - ``grad_norm``: the total gradient norm of that update, before clipping (if asked for;
+      ``trainer.grad_norm`` when ``train(max_grad_norm=...)`` computed it).
+    - ``samples_per_second``: the interval's samples per second of wall clock, without the
+      evaluations run inside it.
     - ``max_memory_allocated_gb``: the peak memory allocated on this process's accelerator
-      since the program started (or since its peak was last reset), on CUDA and XPU.
-    - ``train_<name>_step``: each value logged in the interval's training steps with
-      ``trainer.log`` (or an extra scalar of ``batch_output``), reduced over the interval's
-      calls and every process as logged (a mean by default); it rides in the same collective.
+      (CUDA and XPU).
+    - ``train_<name>_step``: each value logged in the interval with ``trainer.log`` (or an
+      extra scalar of ``batch_output``), reduced as logged (a mean by default).
+
+    Every value is over all processes.
 
     The logging points are the multiples of ``every_n_updates`` in the run's update count
-    (``trainer.global_num_updates``), which continues across ``train()`` calls that continue
-    the run (``reset_run_history=False``).
+    (``trainer.global_num_updates``).
 
     Args:
         every_n_updates: The interval, in optimizer updates.
@@ -131,8 +125,20 @@ class StepMetrics:
         self._seen = (None, 0)
 
     def end_epoch(self, trainer: Trainer) -> None:
-        """Carry the epoch's part of the interval over (at ``on_train_epoch_end``)."""
-        self._take(trainer)
+        """Add what the running loss gained since last seen to the interval (on the device).
+
+        At ``on_train_epoch_end`` (the epoch's part is carried over) and at each read.
+        """
+        tracker = trainer.train_loss_tracker
+        total = tracker.total_loss
+        if total is None:
+            return
+        count = tracker.running_count
+        seen_total, seen_count = self._seen
+        gained = total if seen_total is None else total - seen_total
+        self._loss = gained if self._loss is None else self._loss + gained
+        self._count = self._count + (count - seen_count)
+        self._seen = (total, count)
 
     def pause(self) -> None:
         """Stop the clock, for an evaluation inside the interval."""
@@ -157,8 +163,8 @@ class StepMetrics:
     def after_update(self, trainer: Trainer) -> None:
         """Keep the learning rates the update used (``on_optimizer_step_end``, per update).
 
-        Read at the run's end, after the scheduler's last step and whatever the run-end
-        callbacks load; a tensor rate is copied on the device (the scheduler fills it in place).
+        Kept now, as run-end callbacks may load a checkpoint; a tensor rate is copied on the
+        device (the scheduler fills it in place).
         """
         self._update_lrs = [
             lr.clone() if isinstance(lr, torch.Tensor) else lr
@@ -168,15 +174,14 @@ class StepMetrics:
     def read(self, trainer: Trainer) -> dict[str, float] | None:
         """Read the interval's metrics (one host read) and start the next interval.
 
-        Every process must call it at the same update: several processes combine their
-        values with one collective.
+        Every process must call it at the same update (one collective).
 
         Returns:
             The metrics, or ``None`` if no update was made since the last read.
         """
         if trainer.global_num_updates == self._logged_at:
             return None
-        self._take(trainer)
+        self.end_epoch(trainer)
         lrs = self._update_lrs or [group["lr"] for group in trainer.optimizer.param_groups]
         logged = self._logged.take()
         values = self._read_on_host(trainer, lrs, logged)
@@ -199,38 +204,20 @@ class StepMetrics:
         self._reset_interval(time.perf_counter(), trainer.global_num_updates)
         return metrics
 
-    def _take(self, trainer: Trainer) -> None:
-        """Add what the running loss gained since it was last seen to the interval (on device)."""
-        tracker = trainer.train_loss_tracker
-        total = tracker.total_loss
-        if total is None:
-            return
-        count = tracker.running_count
-        seen_total, seen_count = self._seen
-        gained = total if seen_total is None else total - seen_total
-        self._loss = gained if self._loss is None else self._loss + gained
-        self._count = self._count + (count - seen_count)
-        self._seen = (total, count)
-
     def _read_on_host(self, trainer: Trainer, lrs: list[Any], logged: LoggedValues) -> list[float]:
         """Stack the interval's device values, combine them across processes, read them once.
 
         The loss and sample count are summed, the gradient norm and learning rates averaged
         (the same on every process), the logged values reduced as they were logged.
         """
-        device = trainer.device
-        dtype = reduction_dtype(device)
         parts: list[Any] = [0.0 if self._loss is None else self._loss, self._count]
         if self._grad_norm is not None:
             parts.append(self._grad_norm)
         parts += [lr for lr in lrs if isinstance(lr, torch.Tensor)]
         reductions = ["sum", "sum"] + ["mean"] * (len(parts) - 2)
         logged_parts, logged_reductions = logged.parts()
-        parts += logged_parts
-        packed = torch.stack([torch.as_tensor(part).to(device, dtype) for part in parts])
-        packed = reduce_across_processes(packed, reductions + logged_reductions)
-        values: list[float] = packed.tolist()  # the one host read of the interval
-        return values
+        # the one host read of the interval
+        return read_reduced(parts + logged_parts, reductions + logged_reductions, trainer.device)
 
 
 def _total_norm(model: torch.nn.Module) -> torch.Tensor | None:
@@ -263,11 +250,10 @@ class StepLoggingCallback(TrainerCallback):
     Every ``log_every_n_updates`` updates, and once more at the end of a training run for the
     updates since the last logging point, it calls ``log_step(trainer, metrics, step)`` with
     ``step`` the update count of the run (``trainer.global_num_updates``: it continues across
-    ``train()`` calls that continue the run with ``reset_run_history=False``, and restarts
-    at 0 with a new run). By default that logs one line on the ``pytorch_accel`` logger
-    (``update 50/360  train_loss_step 0.4121  lr 0.001 ...``, out of the run's updates up
-    to the end of this call); override ``log_step`` to send the metrics elsewhere.
-    ``TrackingCallback`` is one: it sends them to the experiment trackers and a CSV file.
+    ``train(reset_run_history=False)`` calls and restarts at 0 with a new run). By default
+    that logs one line on the ``pytorch_accel`` logger (``update 50/360  train_loss_step
+    0.4121  lr 0.001 ...``); override ``log_step`` to send the metrics elsewhere, as
+    ``TrackingCallback`` does.
 
     Between logging points it reads nothing on the host; at each, one host read and, with
     several processes, one collective (every process must run the callback). Order ``100``.
@@ -305,11 +291,7 @@ class StepLoggingCallback(TrainerCallback):
         )
 
     def rank_state_dict(self) -> dict[str, Any]:
-        """Return this process's part of the logging interval (saved in training states).
-
-        A run resumed in the middle of an interval then logs the same interval values as an
-        uninterrupted run.
-        """
+        """Return this process's part of the logging interval (saved in training states)."""
         return {} if self.step_metrics is None else self.step_metrics.state_dict()
 
     def load_rank_state_dict(self, state: Mapping[str, Any]) -> None:

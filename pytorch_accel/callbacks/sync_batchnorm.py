@@ -19,18 +19,16 @@ class ConvertSyncBatchNormCallback(TrainerCallback):
     """Replace every ``BatchNorm*d`` with ``SyncBatchNorm`` in multi-GPU runs.
 
     Batch statistics are then computed over the global batch instead of each process's share.
-    The conversion happens at ``on_init_end``, before the first ``train()`` or ``evaluate()``
-    wraps the model in ``DistributedDataParallel`` (converting a wrapped model has no effect
-    on the wrapper), so pass this callback to the ``Trainer`` constructor. Parameters are
-    kept, so the optimizer built on the original model stays valid.
-
-    Single-process runs are left unchanged, and so are multi-process CPU runs: PyTorch's DDP
-    rejects SyncBatchNorm on CPU, so a warning says statistics stay per process there.
+    The conversion happens at ``on_init_end``, before the model is wrapped in
+    ``DistributedDataParallel``, so pass this callback to the ``Trainer`` constructor. The
+    parameters are kept, so the optimizer stays valid. Single-process runs are left
+    unchanged, and so are multi-process CPU runs (DDP rejects SyncBatchNorm on CPU), with a
+    warning.
 
     Example:
         ```python
-        trainer = Trainer(model, loss_func, optimizer,
-                          callbacks=(*DEFAULT_CALLBACKS, ConvertSyncBatchNormCallback()))
+        sync = ConvertSyncBatchNormCallback()
+        trainer = Trainer(model, loss_func, optimizer, callbacks=(*DEFAULT_CALLBACKS, sync))
         ```
     """
 

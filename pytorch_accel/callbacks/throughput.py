@@ -23,13 +23,10 @@ class EpochThroughput:
     """What ``ThroughputCallback`` measured in one training epoch.
 
     Attributes:
-        samples: Samples processed by all processes, including those accelerate repeats to
-            even out the last batches.
-        updates: Optimizer updates (per process; all processes take the same ones).
-        seconds: Wall-clock time of the epoch, the slowest process's, without intermediate
-            evaluations.
-        data_wait_fraction: Fraction of the epoch spent waiting for batches, the largest of
-            any process.
+        samples: Samples processed by all processes (with those accelerate repeats).
+        updates: Optimizer updates (the same on every process).
+        seconds: The slowest process's wall-clock time, without intermediate evaluations.
+        data_wait_fraction: The largest fraction of the epoch any process waited for batches.
     """
 
     samples: int
@@ -43,35 +40,27 @@ class ThroughputCallback(TrainerCallback):
 
     At the end of each training epoch it records ``train_samples_per_second`` (over all
     processes), ``train_updates_per_second`` and ``train_data_wait_fraction``: the time from
-    each ``on_train_step_end`` (and from the epoch's start) to the next
-    ``on_train_step_start``, which is mostly the dataloader producing the next batch, divided
-    by the epoch's wall-clock time. A fraction near 1 means the model waits on the input
-    pipeline (more ``num_workers``, faster transforms); near 0, the steps dominate.
+    each step's end (and the epoch's start) to the next step's start, mostly the dataloader
+    producing the next batch, divided by the epoch's wall-clock time. Near 1, the model waits
+    on the input pipeline (more ``num_workers``, faster transforms); near 0, the steps dominate.
 
-    It adds no host synchronisation to the steps: times come from ``time.perf_counter`` and
-    batch sizes are Python ints; a tensor ``batch_output["batch_size"]`` is summed on the
-    device and read once at the epoch's end. With several processes the counts are combined
-    with one collective per epoch, so every process records the same values.
-
-    On GPUs the steps only queue work: the device catches up when the epoch's loss is read
-    (the trainer does that just before ``on_train_epoch_end``), so the epoch's wall-clock time,
-    which ends at ``on_train_epoch_end``, includes that synchronisation, and the time inside
-    a step is mostly the host enqueueing work. The rates are right over an epoch; the
-    data-wait fraction can read high when the host runs ahead of the device (the wait then
-    overlaps device work). Time spent in intermediate evaluations (a callback calling
-    ``trainer.run_eval_epoch`` inside the epoch) is left out. Order ``90``: it records before
-    ``LogMetricsCallback`` (100) logs the epoch's metrics. Its counts and clocks are part of
-    the training state (``rank_state_dict``, one per process), so an epoch resumed in the
-    middle reports the rates of the whole epoch, with the time before the save counted once
-    and the restart not at all.
+    The steps make no host read: times come from ``time.perf_counter``, a tensor
+    ``batch_output["batch_size"]`` is summed on the device and read at the epoch's end, and
+    one collective per epoch combines the processes' counts, so all record the same values.
+    On GPUs the device catches up when the epoch's loss is read, just before
+    ``on_train_epoch_end``: the rates are right over an epoch, while the data-wait fraction
+    can read high when the host runs ahead of the device. Intermediate evaluations are left
+    out. Order ``90``: before ``LogMetricsCallback`` (100). Its counts and clocks are part of
+    the training state (``rank_state_dict``), so an epoch resumed in the middle reports the
+    rates of the whole epoch, without the restart.
 
     Attributes:
         last_epoch: The raw measurements of the last epoch, or ``None`` before the first.
 
     Example:
         ```python
-        trainer = Trainer(model, loss_func, optimizer,
-                          callbacks=(*DEFAULT_CALLBACKS, ThroughputCallback()))
+        throughput = ThroughputCallback()
+        trainer = Trainer(model, loss_func, optimizer, callbacks=(*DEFAULT_CALLBACKS, throughput))
         trainer.train(train_dataset, num_epochs=3)
         trainer.run_history.get_latest_metric("train_samples_per_second")
         ```
@@ -129,9 +118,8 @@ class ThroughputCallback(TrainerCallback):
 
     def on_train_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """End the wait for this batch."""
-        now = time.perf_counter()
         if self._waiting_since is not None:
-            self._wait += now - self._waiting_since
+            self._wait += time.perf_counter() - self._waiting_since
             self._waiting_since = None
 
     def on_train_step_end(
@@ -178,10 +166,7 @@ class ThroughputCallback(TrainerCallback):
     def _combine(
         self, trainer: Trainer, seconds: float, wait_fraction: float
     ) -> tuple[int, float, float]:
-        """Total the samples and take the slowest process's time and wait (one collective).
-
-        A single process with int batch sizes needs no tensor at all.
-        """
+        """Total the samples and take the slowest process's time and wait (one collective)."""
         local = self._tensor_samples
         if trainer.accelerator.num_processes == 1 and local is None:
             return self._samples, seconds, wait_fraction

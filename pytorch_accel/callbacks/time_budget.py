@@ -23,26 +23,21 @@ __all__ = ["TimeBudgetCallback"]
 class TimeBudgetCallback(TrainerCallback):
     """Stop ``train()`` once ``max_time`` has passed since it started (Lightning's ``max_time``).
 
-    The clock starts at ``on_training_run_start`` of every ``train()`` call (a resumed run gets
-    a fresh budget: the budget is that of one job). It is read after every
-    ``check_every_n_steps``-th step and after every epoch (with its evaluation); when it is
-    over, the run stops there through the usual stop events (``trainer.stopped_by`` says why).
-    A step or an evaluation in progress is finished first, so the run overruns the budget by at
-    most one step (or one eval epoch): leave that margin below a cluster's limit.
+    The clock starts at ``on_training_run_start`` of every ``train()`` call (a resumed run
+    gets a fresh budget, that of one job) and is read after every ``check_every_n_steps``-th
+    step and every epoch (with its evaluation); once over, the run stops there through the
+    usual stop events (``trainer.stopped_by`` says why). The step or evaluation in progress is
+    finished first: leave a margin of one step (or eval epoch) below a cluster's limit.
 
-    With several processes, the processes agree at each check whether any of them is over,
-    so all stop after the same step, and the collectives of the next step never wait for a
-    process that stopped. No step waits for that agreement: the clock is read one step before
-    each check and a small asynchronous all-reduce over gloo started, which the check reads
-    (by then it has completed in the background); at an epoch's end they agree at once. A run
-    of several processes may so overrun the budget by one more step.
+    With several processes, they agree at each check whether any is over, so all stop after
+    the same step. No step waits for that: the clock is read one step before each check and a
+    small asynchronous all-reduce over gloo started, which the check reads; at an epoch's end
+    they agree at once. Such a run may overrun the budget by one more step.
 
-    If a ``SaveTrainingStateCallback`` is among the trainer's callbacks, a training state
+    With a ``SaveTrainingStateCallback`` among the trainer's callbacks, a training state
     ``time-limit-<updates>`` is saved in its ``save_dir`` before stopping (and no ``final``),
-    so ``train(..., resume_from="latest")`` continues the run where the budget ended it.
-
-    This callback runs after the others of each event (``order = 1001``, after
-    ``SaveTrainingStateCallback``), so the state it saves includes what they did.
+    so ``train(..., resume_from="latest")`` continues the run. Order ``1001``: after the other
+    callbacks (and ``SaveTrainingStateCallback``), so the state includes what they did.
 
     Args:
         max_time: The budget: seconds, or a ``datetime.timedelta``.
@@ -84,13 +79,9 @@ class TimeBudgetCallback(TrainerCallback):
         """Stop if the budget is over, every ``check_every_n_steps`` steps."""
         self._steps += 1
         every, flag = self.check_every_n_steps, self._over
-        if flag is None:
-            if self._steps % every == 0:
-                self._stop_if(trainer, self._read_clock())
-            return
-        if self._steps % every == 0:
-            self._stop_if(trainer, bool(flag.finish()))  # read one step before, on every process
-        if (self._steps + 1) % every == 0:
+        if self._steps % every == 0:  # several processes: read one step before, on every one
+            self._stop_if(trainer, self._read_clock() if flag is None else bool(flag.finish()))
+        if flag is not None and (self._steps + 1) % every == 0:
             flag.start(int(self._read_clock()))
 
     def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:

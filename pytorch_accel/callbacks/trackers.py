@@ -9,10 +9,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from pytorch_accel._checkpointing.files import write_error
-from pytorch_accel._checks import callable_name, check_mapping, fail
+from pytorch_accel._checks import check_choice, check_mapping, fail
 from pytorch_accel.callback import DefaultPath, RunPaths, redirected_paths
 from pytorch_accel.callbacks._metrics_csv import (
     STEP_COLUMN,
@@ -21,6 +19,7 @@ from pytorch_accel.callbacks._metrics_csv import (
     read_metrics_rows,
     write_metrics_csv,
 )
+from pytorch_accel.callbacks._run_info import described
 from pytorch_accel.callbacks.defaults import format_metrics
 from pytorch_accel.callbacks.step_logging import DEFAULT_LOG_EVERY_N_UPDATES, StepLoggingCallback
 from pytorch_accel.tracking import MetricCursor, get_logger, reported_float
@@ -35,14 +34,6 @@ __all__ = ["TrackingCallback", "hparams_of"]
 _INSTALL_HINTS = {"tensorboard": 'pip install "pytorch-accel[tracking]"'}
 
 
-def _no_trainer() -> None:
-    return None
-
-
-_NO_TRAINER: Any = _no_trainer
-"""Called like a dead ``weakref.ref``: no trainer yet."""
-
-
 class TrackingCallback(StepLoggingCallback):
     """Log metrics to accelerate's experiment trackers (TensorBoard, W&B, ...) and CSV files.
 
@@ -52,43 +43,32 @@ class TrackingCallback(StepLoggingCallback):
     ``"dvclive"``, ``"swanlab"``, ``"trackio"``) or as ``accelerate.tracking.GeneralTracker``
     instances you built. One run of the trainer is one tracker run: the trackers are started
     by the run's first ``train()`` or ``evaluate()``, receive the run config then
-    (``trainer.run_config.to_dict()`` flattened by ``hparams_of``, plus ``config``), and stay
+    (``trainer.run_config.to_dict()`` and ``config``, flattened by ``hparams_of``), and stay
     open across the calls that continue the run (``train(reset_run_history=False)``,
     ``evaluate()``), flushed at the end of each. They are finished when a new run starts (a
     ``train()`` that resets the run history, or a resumed one), when another trainer's
     ``TrackingCallback`` starts its run (W&B and MLflow have one run at a time), by
     ``finish()``, or at exit.
 
-    Metrics are sent as in ``LogMetricsCallback``: each newly recorded one, with its latest
-    value, at the end of each training-run epoch (step = the epoch number) and of each
-    evaluation run (step = the number of epochs trained so far). A run stopped inside an epoch
-    sends that epoch's metrics at its end. Trackers get the numeric values; the CSV file gets
-    every value. With ``epoch_x_axis="update"`` the trackers get them at step = the run's
-    update count then (``trainer.global_num_updates``), the axis of the step-level metrics,
-    and the CSV file gets an ``update`` column with it.
+    Epoch-level metrics are sent as in ``LogMetricsCallback``: each newly recorded one, with
+    its latest value, at the end of each training-run epoch (step = the epoch number) and of
+    each evaluation run (step = the epochs trained so far); with ``epoch_x_axis="update"`` at
+    step = the run's update count (``trainer.global_num_updates``), in an ``update`` column
+    of the CSV file too. Trackers get the numeric values; the CSV file gets every value.
 
-    Step-level metrics (a ``StepLoggingCallback``): every ``log_every_n_updates`` optimizer
-    updates (50 by default) and at the end of the run, ``train_loss_step`` (the mean over the
-    interval), ``lr`` (or ``lr_group_<i>``), ``grad_norm`` (with ``log_grad_norm=True``),
-    ``samples_per_second`` and, on CUDA or XPU, ``max_memory_allocated_gb`` go to every
-    tracker with step = the update count of the run (``trainer.global_num_updates``, which
-    continues across the ``train()`` calls of a run), and to a second CSV file beside
-    ``csv_path``, ``<stem>_steps.csv`` (a ``step`` column, one row per logging point,
-    appended to; a new run starts it afresh). Between logging points nothing is read on the
-    host; at each, one read (see ``StepMetrics``).
+    Step-level metrics (a ``StepLoggingCallback``, see ``StepMetrics``) go every
+    ``log_every_n_updates`` updates and at the run's end to every tracker, at step = the
+    run's update count, and to ``<stem>_steps.csv`` beside ``csv_path`` (a ``step`` column,
+    one row per logging point, appended to).
 
     The CSV file (``csv_path``, on the main process) has one row per epoch: an ``epoch``
     column, then one column per metric in alphabetical order, empty where a metric has no
-    value that epoch. It is rewritten atomically after each logging point, so it is always
-    complete and readable; a new ``train()`` that resets the run history starts it afresh. Give
-    each run its own ``csv_path`` and ``project_name`` to keep several. Order ``100``: it
-    sends what every other callback recorded at the same event.
-
-    A resumed ``train(resume_from=...)`` keeps the rows both files hold up to the training
-    state (its epochs before ``run_history.current_epoch``, its updates up to
-    ``global_num_updates``) and writes the later ones again as the run redoes them: each file stays
-    one series. A ``"tensorboard"`` tracker is then created with ``purge_step`` the next
-    update, which hides from TensorBoard what the stopped run logged after the state.
+    value that epoch; it is rewritten atomically after each logging point. A new run starts
+    both files afresh: give each run its own ``csv_path`` and ``project_name`` to keep
+    several. A resumed ``train(resume_from=...)`` keeps the rows up to the training state and
+    writes the later ones again as the run redoes them, so each file stays one series; a
+    ``"tensorboard"`` tracker is then created with ``purge_step`` the next update. Order
+    ``100``: it sends what every other callback recorded at the same event.
 
     A file that cannot be written (a full disk, a read-only directory) raises an ``OSError``
     naming it, once the trackers are finished.
@@ -112,7 +92,8 @@ class TrackingCallback(StepLoggingCallback):
 
     Raises:
         ValueError: If a tracker name is unknown, ``log_every_n_updates`` is not a
-            positive int, or ``epoch_x_axis`` is neither ``"epoch"`` nor ``"update"``.
+            positive int, or ``epoch_x_axis`` is neither ``"epoch"`` nor ``"update"``
+            (a ``TypeError`` if it is not a string).
         ImportError: If the package of a named tracker is not installed.
 
     Example:
@@ -143,15 +124,8 @@ class TrackingCallback(StepLoggingCallback):
         epoch_x_axis: str = "epoch",
     ) -> None:
         super().__init__(log_every_n_updates, log_grad_norm)
-        if epoch_x_axis not in ("epoch", "update"):
-            fail(
-                ValueError,
-                "TrackingCallback",
-                "epoch_x_axis",
-                epoch_x_axis,
-                "'epoch' or 'update'",
-                "Pass 'update' to draw the epoch metrics on the step metrics' axis.",
-            )
+        fix = "Pass 'update' to draw the epoch metrics on the step metrics' axis."
+        check_choice("TrackingCallback", "epoch_x_axis", epoch_x_axis, ("epoch", "update"), fix)
         self.epoch_x_axis = epoch_x_axis
         self.log_with = _check_trackers(log_with)
         _check_strings(project_name, logging_dir, csv_path)
@@ -169,7 +143,7 @@ class TrackingCallback(StepLoggingCallback):
         self._step_rows: dict[int, dict[str, Any]] = {}
         self._cursor = MetricCursor()
         self._purge_step: int | None = None
-        self._trainer: weakref.ReferenceType[Trainer] = _NO_TRAINER
+        self._trainer: weakref.ReferenceType[Trainer] | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
 
     @contextlib.contextmanager
@@ -205,11 +179,7 @@ class TrackingCallback(StepLoggingCallback):
         return path.with_name(f"{path.stem}_steps{path.suffix or '.csv'}")
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Start the trackers and store the run config; start the first step interval.
-
-        A resumed run keeps the CSV files' rows up to the training state it resumed from
-        and drops the later ones, which it does again (see ``_continue_files``).
-        """
+        """Start the trackers and store the run config; start the first step interval."""
         resumed = trainer.resumed_from is not None
         new_run = resumed or not _continues(trainer)
         purge_step = trainer.global_num_updates + 1 if resumed else None
@@ -242,9 +212,7 @@ class TrackingCallback(StepLoggingCallback):
     def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
         """Finish the trackers (flushed and closed): a failed or interrupted run is over.
 
-        What the run sent so far stays (the CSV files are complete after each logging point);
-        nothing more is sent, and no collective is called (other processes may not have
-        failed). A later ``train()`` starts a new tracker run.
+        What was sent stays; no collective is called (other processes may not have failed).
         """
         _finish_trackers(self.trackers, quietly=True)  # it may fail on the same full disk
         self._drop_finalizer()
@@ -252,11 +220,10 @@ class TrackingCallback(StepLoggingCallback):
     def finish(self) -> None:
         """Finish the trackers of the run now (else at the next run's start, or at exit).
 
-        The trackers of a run stay open across the ``train()`` and ``evaluate()`` calls
-        that continue it, so the run is one tracker run; call this when it is over, to close
-        it before the program ends (a W&B or MLflow run, a TensorBoard file).
+        Call it when the run is over, to close it before the program ends (a W&B or MLflow
+        run, a TensorBoard file).
         """
-        self._finish()
+        _finish_trackers(self.trackers)
 
     def log_step(self, trainer: Trainer, metrics: dict[str, float], step: int) -> None:
         """Send one step-level logging point to the trackers and the step CSV (main process)."""
@@ -274,10 +241,8 @@ class TrackingCallback(StepLoggingCallback):
     def log_images(self, images: Mapping[str, Any], step: int, **kwargs: Any) -> None:
         """Send images to the trackers that take them (TensorBoard, W&B, Aim, ...).
 
-        Call it while the trackers are open (from the run's first ``train()`` or
-        ``evaluate()`` until the run is finished), e.g. from a callback's
-        ``on_eval_epoch_end``. On processes other than the main one there are no trackers, and
-        it does nothing.
+        Call it while the trackers are open, e.g. from a callback's ``on_eval_epoch_end``; on
+        processes other than the main one there are no trackers, and it does nothing.
 
         Args:
             images: Tag -> images, in the form the trackers take: for TensorBoard a batch
@@ -291,13 +256,7 @@ class TrackingCallback(StepLoggingCallback):
                 tracker.log_images(dict(images), step=step, **kwargs)
 
     def _continue_files(self, trainer: Trainer) -> None:
-        """Keep the CSV files' rows up to the resumed state; drop those the run does again.
-
-        The state holds the epochs before ``run_history.current_epoch`` and the updates up to
-        ``num_updates``: their rows, written before the run was stopped, stay as they are;
-        the later rows are written again as the run redoes them, so each file stays one
-        series, without gaps or repeated rows.
-        """
+        """Keep the CSV files' rows up to the resumed state; drop those the run does again."""
         if self.csv_path is not None:
             epoch = trainer.run_history.current_epoch
             rows = read_metrics_rows(self.csv_path) if self.csv_path.exists() else self._rows
@@ -373,19 +332,15 @@ class TrackingCallback(StepLoggingCallback):
             kwargs = dict(self.init_kwargs.get(entry, {}))
             if entry == "tensorboard" and self._purge_step is not None:
                 kwargs.setdefault("purge_step", self._purge_step)
-            if tracker_class.requires_logging_directory:
-                trackers.append(tracker_class(self.project_name, self.logging_dir, **kwargs))
-            else:
-                trackers.append(tracker_class(self.project_name, **kwargs))
+            directory = (self.logging_dir,) if tracker_class.requires_logging_directory else ()
+            trackers.append(tracker_class(self.project_name, *directory, **kwargs))
         return trackers
 
     def _start(self, trainer: Trainer, purge_step: int | None = None, new_run: bool = True) -> None:
         """Start the trackers, unless the run continues with them open.
 
-        A new run (``new_run``) finishes the trackers of the last one (also left open by a
-        run that ended with an error) and starts new ones (TensorBoard's dropping what it
-        holds from ``purge_step`` on); so do the trackers of another trainer's
-        ``TrackingCallback`` that are still open (W&B and MLflow have one run at a time).
+        A new run finishes the trackers of the last one, and those another trainer's
+        ``TrackingCallback`` holds open (W&B and MLflow have one run at a time).
         """
         if not trainer.accelerator.is_main_process:
             return
@@ -396,10 +351,10 @@ class TrackingCallback(StepLoggingCallback):
         self._cursor.skip_to_end(history)
         if self.trackers and not new_run:
             return
-        self._finish()
+        self.finish()
         for other in list(_OPEN):
-            if other._trainer() is not trainer:
-                other._finish()
+            if other._trainer is None or other._trainer() is not trainer:
+                other.finish()
         self._purge_step = purge_step
         self.trackers = self.create_trackers()
         self._trainer = weakref.ref(trainer)
@@ -439,9 +394,6 @@ class TrackingCallback(StepLoggingCallback):
             with self._writing(self.csv_path, "csv_path"):
                 write_metrics_csv(self._rows, self.csv_path)
 
-    def _finish(self) -> None:
-        _finish_trackers(self.trackers)
-
     def _flush(self) -> None:
         """Write what the trackers hold to their files (TensorBoard's writer buffers it)."""
         for tracker in self.trackers:
@@ -474,7 +426,7 @@ def _continues(trainer: Trainer) -> bool:
 
 
 def hparams_of(config: Mapping[str, Any], prefix: str = "") -> dict[str, bool | int | float | str]:
-    """Flatten a config into values every tracker accepts as hyperparameters.
+    """Flatten a config into a flat dict every tracker accepts as hyperparameters.
 
     Nested mappings become ``parent.child`` keys; ``bool``, ``int``, ``float`` and ``str``
     are kept; ``None`` becomes ``"None"``; callables become their qualified name, other
@@ -483,9 +435,6 @@ def hparams_of(config: Mapping[str, Any], prefix: str = "") -> dict[str, bool | 
     Args:
         config: E.g. ``trainer.run_config.to_dict()``.
         prefix: Prepended to every key.
-
-    Returns:
-        A flat dict, JSON- and TensorBoard-hparams friendly.
     """
     flat: dict[str, bool | int | float | str] = {}
     for key, value in config.items():
@@ -500,24 +449,17 @@ def hparams_of(config: Mapping[str, Any], prefix: str = "") -> dict[str, bool | 
 def _hparam(value: Any) -> bool | int | float | str:
     if isinstance(value, (bool, int, float, str)):
         return value
-    if value is None:
-        return "None"
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return value.item()
-    if callable(value) and hasattr(value, "__qualname__"):
-        return callable_name(value)
-    text = str(value)
-    return type(value).__qualname__ if " at 0x" in text else text
+    return "None" if value is None else described(value)
 
 
 def _check_trackers(
     log_with: str | GeneralTracker | Iterable[str | GeneralTracker],
 ) -> tuple[str | GeneralTracker, ...]:
     """Normalise ``log_with`` to a tuple; check the names are known and installed."""
-    from accelerate.tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker, get_available_trackers
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker
 
     entries = (log_with,) if isinstance(log_with, (str, GeneralTracker)) else tuple(log_with)
-    available = {str(getattr(kind, "value", kind)) for kind in get_available_trackers()}
+    available = available_trackers()
     for entry in entries:
         if isinstance(entry, GeneralTracker):
             continue
@@ -537,6 +479,13 @@ def _check_trackers(
                 f"Install it ({hint}), or leave it out of log_with."
             )
     return entries
+
+
+def available_trackers() -> set[str]:
+    """The names of the trackers whose packages are installed."""
+    from accelerate.tracking import get_available_trackers
+
+    return {str(getattr(kind, "value", kind)) for kind in get_available_trackers()}
 
 
 def _check_strings(project_name: object, logging_dir: object, csv_path: object) -> None:

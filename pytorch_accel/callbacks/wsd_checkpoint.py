@@ -23,16 +23,13 @@ POST_DECAY = "wsd_post_decay"
 class WSDCheckpointCallback(TrainerCallback):
     """Save a checkpoint before and after every decay phase of a `WSDLrScheduler`.
 
-    After the last stable update of each period it writes
+    After the last stable update of each period (counted by the scheduler) it writes
     `<save_dir>/checkpoint_<update>_wsd_pre_decay.pt` (with the optimizer and scheduler, to
     continue from), and after the period's last decay update
-    `<save_dir>/checkpoint_<update>_wsd_post_decay.pt`. Both are written with
-    `Trainer.save_checkpoint`: by the main process only, atomically, and loadable with
-    `Trainer.load_checkpoint` or `load_pretrained_weights`. Each file also holds `step`,
-    `checkpoint_type`, `total_steps` and `decay_phase_ratio`.
-
-    Updates are counted by the scheduler, so a checkpoint is saved after the update whose
-    learning rate was the end of a stable phase or of a decay.
+    `<save_dir>/checkpoint_<update>_wsd_post_decay.pt`, with `Trainer.save_checkpoint` (by the
+    main process, atomically; loadable with `Trainer.load_checkpoint` or
+    `load_pretrained_weights`). Each file also holds `step`, `checkpoint_type`, `total_steps`
+    and `decay_phase_ratio`.
 
     Args:
         save_dir: The directory of the checkpoint files (created when the first is written;
@@ -43,21 +40,16 @@ class WSDCheckpointCallback(TrainerCallback):
             training starts, e.g. a pre-decay checkpoint to continue from.
 
     Attributes:
-        saved_checkpoints: The checkpoint files saved so far, in order (on every process;
-            only the main process writes them).
+        saved_checkpoints: The checkpoint files saved so far, in order (on every process).
         last_checkpoint_step: The update of the last checkpoint saved (or loaded as
             ``initial_checkpoint``), or ``None``; pytorch-accelerated's attribute.
 
     Example:
         ```python
-        trainer = Trainer(model, loss_func, optimizer, callbacks=(
-            *DEFAULT_CALLBACKS, WSDCheckpointCallback(save_dir="checkpoints")
-        ))
-        trainer.train(
-            train_dataset,
-            num_epochs=100,
-            create_scheduler_fn=WSDLrScheduler.create_scheduler_fn(num_checkpoints=3),
-        )
+        wsd = WSDCheckpointCallback(save_dir="checkpoints")
+        trainer = Trainer(model, loss_func, optimizer, callbacks=(*DEFAULT_CALLBACKS, wsd))
+        trainer.train(train_dataset, num_epochs=100,
+                      create_scheduler_fn=WSDLrScheduler.create_scheduler_fn(num_checkpoints=3))
         ```
     """
 

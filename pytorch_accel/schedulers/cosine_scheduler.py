@@ -70,8 +70,7 @@ _RENAMED = {
 class CosineLrScheduler(StatefulSchedulerBase):
     """Cosine annealing (SGDR without restarts) with warmup, cooldown and k-decay.
 
-    Stepped once per optimizer update (`Trainer` calls `step()` after each update). See the
-    module docstring for the exact value of every update. `k_decay` (from
+    See the module docstring for the exact value of every update. `k_decay` (from
     [k-decay](https://arxiv.org/abs/2004.05909)) above 1 keeps the LR high for longer.
 
     Args:
@@ -136,7 +135,8 @@ class CosineLrScheduler(StatefulSchedulerBase):
         self.lr_min = float(lr_min)
         self.min_lr_ratio = None if min_lr_ratio is None else float(min_lr_ratio)
         self.warmup_starting_lr = float(warmup_starting_lr)
-        self.warmup_starting_lr_ratio = _optional_float(warmup_starting_lr_ratio)
+        ratio = warmup_starting_lr_ratio
+        self.warmup_starting_lr_ratio = None if ratio is None else float(ratio)
         self._check_groups()
         self.step_update(0)
 
@@ -238,10 +238,6 @@ class CosineLrScheduler(StatefulSchedulerBase):
         return functools.partial(cls, **arguments)
 
 
-def _optional_float(value: float | None) -> float | None:
-    return None if value is None else float(value)
-
-
 def _check_arguments(where: str, arguments: dict[str, Any], *, resolved: bool) -> None:
     """Check every argument; `resolved` means placeholders are no longer allowed."""
     for name, minimum in _COUNTS.items():
@@ -252,10 +248,6 @@ def _check_arguments(where: str, arguments: dict[str, Any], *, resolved: bool) -
     check_fraction(where, "min_lr_ratio", arguments["min_lr_ratio"], allow_none=True)
     ratio = arguments["warmup_starting_lr_ratio"]
     check_fraction(where, "warmup_starting_lr_ratio", ratio, allow_none=True)
-    _check_phases(where, arguments)
-
-
-def _check_phases(where: str, arguments: dict[str, Any]) -> None:
     total = arguments["total_num_epochs"]
     warmup, cooldown = arguments["num_warmup_epochs"], arguments["num_cooldown_epochs"]
     if any(contains_placeholder(value) for value in (total, warmup, cooldown)):

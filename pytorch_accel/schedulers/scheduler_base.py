@@ -149,11 +149,8 @@ class StatefulSchedulerBase(SchedulerBase, ABC):
     """A scheduler that counts the updates itself: call `step()` after every optimizer update.
 
     This is the protocol of `Trainer.scheduler_step`, which calls `scheduler.step()` after
-    each update. After `k` calls, the optimizer holds the values of update `k + 1`.
-
-    Args:
-        optimizer: The optimizer whose parameter groups are scheduled.
-        param_group_field: The parameter-group key to schedule.
+    each update. After `k` calls, the optimizer holds the values of update `k + 1`. The
+    arguments are `SchedulerBase`'s.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, param_group_field: str = "lr") -> None:
@@ -222,10 +219,11 @@ def _one_state(
     scheduler: SchedulerBase, state_dict: object, scheduler_state_dict: object
 ) -> Mapping[str, Any]:
     """The state passed by either keyword (``scheduler_state_dict`` is pytorch-accelerated's)."""
+    where = f"{type(scheduler).__name__}.load_state_dict"
     if (state_dict is None) == (scheduler_state_dict is None):
         fail(
             TypeError,
-            f"{type(scheduler).__name__}.load_state_dict",
+            where,
             "state_dict",
             state_dict,
             "given once (state_dict, or scheduler_state_dict)",
@@ -233,21 +231,12 @@ def _one_state(
         )
     state = state_dict if state_dict is not None else scheduler_state_dict
     if not isinstance(state, Mapping):
-        fail(
-            TypeError,
-            f"{type(scheduler).__name__}.load_state_dict",
-            "state_dict",
-            state,
-            "a dict",
-            "Pass scheduler.state_dict().",
-        )
+        fail(TypeError, where, "state_dict", state, "a dict", "Pass scheduler.state_dict().")
     return state
 
 
-def _check_state(scheduler: SchedulerBase, state_dict: object) -> None:
+def _check_state(scheduler: SchedulerBase, state_dict: Mapping[str, Any]) -> None:
     where = f"{type(scheduler).__name__}.load_state_dict"
-    if not isinstance(state_dict, Mapping):
-        fail(TypeError, where, "state_dict", state_dict, "a dict", "Pass scheduler.state_dict().")
     expected = set(vars(scheduler)) - {"optimizer"}
     if set(state_dict) != expected:
         fail(
@@ -274,9 +263,8 @@ def _check_state(scheduler: SchedulerBase, state_dict: object) -> None:
 def interpolate(start: float, end: float, fraction: float) -> float:
     """Return the point `fraction` (in `[0, 1]`) of the way from `start` to `end`.
 
-    `fraction` 0 gives exactly `start` and 1 exactly `end` (a plain `start + (end - start) * t`
-    can miss `end` by a rounding error); the result is clamped between the two, and, computed
-    with one formula below 1, it is monotone in `fraction` even in floating point.
+    Exactly `end` at 1 (the plain formula can miss it by a rounding error), clamped between
+    the two, and monotone in `fraction` even in floating point.
     """
     if fraction >= 1.0:
         return end

@@ -7,11 +7,9 @@ step after each epoch instead, fed the latest value of a run-history metric, as 
 needs no configuration: it is stepped after each epoch's evaluation with the first eval set's
 loss (``eval_loss_epoch``), or ``train_loss_epoch`` when the run has no eval set.
 
-The loop reads the stepping of the run's scheduler when ``train()`` starts (``of``), calls
-``Trainer.scheduler_step`` per update or after each epoch (``steps_per_update``,
-``steps_after_epoch``), and the default ``scheduler_step`` calls ``step`` here. Nothing is
-kept between steps but the scheduler's own state, so a resumed run steps exactly as the
-uninterrupted one.
+The loop reads the stepping when ``train()`` starts (``of``); the default
+``Trainer.scheduler_step`` calls ``step`` here. Nothing is kept between steps but the
+scheduler's own state, so a resumed run steps exactly as the uninterrupted one.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from typing import Any, Literal
 
 import torch
 
-from pytorch_accel._checks import fail
+from pytorch_accel._checks import check_choice, check_metric_name, fail
 from pytorch_accel.dataloaders import eval_set_prefix
 from pytorch_accel.distributed import main_process_object
 from pytorch_accel.tracking import TRAIN_LOSS_NAME, RunHistory
@@ -33,7 +31,6 @@ __all__ = ["SchedulerInterval", "SchedulerStepping"]
 SchedulerInterval = Literal["step", "epoch"]
 """When a scheduler is stepped: after every optimizer update, or after every epoch."""
 
-_INTERVALS = ("step", "epoch")
 _WHERE = "SchedulerStepping.create_scheduler_fn"
 
 
@@ -47,10 +44,6 @@ def _configured(
     """Build the scheduler; ``interval`` and ``monitor`` are read by ``SchedulerStepping.of``."""
     del interval, monitor
     return scheduler_fn(optimizer)
-
-
-def _is_plateau(scheduler: object) -> bool:
-    return isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
 
 @dataclass(frozen=True)
@@ -115,25 +108,17 @@ class SchedulerStepping:
                 "optimizer -> scheduler",
                 "Pass e.g. functools.partial(ReduceLROnPlateau, patience=2).",
             )
-        if interval is not None and interval not in _INTERVALS:
-            fail(
-                ValueError,
+        if interval is not None:
+            check_choice(
                 _WHERE,
                 "interval",
                 interval,
-                "'step' or 'epoch'",
+                ("step", "epoch"),
                 "'step' steps the scheduler after every optimizer update, 'epoch' after "
                 "every epoch (Lightning's 'interval').",
             )
-        if monitor is not None and (not isinstance(monitor, str) or not monitor):
-            fail(
-                TypeError,
-                _WHERE,
-                "monitor",
-                monitor,
-                "a run-history metric name",
-                "Pass e.g. monitor='eval_loss_epoch'.",
-            )
+        if monitor is not None:
+            check_metric_name(_WHERE, "monitor", monitor)
         if monitor is not None and interval == "step":
             fail(
                 ValueError,
@@ -159,7 +144,7 @@ class SchedulerStepping:
         monitor: str | None = None
         if isinstance(factory, functools.partial) and factory.func is _configured:
             interval, monitor = factory.keywords["interval"], factory.keywords["monitor"]
-        if _is_plateau(scheduler):
+        if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
             if interval == "step":
                 fail(
                     ValueError,

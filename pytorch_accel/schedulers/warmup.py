@@ -1,10 +1,7 @@
-"""Learning-rate warmup around any scheduler, counted in optimizer updates.
+"""Learning-rate warmup around any scheduler (torch's, ours or yours), in optimizer updates.
 
-`LRWarmupScheduler` builds the scheduler it wraps from a factory (`optimizer -> scheduler`, a
-torch scheduler, one of ours, or your own), steps it once per optimizer update as the trainer
-does, and multiplies (or replaces) the learning rates it sets during the first
-`warmup_steps` updates. Placeholders (`TrainerPlaceholderValues`) may stand for the warmup
-length and inside the wrapped factory; the trainer resolves both.
+Placeholders (`TrainerPlaceholderValues`) may stand for the warmup length and inside the
+wrapped factory; the trainer resolves both.
 """
 
 from __future__ import annotations
@@ -174,13 +171,11 @@ class LRWarmupScheduler:
             A dict of plain values, loadable with `torch.load(..., weights_only=True)` when the
             wrapped scheduler's state is.
         """
-        inner = None if self.scheduler is None else self.scheduler.state_dict()
-        state = {name: getattr(self, name) for name in _SETTINGS}
         return {
-            **state,
+            **{name: getattr(self, name) for name in _SETTINGS},
             "num_updates": self._num_updates,
             "regular_values": list(self.regular_values),
-            "scheduler": inner,
+            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:

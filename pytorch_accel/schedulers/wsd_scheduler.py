@@ -131,11 +131,25 @@ class WSDLrScheduler(StatefulSchedulerBase):
         self.warmup_starting_lr = float(warmup_starting_lr)
         self.use_inverse_sqrt_decay = bool(use_inverse_sqrt_decay)
         self.is_continuation_from_checkpoint = bool(is_continuation_from_checkpoint)
-        self.num_warmup_steps = _warmup_steps(where, num_warmup_steps, total)
-        if self.is_continuation_from_checkpoint:
-            self.num_warmup_steps = 0
+        if num_warmup_steps is None:
+            num_warmup_steps = int(0.01 * total)
+        check_count(where, "num_warmup_steps", num_warmup_steps, minimum=0, resolved=True)
+        self.num_warmup_steps = 0 if self.is_continuation_from_checkpoint else num_warmup_steps
         self.checkpoint_decay_info = self._calculate_decay_info()
-        self._check_warmup(where)
+        first_decay = self.checkpoint_decay_info[0]["pre_decay_step"]
+        if self.num_warmup_steps > first_decay:
+            fail(
+                ValueError,
+                where,
+                "num_warmup_steps",
+                self.num_warmup_steps,
+                f"<= the last stable update before the first decay ({first_decay})",
+                "Shorten the warmup, lower decay_phase_ratio or use fewer checkpoints.",
+            )
+        if self.num_warmup_steps:
+            fix = "Lower warmup_starting_lr to at most the optimizer's smallest lr."
+            starts = [self.warmup_starting_lr] * len(self.base_values)
+            check_group_bound(where, "warmup_starting_lr", starts, self.base_values, fix)
         self.step_update(0)
 
     def get_checkpoint_steps(self) -> list[int]:
@@ -168,8 +182,7 @@ class WSDLrScheduler(StatefulSchedulerBase):
 
     def _lr(self, update: int, base: float) -> float:
         if update <= self.num_warmup_steps:
-            fraction = (update - 1) / self.num_warmup_steps
-            return interpolate(self.warmup_starting_lr, base, fraction)
+            return interpolate(self.warmup_starting_lr, base, (update - 1) / self.num_warmup_steps)
         info = self.get_phase_info(update)
         if update <= info["pre_decay_step"]:
             return base
@@ -203,23 +216,6 @@ class WSDLrScheduler(StatefulSchedulerBase):
             start = end
         return info
 
-    def _check_warmup(self, where: str) -> None:
-        if not self.num_warmup_steps:
-            return
-        first_decay = self.checkpoint_decay_info[0]["pre_decay_step"]
-        if self.num_warmup_steps > first_decay:
-            fail(
-                ValueError,
-                where,
-                "num_warmup_steps",
-                self.num_warmup_steps,
-                f"<= the last stable update before the first decay ({first_decay})",
-                "Shorten the warmup, lower decay_phase_ratio or use fewer checkpoints.",
-            )
-        fix = "Lower warmup_starting_lr to at most the optimizer's smallest lr."
-        starts = [self.warmup_starting_lr] * len(self.base_values)
-        check_group_bound(where, "warmup_starting_lr", starts, self.base_values, fix)
-
     def load_state_dict(
         self,
         state_dict: Mapping[str, Any] | None = None,
@@ -231,8 +227,7 @@ class WSDLrScheduler(StatefulSchedulerBase):
         if not self.is_continuation_from_checkpoint:
             super().load_state_dict(state)
             return
-        current = self.state_dict()
-        super().load_state_dict({**current, "base_values": _base_values(state)})
+        super().load_state_dict({**self.state_dict(), "base_values": _base_values(state)})
 
     @property
     def previous_checkpoint_step(self) -> int | None:
@@ -310,20 +305,13 @@ def _total_steps(
     return cast(int, num_epochs) * cast(int, steps_per_epoch)
 
 
-def _warmup_steps(where: str, num_warmup_steps: int | None, total: int) -> int:
-    if num_warmup_steps is None:
-        return int(0.01 * total)
-    check_count(where, "num_warmup_steps", num_warmup_steps, minimum=0, resolved=True)
-    return num_warmup_steps
-
-
 def _check_decay(where: str, ratio: object, lr_min: object, sqrt_decay: object) -> None:
     check_fraction(where, "decay_phase_ratio", ratio, allow_zero=False)
     check_fraction(where, "lr_min", lr_min, allow_zero=bool(sqrt_decay))
 
 
 def _base_values(state_dict: Mapping[str, Any]) -> list[float]:
-    if not isinstance(state_dict, Mapping) or "base_values" not in state_dict:
+    if "base_values" not in state_dict:
         fail(
             ValueError,
             "WSDLrScheduler.load_state_dict",

@@ -94,7 +94,7 @@ class EvaluateMidEpoch(TrainerCallback):
             trainer.run_eval_epoch()
 
     def on_eval_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        time.sleep(0.1)
+        time.sleep(0.25)
 
 
 @pytest.fixture
@@ -131,5 +131,8 @@ def test_intermediate_evaluations_are_left_out_of_the_epoch_time() -> None:
     )
     elapsed = time.perf_counter() - started
     assert throughput.last_epoch is not None
-    assert throughput.last_epoch.seconds < elapsed - 0.15  # the evaluation's 0.2 s is out
-    assert throughput.last_epoch.data_wait_fraction < 0.5  # and not counted as waiting
+    epoch = throughput.last_epoch
+    assert epoch.seconds < elapsed - 0.4  # the evaluation's 0.5 s is out
+    # and not counted as waiting (in seconds, not as a fraction: on a loaded machine the
+    # waits between tiny steps can be half of a short epoch)
+    assert epoch.data_wait_fraction * epoch.seconds < 0.25
