@@ -1,10 +1,9 @@
 """The portable checkpoint file of ``Trainer.save_checkpoint``: one file, with its digest.
 
 It holds ``model_state_dict``, ``optimizer_state_dict``, ``scheduler_state_dict`` and the
-user's entries, written by ``files.atomic_save_digested``: the digest of its bytes (the one
-integrity scheme, as for the files of a training state) is in the file's ZIP comment, so it
-stays one file that pytorch-accelerated and ``torch.load`` read as they are. Files of earlier
-versions hold, under ``CHECKSUM_KEY``, a SHA-256 checksum of their contents, still verified.
+user's entries, with its digest in its ZIP comment (``files.atomic_save_digested``), so
+pytorch-accelerated and ``torch.load`` read it as it is. Files of earlier versions hold a
+SHA-256 checksum of their contents under ``CHECKSUM_KEY``, still verified.
 """
 
 from __future__ import annotations
@@ -63,11 +62,10 @@ def load_checkpoint_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def read_tensors_file(path: str | os.PathLike[str], where: str, kind: str = "weights") -> Any:
-    """Load a file of tensors and plain containers once, with ``files.load_safely``.
+    """Load a file of tensors and plain containers once, verified, with ``files.load_safely``.
 
-    A file with its digest (``files.read_checked``) is verified first; a dict holding
-    ``CHECKSUM_KEY`` (earlier versions) is verified against it and returned without it.
-    ``where`` (the entry point) and ``kind`` (``"checkpoint"``, ``"weights"``) are for messages.
+    A dict holding ``CHECKSUM_KEY`` (earlier versions) is returned without it. ``where`` and
+    ``kind`` (``"checkpoint"``, ``"weights"``) are for messages.
 
     Raises:
         FileNotFoundError: If there is no such file.
@@ -89,10 +87,9 @@ def read_tensors_file(path: str | os.PathLike[str], where: str, kind: str = "wei
 
 
 def checksum(checkpoint: Mapping[str, Any]) -> str:
-    """Return the SHA-256 hex digest of a checkpoint's contents (without ``CHECKSUM_KEY``).
+    """Return the SHA-256 hex digest of a checkpoint's contents: earlier versions' checksum.
 
-    The checksum of earlier versions' files, verified when they are loaded. Tensors count
-    with their dtype, shape and data; numbers, strings and ``None`` with their ``repr``;
+    Tensors count with their dtype, shape and data, other values with their ``repr``,
     containers with their items in order.
     """
     digest = hashlib.sha256()
@@ -135,10 +132,7 @@ def _tensor_bytes(tensor: torch.Tensor) -> Any:
 
 
 def model_state_dict(accelerator: Accelerator, model: nn.Module) -> dict[str, Any]:
-    """The unwrapped model's state dict, without ``torch.compile``'s ``_orig_mod.`` prefix.
-
-    Sharded engines (FSDP, DeepSpeed) gather it through the accelerator, on every process.
-    """
+    """The unwrapped model's state dict, gathered by sharded engines (on every process)."""
     sharded = (DistributedType.FSDP, DistributedType.DEEPSPEED)
     if accelerator.distributed_type in sharded:
         return accelerator.get_state_dict(model)  # type: ignore[no-any-return]
@@ -154,11 +148,10 @@ def write_checkpoint(
     scheduler: Any,
     extra: Mapping[str, Any] | None = None,
 ) -> None:
-    """Write a checkpoint file atomically (``Trainer.save_checkpoint``).
+    """Write a checkpoint file atomically (``Trainer.save_checkpoint``), from every process.
 
-    It holds the states of ``model``, and of ``optimizer`` and ``scheduler`` unless ``None``,
-    the entries of ``extra``, and its digest. The main process writes; every process
-    must call this (sharded models are gathered).
+    It holds the states of ``model``, ``optimizer`` and ``scheduler`` (unless ``None``) and
+    the entries of ``extra``; the main process writes it.
 
     Raises:
         TypeError: If an entry of ``extra`` would not load back with ``weights_only=True``.
@@ -198,10 +191,8 @@ def restore_checkpoint(
 ) -> dict[str, Any]:
     """Load a checkpoint file; return the whole dict (``Trainer.load_checkpoint``).
 
-    The optimizer and scheduler are loaded unless ``None``. Everything is checked before
-    anything is changed: a file that does not fit leaves the model, optimizer and scheduler
-    as they were. A model sharded by FSDP (and its optimizer) takes the full states, each
-    process keeping its shard.
+    The optimizer and scheduler are loaded unless ``None``, once everything was checked: a
+    file that does not fit changes nothing. A sharded model takes its shard of the full states.
 
     Raises:
         ValueError: If the file's model, optimizer or scheduler state does not fit, naming the

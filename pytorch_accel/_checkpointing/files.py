@@ -1,16 +1,11 @@
 """The one writer of every file the package writes, and the one loader of what it reads back.
 
-``atomic_write``: a temporary file beside the destination, flushed to disk and renamed over it,
-so a reader sees the old file or the new one.
-
-One integrity scheme for every file saved: its size and CRC-32 (``Digest``), computed while
-it is written. A training state's files (``write_digested``; the directory is renamed into
-place as a whole) have their records in the state's manifest; a checkpoint file
-(``atomic_save_digested``) carries its own, in the comment of its ZIP archive, which
-``torch.load`` (and so pytorch-accelerated) ignores. ``read_verified``, ``read_checked`` and
-``load_safely``: the bytes are read once, checked against their record, and those same bytes
-are deserialised with ``weights_only=True`` (tensors, NumPy arrays and plain containers; no
-code).
+``atomic_write``: a temporary file beside the destination, flushed and renamed over it. One
+integrity scheme for every file saved: its size and CRC-32 (``Digest``), computed while it is
+written, recorded in a training state's manifest (``write_digested``) or in a checkpoint
+file's ZIP comment (``atomic_save_digested``), which ``torch.load`` ignores. What is read back
+is read once, checked against its record, and those same bytes are deserialised with
+``weights_only=True`` (``read_verified``, ``read_checked``, ``load_safely``).
 """
 
 from __future__ import annotations
@@ -36,7 +31,6 @@ __all__ = [
     "DIGEST",
     "Digest",
     "TrainingStateError",
-    "atomic_save",
     "atomic_save_digested",
     "atomic_write",
     "describe",
@@ -52,7 +46,6 @@ __all__ = [
 
 _CHUNK = 1 << 22
 
-
 DIGEST = "crc32"
 """The digest every file is recorded with: CRC-32 (zlib), as ZIP and gzip guard their data."""
 
@@ -64,13 +57,8 @@ class TrainingStateError(ValueError):
 class Digest:
     """The size and digest of bytes fed in pieces: the one integrity scheme of saved files.
 
-    CRC-32 (``DIGEST``) detects accidental corruption (a changed bit, a truncated or swapped
-    file) at several GB/s, so a save costs about what writing its bytes does; it is not meant
-    against someone who can write the files (nothing in them can run code when read back:
-    ``load_safely``). ``"sha256"`` reads the manifests of earlier versions.
-
-    Args:
-        algorithm: ``"crc32"`` or ``"sha256"``.
+    ``algorithm``: CRC-32 (``DIGEST``), which detects accidental corruption at several GB/s
+    (not someone who can write the files), or ``"sha256"`` (earlier versions' manifests).
     """
 
     def __init__(self, algorithm: str = DIGEST) -> None:
@@ -98,11 +86,10 @@ class Digest:
 
 
 class _DigestingFile:
-    """A binary file that digests what is written to it (for ``torch.save`` and others).
+    """A binary file that digests what is written to it, in a worker thread, in order.
 
-    Large pieces (tensor data, from memory that outlives the write) are digested by a worker
-    thread while the next piece is written, in order; small ones (which may be a writer's
-    temporary buffer) are copied first. ``close`` waits for the digest.
+    Large pieces (tensor data, which outlives the write) are digested as they are; small ones
+    (maybe a writer's reused buffer) are copied first. ``close`` waits for the digest.
     """
 
     def __init__(self, handle: IO[bytes]) -> None:
@@ -125,11 +112,10 @@ class _DigestingFile:
 
 
 def write_digested(path: Path, content: bytes | Callable[[IO[bytes]], Any]) -> dict[str, Any]:
-    """Write a new file, flush it to disk and return its ``Digest`` record, in one pass.
+    """Write a new file, flush it and return its ``Digest`` record, in one pass (not renamed).
 
-    For the files of a directory that is renamed into place as a whole once complete (a
-    training state): the file itself is not renamed. ``content`` is bytes or a function that
-    writes to a binary file (``torch.save``).
+    For a training state's files (its directory is renamed into place). ``content`` is bytes or
+    a function that writes to a binary file.
 
     Raises:
         OSError: With ``errno.ENOSPC`` when the disk is full, naming the file.
@@ -159,17 +145,8 @@ def atomic_write(
 ) -> Path:
     """Write ``content`` to ``path`` so that ``path`` is either the old file or the new one.
 
-    The content goes to a temporary file in the same directory, flushed to disk, then renamed
-    over ``path``, and the directory is flushed. A failure leaves the previous file intact and
-    removes the temporary one; temporary files that killed processes left beside ``path`` are
-    removed first.
-
-    Args:
-        path: The destination file; its directory is created if needed.
-        content: Bytes, text (written as UTF-8), or a function that writes to a binary file.
-
-    Returns:
-        The destination path.
+    ``content``: bytes, text (UTF-8) or a function that writes to a binary file. The directory
+    is created if needed; temporary files that killed processes left are removed first.
 
     Raises:
         OSError: With ``errno.ENOSPC`` when the disk is full, naming the file.
@@ -202,21 +179,15 @@ def atomic_write(
     return destination
 
 
-def atomic_save(obj: Any, path: str | os.PathLike[str]) -> Path:
-    """Save ``obj`` with ``torch.save`` through ``atomic_write``; return the destination path."""
-    return atomic_write(path, lambda handle: torch.save(obj, handle))
-
-
 _TRAILER = b"pytorch-accel-digest "
 """Starts the ZIP comment holding a checkpoint file's ``Digest`` record."""
 
 
 def atomic_save_digested(obj: Any, path: str | os.PathLike[str]) -> Path:
-    """``atomic_save`` with the file's ``Digest`` record in it (``read_checked`` checks it).
+    """``torch.save`` through ``atomic_write``, with the file's ``Digest`` record in it.
 
-    ``torch.save`` writes a ZIP archive; its digest is computed while it is written, then
-    stored as the archive's comment (after the bytes it covers, with the comment's length
-    written over the final two bytes, which the digest counts as zeros).
+    The record is the ZIP archive's comment, after the bytes it covers; the comment's length is
+    written over the final two bytes, which the digest counts as zeros (``read_checked``).
     """
 
     def write(handle: IO[bytes]) -> None:
@@ -235,9 +206,7 @@ def atomic_save_digested(obj: Any, path: str | os.PathLike[str]) -> Path:
 def read_checked(path: Path, where: str) -> tuple[bytes, bool]:
     """Read a file once; check it against the record in its ZIP comment, if it has one.
 
-    Returns:
-        The file's bytes, and whether they carried a record (files of ``atomic_save_digested``;
-        not those of ``torch.save`` or pytorch-accelerated).
+    Returns the file's bytes, and whether they carried a record (not ``torch.save``'s files).
 
     Raises:
         ValueError: If the bytes differ from their record, naming the file.
@@ -266,8 +235,8 @@ def read_checked(path: Path, where: str) -> tuple[bytes, bool]:
 def disk_full_error(error: BaseException, path: Path, kind: str = "file") -> OSError | None:
     """An ``ENOSPC`` error naming ``path`` if ``error`` arose from a full disk, else ``None``.
 
-    torch and safetensors wrap the ``OSError`` of a full disk, say so only in their message, or
-    not at all (torch's ``iostream error``): then the disk's free space tells.
+    torch and safetensors wrap a full disk's ``OSError`` or only say so in their message, if at
+    all: then the disk's free space tells.
     """
     seen: BaseException | None = error
     while seen is not None:
@@ -286,17 +255,8 @@ def disk_full_error(error: BaseException, path: Path, kind: str = "file") -> OSE
 def write_error(error: OSError, path: Path, where: str, elsewhere: str) -> OSError:
     """``error``, raised while writing ``path``, as an ``OSError`` naming the file and the fix.
 
-    For the files written as a run goes (metrics, logs, tracker runs), whose raw errors
-    (``[Errno 28] No space left on device``) name no file.
-
-    Args:
-        error: What writing, opening, flushing or closing ``path`` raised.
-        path: The file (or directory) being written.
-        where: Who writes it, e.g. ``"RunRecordCallback"``.
-        elsewhere: How to write it somewhere else, e.g. ``"pass another csv_path"``.
-
-    Returns:
-        An ``OSError`` with ``error``'s errno (``ENOSPC`` for a full disk), to raise from it.
+    ``where``: who writes it (``"RunRecordCallback"``); ``elsewhere``: how to write it
+    elsewhere (``"pass another csv_path"``). The errno is ``error``'s (``ENOSPC``: disk full).
     """
     if disk_full_error(error, path) is not None:
         code, reason, fix = errno.ENOSPC, "the disk is full", "free some space"
@@ -338,10 +298,7 @@ def fsync_directory(directory: Path) -> None:
 def describe(
     path: Path, keep: bool = False, algorithm: str = DIGEST
 ) -> tuple[dict[str, Any], bytes]:
-    """Read a file once: its ``Digest`` record, and its bytes if ``keep``.
-
-    The file is flushed to disk too (a state's files, before its manifest is written).
-    """
+    """Read (and flush) a file once: its ``Digest`` record, and its bytes if ``keep``."""
     digest, chunks = Digest(algorithm), []
     with open(path, "rb") as handle:
         while chunk := handle.read(_CHUNK):
@@ -391,11 +348,11 @@ def load_safely(
         return accelerate_safe_load(io.BytesIO(data), map_location="cpu")
     except Exception as cause:
         if error is TrainingStateError:
-            problem = "safely: it is corrupt, or holds objects other than tensors, NumPy arrays"
+            problem = " safely: it is corrupt, or holds objects other than tensors, NumPy arrays"
         else:
             problem = ": it is truncated, corrupt, or holds objects other than tensors"
-        text = f"could not read {str(path)!r}{' ' * problem.startswith('s')}{problem}"
-        raise error(f"{where}: {text} and plain containers ({cause}).") from cause
+        text = f"could not read {str(path)!r}{problem} and plain containers ({cause})."
+        raise error(f"{where}: {text}") from cause
 
 
 def load_pickled(path: Path, where: str) -> Any:

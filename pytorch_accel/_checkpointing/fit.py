@@ -21,10 +21,8 @@ def model_misfit(
 ) -> str:
     """Describe how parameter names and shapes ``saved`` differ from ``model``'s, or ''.
 
-    Keys are compared without the DDP (``module.``) and ``torch.compile`` (``_orig_mod.``)
-    prefixes; a tied weight saved once under one of its names is not missing. ``tensors``:
-    the model's tensors by key, with their full shapes, where ``model.state_dict()`` does not
-    have them (a model sharded by FSDP: ``sharded.sharded_model_tensors``).
+    Keys are compared without wrapper prefixes; a tied weight saved once is not missing.
+    ``tensors``: the model's tensors with their full shapes, for a sharded model.
     """
     tensors = model.state_dict() if tensors is None else tensors
     current = {_plain_key(key): tensor for key, tensor in tensors.items()}
@@ -57,9 +55,8 @@ def misfit(name: str, target: Any, state: Any, tensors: Mapping[str, Any] | None
         saved_groups, groups = state.get("param_groups", []), current["param_groups"]
         if [len(g["params"]) for g in saved_groups] != [len(g["params"]) for g in groups]:
             return "its parameter groups hold other numbers of parameters"
-        # settings this optimizer does not have mean another kind of optimizer (fewer are
-        # fine: a checkpoint of an older torch lacks settings added since; so are those a
-        # learning-rate scheduler adds to the groups)
+        # settings this optimizer lacks mean another kind (fewer are fine: an older torch's;
+        # so are those a learning-rate scheduler adds to the groups)
         foreign = {key for group in saved_groups for key in group} - SCHEDULER_KEYS
         foreign -= {key for group in groups for key in group}
         if foreign:

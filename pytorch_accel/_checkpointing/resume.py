@@ -1,26 +1,17 @@
 """Where a resumed run picks up, and the train dataloader that can restart mid-epoch.
 
-A training state holds the trainer's position in the loop, counters, run history, scheduler and
-callback states (saved once, by the main process), and, per process, the epoch's running loss,
-gradients accumulated inside an unfinished accumulation window, and the random states its
-train dataloader drew the epoch's order from.
+A resumed run enters the loop at two seams: ``ResumePoint.enter_run`` at the run's start (which
+epoch; the callbacks of a state saved between epochs) and ``enter_epoch`` at that epoch's start
+(the batches done, running loss, gradients, random states); the batch loop knows nothing of it.
 
-The resumed run enters the loop at two seams: ``ResumePoint.enter_run`` at the start of the
-run (which epoch, and the callbacks of a state saved between epochs) and ``enter_epoch`` at the
-start of that epoch (the batches already done, the running loss, gradients and random states);
-the batch loop itself knows nothing of resuming.
+A callback's ``state_dict()``/``load_state_dict(state)`` is its **shared** state, saved by the
+main process and loaded on every process; ``rank_state_dict()``/``load_rank_state_dict(state)``
+its **per-process** state, saved by every process and loaded back on the same one.
 
-A callback with ``state_dict()`` and ``load_state_dict(state)`` has a **shared** state, saved
-by the main process and loaded on every process (the best value of a watched metric, EMA
-weights). A callback with ``rank_state_dict()`` and ``load_rank_state_dict(state)`` also has a
-**per-process** state, saved by every process in its own file and loaded back on the same
-process (running sums of this process's batches, its clocks).
-
-An epoch's order is drawn by its sampler when the epoch's first batch of indices is requested:
-``RandomSampler`` draws a seed from the global torch generator (one process) or from the
-generator accelerate shares between processes. ``EpochRandomness`` records those random states
-at that moment, so a resumed run can replay them and get the same permutation; accelerate's
-``SkipBatchSampler`` then skips the batches already trained on by index arithmetic.
+An epoch's order is drawn by its sampler at the epoch's first index request, from the global
+torch generator or the one accelerate shares between processes. ``EpochRandomness`` records
+those states then, so a resumed run replays them and gets the same permutation; accelerate's
+``SkipBatchSampler`` skips the batches already trained on by index.
 """
 
 from __future__ import annotations
@@ -140,11 +131,8 @@ class EpochRandomness:
 class _ForwardingSkipBatchSampler(SkipBatchSampler):  # type: ignore[misc]
     """accelerate's ``SkipBatchSampler``, answering look-ups as the batch sampler it wraps.
 
-    It reads ``skip_batches`` when an epoch's iterator is created (the trainer sets it before).
-
-    accelerate reads ``batch_size`` and ``num_processes`` of a dataloader's batch sampler to
-    know how many samples the last batches repeat (``gather_for_metrics`` drops them), and
-    ``sampler`` to call ``set_epoch``.
+    It reads ``skip_batches`` when an epoch's iterator is created; accelerate looks up
+    ``batch_size``, ``num_processes`` (for ``gather_for_metrics``) and ``sampler``.
     """
 
     def __iter__(self) -> Iterator[Any]:
@@ -169,19 +157,13 @@ class ResumableLoader:
 def make_resumable(prepared: Any) -> ResumableLoader | None:
     """Rebuild accelerate's prepared train dataloader so it can resume mid-epoch.
 
-    Uses accelerate's ``skip_first_batches`` (with nothing skipped yet) to get a dataloader
-    whose ``SkipBatchSampler`` can be told, before an epoch starts, how many batches to skip;
-    the sampler inside it is wrapped in ``EpochRandomness``. Batches, order and random draws are
-    the same as the prepared dataloader's.
-
-    Args:
-        prepared: The dataloader returned by ``accelerator.prepare_data_loader``.
+    accelerate's ``skip_first_batches`` (skipping nothing yet) gives a dataloader whose
+    ``SkipBatchSampler`` can be told how many batches to skip; its sampler is wrapped in
+    ``EpochRandomness``. Batches, order and random draws are the prepared dataloader's.
 
     Returns:
-        The resumable dataloader and its controls, or ``None`` for dataloaders accelerate does
-        not shard this way (dispatched batches, streams). Under torchdata's
-        ``StatefulDataLoader`` a map-style dataset is skipped by index too (the rebuilt loader
-        is a plain one): replaying its pass drew another order, the stateful sampler's.
+        The dataloader and its controls, or ``None`` for dispatched batches and streams. (Under
+        a ``StatefulDataLoader`` a map-style dataset is skipped by index too, in a plain one.)
     """
     if type(prepared) is not DataLoaderShard:
         return None
@@ -236,15 +218,7 @@ class Position:
 
 @dataclass
 class ResumePoint:
-    """A loaded training state, waiting to be applied where the saved run was.
-
-    Attributes:
-        directory: The training state it was loaded from.
-        position: Where the saved run was.
-        callbacks: The saved callback states, by key (see ``callback_states``).
-        rank_state: This process's own saved state.
-        random_states: The random states at the save, and of the samplers' generators.
-    """
+    """A loaded training state, waiting to be applied where the saved run was."""
 
     directory: Path
     position: Position
@@ -282,11 +256,9 @@ class EpochEntry:
 
     Attributes:
         batches_done: The batches of the epoch already trained on, which are skipped.
-        random_state: The CPU random state to set once the first remaining batch is loaded
-            (mid-epoch resumes only).
+        random_state: The CPU random state to set once the first remaining batch is loaded.
         resumable: The train dataloader's skip and randomness controls, if it has them.
-        replays: Whether the batches already done are loaded again and dropped (a dataloader
-            without ``resumable`` controls, e.g. over an ``IterableDataset``).
+        replays: Whether the batches done are loaded again and dropped (a stream).
     """
 
     batches_done: int = 0
@@ -301,15 +273,7 @@ class EpochEntry:
 
     @contextlib.contextmanager
     def batches(self, dataloader: Iterable[Any], limit: int | None) -> Iterator[Iterator[Any]]:
-        """Iterate the epoch's remaining batches, of at most ``limit`` in the whole epoch.
-
-        Args:
-            dataloader: The prepared train dataloader.
-            limit: The most batches of the epoch, counting those already done; ``None``: all.
-
-        Yields:
-            The batches from ``batches_done`` on (see ``epoch_batches``).
-        """
+        """Iterate the epoch's batches from ``batches_done`` on, at most ``limit`` in all."""
         if limit is not None and not self.replays:
             limit = max(0, limit - self.batches_done)
         try:
@@ -330,11 +294,7 @@ def enter_epoch(
     trainer: Trainer,
     loss_tracker: LossTracker,
 ) -> EpochEntry:
-    """Apply a pending resume at the start of an epoch; the seam where a resume enters the loop.
-
-    ``resume`` is the loaded state for the first epoch of a resumed run, else ``None``;
-    ``trainer``'s callbacks and model and ``loss_tracker`` get their saved states.
-    """
+    """Apply a pending resume (``None``: none) at the start of an epoch; return how it starts."""
     if resume is None:
         return EpochEntry(resumable=resumable)
     loader: Any = trainer.train_dataloader if resumable is None else resumable.dataloader
@@ -365,9 +325,8 @@ def enter_epoch(
 def _prime_epoch_randomness(resume: ResumePoint, resumable: ResumableLoader | None) -> None:
     """Set the random states an epoch resumed at its start draws its order from.
 
-    A saved run's next epoch reused its dataloader iterator if the workers persist (the
-    order is then drawn from the state at the save); a resumed run always starts a new
-    one, which first draws the workers' base seed, so the draw is replayed.
+    With persistent workers the saved run's next epoch reused its iterator; the resumed run's
+    new one first draws the workers' base seed, so the order's draw is replayed.
     """
     if resumable is None:
         torch.set_rng_state(resume.random_states.cpu)
@@ -383,8 +342,7 @@ def _restoring_after_first(
 ) -> Generator[Any, None, None]:
     """Yield ``batches``, setting the CPU random state once the first one is loaded (or none is).
 
-    Creating a dataloader iterator draws from the random state; a run resumed mid-epoch must
-    continue from the state at its save, after its new iterator exists.
+    Creating the iterator draws from it; the resumed run continues from the saved state.
     """
     first = next(batches, _NO_BATCH)
     torch.set_rng_state(random_state)
@@ -454,11 +412,7 @@ def restore_callback_states(
     source: Path,
     kind: StateKind = SHARED,
 ) -> None:
-    """Load each saved ``kind`` state into the callback with the same key.
-
-    A saved state without a matching callback, or a callback without a saved state, is
-    reported with a warning (the callback starts fresh; nothing else is affected).
-    """
+    """Load each saved ``kind`` state into the callback with the same key; warn of the rest."""
     keyed = _callback_keys(callbacks, kind)
     for key, state in states.items():
         callback = keyed.pop(key, None)

@@ -1,12 +1,9 @@
 """Full model and optimizer states of a model sharded by FSDP, and loading them back.
 
-A checkpoint file holds full (gathered) states in the layout of an unsharded run: the model's
-keys without wrapper prefixes, the optimizer's parameters numbered in the order of its
-parameter groups (``torch.optim.Optimizer.state_dict``). So a file saved under FSDP loads in
-one process and the other way round. Gathering and scattering go through
-``torch.distributed.checkpoint.state_dict``: every process must call these functions, at the
-same point. torch's state-dict module is imported when first needed (it takes about a
-second to import).
+A checkpoint file holds full states in the layout of an unsharded run (the optimizer's
+parameters numbered as ``torch.optim.Optimizer.state_dict`` does), so a file saved under FSDP
+loads in one process and the other way round. Every process must call these functions at the
+same point. torch's state-dict module, slow to import, is imported when first needed.
 """
 
 from __future__ import annotations
@@ -57,12 +54,7 @@ def sharded_model_tensors(model: nn.Module) -> dict[str, Any]:
 
 
 def full_optimizer_state(model: nn.Module, optimizer: Any) -> dict[str, Any]:
-    """The optimizer's full state on the main process (at least), numbered as unsharded.
-
-    Args:
-        model: The FSDP model.
-        optimizer: The trainer's optimizer (accelerate's wrapper or the torch optimizer).
-    """
+    """The optimizer's full state on the main process (at least), numbered as unsharded."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_optimizer_state_dict,
@@ -93,10 +85,7 @@ def load_full_states(
     optimizer: Any = None,
     optimizer_state: Mapping[str, Any] | None = None,
 ) -> None:
-    """Load full states (as ``full_optimizer_state`` numbers them) into the sharded objects.
-
-    Every process passes the whole state; each keeps its shard.
-    """
+    """Load full states (numbered as ``full_optimizer_state``); each process keeps its shard."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_optimizer_state_dict,
@@ -128,12 +117,7 @@ def _parameter_numbers(groups: list[dict[str, Any]]) -> dict[Any, int]:
 
 
 def saved_sharded(directory: Path) -> bool | None:
-    """Whether a training state's weights were saved by FSDP (``None``: no weights in it).
-
-    accelerate writes them as ``pytorch_model_fsdp.bin`` (a full state) or
-    ``pytorch_model_fsdp_0/`` (sharded, by ``torch.distributed.checkpoint``) under FSDP, else
-    as ``model.safetensors``.
-    """
+    """Whether a training state's weights were saved by FSDP (``None``: no weights in it)."""
     if (directory / _FULL_FSDP_MODEL).is_file() or (directory / _SHARDED_FSDP_MODEL).is_dir():
         return True
     if (directory / "model.safetensors").is_file():
@@ -145,14 +129,9 @@ def saved_sharded(directory: Path) -> bool | None:
 def weights_across_layouts(accelerator: Accelerator, directory: Path, where: str) -> Iterator[None]:
     """Load the model and optimizer of a state saved sharded into an unsharded run, or back.
 
-    A state saved by FSDP (``pytorch_model_fsdp*``, ``optimizer*``, keyed by parameter name)
-    resumed where the model is not sharded (one process, or DDP), or a state saved unsharded
-    (``model.safetensors``, ``optimizer.bin`` numbered) resumed under FSDP: the weights and the
-    optimizer's state are loaded here through ``torch.distributed.checkpoint.state_dict``
-    (which gathers, scatters and, for a sharded save, reshards), and hidden from
-    ``accelerator.load_state`` inside the block, which loads everything else. Where the layouts
-    agree, nothing happens here. The optimizer is loaded only if accelerate would load it (not
-    hidden by ``resume_optimizer=False``). Every process must enter the block.
+    Where the layouts differ, the weights and the optimizer's state (if accelerate would load
+    it) are loaded here, through ``torch.distributed.checkpoint.state_dict``, and hidden from
+    ``accelerator.load_state`` inside the block. Every process must enter the block.
     """
     sharded_now, sharded_then = is_sharded(accelerator), saved_sharded(directory)
     if sharded_then is None or sharded_then == sharded_now:

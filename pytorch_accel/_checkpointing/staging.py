@@ -1,16 +1,12 @@
 """Training states staged in host memory, then written: in the training thread or in the background.
 
 ``stage_accelerator_state`` runs ``accelerator.save_state`` with its writes recorded instead of
-done. For a save written in the background each file's content is copied to host memory
-(``HostCopies``: tensors into buffers kept between saves, so a later save copies into memory
-it already has); a blocking save writes the live tensors. A ``StateWrite`` then writes the
-files of one process, each flushed to disk and digested in the same pass
-(``files.write_digested``), and keeps their digests (other processes than the main one in a
-hidden file of the directory). ``PendingSave`` completes a save: once every process has
-written its files (agreed through an ``AgreedFlag`` from the training thread, never from the
-writing thread), the main process writes the manifest from the recorded digests and renames
-the directory into place (``store.publish``). A save is complete only then; a process
-killed earlier leaves a hidden directory without a manifest, which is never loaded.
+done, the contents copied to host memory for a save written in the background (``HostCopies``,
+into buffers kept between saves). A ``PendingSave`` writes one process's files, each flushed
+and digested in one pass; once every process wrote its files (agreed through an ``AgreedFlag``
+from the training thread, never the writing one), the main process writes the manifest from
+the recorded digests and publishes the directory. A process killed earlier leaves a hidden
+directory without a manifest.
 """
 
 from __future__ import annotations
@@ -20,12 +16,11 @@ import copy
 import functools
 import io
 import json
-import re
 import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
@@ -47,7 +42,6 @@ __all__ = [
     "HostCopies",
     "PendingSave",
     "StagedFile",
-    "StateWrite",
     "stage_accelerator_state",
     "write_safetensors",
 ]
@@ -58,14 +52,10 @@ _WRITING, _FAILED = 1, 2  # flags agreed with AgreedFlag (the maximum): 0 is "wr
 
 @dataclass
 class StagedFile:
-    """One file of a training state, its content in host memory.
+    """One file of a training state: its name, content, format, and whether it is checked.
 
-    Attributes:
-        name: The file's name in the state's directory.
-        content: What to serialise (tensors copied to host memory).
-        safetensors: Serialised with safetensors (the weights), else with ``torch.save``.
-        checked: Refused unless it loads back with ``weights_only=True`` (the trainer's and
-            callbacks' states, which the trainer loads itself).
+    ``safetensors``: the weights (else ``torch.save``); ``checked``: refused unless it loads
+    back with ``weights_only=True`` (the states the trainer loads itself).
     """
 
     name: str
@@ -78,9 +68,8 @@ class HostCopies:
     """Copies of tensors in host memory, reused from one save to the next.
 
     The n-th tensor of a save is copied into the n-th buffer of the previous save when shape
-    and dtype match, so only the first save allocates (and faults in) the memory; copies of
-    accelerator tensors go to pinned memory, without a synchronisation per tensor. Call
-    ``copy`` only while no earlier save is still being written.
+    and dtype match, so only the first save allocates; copies of accelerator tensors go to
+    pinned memory, unsynchronised. Call ``copy`` only while no earlier save is being written.
     """
 
     def __init__(self) -> None:
@@ -133,16 +122,12 @@ class HostCopies:
 
     def _buffer(self, source: torch.Tensor) -> torch.Tensor:
         index, self._used = self._used, self._used + 1
-        if index < len(self._buffers):
-            kept = self._buffers[index]
-            if kept.shape == source.shape and kept.dtype == source.dtype:
-                return kept
+        kept = self._buffers[index] if index < len(self._buffers) else None
+        if kept is not None and kept.shape == source.shape and kept.dtype == source.dtype:
+            return kept
         pin = source.device.type == "cuda"
         buffer = torch.empty(source.shape, dtype=source.dtype, pin_memory=pin)
-        if index < len(self._buffers):
-            self._buffers[index] = buffer
-        else:
-            self._buffers.append(buffer)
+        self._buffers[index : index + 1] = [buffer]  # replaced, or appended (index == len)
         return buffer
 
 
@@ -155,11 +140,8 @@ def stage_accelerator_state(
 ) -> list[StagedFile]:
     """Run ``accelerator.save_state(directory)`` with its files staged, not written.
 
-    What accelerate would write on this process (the weights, optimizer, scheduler, sampler
-    and scaler states on the main process, each process's random states; the registered
-    objects' states) is kept under the same file names, passed through ``copy`` (a
-    ``HostCopies.copy`` when the training goes on before it is written). Not for FSDP or
-    DeepSpeed, whose engines write their own files.
+    What accelerate would write on this process is kept under the same file names, passed
+    through ``copy``. Not for FSDP or DeepSpeed, whose engines write their own files.
     """
     staged: list[StagedFile] = []
     main, rank = accelerator.is_main_process, accelerator.process_index
@@ -196,35 +178,6 @@ class _TorchWithSave:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(torch, name)
-
-
-@dataclass
-class StateWrite:
-    """The files one process writes into a training state's hidden directory.
-
-    ``run`` writes them (each flushed to disk and digested in one pass) and keeps their
-    digests in ``records``; a process other than the main one also writes them to
-    ``.records-<rank>.json``, which the main process reads when it writes the manifest (not
-    flushed to disk: the manifest is, and a state is nothing without it). ``error`` holds what
-    writing raised, for the training thread.
-    """
-
-    directory: Path
-    rank: int
-    files: list[StagedFile]
-    error: BaseException | None = field(default=None, init=False)
-    records: dict[str, Any] = field(default_factory=dict, init=False)
-
-    def run(self) -> None:
-        """Write the files and their records; keep an error for the training thread."""
-        try:
-            for item in self.files:
-                self.records[item.name] = _write(self.directory / item.name, item)
-            if self.rank != 0:
-                path = self.directory / _RECORDS.format(rank=self.rank)
-                path.write_text(json.dumps(self.records, sort_keys=True), encoding="utf-8")
-        except BaseException as error:  # kept, raised by the training thread
-            self.error = error
 
 
 def _write(path: Path, item: StagedFile) -> dict[str, Any]:
@@ -267,10 +220,9 @@ _DTYPE_RANK = {dtype: rank for rank, dtype in enumerate(_SAFETENSORS_DTYPES)}
 
 
 def write_safetensors(tensors: Mapping[str, torch.Tensor], handle: IO[bytes]) -> None:
-    """Write ``tensors`` in the safetensors format, streamed from their memory (no copy).
+    """Write the bytes of ``safetensors.torch.save(tensors, metadata={"format": "pt"})``, no copy.
 
-    The bytes are those of ``safetensors.torch.save(tensors, metadata={"format": "pt"})``
-    (entries ordered by dtype, then name), which builds the whole file in memory first.
+    safetensors builds the whole file in memory first; these are streamed from the tensors.
     """
     if any(tensor.dtype not in _SAFETENSORS_DTYPES for tensor in tensors.values()):
         from safetensors.torch import save as safetensors_bytes
@@ -298,45 +250,54 @@ def write_safetensors(tensors: Mapping[str, torch.Tensor], handle: IO[bytes]) ->
 
 
 class PendingSave:
-    """A training state being written; completed (published) once every process wrote its part.
+    """A training state being written into its hidden ``directory``, to publish at ``final``.
 
-    Args:
-        write: This process's files.
-        final: Where the state is published.
-        manifest_info: What the manifest records besides the files.
-        accelerator: For the process's rank and the number of processes.
-        flag: The agreement between processes (``None`` in one process).
+    ``run`` writes this process's ``files``, keeps their digests in ``records`` (a process other
+    than the main one also in ``.records-<rank>.json``, for the manifest) and what it raised in
+    ``error``. The state is published once every process wrote its part (agreed through
+    ``flag``; ``None`` in one process), with ``manifest_info`` in its manifest.
     """
 
     def __init__(
         self,
-        write: StateWrite,
+        files: list[StagedFile],
+        directory: Path,
         final: Path,
         manifest_info: Mapping[str, Any],
         accelerator: Any,
         flag: AgreedFlag | None,
     ) -> None:
-        self.write, self.final, self._info = write, final, dict(manifest_info)
-        self._accelerator, self._flag = accelerator, flag
+        self.files, self.directory, self.final = files, directory, final
+        self._info, self._accelerator, self._flag = dict(manifest_info), accelerator, flag
+        self.records: dict[str, Any] = {}
+        self.error: BaseException | None = None
         self._thread: threading.Thread | None = None
+
+    def run(self) -> None:
+        """Write the files and their records; keep an error for the training thread."""
+        try:
+            for item in self.files:
+                self.records[item.name] = _write(self.directory / item.name, item)
+            if not self._accelerator.is_main_process:
+                path = self.directory / _RECORDS.format(rank=self._accelerator.process_index)
+                path.write_text(json.dumps(self.records, sort_keys=True), encoding="utf-8")
+        except BaseException as error:  # kept, raised by the training thread
+            self.error = error
 
     def start(self) -> None:
         """Write this process's files in a background thread."""
-        self._thread = threading.Thread(
-            target=self.write.run, name="pytorch_accel-save", daemon=True
-        )
+        self._thread = threading.Thread(target=self.run, name="pytorch_accel-save", daemon=True)
         self._thread.start()
 
     def poll(self) -> bool:
         """At a step boundary: complete the save if every process wrote its part; say if done.
 
-        With several processes, the answer of a small exchange started at an earlier boundary
-        (lagged: no step waits for it). Raises what the writing raised (see ``wait``).
+        With several processes, from an exchange started at an earlier boundary (no step waits
+        for it). Raises what the writing raised (see ``wait``).
         """
         if self._flag is None:
-            if self._thread is not None and self._thread.is_alive():
-                return False
-            return self._complete(_FAILED if self.write.error else 0)
+            local = self._local_flag()
+            return local != _WRITING and self._complete(local)
         if self._flag.pending:
             agreed = self._flag.finish()
             if agreed != _WRITING:
@@ -353,21 +314,20 @@ class PendingSave:
                 ``TrainingStateError`` if another process failed to write its files.
         """
         self._join()
-        agreed = _FAILED if self.write.error else 0
+        agreed = _FAILED if self.error else 0
         if self._flag is not None:
             self._flag.finish()  # an exchange started at a step boundary: outdated
             agreed = self._flag.settle(agreed)
         self._complete(agreed)
 
     def abandon(self) -> None:
-        """After a failed run: wait for the writing thread, keep a state it completed alone.
+        """After a failed run: wait for the writing, publish the state if one process wrote it all.
 
-        In one process a fully written state is published; with several (whose agreement
-        could wait on a process that failed) the unpublished directory is left to be tidied.
-        Nothing is raised.
+        With several processes (whose agreement could wait on a failed one) the unpublished
+        directory is left to be tidied. Nothing is raised.
         """
         self._join()
-        if self._flag is None and self.write.error is None:
+        if self._flag is None and self.error is None:
             with contextlib.suppress(Exception):
                 self._complete(0)
                 return
@@ -383,17 +343,16 @@ class PendingSave:
     def _local_flag(self) -> int:
         if self._thread is not None and self._thread.is_alive():
             return _WRITING
-        return _FAILED if self.write.error else 0
+        return _FAILED if self.error else 0
 
     def _complete(self, agreed: int) -> bool:
-        main, directory = self._accelerator.is_main_process, self.write.directory
+        main, directory = self._accelerator.is_main_process, self.directory
         if agreed == 0 and main:
             try:
-                records = dict(self.write.records)
+                records = dict(self.records)
                 for path in sorted(directory.glob(".records-*.json")):
-                    if re.fullmatch(r"\.records-\d+\.json", path.name):
-                        records.update(json.loads(path.read_text(encoding="utf-8")))
-                        path.unlink()
+                    records.update(json.loads(path.read_text(encoding="utf-8")))
+                    path.unlink()
                 write_manifest(directory, self._info, records)
                 publish(directory, self.final)
             except BaseException as failure:
@@ -404,13 +363,13 @@ class PendingSave:
         self._join()  # a process failed: this one's writing may still be going on
         if main:
             discard(directory)
-        if self.write.error is None:
+        if self.error is None:
             raise TrainingStateError(
                 f"Trainer.save_training_state: another process could not write its part of "
                 f"{str(self.final)!r}; the save was abandoned (its error is in that process's "
                 "output)."
             )
-        self._raise(self.write.error)
+        self._raise(self.error)
 
     def _raise(self, error: BaseException) -> NoReturn:
         full = disk_full_error(error, self.final, "training state")

@@ -1,24 +1,18 @@
 """Training-state directories: written atomically, complete only with a manifest, verified on load.
 
-A training state is a directory written by ``accelerator.save_state`` (model, optimizer,
-gradient scaler, every rank's random states, and the trainer's own state, registered once with
-``register_for_checkpointing``) plus one file per rank for what differs between ranks. It is
-written under a hidden temporary name, every file is flushed to disk, then the manifest (file
-sizes and digests, ``files.Digest``) is written and the directory renamed into place. A
-directory without a manifest is an interrupted save: it is never loaded, and
-``latest_training_state`` skips it.
+A training state is the directory of ``accelerator.save_state`` (model, optimizer, scaler, every
+rank's random states, the trainer's own state) plus one file per rank. It is written under a
+hidden temporary name, every file flushed to disk, then the manifest (file sizes and digests,
+``files.Digest``) is written and the directory renamed into place. A directory without a
+manifest is an interrupted save: never loaded, skipped by ``latest_training_state``.
 
-Replacing an existing state takes two renames (the old one aside, the new one in), and a process
-killed between them leaves no directory under the state's name. The state is still found: its
-new version (complete, under the hidden temporary name) or else its old one (moved aside) stands
-in for it, in ``complete_state`` and ``find_training_states``, until ``tidy_save_dir`` puts it
-back under its name. A state is deleted by renaming it aside first, so a kill during the deletion
-leaves nothing that looks like a state.
+Replacing a state takes two renames (the old one aside, the new one in); a process killed
+between them leaves no directory under the state's name, and its new version (complete, under
+the temporary name) or else its old one stands in for it (``complete_state``) until
+``tidy_save_dir`` puts it back. A state is deleted by renaming it aside first.
 
-Symbolic links are operated on, never followed: a state that is a link (moved elsewhere and
-linked back) is deleted or replaced by removing the link, and the directory it points to is left
-as it is. The directory holding the states may itself be a link. A link to another state of the
-same directory is an alias, not a state of its own.
+Symbolic links are operated on, never followed: a state that is a link is deleted or replaced
+by removing the link. A link to another state of the same directory is an alias, not a state.
 """
 
 from __future__ import annotations
@@ -77,8 +71,8 @@ def rank_state_name(rank: int) -> str:
 def hidden(final: Path, role: str = "incomplete") -> Path:
     """Return the hidden directory ``.NAME.<role>`` of the state ``final``.
 
-    ``incomplete``: a save is written there before the rename; ``previous``: an older state is
-    moved there while it is replaced; ``deleting``: a state is moved there to be deleted.
+    Roles: ``incomplete`` (a save being written), ``previous`` (an older state being replaced),
+    ``deleting`` (a state being deleted).
     """
     return final.with_name(f".{final.name}.{role}")
 
@@ -88,9 +82,8 @@ def write_manifest(
 ) -> None:
     """Flush every file of ``directory`` to disk, then write the manifest that completes it.
 
-    ``info`` is what the manifest records besides the files (world size, counters);
-    ``records`` the digests of files recorded while they were written (``write_digested``):
-    the other files are read back and digested here.
+    ``info``: what it records besides the files; ``records``: digests recorded while the files
+    were written (``write_digested``); the other files are read back and digested here.
     """
     files, records = {}, records or {}
     for path in sorted(p for p in directory.rglob("*") if p.is_file()):
@@ -101,11 +94,7 @@ def write_manifest(
 
 
 def publish(temporary: Path, final: Path) -> None:
-    """Rename a completed ``temporary`` directory to ``final``, replacing an older one.
-
-    The older directory is moved aside first and deleted only after the new one is in place;
-    between the two renames, ``complete_state(final)`` finds the new one.
-    """
+    """Rename a completed ``temporary`` directory to ``final``, moving an older one aside first."""
     previous = hidden(final, "previous")
     discard(previous)
     if _present(final):  # a link (even a broken one) is moved aside and removed, not followed
@@ -150,15 +139,11 @@ def read_manifest(directory: Path, where: str) -> dict[str, Any]:
 def verify_training_state(directory: Path, world_size: int, where: str) -> dict[str, Any]:
     """Check a training state before anything is loaded from it; return its manifest.
 
-    The state must have the files every state of its world size has; every file must have the
-    size and digest the manifest records, and every pickled file must load with
-    ``weights_only=True`` (tensors, NumPy arrays and plain containers only). What the trainer
-    loads itself (its own state, registered objects' states, per-process states) is read once,
-    here: the manifest gets ``"loaded"``, their deserialised contents by name, from exactly the
-    bytes that were verified.
-
-    A state saved between epochs (or after a run) may be resumed by another number of processes
-    than saved it (``world_size``); one saved mid-epoch only by as many.
+    Every file must be listed, with the size and digest recorded, every file of a state of its
+    world size present, and every pickled file must load with ``weights_only=True``. What the
+    trainer loads itself is deserialised here, from the verified bytes, into the manifest's
+    ``"loaded"`` (by file name). A state saved mid-epoch resumes only on as many processes as
+    saved it; one saved between epochs on any number.
 
     Raises:
         TrainingStateError: Naming the file and what is wrong with it, or the world size.
@@ -207,18 +192,10 @@ def verify_training_state(directory: Path, world_size: int, where: str) -> dict[
 
 
 def complete_state(final: Path) -> Path:
-    """Return the directory holding the complete state saved as ``final``.
+    """Return ``final``, or the hidden state standing in for it after an interrupted replace.
 
-    That is ``final`` itself, unless a save that replaced it was interrupted between its two
-    renames: then the new state (complete, under its temporary name), or else the old one
-    (moved aside). Nothing is moved or deleted here.
-
-    Args:
-        final: The state's directory, as it was saved (e.g. ``states/warm``).
-
-    Returns:
-        ``final``, or the hidden directory that stands in for it; ``final`` if there is none
-        (loading it then reports that it is missing).
+    That is the new state (complete, under its temporary name), or else the old one (moved
+    aside); ``final`` if there is none. Nothing is moved or deleted here.
     """
     if final.exists():
         return final
@@ -231,21 +208,16 @@ def complete_state(final: Path) -> Path:
 def find_training_states(save_dir: Path) -> list[Path]:
     """Return the complete training states directly inside ``save_dir``, oldest first.
 
-    Directories are ordered by the time their save completed (recorded in the manifest), then
-    by name. Directories without a valid manifest (interrupted saves) are skipped; a state whose
-    replacement was interrupted between its two renames is found under its hidden stand-in
-    (see ``complete_state``).
+    Ordered by the time their save completed (recorded in the manifest), then by name.
+    Directories without a valid manifest (interrupted saves) are skipped; a state whose
+    replacement was interrupted is found under its hidden stand-in (``.NAME.incomplete`` or
+    ``.NAME.previous``).
     """
     return [path for *_, path in sorted(_timed_states(save_dir))]
 
 
 def newest_training_state(save_dirs: Iterable[Path]) -> Path | None:
-    """Return the newest complete training state in any of ``save_dirs`` (``None``: none).
-
-    Newest by the time its save completed (recorded in the manifest), as in
-    ``find_training_states``; for ``train(resume_from="latest")`` across the runs of an
-    output directory.
-    """
+    """Return the newest complete training state in any of ``save_dirs`` (``None``: none)."""
     found = [state for save_dir in save_dirs for state in _timed_states(save_dir)]
     return max(found)[-1] if found else None
 
@@ -269,10 +241,7 @@ def _timed_states(save_dir: Path) -> list[tuple[int, tuple[Any, ...], Path]]:
 
 
 def remove_training_state(path: Path) -> None:
-    """Delete a training state: renamed aside first, so a kill midway leaves no partial state.
-
-    A state that is a symbolic link is deleted as a link: the directory it points to is kept.
-    """
+    """Delete a training state (a link as a link), renamed aside first: a kill leaves no part."""
     if not _present(path):
         return
     if path.is_symlink():
@@ -287,11 +256,7 @@ def remove_training_state(path: Path) -> None:
 
 
 def discard(path: Path) -> None:
-    """Delete what is at ``path``, and never what a symbolic link there points to.
-
-    A link or a file is unlinked, a directory deleted with its contents; nothing if there is
-    nothing.
-    """
+    """Delete what is at ``path`` (a link as a link, a directory with its contents), if any."""
     if path.is_symlink() or path.is_file():
         path.unlink(missing_ok=True)
     else:
@@ -299,14 +264,12 @@ def discard(path: Path) -> None:
 
 
 def tidy_save_dir(save_dir: Path, is_state_name: Callable[[str], bool]) -> None:
-    """Repair and clean what killed saves and deletions left in ``save_dir``.
+    """Repair and clean what killed saves and deletions left in ``save_dir`` (from one process).
 
-    A state whose replacement was interrupted is put back under its name (the new version if
-    it is complete, else the old one). Then the remains of interrupted saves and deletions are
-    deleted: hidden ``.incomplete``, ``.previous`` and ``.deleting`` directories, and the
-    directories named like states (``is_state_name``) that have no manifest. Hidden ones that
-    are symbolic links are removed as links; a link under a state's name is the user's, and is
-    left alone. Call it from one process, while no other reads or writes in ``save_dir``.
+    A state whose replacement was interrupted is put back under its name (``complete_state``).
+    Then hidden ``.incomplete``, ``.previous`` and ``.deleting`` entries are deleted, and the
+    directories named like states (``is_state_name``) without a manifest; a link under a
+    state's name is the user's, and is left alone.
     """
     if not save_dir.is_dir():
         return
@@ -338,10 +301,7 @@ def _present(path: Path) -> bool:
 
 def _alias(path: Path) -> bool:
     """Whether ``path`` is a symbolic link to another entry of its own directory."""
-    if not path.is_symlink():
-        return False
-    target = path.resolve()
-    return target.parent == path.parent.resolve()
+    return path.is_symlink() and path.resolve().parent == path.parent.resolve()
 
 
 def _has_manifest(directory: Path) -> bool:
@@ -354,8 +314,7 @@ def _has_manifest(directory: Path) -> bool:
 
 def latest_training_state(save_dir: str | os.PathLike[str]) -> Path | None:
     """Return the newest complete training state in ``save_dir``, or ``None`` if there is none."""
-    states = find_training_states(Path(save_dir))
-    return states[-1] if states else None
+    return newest_training_state([Path(save_dir)])
 
 
 def _natural_key(name: str) -> tuple[Any, ...]:

@@ -1,25 +1,14 @@
 """The position of a train stream that can save it, restored on a resume without replaying.
 
 A stream (a train dataloader over an ``IterableDataset``) has no index to skip to, so a run
-resumed in the middle of a pass replays the pass by default (see ``resume.enter_epoch``). A
-stream that can save its position resumes in constant time instead:
+resumed mid-pass replays the pass, unless the stream can save its position: a dataset with
+``state_dict()`` and ``load_state_dict(state)`` read in the main process (``num_workers=0``;
+in several processes, through accelerate's ``IterableDatasetShard``, which forwards them), or
+torchdata's ``StatefulDataLoader`` over such a dataset, with or without workers.
 
-- a dataset with ``state_dict()`` and ``load_state_dict(state)`` (its ``__iter__`` continues
-  from the position the last ``load_state_dict`` set), loaded in the main process
-  (``num_workers=0``);
-- in several processes, each reading the whole stream (accelerate's ``IterableDatasetShard``,
-  the default where batches stay on the CPU), the stream's position, which the shard forwards
-  (without workers);
-- torchdata's ``StatefulDataLoader`` (``DataLoaderConfiguration(use_stateful_dataloader=True)``
-  in ``Trainer(accelerator_kwargs=...)``) over such a dataset, with or without workers: the
-  loader collects its workers' dataset states.
-
-accelerate's dataloaders load ahead of the batch being trained on (one batch, or a round of
-one batch per process when the main process dispatches them), so the state must be taken when
-exactly the batches trained on were loaded. ``StreamPosition`` takes the state before each
-batch the inner dataloader loads, keeps the last few by count, and gives a save the one at the
-count its position means; a resume loads it into the dataset or loader before the pass's
-iterator is created.
+accelerate's dataloaders load ahead of the batch trained on, so ``StreamPosition`` takes the
+state before each batch the inner dataloader loads, keeps the last few by count, and gives a
+save the one its position means; a resume loads it before the pass's iterator is created.
 """
 
 from __future__ import annotations
@@ -48,12 +37,10 @@ def _has_state(obj: object) -> bool:
 
 
 class StreamPosition:
-    """The saved positions of a train stream, by the number of inner batches loaded.
+    """The saved positions of a train stream (``source``: its dataset or ``StatefulDataLoader``).
 
-    Args:
-        source: What holds the position: the ``StatefulDataLoader``, or the dataset.
-        per_batch: Inner batches per batch the trainer gets (the processes' number when the
-            main process loads one batch per process and dispatches them, else 1).
+    Kept by the number of inner batches loaded; ``per_batch`` inner batches make a trainer's
+    batch (the number of processes when the main process dispatches them, else 1).
     """
 
     def __init__(self, source: Any, per_batch: int) -> None:
@@ -78,9 +65,7 @@ class StreamPosition:
         self._finished = True
 
     def state_at(self, batches_done: int) -> Any:
-        """Return the position after ``batches_done`` batches of the pass, to save.
-
-        ``None`` on a process that loads nothing (the main process loads for all).
+        """Return the position after ``batches_done`` batches of the pass (``None``: loads none).
 
         Raises:
             RuntimeError: If that position is no longer kept (never with the trainer's loop).
@@ -152,14 +137,8 @@ def _recording_class(cls: type) -> type:
 def track_stream_position(prepared: Any) -> StreamPosition | None:
     """Have a prepared train dataloader over a stream record its position, if it can save it.
 
-    Args:
-        prepared: The dataloader ``accelerator.prepare_data_loader`` returned.
-
-    Returns:
-        The stream's ``StreamPosition``, or ``None`` for a dataloader whose position cannot be
-        saved (a map-style dataset, which resumes by index; a dataset without ``state_dict``
-        and ``load_state_dict``; one read by workers of a plain ``DataLoader``, whose copies
-        of the dataset the main process cannot read), which a resume replays.
+    Returns ``None`` for a map-style dataset (resumed by index), or a stream without
+    ``state_dict``/``load_state_dict`` or read by workers of a plain ``DataLoader`` (replayed).
     """
     if type(prepared) not in (DataLoaderShard, DataLoaderDispatcher):
         return None

@@ -1,12 +1,9 @@
 """Saving, loading and resuming a trainer's training states.
 
-A training state is a directory (format, manifest and verification: ``store``) written by
-``accelerator.save_state`` plus the trainer's own parts (``resume``). ``TrainingStateIO``
-writes it atomically, verifies it before anything is loaded, and turns it into the
-``ResumePoint`` a resumed ``train()`` continues from. What the trainer loads itself (its own
-state, registered objects' states, the per-process states) is deserialised from the bytes that
-were verified, with ``weights_only=True``; accelerate loads the rest (weights, optimizer,
-scaler, random states) with ``weights_only=True`` too, so nothing in a state can run code.
+``TrainingStateIO`` writes a training state (``store``) atomically, verifies it before anything
+is loaded, and turns it into the ``ResumePoint`` a resumed ``train()`` continues from. What the
+trainer loads itself is deserialised from the verified bytes, and accelerate loads the rest,
+all with ``weights_only=True``: nothing in a state can run code.
 """
 
 from __future__ import annotations
@@ -25,10 +22,9 @@ import torch
 from accelerate.utils import DistributedType
 
 from pytorch_accel._checkpointing.files import (
-    atomic_save,
+    atomic_write,
     disk_full_error,
     load_pickled,
-    load_safely,
 )
 from pytorch_accel._checkpointing.fit import model_misfit
 from pytorch_accel._checkpointing.resume import (
@@ -49,7 +45,6 @@ from pytorch_accel._checkpointing.staging import (
     HostCopies,
     PendingSave,
     StagedFile,
-    StateWrite,
     stage_accelerator_state,
     unsafe_state_error,
 )
@@ -86,17 +81,10 @@ __all__ = ["TrainingStateIO"]
 
 
 class TrainingStateIO:
-    """Saves and loads the training states of one trainer.
-
-    Args:
-        trainer: Whose model, optimizer, scheduler, history and callbacks are saved.
-        preparation: Its prepared objects (the model is prepared before a save or load).
-        loop: Its ``TrainerState``: position, update count, running loss.
-    """
+    """Saves and loads the training states of one trainer."""
 
     def __init__(self, trainer: Trainer, preparation: Preparation, loop: TrainerState) -> None:
         self._trainer, self._preparation, self._loop = trainer, preparation, loop
-        self._checkpointed = _SavedByAccelerate(self._shared_state)
         self._registered = False
         self._saving: Position | None = None
         self._copies = HostCopies()
@@ -107,26 +95,23 @@ class TrainingStateIO:
     def save(self, output_dir: str | os.PathLike[str], blocking: bool = True) -> Path:
         """Write a training state to ``output_dir`` (see ``Trainer.save_training_state``).
 
-        With ``blocking=False`` inside ``train()``, the state is staged in host memory here
-        and written in the background; it is published at a later step boundary
-        (``TrainerState.poll_save``), or when the next save or the run's end waits for it.
+        With ``blocking=False`` inside ``train()``, it is staged in host memory, written in the
+        background and published at a later step boundary (``TrainerState.poll_save``).
         """
         final = Path(output_dir)
         self._loop.end_save()  # at most one save in flight: the previous one completes
         self._saving = self._loop.position("Trainer.save_training_state")
         self._refuse_open_window(self._saving)
         try:
-            self._write(final, hidden(final), blocking or not self._loop.running)
+            self._write(final, hidden(final), blocking or not self._loop.running, self._saving)
         finally:
             self._saving = None
         return final
 
     def _refuse_open_window(self, position: Position) -> None:
-        """Refuse a save inside an accumulation window under FSDP (its gradients are not saved).
+        """Refuse FSDP1, and a save inside an accumulation window under FSDP.
 
-        FSDP keeps a window's unsynchronised gradients inside its own state, out of reach of
-        the parameters' ``.grad`` that a training state saves, so the resumed window would be
-        wrong (FSDP2) or fail (FSDP1). Every process refuses at the same step.
+        FSDP keeps a window's gradients out of reach of the ``.grad`` a training state saves.
         """
         refuse_fsdp1(self._trainer.accelerator, "Trainer.save_training_state")
         config = self._trainer.run_config
@@ -143,9 +128,8 @@ class TrainingStateIO:
                 "save_every_n_steps does) or at the end of an epoch."
             )
 
-    def _write(self, final: Path, temporary: Path, blocking: bool) -> None:
+    def _write(self, final: Path, temporary: Path, blocking: bool, position: Position) -> None:
         accelerator = self._trainer.accelerator
-        assert self._saving is not None
         self._prepare_model()
         if accelerator.is_main_process:
             discard(temporary)
@@ -153,22 +137,21 @@ class TrainingStateIO:
         accelerator.wait_for_everyone()
         self._register()
         if accelerator.distributed_type in _ENGINES_WRITING_THEIR_OWN_FILES:
-            self._write_unstaged(final, temporary)
+            self._write_unstaged(final, temporary, position)
             return
-        info = self._manifest_info()
+        info = self._manifest_info(position)
         with (
             self._copies.session(copy=not blocking) as copy,
             bare_compiled_models(accelerator),
             _stateful_loaders_hidden(accelerator),
         ):
             files = stage_accelerator_state(accelerator, temporary, copy)
-            rank_state = copy(self._rank_state(self._saving))
+            rank_state = copy(self._rank_state(position))
         name = rank_state_name(accelerator.process_index)
         files.append(StagedFile(name, rank_state, checked=True))
-        write = StateWrite(temporary, accelerator.process_index, files)
-        pending = PendingSave(write, final, info, accelerator, self._agreement())
+        pending = PendingSave(files, temporary, final, info, accelerator, self._agreement())
         if blocking:
-            write.run()
+            pending.run()
             pending.wait()
             accelerator.wait_for_everyone()  # the state is published for every process
         else:
@@ -176,27 +159,27 @@ class TrainingStateIO:
             self._loop.pending_save = pending
 
     def _agreement(self) -> AgreedFlag | None:
-        """The flag the processes agree with on a save's completion (``None``: one process)."""
+        """The flag the processes agree on a save's completion with (``None``: one process)."""
         if self._trainer.accelerator.num_processes == 1:
             return None
         if self._flag is None:
             self._flag = AgreedFlag()
         return self._flag
 
-    def _write_unstaged(self, final: Path, temporary: Path) -> None:
+    def _write_unstaged(self, final: Path, temporary: Path, position: Position) -> None:
         """FSDP and DeepSpeed: accelerate's engines write their files; then the manifest."""
         accelerator = self._trainer.accelerator
-        assert self._saving is not None
         full: OSError | None = None
         try:
             with bare_compiled_models(accelerator), _stateful_loaders_hidden(accelerator):
                 accelerator.save_state(str(temporary))  # no _orig_mod. in the saved keys
-            rank_state = self._rank_state(self._saving)
-            atomic_save(rank_state, temporary / rank_state_name(accelerator.process_index))
+            rank_state = self._rank_state(position)
+            path = temporary / rank_state_name(accelerator.process_index)
+            atomic_write(path, lambda handle: torch.save(rank_state, handle))
             accelerator.wait_for_everyone()
             if accelerator.is_main_process:
                 _check_saved_states_load_safely(temporary)
-                write_manifest(temporary, self._manifest_info())
+                write_manifest(temporary, self._manifest_info(position))
                 publish(temporary, final)
         except BaseException as error:
             full = disk_full_error(error, final, "training state")
@@ -208,8 +191,12 @@ class TrainingStateIO:
             raise full
         accelerator.wait_for_everyone()
 
-    def _shared_state(self) -> dict[str, Any]:
-        """The trainer state that is the same on every process (saved by the main process)."""
+    def state_dict(self) -> dict[str, Any]:
+        """The trainer state that is the same on every process, which accelerate saves.
+
+        This object is registered with ``accelerator.register_for_checkpointing``; ``load``
+        reads the saved state itself, from verified bytes.
+        """
         trainer = self._trainer
         position = self._saving or self._loop.position("Trainer.save_training_state")
         history = trainer.run_history.state_dict()
@@ -229,28 +216,24 @@ class TrainingStateIO:
 
     def _rank_state(self, position: Position) -> dict[str, Any]:
         """The trainer state that differs between processes."""
-        resumable = self._loop.resumable
+        resumable, dataloader = self._loop.resumable, self._loop.train_dataloader
         mid_epoch = position.in_run and position.batches_done > 0
-        loader: dict[str, Any] = {"epoch_states": None, "generators": [], "iteration": 0}
+        stream = None
         if resumable is not None:
             epoch_states = resumable.randomness.epoch_states if mid_epoch else None
-            loader = {
-                "epoch_states": None if epoch_states is None else epoch_states.to_dict(),
-                "generators": list(resumable.randomness.current_states().generators),
-                "iteration": int(resumable.dataloader.iteration),
-            }
+            generators = list(resumable.randomness.current_states().generators)
+            dataloader = resumable.dataloader
         else:  # a stream: its saved position, or replayed (see resume.enter_epoch)
-            pass_state = self._loop.pass_random_state
-            replay = RandomStates(pass_state, ()) if mid_epoch and pass_state is not None else None
-            train_dataloader = self._loop.train_dataloader
-            stream = stream_position(train_dataloader)
-            loader = {
-                "epoch_states": None if replay is None else replay.to_dict(),
-                "generators": [],
-                "iteration": int(getattr(train_dataloader, "iteration", 0)),
-            }
-            if stream is not None and mid_epoch:
-                loader["stream"] = {"state": stream.state_at(position.batches_done)}
+            pass_state = self._loop.pass_random_state if mid_epoch else None
+            epoch_states = None if pass_state is None else RandomStates(pass_state, ())
+            generators, stream = [], stream_position(dataloader)
+        loader: dict[str, Any] = {
+            "epoch_states": None if epoch_states is None else epoch_states.to_dict(),
+            "generators": generators,
+            "iteration": int(getattr(dataloader, "iteration", 0)),
+        }
+        if stream is not None and mid_epoch:
+            loader["stream"] = {"state": stream.state_at(position.batches_done)}
         return {
             "loss_tracker": self._loop.train_loss_tracker.state_dict() if mid_epoch else None,
             "item_weighting": self._loop.item_weighting.state_dict() if mid_epoch else None,
@@ -260,15 +243,17 @@ class TrainingStateIO:
             "loader": loader,
         }
 
-    def _manifest_info(self) -> dict[str, Any]:
-        assert self._saving is not None
+    def _manifest_info(self, position: Position) -> dict[str, Any]:
         return {
             "world_size": self._trainer.accelerator.num_processes,
             "saved_at_ns": time.time_ns(),
             "num_updates": self._loop.num_updates,
             "epoch": self._trainer.run_history.current_epoch,
-            "position": self._saving.to_dict(),
+            "position": position.to_dict(),
         }
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Nothing: ``load`` has the state already (see ``state_dict``)."""
 
     # -------------------------------------------------------------------------------- load
 
@@ -278,18 +263,10 @@ class TrainingStateIO:
         where: str,
         check: Callable[[dict[str, Any]], None] | None = None,
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Verify a training state, then load it; return its trainer parts.
+        """Verify a training state, then load it; return its shared and this process's state.
 
-        accelerate loads the weights, optimizer, scaler and random states; the trainer loads
-        its own state and the registered objects' states from the bytes it verified.
-
-        Args:
-            directory: The training state.
-            where: The entry point, for error messages.
-            check: Sees the saved trainer state before anything is loaded into the trainer.
-
-        Returns:
-            The trainer state shared by all processes, and this process's own.
+        ``where`` is the entry point, for messages; ``check`` sees the shared state before
+        anything is loaded.
 
         Raises:
             FileNotFoundError: If there is no such directory.
@@ -306,7 +283,7 @@ class TrainingStateIO:
         self._register()
         registered = list(getattr(accelerator, "_custom_objects", []))
         states = [loaded.get(f"custom_checkpoint_{index}.pkl") for index in range(len(registered))]
-        shared = states[registered.index(self._checkpointed)]
+        shared = states[registered.index(self)]
         if not isinstance(shared, dict) or "position" not in shared:
             raise TrainingStateError(f"{where}: {str(directory)!r} holds no trainer state.")
         if check is not None:
@@ -331,19 +308,16 @@ class TrainingStateIO:
         self, resume_from: str | os.PathLike[str] | None, parts: ResumeParts | None = None
     ) -> ResumePoint | None:
         """Load the state to resume from (if any, with ``parts``); check that it fits this run."""
-        parts = parts or ResumeParts()
-        if resume_from is None:
-            return None
-        directory = self._resume_directory(resume_from)
+        directory = None if resume_from is None else self._resume_directory(resume_from)
         if directory is None:
             return None
+        parts = parts or ResumeParts()
         check = functools.partial(self._check_resumable, directory, parts.scheduler)
         with optimizer_not_loaded(self._trainer.accelerator, skip=not parts.optimizer):
             shared, rank_state = self.load(directory, "Trainer.train", check)
         random_states = RandomStates(
             torch.get_rng_state(), tuple(rank_state["loader"]["generators"])
         )
-        position = Position.from_dict(shared["position"])
         trainer = self._trainer
         trainer.run_history.load_state_dict(shared["history"])
         self._loop.restore_counts(shared)
@@ -357,15 +331,14 @@ class TrainingStateIO:
         setup_logging().info(f"Resuming from {str(directory)!r} (epoch {epoch}).")
         if trainer.scheduler is not None and parts.scheduler:
             self._lengthen_schedule(directory, int(shared["num_updates"]))
+        position = Position.from_dict(shared["position"])
         return ResumePoint(directory, position, shared["callbacks"], rank_state, random_states)
 
     def _lengthen_schedule(self, directory: Path, updates: int) -> None:
         """Replace a loaded schedule too short for the resumed run by one built for its length.
 
-        A ``OneCycleLR`` (any scheduler with ``total_steps``) saved at the end of a run of N
-        updates fails at update N + 1; resumed for more epochs, the run gets the scheduler
-        ``create_scheduler_fn`` builds for its new length, moved to the saved update count:
-        the schedule of the longer run, from where the saved run stopped.
+        A scheduler with ``total_steps`` (``OneCycleLR``) fails past its end; the run gets the
+        one ``create_scheduler_fn`` builds for its new length, stepped to the saved count.
         """
         trainer = self._trainer
         saved_length = getattr(trainer.scheduler, "total_steps", None)
@@ -430,21 +403,8 @@ class TrainingStateIO:
                 f"{str(directory)!r} was saved {'with' if saved_scheduler else 'without'} a "
                 "scheduler; resume with the same create_scheduler_fn.",
             )
-        self._check_epochs_left(directory, position)
-        mid_epoch = position.batches_done > 0
-        num_epochs = self._num_epochs()
-        in_run = num_epochs is None or position.epoch_index < num_epochs
-        counted = int(shared["num_updates"]) > 0 and in_run
-        if mid_epoch or counted:
-            why = "it stopped mid-epoch" if mid_epoch else "its update count continues"
-            self._check_same_batches(directory, shared["run"], why)
-
-    def _check_epochs_left(self, directory: Path, position: Position) -> None:
-        """Raise if the saved run is past this call's ``num_epochs``; say if it is at its end."""
-        done, num_epochs = position.epoch_index, self._num_epochs()
-        if num_epochs is None:  # counted in updates: no end in epochs
-            return
-        if done > num_epochs:
+        done, num_epochs = position.epoch_index, trainer.run_config.num_epochs
+        if num_epochs is not None and done > num_epochs:
             fail(
                 TrainingStateError,
                 "Trainer.train",
@@ -459,14 +419,15 @@ class TrainingStateIO:
                 f"{str(directory)!r} is the end of a run of {num_epochs} epochs: nothing is left "
                 "to train (pass a larger num_epochs to continue it)."
             )
-
-    def _check_same_batches(self, directory: Path, saved: Mapping[str, Any], why: str) -> None:
-        """Raise if this call's batches per epoch differ from the saved run's."""
-        assert self._trainer.run_config is not None
-        now = _resume_relevant(self._trainer.run_config)
-        elastic = saved.get("num_processes") != now["num_processes"]
-        if elastic and why != "it stopped mid-epoch":  # the updates per epoch matter, not
-            now = {k: v for k, v in now.items() if k in _UPDATES_PER_EPOCH}  # how they split
+        mid_epoch = position.batches_done > 0
+        in_run = num_epochs is None or done < num_epochs
+        if not mid_epoch and not (int(shared["num_updates"]) > 0 and in_run):
+            return  # else this call's batches per epoch must be the saved run's
+        why = "it stopped mid-epoch" if mid_epoch else "its update count continues"
+        saved, now = shared["run"], _resume_relevant(trainer.run_config)
+        if saved.get("num_processes") != now["num_processes"] and not mid_epoch:
+            # the updates per epoch matter, not how they split
+            now = {k: v for k, v in now.items() if k in _UPDATES_PER_EPOCH}
         for name, value in now.items():
             if name in saved and saved[name] != value:
                 fail(
@@ -478,10 +439,6 @@ class TrainingStateIO:
                     f"Resume {str(directory)!r} with the same train() arguments and dataset.",
                 )
 
-    def _num_epochs(self) -> int | None:
-        assert self._trainer.run_config is not None
-        return self._trainer.run_config.num_epochs
-
     # ------------------------------------------------------------------------------ shared
 
     def _prepare_model(self) -> None:
@@ -492,7 +449,7 @@ class TrainingStateIO:
     def _register(self) -> None:
         """Register the trainer's state with accelerate's checkpointing, once per trainer."""
         if not self._registered:
-            self._trainer.accelerator.register_for_checkpointing(self._checkpointed)
+            self._trainer.accelerator.register_for_checkpointing(self)
             self._registered = True
 
 
@@ -529,11 +486,7 @@ def _check_saved_states_load_safely(directory: Path) -> None:
 
 
 def refuse_fsdp1(accelerator: Any, where: str) -> None:
-    """Refuse training states under FSDP version 1: resuming from one is not exact.
-
-    Tested in 2 gloo processes with AdamW: a run resumed after an epoch ended 2e-2 away from
-    the uninterrupted run (FSDP2 resumes bitwise).
-    """
+    """Refuse training states under FSDP version 1: resuming from one is not exact (FSDP2's is)."""
     if fsdp_version(accelerator) == 1:
         raise RuntimeError(
             f"{where}: training states are not supported under FSDP version 1 (a run resumed "
@@ -546,11 +499,7 @@ def refuse_fsdp1(accelerator: Any, where: str) -> None:
 def _check_model_fits(
     accelerator: Any, model: torch.nn.Module, directory: Path, where: str
 ) -> None:
-    """Compare the saved parameter names and shapes with the model's, before loading.
-
-    The weights are ``model.safetensors``, or under FSDP ``pytorch_model_fsdp.bin`` (a full
-    state) or ``pytorch_model_fsdp_0`` (a sharded one, whose metadata has the full shapes).
-    """
+    """Compare the saved parameter names and shapes with the model's, before loading."""
     saved = _saved_model_shapes(directory, where)
     if saved is None:
         return
@@ -567,7 +516,7 @@ def _check_model_fits(
 def _saved_model_shapes(
     directory: Path, where: str
 ) -> tuple[Path, dict[str, tuple[int, ...]]] | None:
-    """The saved model's parameter shapes by name, and the file they are in (or ``None``)."""
+    """The saved model's parameter shapes by name, and their file (FSDP's too), or ``None``."""
     path = directory / "model.safetensors"
     try:
         if path.is_file():
@@ -580,7 +529,7 @@ def _saved_model_shapes(
                 }
         path = directory / "pytorch_model_fsdp.bin"
         if path.is_file():
-            state = load_safely(path.read_bytes(), path, where, TrainingStateError)
+            state = load_pickled(path, where)
             return path, {k: tuple(v.shape) for k, v in state.items() if hasattr(v, "shape")}
         path = directory / "pytorch_model_fsdp_0"
         if path.is_dir():
@@ -603,9 +552,8 @@ def _saved_model_shapes(
 def _stateful_loaders_hidden(accelerator: Any) -> Iterator[None]:
     """Keep accelerate's ``save_state`` from saving ``StatefulDataLoader`` positions itself.
 
-    It would write every process's to one ``dl_state_dict.bin``, and ``load_state`` would load
-    it into every dataloader, eval ones included; the train stream's position is saved per
-    process in ``trainer_rank_<rank>.pt`` instead (``streams.StreamPosition``).
+    It would write one file for every process and load it into every dataloader; the train
+    stream's position is saved per process instead (``streams.StreamPosition``).
     """
     registered = getattr(accelerator, "_dataloaders", None)
     if not isinstance(registered, list):
@@ -619,26 +567,11 @@ def _stateful_loaders_hidden(accelerator: Any) -> Iterator[None]:
         registered[:] = kept
 
 
-class _SavedByAccelerate:
-    """The trainer's state, registered with ``accelerator.register_for_checkpointing``.
-
-    accelerate saves it (as ``custom_checkpoint_<i>.pkl``, numbered with the objects users
-    register); the trainer reads it itself, from verified bytes (``_registered_states_from``).
-    """
-
-    def __init__(self, collect: Callable[[], dict[str, Any]]) -> None:
-        self.state_dict = collect
-
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Nothing to do: ``TrainingStateIO.load`` has the state already."""
-
-
 @contextlib.contextmanager
 def _registered_states_from(states: list[Any]) -> Iterator[None]:
     """Have ``accelerator.load_state`` give the registered objects these verified states.
 
-    accelerate's own loader of registered objects opens their files again and unpickles them
-    with ``weights_only=False``; inside the block, nothing is read for them.
+    accelerate's own loader would read their files again, with ``weights_only=False``.
     """
     original = accelerate.accelerator.load_custom_state
 
@@ -657,10 +590,8 @@ def _registered_states_from(states: list[Any]) -> Iterator[None]:
 def _rebase_schedule(scheduler: Any, optimizer: torch.optim.Optimizer, kept: list[float]) -> None:
     """Put a resumed schedule on the kept optimizer's rates (``resume_optimizer=False``).
 
-    The saved scheduler brings its position and the saved run's base rates; only the position
-    resumes: the base rates become the kept optimizer's, and each group's current rate is the
-    saved one scaled by new base over old base (exact for every schedule proportional to its
-    base rate; a schedule that sets its own rates, such as ``OneCycleLR``, keeps them).
+    Only the position resumes: each group's rate is the saved one scaled by new base over old
+    base (exact for every schedule proportional to its base rate).
     """
     saved_bases, saved_rates = list(scheduler.base_lrs), scheduler.get_last_lr()
     scheduler.base_lrs = list(kept)
