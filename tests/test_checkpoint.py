@@ -23,8 +23,6 @@ from helpers import (
 )
 from torch.optim.lr_scheduler import StepLR
 
-from pytorch_accel._checkpointing.checkpoint import CHECKSUM_KEY, checksum
-
 
 def trained_trainer() -> object:
     trainer = make_trainer(optimizer_class=torch.optim.AdamW)
@@ -155,18 +153,36 @@ def test_the_digest_is_the_one_of_training_states_in_the_zip_comment(tmp_path: P
     assert record == {"size": len(data), "crc32": f"{zlib.crc32(data):08x}"}
 
 
-def test_a_checkpoint_of_an_earlier_version_is_still_verified(tmp_path: Path) -> None:
-    """Files with the SHA-256 checksum entry of earlier versions load, checked against it."""
+def test_a_checkpoint_of_an_earlier_version_is_refused(tmp_path: Path) -> None:
+    """The SHA-256 checksum entry of earlier development versions is not verified: refused."""
     trainer = trained_trainer()
     state = {"model_state_dict": trainer.get_model().state_dict(), "epoch": 2}
     path = tmp_path / "old.pt"
-    torch.save({**state, CHECKSUM_KEY: checksum(state)}, path)
-    assert set(make_trainer(make_model(seed=9)).load_checkpoint(path)) == {
-        "model_state_dict",
-        "epoch",
-    }
-    flip_a_bit_of(path, next(trainer.get_model().parameters()))
-    with pytest.raises(ValueError, match=r"'.*old.pt' is corrupt: its contents differ"):
+    torch.save({**state, "pytorch_accel_sha256": "0" * 64}, path)
+    before = clone_params(trainer.get_model())
+    with pytest.raises(
+        ValueError,
+        match=r"'.*old.pt' has a record that this version does not verify: a "
+        r"'pytorch_accel_sha256' entry .* save it again with this version",
+    ):
+        trainer.load_checkpoint(path)
+    for now, then in zip(clone_params(trainer.get_model()), before, strict=True):
+        assert torch.equal(now, then)  # nothing was loaded
+
+
+def test_a_record_of_another_algorithm_is_refused(tmp_path: Path) -> None:
+    """A ZIP comment naming another digest than CRC-32 is refused, not passed unchecked."""
+    trainer = trained_trainer()
+    path = tmp_path / "model.pt"
+    trainer.save_checkpoint(path)
+    with zipfile.ZipFile(path, "a") as archive:
+        record = {"size": 1, "sha256": "0" * 64}
+        archive.comment = b"pytorch-accel-digest " + json.dumps(record).encode()
+    with pytest.raises(
+        ValueError,
+        match=r"'.*model.pt' has a record in its ZIP comment that this version does not "
+        r"verify: \['sha256', 'size'\], .* save it again with this version",
+    ):
         trainer.load_checkpoint(path)
 
 

@@ -151,6 +151,23 @@ def test_a_corrupt_file_is_named(tmp_path: Path, regression_dataset: TensorDatas
         make_trainer().load_training_state(tmp_path / "state")
 
 
+def test_a_record_of_another_algorithm_is_refused(
+    tmp_path: Path, regression_dataset: TensorDataset
+) -> None:
+    """A manifest recording SHA-256 (earlier development versions) is refused, not passed."""
+    saved_after_training(tmp_path, regression_dataset)
+    manifest_path = tmp_path / "state" / MANIFEST_NAME
+    manifest = json.loads(manifest_path.read_text())
+    manifest["files"]["model.safetensors"] = {"size": 1, "sha256": "0" * 64}
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(
+        TrainingStateError,
+        match=r"model.safetensors' has a record in the manifest that this version does not "
+        r"verify: \['sha256', 'size'\], .* save the state again with this version",
+    ):
+        make_trainer().load_training_state(tmp_path / "state")
+
+
 class Payload:
     def __reduce__(self) -> tuple[Any, ...]:
         return (Path.touch, (Path(PAYLOAD_MARKER[0]),))

@@ -2,13 +2,11 @@
 
 It holds ``model_state_dict``, ``optimizer_state_dict``, ``scheduler_state_dict`` and the
 user's entries, with its digest in its ZIP comment (``files.atomic_save_digested``), so
-pytorch-accelerated and ``torch.load`` read it as it is. Files of earlier versions hold a
-SHA-256 checksum of their contents under ``CHECKSUM_KEY``, still verified.
+pytorch-accelerated and ``torch.load`` read it as it is.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 from collections.abc import Mapping
@@ -30,8 +28,6 @@ from pytorch_accel._checkpointing.sharded import (
 )
 
 __all__ = [
-    "CHECKSUM_KEY",
-    "checksum",
     "load_checkpoint_file",
     "model_state_dict",
     "read_tensors_file",
@@ -40,8 +36,8 @@ __all__ = [
 ]
 
 
-CHECKSUM_KEY = "pytorch_accel_sha256"
-"""The entry of earlier versions' checkpoint files holding the ``checksum`` of the rest."""
+_SHA256_KEY = "pytorch_accel_sha256"
+"""The entry in which earlier development versions saved a SHA-256 checksum: refused."""
 
 
 def load_checkpoint_file(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -64,71 +60,25 @@ def load_checkpoint_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 def read_tensors_file(path: str | os.PathLike[str], where: str, kind: str = "weights") -> Any:
     """Load a file of tensors and plain containers once, verified, with ``files.load_safely``.
 
-    A dict holding ``CHECKSUM_KEY`` (earlier versions) is returned without it. ``where`` and
-    ``kind`` (``"checkpoint"``, ``"weights"``) are for messages.
+    ``where`` and ``kind`` (``"checkpoint"``, ``"weights"``) are for messages.
 
     Raises:
         FileNotFoundError: If there is no such file.
-        ValueError: If the file is truncated, corrupt or holds other objects.
+        ValueError: If the file is truncated, corrupt, holds other objects, or holds the
+            SHA-256 checksum of an earlier development version, which is not verified.
     """
     source = Path(path)
     if not source.is_file():
         raise FileNotFoundError(f"{where}: no {kind} file at {str(source)!r}.")
     loaded = load_safely(read_checked(source, where)[0], source, where, ValueError)
-    if isinstance(loaded, dict) and CHECKSUM_KEY in loaded:
-        expected = loaded.pop(CHECKSUM_KEY)
-        if checksum(loaded) != expected:
-            raise ValueError(
-                f"{where}: {str(source)!r} is corrupt: its contents differ from the SHA-256 "
-                "checksum saved with it (a changed bit in its tensors or entries). Load an "
-                "earlier copy; this one was not used."
-            )
+    if isinstance(loaded, dict) and _SHA256_KEY in loaded:
+        raise ValueError(
+            f"{where}: {str(source)!r} has a record that this version does not verify: a "
+            f"{_SHA256_KEY!r} entry (a SHA-256 checksum, written by an earlier development "
+            "version). Nothing was loaded from it; save it again with this version "
+            "(Trainer.save_checkpoint), or without that entry (torch.save)."
+        )
     return loaded
-
-
-def checksum(checkpoint: Mapping[str, Any]) -> str:
-    """Return the SHA-256 hex digest of a checkpoint's contents: earlier versions' checksum.
-
-    Tensors count with their dtype, shape and data, other values with their ``repr``,
-    containers with their items in order.
-    """
-    digest = hashlib.sha256()
-    _digest_into(digest, checkpoint)
-    return digest.hexdigest()
-
-
-def _digest_into(digest: Any, value: Any) -> None:
-    if isinstance(value, torch.Tensor):
-        digest.update(f"tensor:{value.dtype}:{tuple(value.shape)}:".encode())
-        digest.update(_tensor_bytes(value))
-    elif isinstance(value, Mapping):
-        digest.update(f"map:{len(value)}:".encode())
-        for key, item in value.items():
-            _digest_into(digest, key)
-            _digest_into(digest, item)
-    elif isinstance(value, (list, tuple)):
-        digest.update(f"{type(value).__name__}:{len(value)}:".encode())
-        for item in value:
-            _digest_into(digest, item)
-    elif isinstance(value, (set, frozenset)):  # no stable order: their items' reprs, sorted
-        digest.update(f"set:{sorted(map(repr, value))!r};".encode())
-    elif hasattr(value, "tobytes") and hasattr(value, "dtype"):  # NumPy arrays and scalars
-        digest.update(f"array:{value.dtype}:{getattr(value, 'shape', ())}:".encode())
-        digest.update(value.tobytes())
-    else:
-        digest.update(f"{type(value).__name__}:{value!r};".encode())
-
-
-def _tensor_bytes(tensor: torch.Tensor) -> Any:
-    """The bytes of a tensor's data, as a buffer (any dtype, layout or device)."""
-    tensor = tensor.detach()
-    if tensor.is_quantized:
-        tensor = tensor.int_repr()
-    if tensor.layout != torch.strided:
-        tensor = tensor.to_dense()
-    if tensor.device.type == "meta":
-        return b""
-    return tensor.cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
 
 
 def model_state_dict(accelerator: Accelerator, model: nn.Module) -> dict[str, Any]:
@@ -177,7 +127,6 @@ def write_checkpoint(
         checkpoint["scheduler_state_dict"] = scheduler.state_dict()
     checkpoint.update(extra or {})
     if accelerator.is_main_process:
-        checkpoint.pop(CHECKSUM_KEY, None)  # a dict loaded from an earlier version's file
         atomic_save_digested(checkpoint, path)
     accelerator.wait_for_everyone()
 

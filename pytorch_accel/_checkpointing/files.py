@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import glob
-import hashlib
 import io
 import json
 import os
@@ -55,34 +54,41 @@ class TrainingStateError(ValueError):
 
 
 class Digest:
-    """The size and digest of bytes fed in pieces: the one integrity scheme of saved files.
+    """The size and CRC-32 of bytes fed in pieces: the one integrity scheme of saved files.
 
-    ``algorithm``: CRC-32 (``DIGEST``), which detects accidental corruption at several GB/s
-    (not someone who can write the files), or ``"sha256"`` (earlier versions' manifests).
+    CRC-32 (``DIGEST``) detects accidental corruption at several GB/s (not someone who can
+    write the files).
     """
 
-    def __init__(self, algorithm: str = DIGEST) -> None:
-        self.algorithm, self.size, self._crc = algorithm, 0, 0
-        self._sha = hashlib.sha256() if algorithm == "sha256" else None
+    def __init__(self) -> None:
+        self.size, self._crc = 0, 0
 
     def update(self, data: Any) -> None:
         """Feed bytes (or any buffer)."""
         view = memoryview(data)
         self.size += view.nbytes
-        if self._sha is not None:
-            self._sha.update(view)
-        else:
-            self._crc = zlib.crc32(view, self._crc)
+        self._crc = zlib.crc32(view, self._crc)
 
     def record(self) -> dict[str, Any]:
-        """``{"size": ..., <algorithm>: <hex digest>}``, as manifests record a file."""
-        value = self._sha.hexdigest() if self._sha is not None else f"{self._crc:08x}"
-        return {"size": self.size, self.algorithm: value}
+        """``{"size": ..., "crc32": <hex digest>}``, as manifests record a file."""
+        return {"size": self.size, DIGEST: f"{self._crc:08x}"}
 
-    @staticmethod
-    def recorded_algorithm(expected: Mapping[str, Any]) -> str:
-        """The algorithm a record was made with (``"sha256"`` for earlier versions')."""
-        return "sha256" if "sha256" in expected else DIGEST
+
+def _unknown_record(expected: Any, path: Path, where: str, kept: str, fix: str) -> str | None:
+    """The message for a record that is not a ``Digest`` record, or ``None`` if it is one.
+
+    Earlier development versions recorded SHA-256 digests, which are not verified any more;
+    ``kept``: where the record was (``"the manifest"``, ``"its ZIP comment"``); ``fix``: what
+    to do about it.
+    """
+    if isinstance(expected, Mapping) and DIGEST in expected:
+        return None
+    found = sorted(map(str, expected)) if isinstance(expected, Mapping) else expected
+    return (
+        f"{where}: {str(path)!r} has a record in {kept} that this version does not verify: "
+        f"{found!r}, where it expects 'size' and {DIGEST!r} (written by an earlier development "
+        f"version, e.g. with 'sha256'). Nothing was loaded from it; {fix}."
+    )
 
 
 class _DigestingFile:
@@ -217,10 +223,16 @@ def read_checked(path: Path, where: str) -> tuple[bytes, bool]:
         return data, False
     try:
         expected = json.loads(data[start + len(_TRAILER) :])
-        digest = Digest(Digest.recorded_algorithm(expected))
-    except (ValueError, TypeError):
-        expected, digest = {}, Digest()
-    view = memoryview(data)
+    except ValueError:
+        expected = None
+    if not isinstance(expected, dict):
+        expected = {DIGEST: None}  # an unreadable record: a corrupt file
+    unknown = _unknown_record(
+        expected, path, where, "its ZIP comment", "save it again with this version"
+    )
+    if unknown is not None:
+        raise ValueError(unknown)
+    digest, view = Digest(), memoryview(data)
     digest.update(view[: start - 2])
     digest.update(b"\x00\x00")
     if digest.record() != expected:
@@ -295,11 +307,9 @@ def fsync_directory(directory: Path) -> None:
         os.close(descriptor)
 
 
-def describe(
-    path: Path, keep: bool = False, algorithm: str = DIGEST
-) -> tuple[dict[str, Any], bytes]:
+def describe(path: Path, keep: bool = False) -> tuple[dict[str, Any], bytes]:
     """Read (and flush) a file once: its ``Digest`` record, and its bytes if ``keep``."""
-    digest, chunks = Digest(algorithm), []
+    digest, chunks = Digest(), []
     with open(path, "rb") as handle:
         while chunk := handle.read(_CHUNK):
             digest.update(chunk)
@@ -312,12 +322,21 @@ def read_verified(path: Path, expected: Mapping[str, Any], where: str, keep: boo
     """Read a file once and return its bytes (if ``keep``), if they are as recorded.
 
     Raises:
-        TrainingStateError: If the file is missing, or its size or digest differ from
-            ``expected`` (a ``Digest`` record: ``crc32``, or ``sha256`` from earlier versions).
+        TrainingStateError: If the file is missing, or its size or CRC-32 differ from
+            ``expected`` (a ``Digest`` record), or ``expected`` is not one (an earlier
+            version's SHA-256).
     """
-    algorithm = Digest.recorded_algorithm(expected)
+    unknown = _unknown_record(
+        expected,
+        path,
+        where,
+        "the manifest",
+        "save the state again with this version, or resume from another state",
+    )
+    if unknown is not None:
+        raise TrainingStateError(unknown)
     try:
-        actual, data = describe(path, keep, algorithm)
+        actual, data = describe(path, keep)
     except FileNotFoundError:
         raise TrainingStateError(
             f"{where}: {str(path)!r} is listed in the manifest but missing."
@@ -327,10 +346,9 @@ def read_verified(path: Path, expected: Mapping[str, Any], where: str, keep: boo
             f"{where}: {str(path)!r} is truncated or was changed: {actual['size']} bytes, the "
             f"manifest records {expected.get('size')}."
         )
-    if actual[algorithm] != expected.get(algorithm):
+    if actual[DIGEST] != expected[DIGEST]:
         raise TrainingStateError(
-            f"{where}: {str(path)!r} is corrupt: its {algorithm} digest differs from the "
-            "manifest's."
+            f"{where}: {str(path)!r} is corrupt: its {DIGEST} digest differs from the manifest's."
         )
     return data
 

@@ -136,7 +136,6 @@ def adam_trainer(**accelerator_kwargs: Any) -> Trainer:
 def tensors_of(path: Path) -> list[torch.Tensor]:
     """Every tensor of a checkpoint file, in order."""
     checkpoint = torch.load(path, weights_only=True)
-    checkpoint.pop("pytorch_accel_sha256", None)  # earlier versions' checksum
     found: list[torch.Tensor] = []
 
     def walk(value: Any) -> None:
