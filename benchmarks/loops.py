@@ -14,12 +14,13 @@ from __future__ import annotations
 import contextlib
 import io
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+
+from benchmarks import scratch_directory
 
 Probe = Callable[[], None]
 Loop = Callable[[TensorDataset, int, Probe], None]
@@ -153,13 +154,11 @@ def pytorch_accel_step_logging(model: nn.Module, every_n_updates: int = 50) -> L
     its step CSV file (in a temporary directory) and the epoch metrics to its CSV file; no
     tracker, so that the row measures the logging machinery, not TensorBoard's writer.
     """
-    import tempfile
-
     from pytorch_accel import Trainer
     from pytorch_accel.callbacks import TrackingCallback
     from pytorch_accel.trainer import DEFAULT_CALLBACKS
 
-    directory = Path(tempfile.mkdtemp(prefix="bench-step-logging-"))
+    directory = scratch_directory("bench-step-logging-")
     tracking = TrackingCallback(
         log_with=(), csv_path=directory / "metrics.csv", log_every_n_updates=every_n_updates
     )

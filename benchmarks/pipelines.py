@@ -12,7 +12,6 @@ group (``benchmarks.worker``) where every process builds the same loops in the s
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
-from benchmarks import loops
+from benchmarks import loops, scratch_directory
 
 Probe = Callable[[], None]
 Run = Callable[[Probe], None]
@@ -96,7 +95,7 @@ def default_callbacks(preemption: bool = False) -> tuple[Any, ...]:
 
     if not preemption:
         return tuple(DEFAULT_CALLBACKS)
-    save_dir = Path(tempfile.mkdtemp(prefix="bench-preemption-"))
+    save_dir = scratch_directory("bench-preemption-")
     return (*DEFAULT_CALLBACKS, SaveTrainingStateCallback(save_dir, save_at_end=False))
 
 

@@ -11,7 +11,6 @@ positions and streams; the ratios are paired within rounds.
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import IterableDataset
 
+from benchmarks import scratch_directory
 from benchmarks.stats import paired_ratio, summary
 from pytorch_accel import Trainer
 from pytorch_accel.callbacks import TrainerCallback
@@ -119,7 +119,7 @@ def measure(quick: bool, length: int | None = None, rounds: int | None = None) -
     default_length, default_rounds = (2_000, 2) if quick else (20_000, 5)
     length, rounds = length or default_length, rounds or default_rounds
     steps = length // BATCH
-    directory = Path(tempfile.mkdtemp(prefix="bench-resume-"))
+    directory = scratch_directory("bench-resume-")
     states = {}
     for stream in STREAMS:
         for position in POSITIONS:

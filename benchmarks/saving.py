@@ -30,7 +30,6 @@ import os
 import random
 import shutil
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from benchmarks import scratch_directory
 from benchmarks.stats import paired_ratio, summary
 from pytorch_accel import Trainer
 from pytorch_accel.callbacks import TrainerCallback
@@ -182,7 +182,7 @@ def measure(quick: bool, only: list[str] | None = None) -> dict[str, Any]:
     sizes = QUICK_SIZES if quick else SIZES
     sizes = {name: count for name, count in sizes.items() if only is None or name in only}
     saves = 3 if quick else 8
-    root = Path(tempfile.mkdtemp(prefix="bench-saving-", dir=os.environ.get("BENCH_SAVE_DIR")))
+    root = scratch_directory("bench-saving-", os.environ.get("BENCH_SAVE_DIR"))
     try:
         return {name: measure_size(count, saves, root / name) for name, count in sizes.items()}
     finally:

@@ -23,10 +23,10 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
 from typing import Any
 
+from benchmarks import scratch_directory
 from benchmarks.stats import paired_difference, summary
 
 IMPORTS = textwrap.dedent(
@@ -78,7 +78,7 @@ def _environment() -> dict[str, str]:
     """The children's environment: bytecode caches on, in a fresh temporary directory."""
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
     environment.pop("PYTHONDONTWRITEBYTECODE", None)
-    environment["PYTHONPYCACHEPREFIX"] = tempfile.mkdtemp(prefix="bench-pycache-")
+    environment["PYTHONPYCACHEPREFIX"] = str(scratch_directory("bench-pycache-"))
     return environment
 
 

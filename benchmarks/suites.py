@@ -25,11 +25,9 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
-from benchmarks import resume_position, saving, startup
+from benchmarks import resume_position, saving, scratch_directory, startup
 from benchmarks.stats import paired_difference, paired_ratio
 
 # suite -> (worker suite, processes, rounds, scale)
@@ -57,7 +55,7 @@ def launch(suite: str, quick: bool) -> dict[str, Any]:
     name, processes, rounds, scale = SUITES[suite]
     if quick:
         rounds, scale = 2, scale / 4
-    out = Path(tempfile.mkdtemp(prefix="bench-suite-")) / "samples.json"
+    out = scratch_directory("bench-suite-") / "samples.json"
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
     worker = ["-m", "benchmarks.worker", f"--suite={name}", f"--rounds={rounds}"]
     command = [sys.executable, *(launcher if processes > 1 else []), *worker]

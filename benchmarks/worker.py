@@ -34,7 +34,6 @@ import os
 import random
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,7 +41,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from benchmarks import loops, pipelines
+from benchmarks import loops, pipelines, remove_scratch_directories, scratch_directory
 
 WARM_UP_BATCHES = 2
 Groups = dict[str, dict[str, pipelines.Run]]  # group -> loop name -> loop; the first is the base
@@ -94,7 +93,7 @@ def _inference(batches: int, world: int) -> Groups:
 
 
 def _images(num_images: int) -> dict[str, pipelines.Run]:
-    root = pipelines.image_folder(Path(tempfile.mkdtemp(prefix="bench-images-")), num_images, 16)
+    root = pipelines.image_folder(scratch_directory("bench-images-"), num_images, 16)
     data = pipelines.image_dataset(root)
     make = pipelines.make_classifier
     return {
@@ -185,6 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     # tests/distributed/scripts/common.py). Everything was written and flushed.
     sys.stdout.flush()
     sys.stderr.flush()
+    remove_scratch_directories()
     os._exit(0)
 
 
