@@ -176,12 +176,12 @@ def _step_seconds(model: nn.Module, width: int) -> float:
     return max(time.perf_counter() - start, 1e-3) * 1.5
 
 
-def measure(quick: bool, only: list[str] | None = None) -> dict[str, Any]:
+def measure(quick: bool, only: list[str] | None = None, saves: int | None = None) -> dict[str, Any]:
     """Every size's figures (``quick``: one small size, few saves; ``only``: these sizes)."""
     torch.set_num_threads(1)
     sizes = QUICK_SIZES if quick else SIZES
     sizes = {name: count for name, count in sizes.items() if only is None or name in only}
-    saves = 3 if quick else 8
+    saves = saves or (3 if quick else 8)
     root = scratch_directory("bench-saving-", os.environ.get("BENCH_SAVE_DIR"))
     try:
         return {name: measure_size(count, saves, root / name) for name, count in sizes.items()}
@@ -217,8 +217,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--sizes", nargs="+", choices=sorted(SIZES), help="these sizes only")
+    parser.add_argument("--saves", type=int, help="save points per run (the first: a warm-up)")
     args = parser.parse_args()
-    results = measure(args.quick, args.sizes)
+    results = measure(args.quick, args.sizes, args.saves)
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=2))
     print(markdown(results))
