@@ -332,6 +332,26 @@ class Preparation:
         finally:
             _forget_dataloaders(self._accelerator, prepared)
 
+    def release_workers(self) -> None:
+        """Shut down the worker processes the run's dataloaders still hold, as the run ends.
+
+        torchdata's ``StatefulDataLoader`` (and any loader with ``persistent_workers``) keeps
+        its iterator: a pass that the update budget or a stop ended midway would keep its
+        workers, and the threads feeding them, for as long as the trainer lives. Later runs
+        would fork their workers from a process running those threads, which can deadlock the
+        child. A later pass starts new workers.
+        """
+        state = self._state
+        for dataloader in (state.train_dataloader, *state.eval_dataloaders.values()):
+            inner: Any = getattr(dataloader, "base_dataloader", dataloader)
+            shutdown = getattr(getattr(inner, "_iterator", None), "_shutdown_workers", None)
+            if shutdown is None:  # no kept iterator, or one without workers
+                continue
+            shutdown()
+            inner._iterator = None
+            if getattr(inner, "_initial_iter_for_state_dict", False):  # torchdata's own flag
+                inner._initial_iter_for_state_dict = False
+
     def _prepare_train(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
         """Prepare the train dataloader as one that can resume mid-epoch, where accelerate can.
 

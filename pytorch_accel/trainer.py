@@ -392,19 +392,22 @@ class Trainer:
         train_dl, eval_dls = self._preparation.build_dataloaders(self, arguments)
         checks.check_train_dataloader(train_dl, self._accelerator.num_processes)
         self._preparation.prepare(self, train_dl, eval_dls)
-        checks.check_has_batches(
-            "Trainer.train",
-            self._state,
-            train_dataloader_kwargs=self._train_dl_kwargs,
-            eval_dataloader_kwargs=self._eval_dl_kwargs,
-        )
-        self.run_config = self._preparation.training_run_config(self, arguments, setup)
-        self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
-        self._state.start_counting(continue_run=not reset_run_history)
-        self.optimizer.zero_grad()  # a stop inside an accumulation window leaves gradients behind
-        parts = ResumeParts(optimizer=resume_optimizer, scheduler=resume_scheduler)
-        resume = None if resume_from is None else self._states.resume_point(resume_from, parts)
-        self._loop.train(resume)
+        try:
+            checks.check_has_batches(
+                "Trainer.train",
+                self._state,
+                train_dataloader_kwargs=self._train_dl_kwargs,
+                eval_dataloader_kwargs=self._eval_dl_kwargs,
+            )
+            self.run_config = self._preparation.training_run_config(self, arguments, setup)
+            self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
+            self._state.start_counting(continue_run=not reset_run_history)
+            self.optimizer.zero_grad()  # a stop inside an accumulation window leaves gradients
+            parts = ResumeParts(optimizer=resume_optimizer, scheduler=resume_scheduler)
+            resume = None if resume_from is None else self._states.resume_point(resume_from, parts)
+            self._loop.train(resume)
+        finally:
+            self._preparation.release_workers()
 
     @announces_exceptions
     @checks.suggest_arguments

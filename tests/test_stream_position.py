@@ -4,6 +4,7 @@ uninterrupted run, and without loading the batches already trained on."""
 from __future__ import annotations
 
 import importlib.util
+import multiprocessing
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -111,6 +112,19 @@ def test_a_stateful_dataloader_with_workers_resumes_exactly(tmp_path: Path) -> N
         clone_params(resumed.model), clone_params(uninterrupted.model), strict=True
     ):
         assert torch.equal(got, expected)
+
+
+@needs_torchdata
+def test_a_run_that_ends_mid_pass_leaves_no_dataloader_workers_behind() -> None:
+    # the StatefulDataLoader keeps its iterator: the workers of the pass that the update budget
+    # ended (step 16 of 6-batch passes) must not outlive train(), nor be forked again from a
+    # process that still feeds them
+    workers = {"train_dataloader_kwargs": {"num_workers": 2}}
+    trainer = run(PositionedStream(), stateful=True, **workers)
+    assert multiprocessing.active_children() == []
+    trainer.train(PositionedStream(), per_device_batch_size=4, max_num_train_steps=3, **workers)
+    assert trainer.num_updates == 3
+    assert multiprocessing.active_children() == []
 
 
 @pytest.mark.bad_input
