@@ -162,7 +162,7 @@ def make_image_folder(root: Path, train: int = 12, val: int = 6, size: int = 16)
 def run_process_group(
     command: list[str], *, env: dict[str, str], cwd: Path, timeout: float
 ) -> tuple[int, str]:
-    """Run `command` in its own session; kill its whole process group if it outlives `timeout`.
+    """Run `command` in its own session; kill it and every descendant if it outlives `timeout`.
 
     Returns:
         The exit code and the interleaved stdout and stderr.
@@ -183,10 +183,32 @@ def run_process_group(
     try:
         output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        raise AssertionError(f"timed out after {timeout}s:\n{output[-4000:]}") from None
+        # torchrun starts its workers in sessions of their own: kill every descendant
+        for pid in (*_descendants(process.pid), process.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate(timeout=30)
+        raise AssertionError(f"timed out after {timeout}s:\n{output[-8000:]}") from None
     return process.returncode, output
+
+
+def _descendants(pid: int) -> list[int]:
+    """The process ids below ``pid`` (Linux ``/proc``; none elsewhere), deepest first."""
+    found: list[int] = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            children = [int(child) for child in (task / "children").read_text().split()]
+        except OSError:
+            continue
+        for child in children:
+            found += [*_descendants(child), child]
+    return found
 
 
 TORCH_EXIT_ABORT = "terminate called without an active exception"
