@@ -12,14 +12,16 @@ save point, in the same run, the callback below times, in a random order:
   between a step's end and the next step's start beyond that of steps without a save in
   flight), measured until the state is published.
 
-Save points are far enough apart for the background write to finish before the next one.
-Every save, the baseline's included, writes new files, and each kind keeps only its latest
-(as a rotating ``SaveTrainingStateCallback`` does): on a virtual disk, rewriting one file in
-place is about three times as fast as writing a new one (0.2 s against 0.7 s for 200 MB on
-the 2-core VM), so a baseline that overwrote one file would not be paired fairly.
-The first save of each run is a warm-up (it allocates the host buffers the later saves reuse:
-its stall is reported apart). Ratios to the baseline are paired by save point, summarised as
-medians with 95% intervals.
+Each save point does one save, as a run does, and save points are far enough apart for a
+background write to finish before the next one. Consecutive save points make a pair, one
+baseline and one trainer save in a random order: on the 2-core VM's virtual disk, a second
+2.4 GB write right after a first one takes 2-3 times as long (even after ``os.sync()`` and a
+pause), so two saves at one save point would pair a first write with a second. Every save,
+the baseline's included, writes new files, and each kind keeps only its latest (as a rotating
+``SaveTrainingStateCallback`` does): rewriting one file in place is about three times as fast
+as writing a new one there. The first save of each run is a warm-up (it allocates the host
+buffers the later saves reuse: its stall is reported apart). Ratios to the baseline are
+paired by pair, summarised as medians with 95% intervals.
 """
 
 from __future__ import annotations
@@ -66,7 +68,11 @@ def baseline_save(trainer: Trainer, path: Path) -> float:
 
 
 class TimedSaves(TrainerCallback):
-    """Saves every ``gap`` steps and times what the training thread spends on it."""
+    """Saves every ``gap`` steps, one save per save point, and times the training thread's share.
+
+    After the warm-up, save points come in pairs: a baseline and the trainer's save (blocking,
+    or in the ``background``), in a random order per pair.
+    """
 
     order = 1000
 
@@ -76,11 +82,13 @@ class TimedSaves(TrainerCallback):
         self.baseline: list[float] = []
         self.blocking: list[float] = []
         self.stall: list[float] = []
+        self.warm_up = 0.0  # the first save's time (its stall, in the background)
         self.quiet: list[float] = []  # step end -> next step start, no save in flight
         self._pending: str | None = None
         self._ended = 0.0
         self._shuffle = random.Random(0)
-        self._previous: list[Path] = []  # the last save point's files, removed at the next
+        self._next: list[str] = []  # the kinds of this pair's save points left
+        self._latest: dict[str, Path] = {}  # each kind's last save, removed at its next
 
     def on_train_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Count the time since the last step's end to a save in flight, until published."""
@@ -90,7 +98,11 @@ class TimedSaves(TrainerCallback):
         if self._pending is None:
             self.quiet.append(gap)
             return
-        self.stall[-1] += gap - (statistics.median(self.quiet) if self.quiet else 0.0)
+        extra = gap - (statistics.median(self.quiet) if self.quiet else 0.0)
+        if self.stall:
+            self.stall[-1] += extra
+        else:
+            self.warm_up += extra
         if any(state.name == self._pending for state in find_training_states(self.directory)):
             self._pending = None
 
@@ -102,30 +114,41 @@ class TimedSaves(TrainerCallback):
         self._ended = time.perf_counter()
 
     def _save(self, trainer: Trainer, name: str) -> None:
-        target, baseline = self.directory / name, self.directory / f"baseline-{name}.pt"
-        for path in self._previous:
-            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-        self._previous = [target, baseline]
-        if self.background:
-            self.baseline.append(baseline_save(trainer, baseline))
-            start = time.perf_counter()
-            trainer.save_training_state(target, blocking=False)
-            self.stall.append(time.perf_counter() - start)
-            self._pending = name
+        warm_up = self.steps == self.gap
+        if warm_up:
+            kind = "trainer"
+        else:
+            if not self._next:
+                self._next = ["baseline", "trainer"]
+                self._shuffle.shuffle(self._next)
+            kind = self._next.pop(0)
+        stale = self._latest.get(kind)
+        if stale is not None:
+            shutil.rmtree(stale) if stale.is_dir() else stale.unlink(missing_ok=True)
+        if kind == "baseline":
+            self._latest[kind] = self.directory / f"baseline-{name}.pt"
+            self.baseline.append(baseline_save(trainer, self._latest[kind]))
             return
-        order = ["baseline", "blocking"]
-        self._shuffle.shuffle(order)
-        for kind in order:
-            if kind == "baseline":
-                self.baseline.append(baseline_save(trainer, baseline))
-            else:
-                start = time.perf_counter()
-                trainer.save_training_state(target)
-                self.blocking.append(time.perf_counter() - start)
+        self._latest[kind] = self.directory / name
+        start = time.perf_counter()
+        trainer.save_training_state(self._latest[kind], blocking=not self.background)
+        seconds = time.perf_counter() - start
+        if self.background:
+            self._pending = name
+        if warm_up:
+            self.warm_up = seconds
+        else:
+            (self.stall if self.background else self.blocking).append(seconds)
+
+    def pairs(self) -> tuple[list[float], list[float]]:
+        """The trainer's and the baseline's times of the complete pairs."""
+        own = self.stall if self.background else self.blocking
+        count = min(len(own), len(self.baseline))
+        return own[:count], self.baseline[:count]
 
 
-def measure_size(parameters: float, saves: int, directory: Path) -> dict[str, Any]:
-    """Both runs at one model size: the blocking and the background saves, with baselines."""
+def measure_size(parameters: float, pairs: int, directory: Path) -> dict[str, Any]:
+    """Both runs at one model size (blocking and background saves), each with ``pairs`` pairs."""
     torch.manual_seed(0)
     probe = make_mlp(parameters)
     width = probe[0].in_features
@@ -134,6 +157,7 @@ def measure_size(parameters: float, saves: int, directory: Path) -> dict[str, An
     gap = max(3, int(write_seconds / step_seconds) + 2)
     del probe
     results: dict[str, Any] = {}
+    points = 1 + 2 * pairs  # a warm-up, then the pairs
     for background in (False, True):
         shutil.rmtree(directory, ignore_errors=True)
         directory.mkdir(parents=True)
@@ -146,26 +170,23 @@ def measure_size(parameters: float, saves: int, directory: Path) -> dict[str, An
             callbacks=(timed,),
         )
         data = TensorDataset(
-            torch.randn(gap * saves + 2, width), torch.randn(gap * saves + 2, width)
+            torch.randn(gap * points + 2, width), torch.randn(gap * points + 2, width)
         )
         trainer.train(data, num_epochs=1, per_device_batch_size=1)
         results["background" if background else "blocking"] = timed
         del trainer, model
     blocking, background = results["blocking"], results["background"]
-    first_stall = background.stall[0]
-    for timed in (blocking, background):  # the first save of a run: a warm-up
-        for series in (timed.baseline, timed.blocking, timed.stall):
-            del series[:1]
+    parameter_count = sum(p.numel() for p in make_mlp(parameters).parameters())
     return {
-        "parameters": sum(p.numel() for p in make_mlp(parameters).parameters()),
-        "state_mb": 12 * sum(p.numel() for p in make_mlp(parameters).parameters()) / 1e6,
+        "parameters": parameter_count,
+        "state_mb": 12 * parameter_count / 1e6,
         "baseline_s": summary(blocking.baseline + background.baseline),
         "blocking_s": summary(blocking.blocking),
         "background_stall_s": summary(background.stall),
-        "first_background_stall_s": first_stall,
-        "blocking_ratio": paired_ratio(blocking.blocking, blocking.baseline),
-        "background_ratio": paired_ratio(background.stall, background.baseline),
-        "saves": saves - 1,  # measured, after the warm-up
+        "first_background_stall_s": background.warm_up,
+        "blocking_ratio": paired_ratio(*blocking.pairs()),
+        "background_ratio": paired_ratio(*background.pairs()),
+        "pairs": pairs,  # measured, after the warm-up
     }
 
 
@@ -176,15 +197,15 @@ def _step_seconds(model: nn.Module, width: int) -> float:
     return max(time.perf_counter() - start, 1e-3) * 1.5
 
 
-def measure(quick: bool, only: list[str] | None = None, saves: int | None = None) -> dict[str, Any]:
-    """Every size's figures (``quick``: one small size, few saves; ``only``: these sizes)."""
+def measure(quick: bool, only: list[str] | None = None, pairs: int | None = None) -> dict[str, Any]:
+    """Every size's figures (``quick``: one small size, few pairs; ``only``: these sizes)."""
     torch.set_num_threads(1)
     sizes = QUICK_SIZES if quick else SIZES
     sizes = {name: count for name, count in sizes.items() if only is None or name in only}
-    saves = saves or (3 if quick else 8)
+    pairs = pairs or (2 if quick else 6)
     root = scratch_directory("bench-saving-", os.environ.get("BENCH_SAVE_DIR"))
     try:
-        return {name: measure_size(count, saves, root / name) for name, count in sizes.items()}
+        return {name: measure_size(count, pairs, root / name) for name, count in sizes.items()}
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -217,9 +238,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--sizes", nargs="+", choices=sorted(SIZES), help="these sizes only")
-    parser.add_argument("--saves", type=int, help="save points per run (the first: a warm-up)")
+    parser.add_argument("--pairs", type=int, help="pairs of save points per run, after a warm-up")
     args = parser.parse_args()
-    results = measure(args.quick, args.sizes, args.saves)
+    results = measure(args.quick, args.sizes, args.pairs)
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=2))
     print(markdown(results))
