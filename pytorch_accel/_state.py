@@ -208,15 +208,22 @@ class Preparation:
         """Whether a model and an optimizer were prepared."""
         return self._prepared != (None, None)
 
-    def prepare(
+    @contextlib.contextmanager
+    def prepared(
         self,
         trainer: Trainer,
         train_dl: DataLoader[Any] | None,
         eval_dls: Mapping[str | None, DataLoader[Any]],
-    ) -> None:
-        """Prepare the model and optimizer (once each) and this run's dataloaders.
+    ) -> Iterator[None]:
+        """Prepare the model and optimizer (once each) and the dataloaders of a run in the block.
 
-        The previous run's dataloaders are forgotten.
+        The previous run's dataloaders are forgotten. When the block ends, the worker processes
+        the dataloaders still hold are shut down: torchdata's ``StatefulDataLoader`` (and any
+        loader with ``persistent_workers``) keeps its iterator, so a pass that the update budget,
+        a stop or ``limit_eval_batches`` ended midway would keep its workers, and the threads
+        feeding them, for as long as the trainer lives; later runs would fork their workers from
+        a process running those threads, which can deadlock the child. A later pass starts new
+        workers.
         """
         self.prepare_model_and_optimizer(trainer)
         state = self._state
@@ -225,6 +232,11 @@ class Preparation:
         state.resumable, state.eval_set = None, None
         state.train_dataloader = None if train_dl is None else self._prepare_train(train_dl)
         state.eval_dataloaders = {name: self._prepare(dl) for name, dl in eval_dls.items()}
+        try:
+            yield
+        finally:
+            for dataloader in (state.train_dataloader, *state.eval_dataloaders.values()):
+                _release_workers(dataloader)
 
     def build_dataloaders(
         self, trainer: Trainer, arguments: TrainArguments
@@ -332,26 +344,6 @@ class Preparation:
         finally:
             _forget_dataloaders(self._accelerator, prepared)
 
-    def release_workers(self) -> None:
-        """Shut down the worker processes the run's dataloaders still hold, as the run ends.
-
-        torchdata's ``StatefulDataLoader`` (and any loader with ``persistent_workers``) keeps
-        its iterator: a pass that the update budget or a stop ended midway would keep its
-        workers, and the threads feeding them, for as long as the trainer lives. Later runs
-        would fork their workers from a process running those threads, which can deadlock the
-        child. A later pass starts new workers.
-        """
-        state = self._state
-        for dataloader in (state.train_dataloader, *state.eval_dataloaders.values()):
-            inner: Any = getattr(dataloader, "base_dataloader", dataloader)
-            shutdown = getattr(getattr(inner, "_iterator", None), "_shutdown_workers", None)
-            if shutdown is None:  # no kept iterator, or one without workers
-                continue
-            shutdown()
-            inner._iterator = None
-            if getattr(inner, "_initial_iter_for_state_dict", False):  # torchdata's own flag
-                inner._initial_iter_for_state_dict = False
-
     def _prepare_train(self, dataloader: DataLoader[Any]) -> DataLoader[Any]:
         """Prepare the train dataloader as one that can resume mid-epoch, where accelerate can.
 
@@ -392,6 +384,18 @@ def _forget_dataloaders(accelerator: Accelerator, *dataloaders: object) -> None:
     registered = getattr(accelerator, "_dataloaders", None)
     if isinstance(registered, list):
         registered[:] = [dl for dl in registered if all(dl is not old for old in dataloaders)]
+
+
+def _release_workers(dataloader: object) -> None:
+    """Shut down the workers of the iterator a dataloader keeps (``Preparation.prepared``)."""
+    inner: Any = getattr(dataloader, "base_dataloader", dataloader)
+    shutdown = getattr(getattr(inner, "_iterator", None), "_shutdown_workers", None)
+    if shutdown is None:  # no kept iterator, or one without workers
+        return
+    shutdown()
+    inner._iterator = None
+    if getattr(inner, "_initial_iter_for_state_dict", False):  # torchdata's own flag
+        inner._initial_iter_for_state_dict = False
 
 
 def _forget_model(accelerator: Accelerator, model: nn.Module) -> nn.Module:

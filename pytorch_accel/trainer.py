@@ -391,8 +391,7 @@ class Trainer:
             self.run_history.reset()
         train_dl, eval_dls = self._preparation.build_dataloaders(self, arguments)
         checks.check_train_dataloader(train_dl, self._accelerator.num_processes)
-        self._preparation.prepare(self, train_dl, eval_dls)
-        try:
+        with self._preparation.prepared(self, train_dl, eval_dls):
             checks.check_has_batches(
                 "Trainer.train",
                 self._state,
@@ -406,8 +405,6 @@ class Trainer:
             parts = ResumeParts(optimizer=resume_optimizer, scheduler=resume_scheduler)
             resume = None if resume_from is None else self._states.resume_point(resume_from, parts)
             self._loop.train(resume)
-        finally:
-            self._preparation.release_workers()
 
     @announces_exceptions
     @checks.suggest_arguments
@@ -452,13 +449,13 @@ class Trainer:
         loaders = self._preparation.build_eval_dataloaders(
             self, dataset, batch_size or 8, dataloader_kwargs
         )
-        self._preparation.prepare(self, None, loaders)
-        checks.check_has_batches(
-            "Trainer.evaluate", self._state, dataloader_kwargs=self._eval_dl_kwargs
-        )
-        kwargs: tuple[dict[str, Any], dict[str, Any]] = ({}, self._eval_dl_kwargs)  # one epoch
-        self.run_config = create_run_config(self._accelerator, None, None, kwargs, num_epochs=1)
-        return self._loop.evaluate(metric_prefix, skip_failing_batches)
+        with self._preparation.prepared(self, None, loaders):
+            checks.check_has_batches(
+                "Trainer.evaluate", self._state, dataloader_kwargs=self._eval_dl_kwargs
+            )
+            kwargs: tuple[dict[str, Any], dict[str, Any]] = ({}, self._eval_dl_kwargs)
+            self.run_config = create_run_config(self._accelerator, None, None, kwargs, num_epochs=1)
+            return self._loop.evaluate(metric_prefix, skip_failing_batches)
 
     @announces_exceptions
     @checks.suggest_arguments

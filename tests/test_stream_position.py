@@ -115,7 +115,7 @@ def test_a_stateful_dataloader_with_workers_resumes_exactly(tmp_path: Path) -> N
 
 
 @needs_torchdata
-def test_a_run_that_ends_mid_pass_leaves_no_dataloader_workers_behind() -> None:
+def test_runs_that_end_mid_pass_leave_no_dataloader_workers_behind() -> None:
     # the StatefulDataLoader keeps its iterator: the workers of the pass that the update budget
     # ended (step 16 of 6-batch passes) must not outlive train(), nor be forked again from a
     # process that still feeds them
@@ -124,6 +124,9 @@ def test_a_run_that_ends_mid_pass_leaves_no_dataloader_workers_behind() -> None:
     assert multiprocessing.active_children() == []
     trainer.train(PositionedStream(), per_device_batch_size=4, max_num_train_steps=3, **workers)
     assert trainer.num_updates == 3
+    assert multiprocessing.active_children() == []
+    trainer.limit_eval_batches = 2  # an evaluation that ends midway through its pass
+    trainer.evaluate(DATA, per_device_batch_size=4, dataloader_kwargs={"num_workers": 2})
     assert multiprocessing.active_children() == []
 
 
