@@ -33,7 +33,7 @@ from pytorch_accel.distributed import main_process_object
 from pytorch_accel.tracking import InMemoryRunHistory, get_logger
 
 if TYPE_CHECKING:
-    from pytorch_accel._entry_checks import TrainArguments
+    from pytorch_accel.run_config import TrainArguments
     from pytorch_accel.trainer import Trainer
 
 __all__ = [
@@ -56,8 +56,7 @@ def run_dry_or_overfit(trainer: Trainer, arguments: TrainArguments) -> bool:
     if arguments.dry_run:
         num_batches = DRY_RUN_BATCHES if arguments.dry_run is True else int(arguments.dry_run)
         with trial_run(trainer, num_batches) as directory:
-            settings = dataclasses.replace(
-                arguments,
+            settings = arguments.replace(
                 num_epochs=1,
                 resume_from=None,
                 dry_run=False,
@@ -79,8 +78,7 @@ def run_dry_or_overfit(trainer: Trainer, arguments: TrainArguments) -> bool:
         dataset, range(min(len(dataset), arguments.overfit_batches * batch_size * processes))
     )
     loader_kwargs = {**(arguments.train_dataloader_kwargs or {}), "shuffle": False}
-    settings = dataclasses.replace(
-        arguments,
+    settings = arguments.replace(
         train_dataset=subset,
         eval_dataset=subset,
         train_dataloader_kwargs=loader_kwargs,

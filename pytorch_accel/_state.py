@@ -12,6 +12,7 @@ dataloaders are prepared afresh and the previous run's are dropped from the acce
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -34,13 +35,19 @@ from pytorch_accel._checkpointing.resume import (
 from pytorch_accel._checkpointing.streams import track_stream_position
 from pytorch_accel.dataloaders import default_dataloader_kwargs, loader_settings, named_eval_sets
 from pytorch_accel.errors import StopTrainingError
-from pytorch_accel.run_config import ChosenRates, RunSetup, TrainerRunConfig, create_run_config
+from pytorch_accel.run_config import (
+    ChosenRates,
+    TrainArguments,
+    TrainerRunConfig,
+    create_run_config,
+    guard_steps,
+    scale_learning_rates,
+)
 from pytorch_accel.schedulers.stepping import SchedulerStepping
 from pytorch_accel.tracking import LoggedMetrics, LossTracker
 
 if TYPE_CHECKING:
     from pytorch_accel._checkpointing.staging import PendingSave
-    from pytorch_accel._entry_checks import TrainArguments
     from pytorch_accel.failing_batches import FailingBatchGuard
     from pytorch_accel.micro_batches import MicroBatchSplitter
     from pytorch_accel.trainer import Trainer
@@ -301,23 +308,20 @@ class Preparation:
             collate_fn=collate_fn,
         )
 
-    def training_run_config(
-        self, trainer: Trainer, arguments: TrainArguments, setup: RunSetup
-    ) -> TrainerRunConfig:
+    def training_run_config(self, trainer: Trainer, arguments: TrainArguments) -> TrainerRunConfig:
         """Describe a ``train()`` run over its prepared dataloaders, and finish its set-up.
 
         (Scale the learning rates; keep the failing-batch guard and micro-batch splitter.)
         """
+        state, accelerator = self._state, self._accelerator
+        dl_kwargs = (trainer._train_dl_kwargs, trainer._eval_dl_kwargs)
         config = create_run_config(
-            self._accelerator,
-            self._state.train_dataloader,
-            trainer.limit_train_batches,
-            (trainer._train_dl_kwargs, trainer._eval_dl_kwargs),
-            **arguments.run_settings(),
+            accelerator, state.train_dataloader, trainer.limit_train_batches, dl_kwargs, arguments
         )
-        config = setup.finish(config, trainer.optimizer, self._state.chosen_rates)
-        setup.guard_steps(self._state, self._accelerator.num_processes)
-        return config
+        base, total = arguments.auto_scale_lr, config.train_total_batch_size
+        factor = scale_learning_rates(trainer.optimizer, total, base, state.chosen_rates)
+        guard_steps(arguments, state, accelerator.num_processes)
+        return dataclasses.replace(config, lr_scale_factor=factor)
 
     def prepare_model_and_optimizer(self, trainer: Trainer) -> None:
         """Prepare ``trainer.model`` and ``trainer.optimizer``, each once, and assign them back."""

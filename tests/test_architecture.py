@@ -53,7 +53,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.failing_batches",
             "pytorch_accel.micro_batches",
             "pytorch_accel.run_config",
-            "pytorch_accel.run_setup",
             "pytorch_accel.run_directory",
         ),
     ),
@@ -83,8 +82,8 @@ LAYER_ROLES = {
         "`Trainer`, one class: the constructor, `train`/`evaluate`/`predict`, the public "
         "properties, the overridable step methods and hooks (the dataloader hooks among them), "
         "and saving and loading checkpoints and training states. The checks of the entry "
-        "points' arguments and data (`_entry_checks`, with `train()`'s arguments as one typed "
-        "`TrainArguments`); dry and overfit runs (`_dry_run`, redirecting each callback's files "
+        "points' arguments and data (`_entry_checks`, `train()`'s in a table with one entry "
+        "per argument); dry and overfit runs (`_dry_run`, redirecting each callback's files "
         "through its `redirect_outputs`); the batch-size search, trials in a dry run's "
         "surroundings (`batch_size_search`); the learning-rate range test, `Trainer.find_lr` "
         "(`lr_finder`, leaving the trainer's states as they were); every pytorch-accelerated "
@@ -98,11 +97,12 @@ LAYER_ROLES = {
         "optimizer and each run's dataloaders, built through the trainer's hooks); saving, "
         "loading and resuming training states "
         "(`_checkpointing.training_state`, `_checkpointing.resume`); the run's configuration "
-        "(`run_config`: the `TrainerRunConfig`, and the set-up `train()` applies before the "
-        "loop: seeding, determinism, scaling the learning rate; `run_setup` keeps its import "
-        "path); more micro-batches of the same total on out-of-memory (`micro_batches`); the "
-        "run directory under `Trainer(output_dir=...)`, its name agreed across "
-        "processes, and where callbacks put their default files (`run_directory`)."
+        "(`run_config`: `train()`'s arguments bound once to its signature, `TrainArguments`, "
+        "the `TrainerRunConfig` built from them, and the set-up `train()` applies before the "
+        "loop: seeding, determinism, scaling the learning rate); more micro-batches of the "
+        "same total on out-of-memory (`micro_batches`); the run directory under "
+        "`Trainer(output_dir=...)`, its name agreed across processes, and where callbacks put "
+        "their default files (`run_directory`)."
     ),
     "core": (
         "The concepts everything else is built from: `StopTrainingError`, the event names, the "
