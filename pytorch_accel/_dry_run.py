@@ -100,7 +100,7 @@ def trial_run(trainer: Trainer, num_batches: int) -> Iterator[Path]:
     callbacks = trainer.callback_handler.callbacks
     kept = (trainer.run_history, trainer.limit_train_batches, trainer.limit_eval_batches)
     chosen_rates = trainer._state.chosen_rates
-    run_updates = trainer._state.global_num_updates
+    run_updates = trainer.global_num_updates
     try:
         with Snapshot.taken(trainer), contextlib.ExitStack() as stack:
             directory = stack.enter_context(_temporary_directory(trainer))

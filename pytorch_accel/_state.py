@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -63,7 +62,8 @@ class TrainerState:
     Attributes:
         step: Training micro-batches done in the current epoch (before the step's end event,
             so that a stop raised there still counts the step).
-        num_updates: Optimizer updates so far in the current ``train()`` (the loop's count).
+        num_updates: Optimizer updates so far in the current ``train()``: the one update count
+            (``Trainer.num_updates``; ``Trainer.global_num_updates`` adds ``updates_before``).
         updates_before: Optimizer updates of the earlier ``train()`` calls of the same run
             (those that continued it with ``reset_run_history=False``); 0 in a new run.
         savable: Where a training state may be saved now: ``"step"`` (between steps),
@@ -92,8 +92,6 @@ class TrainerState:
         self.eval_step = 0
         self.num_updates = 0
         self.updates_before = 0
-        self._assigned_updates: int | None = None
-        self._warned_assignment = False
         self.running = False
         self.savable: Literal["step", "epoch", "end"] | None = None
         self.stop_request: StopTrainingError | None = None
@@ -128,41 +126,15 @@ class TrainerState:
             return loaders[self.eval_set]
         return next(iter(loaders.values()), None)
 
-    @property
-    def global_num_updates(self) -> int:
-        """``Trainer.global_num_updates``: the updates of the whole run, earlier calls included."""
-        return self.updates_before + self.num_updates
-
     def start_counting(self, continue_run: bool) -> None:
         """Start a ``train()`` call's update count at 0; carry the run's count on, or restart it."""
-        self.updates_before = self.global_num_updates if continue_run else 0
+        self.updates_before = self.updates_before + self.num_updates if continue_run else 0
         self.num_updates = 0
 
     def restore_counts(self, saved: Mapping[str, Any]) -> None:
-        """Set both update counts to those of a saved training state's trainer part."""
+        """Set the update count and the run's earlier updates to a saved trainer state's."""
         self.num_updates = int(saved["num_updates"])
         self.updates_before = int(saved.get("updates_before", 0))  # 0: saved before it existed
-
-    @property
-    def visible_num_updates(self) -> int:
-        """``Trainer.num_updates``: the count, or the value a subclass assigned to it."""
-        return self.num_updates if self._assigned_updates is None else self._assigned_updates
-
-    def assign_num_updates(self, value: int | None) -> None:
-        """Let ``Trainer.num_updates`` read ``value`` (``None``: the count again).
-
-        Ported code keeps its own update count there; the loop's stays separate.
-        """
-        if value is not None and not self._warned_assignment:
-            self._warned_assignment = True  # once per trainer: ported code assigns it often
-            warnings.warn(
-                "Assigning Trainer.num_updates only changes what it reads: the trainer counts "
-                "the updates itself (and TrainerWithTimmScheduler steps timm schedulers with "
-                "that count).",
-                DeprecationWarning,
-                stacklevel=3,
-            )
-        self._assigned_updates = value
 
     def position(self, where: str) -> Position:
         """Return where the loop is, as the point a run resumed from a save there continues.

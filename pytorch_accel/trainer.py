@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -140,6 +141,7 @@ class Trainer:
         self.progress_interval: float = 0.05
         self.dry_run_dir: Path | None = None
         self._state = TrainerState()
+        self._assigned_num_updates: int | None = None  # see num_updates
         self._preparation = Preparation(self._accelerator, self._state)
         self._loop = Loop(self, self._state, self._preparation)
         self._states = TrainingStateIO(self, self._preparation, self._state)
@@ -209,13 +211,23 @@ class Trainer:
 
         It counts the update in progress from ``on_optimizer_step_end`` on, so the scheduler
         step of the k-th update sees ``k`` (1-based). Assigning it (as pytorch-accelerated's
-        timm examples do) sets what it reads; the loop keeps its own count.
+        timm examples do) sets what it reads (``None``: the count again); the loop keeps
+        counting.
         """
-        return self._state.visible_num_updates
+        assigned = self._assigned_num_updates
+        return self._state.num_updates if assigned is None else assigned
 
     @num_updates.setter
     def num_updates(self, value: int | None) -> None:
-        self._state.assign_num_updates(value)
+        if value is not None and self._assigned_num_updates is None:
+            warnings.warn(
+                "Assigning Trainer.num_updates only changes what it reads: the trainer counts "
+                "the updates itself (and TrainerWithTimmScheduler steps timm schedulers with "
+                "that count).",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        self._assigned_num_updates = value
 
     @property
     def global_num_updates(self) -> int:
@@ -224,7 +236,7 @@ class Trainer:
         ``num_updates`` plus those of the earlier ``train()`` calls the run continues
         (``reset_run_history=False``); 0 when a call starts a new run. Saved in training states.
         """
-        return self._state.global_num_updates
+        return self._state.updates_before + self._state.num_updates
 
     @property
     def is_training(self) -> bool:
@@ -413,12 +425,8 @@ class Trainer:
             self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
             self._state.start_counting(continue_run=not reset_run_history)
             self.optimizer.zero_grad()  # a stop inside an accumulation window leaves gradients
-            resume = None
-            if resume_from is not None:
-                resume = self._states.resume_point(
-                    resume_from, optimizer=resume_optimizer, scheduler=resume_scheduler
-                )
-            self._loop.train(resume)
+            parts = {"optimizer": resume_optimizer, "scheduler": resume_scheduler}
+            self._loop.train(self._states.resume_point(resume_from, **parts))
 
     @announces_exceptions
     @checks.suggest_arguments
