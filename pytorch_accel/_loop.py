@@ -56,7 +56,7 @@ from pytorch_accel._checks import (
     fail,
     shape_mismatches_raise,
 )
-from pytorch_accel._state import Preparation, TrainerState
+from pytorch_accel._state import Preparation, TrainerState, fewer_batches
 from pytorch_accel.callback import ProgressEvents
 from pytorch_accel.dataloaders import epoch_batches, eval_set_prefix
 from pytorch_accel.distributed import AgreedFlag, synchronise_replicas
@@ -420,16 +420,17 @@ class Loop:
 
     def sanity_check(self, num_batches: int) -> None:
         """Evaluate ``num_batches`` of every eval set, then put the run history back as it was."""
-        history = self._trainer.run_history
+        history, state = self._trainer.run_history, self.state
         saved = history.state_dict()
+        state.sanity_checking = True
         try:
-            self.eval_epochs("sanity_eval_loss", False, num_batches)
+            with fewer_batches(self._trainer, num_batches, train=False):
+                self.eval_epochs("sanity_eval_loss", False)
         finally:
+            state.sanity_checking = False
             history.load_state_dict(saved)
 
-    def eval_epochs(
-        self, metric_name: str, is_intermediate: bool, limit: int | None = None
-    ) -> None:
+    def eval_epochs(self, metric_name: str, is_intermediate: bool) -> None:
         """Run an eval epoch of every eval set, recording each mean loss as ``metric_name``.
 
         Under ``training_rng_preserved``: evaluating never changes the training's random
@@ -437,7 +438,7 @@ class Loop:
         """
         trainer, state = self._trainer, self.state
         for name, dataloader in list(state.eval_dataloaders.items()):
-            state.eval_set, state.eval_metric_name, state.eval_limit = name, metric_name, limit
+            state.eval_set, state.eval_metric_name = name, metric_name
             try:
                 with (
                     trainer.run_history.prefixed(eval_set_prefix(name)),
@@ -446,7 +447,7 @@ class Loop:
                 ):
                     trainer._run_eval_epoch(dataloader, state.running, is_intermediate)
             finally:
-                state.eval_set, state.eval_limit = None, None
+                state.eval_set = None
 
     def eval_epoch(self, dataloader: DataLoader[Any], is_intermediate: bool) -> None:
         """Run one eval epoch level over ``dataloader`` (``Trainer._run_eval_epoch``)."""
@@ -464,13 +465,12 @@ class Loop:
             finish=functools.partial(self._end_eval_epoch, state.eval_metric_name),
             is_intermediate=is_intermediate,
             eval_set=state.eval_set,
-            sanity_check=state.eval_limit is not None,
+            sanity_check=state.sanity_checking,
         )
 
     def _eval_batches(self, dataloader: DataLoader[Any]) -> None:
         trainer, progress = self._trainer, self._eval_progress
-        limits = [n for n in (self.state.eval_limit, trainer.limit_eval_batches) if n is not None]
-        with epoch_batches(dataloader, min(limits, default=None)) as batches:
+        with epoch_batches(dataloader, trainer.limit_eval_batches) as batches:
             with_events, eval_step = self._with_events, self._eval_step  # bound once
             handler = trainer.callback_handler
             for index, batch in enumerate(batches):

@@ -51,7 +51,28 @@ if TYPE_CHECKING:
     from pytorch_accel.micro_batches import MicroBatchSplitter
     from pytorch_accel.trainer import Trainer
 
-__all__ = ["Preparation", "TrainerState"]
+__all__ = ["Preparation", "TrainerState", "fewer_batches"]
+
+
+@contextlib.contextmanager
+def fewer_batches(trainer: Trainer, num_batches: int, *, train: bool = True) -> Iterator[None]:
+    """Run at most ``num_batches`` batches per eval epoch (and train epoch) inside the block.
+
+    The one mechanism for fewer batches is the trainer's ``limit_eval_batches`` and
+    ``limit_train_batches``, read as each epoch starts; this lowers them (a lower limit already
+    set is kept) and puts them back after the block. The sanity evaluation and dry runs use it;
+    ``LimitBatchesCallback`` (and ``PYTORCH_ACCEL_LIMIT_BATCHES``, which adds it) and
+    ``LimitEvalStepsCallback`` set the same attributes.
+    """
+    kept = trainer.limit_train_batches, trainer.limit_eval_batches
+    lowered = [num_batches if limit is None else min(limit, num_batches) for limit in kept]
+    try:
+        if train:
+            trainer.limit_train_batches = lowered[0]
+        trainer.limit_eval_batches = lowered[1]
+        yield
+    finally:
+        trainer.limit_train_batches, trainer.limit_eval_batches = kept
 
 
 class TrainerState:
@@ -80,7 +101,7 @@ class TrainerState:
         micro_batches: The splitter of ``train(on_oom="split")`` (or of a batch-size search's
             trial), if asked for.
         probing: Whether ``train()`` runs a trial of the batch-size search.
-        eval_limit: The most batches of the current eval epoch (a sanity check), or ``None``.
+        sanity_checking: Whether the eval epochs are the sanity check before training.
         chosen_rates: The learning rates the user chose, kept across runs (``auto_scale_lr``).
         pending_save: A training state being written in the background, if any.
     """
@@ -113,7 +134,7 @@ class TrainerState:
         self.micro_batches: MicroBatchSplitter | None = None
         self.probing = False
         self.eval_metric_name = "eval_loss_epoch"
-        self.eval_limit: int | None = None
+        self.sanity_checking = False
         self.chosen_rates = ChosenRates()
         self.scheduler_stepping = SchedulerStepping()  # the run's, set when the loop starts
         self.pending_save: PendingSave | None = None

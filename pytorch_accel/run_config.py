@@ -302,7 +302,8 @@ def apply_randomness(arguments: TrainArguments, accelerator: Accelerator) -> Non
 
 def guard_steps(arguments: TrainArguments, state: TrainerState, num_processes: int) -> None:
     """Give ``state`` the run's guard of failing batches and splitter (probing in a trial)."""
-    policy = skip_policy("Trainer.train", arguments.skip_failing_batches)  # an int: the limit
+    skip = arguments.skip_failing_batches  # an int: the limit of a SkipFailingBatches
+    policy = None if skip is None else skip_policy("Trainer.train", skip)
     state.failing_batches = None if policy is None else FailingBatchGuard(policy, num_processes)
     split = state.probing or arguments.on_oom == "split"
     state.micro_batches = MicroBatchSplitter(num_processes, probe=state.probing) if split else None

@@ -38,8 +38,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.training_state",
             "pytorch_accel.finetuning",
             "pytorch_accel.schedulers",
-            "pytorch_accel._batch_limits",
-            "pytorch_accel.utils",
             "pytorch_accel.logging_setup",
         ),
     ),
@@ -69,14 +67,14 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.timm_trainer",
         ),
     ),
-    ("catalogue", ("pytorch_accel.callbacks",)),
+    ("catalogue", ("pytorch_accel.callbacks", "pytorch_accel.utils")),
 )
 
 LAYER_ROLES = {
     "catalogue": (
         "The built-in callbacks. They use only the trainer's public surface. `callbacks.base` "
         "and `callbacks.handler` re-export the core's classes under the import paths "
-        "pytorch-accelerated users know."
+        "pytorch-accelerated users know, and `utils` that library's `utils` names."
     ),
     "facade": (
         "`Trainer`, one class: the constructor, `train`/`evaluate`/`predict`, the public "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+import os
 import time
 import warnings
 from collections.abc import Iterable, Mapping
@@ -26,10 +27,6 @@ from tqdm.auto import tqdm
 from pytorch_accel._checks import check_bool, check_positive_int
 from pytorch_accel.callback import CallbackLike, TrainerCallback
 from pytorch_accel.callbacks._nan_origin import RandomState, nan_origin_report
-from pytorch_accel.callbacks.limit_batches import (
-    LimitBatchesCallback,
-    limit_batches_from_environment,
-)
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.tracking import MetricCursor, get_logger, setup_logging
 
@@ -38,6 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_CALLBACKS",
+    "LIMIT_BATCHES_ENV_VAR",
     "LogMetricsCallback",
     "MoveModulesToDeviceCallback",
     "PrintProgressCallback",
@@ -590,6 +588,13 @@ DEFAULT_CALLBACKS: tuple[type[TrainerCallback], ...] = get_default_callbacks()
 """The callbacks used by ``Trainer`` when none are given."""
 
 
+LIMIT_BATCHES_ENV_VAR = "PYTORCH_ACCEL_LIMIT_BATCHES"
+"""The environment variable that makes new trainers use at most that many batches per epoch."""
+
+OLD_LIMIT_BATCHES_ENV_VAR = "PT_ACC_LIMIT_BATCHES"
+"""pytorch-accelerated's name of ``LIMIT_BATCHES_ENV_VAR`` (read with a deprecation warning)."""
+
+
 def with_environment_callbacks(callbacks: Iterable[CallbackLike]) -> list[CallbackLike]:
     """Return a new list: ``callbacks`` (instances or classes), then those the environment adds.
 
@@ -602,10 +607,16 @@ def with_environment_callbacks(callbacks: Iterable[CallbackLike]) -> list[Callba
     """
     callbacks = list(callbacks)
     kinds = [callback if isinstance(callback, type) else type(callback) for callback in callbacks]
-    limit = limit_batches_from_environment()
-    if limit is not None and not any(issubclass(kind, LimitBatchesCallback) for kind in kinds):
-        callbacks.append(LimitBatchesCallback(limit))
-        kinds.append(LimitBatchesCallback)
+    if os.environ.get(LIMIT_BATCHES_ENV_VAR) or os.environ.get(OLD_LIMIT_BATCHES_ENV_VAR):
+        from pytorch_accel.callbacks.limit_batches import (  # only then: a plain run reads less
+            LimitBatchesCallback,
+            limit_batches_from_environment,
+        )
+
+        limit = limit_batches_from_environment()
+        if limit is not None and not any(issubclass(k, LimitBatchesCallback) for k in kinds):
+            callbacks.append(LimitBatchesCallback(limit))
+            kinds.append(LimitBatchesCallback)
     _say_once_if_silent(kinds)
     return callbacks
 
