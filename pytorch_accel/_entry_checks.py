@@ -478,7 +478,7 @@ def _check_dry_run(where: str, arguments: TrainArguments, trainer: Trainer) -> N
 
 
 def _check_train_data(where: str, arguments: TrainArguments, trainer: Trainer) -> None:
-    """Check ``train()``'s data (sets, run length, loader settings)."""
+    """Check ``train()``'s data: the sets, the run's length, no loader settings for loaders."""
     check_data(where, "train_dataset", arguments.train_dataset, streams=True)
     _check_run_length(where, arguments)
     common = {
@@ -500,14 +500,6 @@ def _check_train_data(where: str, arguments: TrainArguments, trainer: Trainer) -
             eval_dataloader_kwargs=arguments.eval_dataloader_kwargs,
             **common,
         )
-    check_positive_int(where, "eval_every_n_epochs", arguments.eval_every_n_epochs)
-    sanity = arguments.sanity_eval_batches
-    check_count(where, "sanity_eval_batches", sanity, minimum=0, resolved=True)
-    check_positive_int(
-        where, "per_device_batch_size", arguments.per_device_batch_size, allow_none=True
-    )
-    check_mapping(where, "train_dataloader_kwargs", arguments.train_dataloader_kwargs)
-    check_mapping(where, "eval_dataloader_kwargs", arguments.eval_dataloader_kwargs)
 
 
 def _check_eval_data(where: str, name: str, data: object, **settings: object) -> list[Any]:
@@ -783,45 +775,39 @@ TrainCheck = Callable[[str, "TrainArguments", "Trainer"], None]
 """A check of ``train()``'s arguments: ``check(where, arguments, trainer)`` raises if bad."""
 
 
-def _check_reset_run_history(where: str, arguments: TrainArguments, trainer: Trainer) -> None:
-    fix = "Pass reset_run_history=False to continue the run history of earlier calls."
-    value = arguments.reset_run_history
-    check_bool(where, "reset_run_history", value, expected="True or False", fix=fix)
-
-
-def _check_accumulation(where: str, arguments: TrainArguments, trainer: Trainer) -> None:
-    steps = arguments.gradient_accumulation_steps
-    check_positive_int(where, "gradient_accumulation_steps", steps)
-
-
-def _check_scheduler_fn(where: str, arguments: TrainArguments, trainer: Trainer) -> None:
-    fix = "Pass a function optimizer -> scheduler, e.g. functools.partial(StepLR, step_size=10)."
-    check_callable(where, "create_scheduler_fn", arguments.create_scheduler_fn, fix)
-
-
-def _check_collate_fn(where: str, arguments: TrainArguments, trainer: Trainer) -> None:
-    check_callable(where, "collate_fn", arguments.collate_fn, "Pass a function or None.")
+def _one(check: Callable[..., None], name: str, *args: Any, **options: Any) -> TrainCheck:
+    """The check of one argument's value alone: ``check(where, name, value, *args, **options)``."""
+    return lambda where, arguments, trainer: check(where, name, arguments[name], *args, **options)
 
 
 TRAIN_CHECKS: dict[str, TrainCheck] = {
-    "reset_run_history": _check_reset_run_history,
+    "reset_run_history": _one(
+        check_bool,
+        "reset_run_history",
+        expected="True or False",
+        fix="Pass reset_run_history=False to continue the run history of earlier calls.",
+    ),
     "resume_from": _check_resume,
     "resume_optimizer": _check_resume,
     "resume_scheduler": _check_resume,
     "train_dataset": _check_train_data,
     "num_epochs": _check_train_data,
     "max_num_train_steps": _check_train_data,
-    "per_device_batch_size": _check_train_data,
-    "train_dataloader_kwargs": _check_train_data,
     "eval_dataset": _check_train_data,
-    "eval_dataloader_kwargs": _check_train_data,
-    "eval_every_n_epochs": _check_train_data,
-    "sanity_eval_batches": _check_train_data,
-    "gradient_accumulation_steps": _check_accumulation,
+    "eval_every_n_epochs": _one(check_positive_int, "eval_every_n_epochs"),
+    "sanity_eval_batches": _one(check_count, "sanity_eval_batches", minimum=0, resolved=True),
+    "per_device_batch_size": _one(check_positive_int, "per_device_batch_size", allow_none=True),
+    "train_dataloader_kwargs": _one(check_mapping, "train_dataloader_kwargs"),
+    "eval_dataloader_kwargs": _one(check_mapping, "eval_dataloader_kwargs"),
+    "gradient_accumulation_steps": _one(check_positive_int, "gradient_accumulation_steps"),
     "gradient_clip_value": _check_clipping,
     "max_grad_norm": _check_clipping,
-    "create_scheduler_fn": _check_scheduler_fn,
-    "collate_fn": _check_collate_fn,
+    "create_scheduler_fn": _one(
+        check_callable,
+        "create_scheduler_fn",
+        "Pass a function optimizer -> scheduler, e.g. functools.partial(StepLR, step_size=10).",
+    ),
+    "collate_fn": _one(check_callable, "collate_fn", "Pass a function or None."),
     "run_name": _check_run_name,
     "seed": _check_run_setup,
     "seed_per_rank": _check_run_setup,
@@ -835,6 +821,7 @@ TRAIN_CHECKS: dict[str, TrainCheck] = {
 }
 """The checks of ``train()``'s arguments, one entry per argument, run in this order.
 
-A check of several arguments (their combinations) is listed under each and runs once; a test
-fails when an argument of ``Trainer.train`` has no entry.
+A check of several arguments (their combinations, or data and its loader settings) is listed
+under each and runs once, where it is first listed; a test fails when an argument of
+``Trainer.train`` has no entry.
 """
