@@ -300,6 +300,7 @@ class LossTracker:
         self._folded_count: int | torch.Tensor = 0
         self._last_folded: torch.Tensor | None = None
         self._pending: list[tuple[torch.Tensor, int | torch.Tensor]] = []
+        self._smallest_weight: torch.Tensor | None = None
 
     def update(
         self, loss_batch_value: torch.Tensor | float, batch_size: int | torch.Tensor = 1
@@ -354,6 +355,17 @@ class LossTracker:
         self._last_folded = state["loss_value"]
 
     @property
+    def smallest_weight(self) -> torch.Tensor | None:
+        """The smallest tensor weight (``batch_size``, a ``num_items`` count) so far, or ``None``.
+
+        On the device, read where the epoch's loss is (``LoggedMetrics.end_epoch``); ``None``
+        when every weight was a Python int (checked where it was returned).
+        """
+        if self._pending:
+            self._fold()
+        return self._smallest_weight
+
+    @property
     def total_loss(self) -> torch.Tensor | None:
         """The running sum of ``loss * batch_size`` on the device, or ``None`` before any batch."""
         if self._pending:
@@ -366,6 +378,10 @@ class LossTracker:
         values = torch.stack([value for value, _ in pending])
         values = values.to(torch.promote_types(values.dtype, torch.float32))
         sizes = [size for _, size in pending]
+        if not all(type(size) is int for size in sizes):  # counts on the device: keep the least
+            least = _as_device_tensor(sizes, values).amin()  # NaN if any is NaN
+            smallest = self._smallest_weight
+            self._smallest_weight = least if smallest is None else torch.minimum(smallest, least)
         self._total = self._folded(values, sizes)
         self._folded_count = sum(sizes, self._folded_count)
         self._last_folded, self._pending = pending[-1][0], []
@@ -609,6 +625,24 @@ def refuse_different_names(logged: LoggedValues, fingerprints: Sequence[int], sp
     )
 
 
+def _refuse_negative_weights(smallest: Sequence[float], kind: str, loss_name: str) -> None:
+    """Raise on every process if a loss weight of the epoch was negative or NaN (per process)."""
+    bad = [
+        f"process {rank}: {value}" if len(smallest) > 1 else str(value)
+        for rank, value in enumerate(smallest)
+        if not value >= 0
+    ]
+    if bad:
+        where = "Trainer.train" if kind == "train" else "Trainer.evaluate"
+        raise ValueError(
+            f"{where}: batch_output['num_items'] (a dict batch's 'num_items_in_batch'), the "
+            f"count each batch's loss is weighted by, must be at least 0; the smallest in this "
+            f"{kind} epoch ({loss_name}) was {', '.join(bad)}. Return the number of loss "
+            "elements the batch's loss is the mean of, e.g. (labels != -100).sum() for a token "
+            "loss (a tensor 'batch_size' is checked the same way)."
+        )
+
+
 def group_size() -> int:
     """The number of processes in the default process group (1 without one)."""
     if not (dist.is_available() and dist.is_initialized()):
@@ -695,19 +729,23 @@ class LoggedMetrics:
             loss: The epoch's loss tracker; its mean is recorded under the epoch's loss name.
         """
         loss_name, values = self._epochs.pop()
+        kind = "train" if loss_name == TRAIN_LOSS_NAME else "eval"
         total = loss.total_loss
-        parts: list[Any] = [0.0 if total is None else total, loss.running_count]
+        smallest = loss.smallest_weight
+        # one slot per process for what is checked: their sum is every process's value
         size = group_size()
-        if size > 1:  # one slot per process: the sum is every process's fingerprint
-            slots = [0] * size
-            slots[dist.get_rank()] = values.fingerprint()
-            parts += slots
+        rank = dist.get_rank() if size > 1 else 0
+        fingerprints: list[Any] = [0] * size
+        fingerprints[rank] = values.fingerprint()
+        weights: list[Any] = [0.0] * size
+        weights[rank] = math.inf if smallest is None else smallest
+        parts = [0.0 if total is None else total, loss.running_count, *fingerprints, *weights]
         combined = read_reduced(parts, ["sum"] * len(parts), device)
+        _refuse_negative_weights(combined[2 + size :], kind, loss_name)
         loss_sum, count = combined[:2]
         history.update_metric(loss_name, loss_sum / count if count else math.nan)
-        fingerprints = [int(value) for value in combined[2:]] or [values.fingerprint()]
+        fingerprints = [int(value) for value in combined[2 : 2 + size]]
         if len(set(fingerprints)) > 1:
-            kind = "train" if loss_name == TRAIN_LOSS_NAME else "eval"
             refuse_different_names(values, fingerprints, f"{kind} epoch ({loss_name})")
         if fingerprints[0]:
             for name, value in values.reduce(device).items():
@@ -734,8 +772,7 @@ class LoggedMetrics:
             fail(TypeError, where, "metrics", metrics, "a dict", "Pass e.g. {'aux_loss': aux}.")
         if reduce not in REDUCTIONS:
             fail(ValueError, where, "reduce", reduce, f"one of {REDUCTIONS}", "Pass reduce='mean'.")
-        if type(weight) is not int and not isinstance(weight, (numbers.Real, torch.Tensor)):
-            fail(TypeError, where, "weight", weight, "a number", "Pass e.g. weight=batch_size.")
+        _check_weight(where, weight)
         values = self._epochs[-1][1] if self._epochs else LoggedValues()
         for name, value in metrics.items():
             checked = _checked_value(where, name, value, device)
@@ -781,6 +818,21 @@ class LoggedMetrics:
         """Add a value to ``values`` and, in a training epoch, to each open interval."""
         for span in [values, *(self._intervals if self.in_training_epoch else ())]:
             span.update(name, value, reduce, weight)
+
+
+def _check_weight(where: str, weight: object) -> None:
+    """Refuse a weight that is not a number at least 0 (a tensor's value is not read)."""
+    fix = "Pass e.g. weight=batch_size (weight=0 for a process with nothing to report)."
+    if isinstance(weight, torch.Tensor):
+        if weight.numel() != 1 or weight.is_complex():
+            fail(ValueError, where, "weight", weight, "a one-element tensor or a number", fix)
+        return
+    if type(weight) is not int and (
+        isinstance(weight, bool) or not isinstance(weight, numbers.Real)
+    ):
+        fail(TypeError, where, "weight", weight, "a number", fix)
+    if not float(weight) >= 0 or not math.isfinite(weight):  # NaN fails both
+        fail(ValueError, where, "weight", weight, "a finite number at least 0", fix)
 
 
 def _checked_value(where: str, name: object, value: object, device: torch.device) -> Any:
