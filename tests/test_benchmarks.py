@@ -206,3 +206,18 @@ def test_a_failed_suite_keeps_the_results_measured_before_it(
     assert "resume" in written["suites"]
     assert "disk full" in written["failed"]["suites.saving"]
     assert "| stateful | 90% |" in (tmp_path / "overhead.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_loaders_suite_pairs_the_default_against_fixed_worker_counts() -> None:
+    from benchmarks import loaders, report
+
+    results = loaders.measure(quick=True, rounds=1, chosen=("text",))
+    settings = [row["setting"] for row in results["rows"]]
+    assert settings[0] == "trainer default (0 workers)"  # tokenised text: loaded in the process
+    assert {"num_workers=0", "num_workers=1", "num_workers=2"} <= {
+        setting.removesuffix(" (best fixed)") for setting in settings
+    }
+    assert "| text | trainer default (0 workers) |" in "\n".join(
+        report.suites_markdown({"loaders": results})
+    )
