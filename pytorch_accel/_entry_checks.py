@@ -137,6 +137,23 @@ def _check_accelerator_kwargs(where: str, accelerator_kwargs: object) -> None:
             )
     _check_deepspeed_request(where, kwargs)
     check_stateful_dataloader_request(where, kwargs)
+    _refuse_accelerate_trackers(where, kwargs)
+
+
+def _refuse_accelerate_trackers(where: str, kwargs: Mapping[Any, Any]) -> None:
+    """Refuse ``log_with``: the trainer never logs through accelerate's trackers (issue 41)."""
+    log_with = kwargs.get("log_with")
+    if log_with is not None and log_with != [] and log_with != ():
+        fail(
+            ValueError,
+            where,
+            "accelerator_kwargs['log_with']",
+            log_with,
+            "left out (the trainer sends nothing to the Accelerator's trackers)",
+            "Name the trackers in the TrackingCallback instead, e.g. callbacks=("
+            f"*DEFAULT_CALLBACKS, TrackingCallback(log_with={log_with!r}, logging_dir=...)); "
+            "see docs/trackers.md.",
+        )
 
 
 def _check_deepspeed_request(where: str, kwargs: Mapping[Any, Any]) -> None:

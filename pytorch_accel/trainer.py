@@ -396,7 +396,8 @@ class Trainer:
                 ([overfitting a few batches](
                 run-setup.md#dry-runs-and-overfitting-a-few-batches)).
             run_name: Needs ``Trainer(output_dir=...)``. The run's directory under it (one name,
-                no ``/``), for this call and the trainer's later ones. Left out: the trainer's
+                no ``/``), for this call and the trainer's later ones. A directory holding
+                another run's files is refused unless the call resumes. Left out: the trainer's
                 run (named by the time it was created), or with ``resume_from="latest"`` the run
                 under ``output_dir`` that holds the newest training state ([details](
                 tuning-and-diagnosis.md#one-output-directory-per-run)).
