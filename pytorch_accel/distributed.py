@@ -41,10 +41,14 @@ __all__ = [
     "check_world_size",
     "create_accelerator",
     "fsdp_requested",
+    "gather_objects",
+    "gather_rows",
+    "group_size",
     "launcher_world_size",
     "lost_peer_error",
     "main_process_object",
     "needs_cpu_distributed",
+    "process_rank",
     "reduce_across_processes",
     "remove_padding",
     "synchronise_replicas",
@@ -248,11 +252,38 @@ _LOST_PEER_SIGNS = (
 """What gloo's errors say when a process at the other end of a collective has gone."""
 
 
-def _group_size() -> int:
-    """The default process group's size (1 when there is none)."""
+def group_size() -> int:
+    """The number of processes in the default process group (1 without one)."""
     if not (dist.is_available() and dist.is_initialized()):
         return 1
     return int(dist.get_world_size())
+
+
+def process_rank() -> int:
+    """This process's rank in the default process group (0 without one)."""
+    return int(dist.get_rank()) if group_size() > 1 else 0
+
+
+def gather_rows(row: torch.Tensor) -> list[list[float]]:
+    """Every process's 1-D ``row`` (the same length on each), read on the host, in rank order.
+
+    One ``all_gather`` on the row's device and one host read; in one process, ``[row]``.
+    Every process must call it at the same point.
+    """
+    if group_size() == 1:
+        return [row.tolist()]
+    gathered = [torch.empty_like(row) for _ in range(group_size())]
+    dist.all_gather(gathered, row)
+    return torch.stack(gathered).tolist()
+
+
+def gather_objects(value: Any) -> list[Any]:
+    """Every process's ``value`` (picklable), in rank order; every process must call it."""
+    if group_size() == 1:
+        return [value]
+    gathered: list[Any] = [None] * group_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
 
 
 def announce_failure(error: BaseException) -> None:
@@ -261,7 +292,7 @@ def announce_failure(error: BaseException) -> None:
     Called on the way out of a failed run (no collective); does nothing in one process, and
     never raises (a store that cannot be reached only costs the others the error's name).
     """
-    if _group_size() == 1:
+    if group_size() == 1:
         return
     with contextlib.suppress(Exception):
         store = dist.distributed_c10d._get_default_store()
@@ -280,7 +311,7 @@ def lost_peer_error(where: str, error: BaseException) -> RuntimeError | None:
         where: The entry point, e.g. ``"Trainer.train"``.
         error: The exception that ended this process's run.
     """
-    size = _group_size()
+    size = group_size()
     text = str(error).lower()
     if size == 1 or not (
         isinstance(error, dist.DistError)

@@ -32,6 +32,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.callback",
             "pytorch_accel.distributed",
             "pytorch_accel.tracking",
+            "pytorch_accel._logged_exchange",
             "pytorch_accel.placeholders",
             "pytorch_accel._checkpointing",
             "pytorch_accel.dataloaders",
@@ -110,7 +111,9 @@ LAYER_ROLES = {
         "model's keyword arguments, and the token-exact weighting of accumulation windows); "
         "the one agreement between processes (`distributed.AgreedFlag`); what a run reports "
         "(`tracking`: run history, loss tracking, logged values and the package's rank-aware "
-        "logger; `logging_setup` keeps its import path); placeholders, checkpoint and "
+        "logger; `_logged_exchange`: how logged values cross processes, and the names or "
+        "weights that differ refused; `logging_setup` keeps its import path); placeholders, "
+        "checkpoint and "
         "training-state files (`_checkpointing`: the one atomic writer, safe loader and "
         "model/optimizer fit check), schedulers. None of it knows the loop or the trainer."
     ),
