@@ -826,6 +826,18 @@ class Trainer:
         accelerator, model = self._accelerator, self.model
         write_checkpoint(accelerator, save_path, model, optimizer, scheduler, checkpoint_kwargs)
 
+    def save_model(self, directory: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
+        """Export the unwrapped model to ``directory``, as the ecosystem loads it back.
+
+        A model with ``save_pretrained`` (``transformers``; PEFT: the adapter only) is written
+        by it, for ``from_pretrained``; another module as ``model.safetensors``. Written beside
+        ``directory`` and renamed into place by the main process. Every process must call it.
+        Details: ``pytorch_accel.export.save_model``.
+        """
+        from pytorch_accel.export import save_model
+
+        return save_model(self._accelerator, self.model, directory, overwrite=overwrite)
+
     def load_checkpoint(
         self,
         checkpoint_path: str | os.PathLike[str],

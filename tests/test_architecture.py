@@ -66,6 +66,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.lr_finder",
             "pytorch_accel.trainer",
             "pytorch_accel.timm_trainer",
+            "pytorch_accel.export",
         ),
     ),
     ("catalogue", ("pytorch_accel.callbacks", "pytorch_accel.utils")),
@@ -86,7 +87,8 @@ LAYER_ROLES = {
         "through its `redirect_outputs`); the batch-size search, trials in a dry run's "
         "surroundings (`batch_size_search`); the learning-rate range test, `Trainer.find_lr` "
         "(`lr_finder`, leaving the trainer's states as they were); every pytorch-accelerated "
-        "name of the trainer module and of `Trainer` (`_compat`)."
+        "name of the trainer module and of `Trainer` (`_compat`); exporting a model in the "
+        "ecosystem's formats, `Trainer.save_model` (`export`, imported by the method)."
     ),
     "loop": (
         "The loop in one module, level by level (training, evaluation, prediction), with the "
