@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from pytorch_accel._checks import check_bool, check_path, check_positive_int, fail
 from pytorch_accel.callback import DefaultPath, RunPaths, TrainerCallback, redirected_paths
 from pytorch_accel.callbacks._watch import MetricWatch
+from pytorch_accel.callbacks.defaults import format_value
 from pytorch_accel.tracking import get_logger
 
 if TYPE_CHECKING:
@@ -191,7 +192,8 @@ class SaveBestModelCallback(TrainerCallback):
         if not self._best_in_call:
             get_logger().info(
                 f"SaveBestModelCallback: the best checkpoint {str(self.save_path)!r} "
-                f"({self.watch_metric} = {self.best_metric} in epoch {self.best_metric_epoch}) "
+                f"({self.watch_metric} = {format_value(self.best_metric)} "
+                f"in epoch {self.best_metric_epoch}) "
                 "is from an earlier train() call: the model keeps this call's last weights "
                 "rather than go back to an earlier stage. To use the best, call "
                 f"trainer.load_checkpoint({str(self.save_path)!r})."
@@ -199,7 +201,7 @@ class SaveBestModelCallback(TrainerCallback):
             return
         get_logger().info(
             f"Loading the best checkpoint {str(self.save_path)!r}: {self.watch_metric} = "
-            f"{self.best_metric} in epoch {self.best_metric_epoch}."
+            f"{format_value(self.best_metric)} in epoch {self.best_metric_epoch}."
         )
         trainer.load_checkpoint(
             self.save_path, load_optimizer=self.save_optimizer, load_scheduler=self.save_scheduler

@@ -204,7 +204,7 @@ def test_reset_on_train_false_loads_a_best_only_from_the_call_that_saved_it(
         trainer.train(TRAIN, num_epochs=1, per_device_batch_size=8, reset_run_history=False)
     assert_state_equal(trainer.get_model().state_dict(), scripted.weights[4])  # not epoch 2's
     assert (saver.best_metric, saver.best_metric_epoch) == (1.0, 2)
-    assert "(score = 1.0 in epoch 2) is from an earlier train() call" in caplog.text
+    assert "(score = 1 in epoch 2) is from an earlier train() call" in caplog.text
     assert "trainer.load_checkpoint(" in caplog.text
 
 
