@@ -671,6 +671,7 @@ def predict_dataloader(
     collate_fn: Callable[..., Any] | None,
     preparation: Preparation,
     keep_outputs: object = True,
+    default_batch_size: int = 8,
 ) -> DataLoader[Any]:
     """Check ``Trainer.predict``'s arguments; return the user's dataloader or build one."""
     where = "Trainer.predict"
@@ -704,7 +705,7 @@ def predict_dataloader(
             )
         return data
     check_sized_dataset(where, "data", data)
-    batch_size = 8 if per_device_batch_size is None else per_device_batch_size
+    batch_size = default_batch_size if per_device_batch_size is None else per_device_batch_size
     check_positive_int(where, "per_device_batch_size", batch_size)
     check_mapping(where, "dataloader_kwargs", dataloader_kwargs)
     for key, why in _PREDICT_REFUSED.items():

@@ -144,7 +144,7 @@ def _trial(
     trainer: Trainer, train_dataset: Any, size: int, steps: int, train_kwargs: dict[str, Any]
 ) -> bool:
     """Whether ``steps`` training steps at batch size ``size`` fit; everything put back."""
-    state = trainer._state
+    state, eval_batch_size = trainer._state, trainer._eval_batch_size
     # a trial's out-of-memory error is the search's to handle: no on_exception for it
     with trial_run(trainer, steps), trainer.callback_handler.exceptions_handled_by_caller():
         state.probing = True
@@ -158,6 +158,7 @@ def _trial(
             fitted = True
         finally:
             state.probing = False
+            trainer._eval_batch_size = eval_batch_size  # evaluate()'s default: not a trial's
     if not fitted:
         clear_device_cache(garbage_collection=True)
     return fitted
