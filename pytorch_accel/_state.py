@@ -16,7 +16,7 @@ import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import torch
 from accelerate import Accelerator
@@ -34,18 +34,51 @@ from pytorch_accel._checkpointing.resume import (
 from pytorch_accel._checkpointing.streams import track_stream_position
 from pytorch_accel.dataloaders import default_dataloader_kwargs, loader_settings, named_eval_sets
 from pytorch_accel.errors import StopTrainingError
+from pytorch_accel.protocols import TrainerLike
 from pytorch_accel.run_config import ChosenRates, RunSetup, TrainerRunConfig, create_run_config
 from pytorch_accel.schedulers.stepping import SchedulerStepping
 from pytorch_accel.tracking import LoggedMetrics, LossTracker
 
 if TYPE_CHECKING:
     from pytorch_accel._checkpointing.staging import PendingSave
-    from pytorch_accel._entry_checks import TrainArguments
-    from pytorch_accel.failing_batches import FailingBatchGuard
-    from pytorch_accel.micro_batches import MicroBatchSplitter
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.plugins.failing_batches import FailingBatchGuard
+    from pytorch_accel.plugins.micro_batches import MicroBatchSplitter
 
-__all__ = ["Preparation", "TrainerState"]
+__all__ = ["Preparation", "PreparedTrainer", "RunArguments", "TrainerState"]
+
+
+class RunArguments(Protocol):
+    """What the preparation reads of a ``train()`` call's arguments (a ``TrainArguments``)."""
+
+    @property
+    def train_dataset(self) -> Any:
+        """The training data."""
+
+    @property
+    def eval_dataset(self) -> Any:
+        """The evaluation data (or eval sets by name)."""
+
+    @property
+    def per_device_batch_size(self) -> int | None:
+        """The batch size on each process."""
+
+    @property
+    def train_dataloader_kwargs(self) -> Mapping[str, Any] | None:
+        """The training ``DataLoader``'s arguments over the defaults."""
+
+    @property
+    def eval_dataloader_kwargs(self) -> Mapping[str, Any] | None:
+        """The evaluation ``DataLoader``'s arguments over the defaults."""
+
+    def run_settings(self) -> dict[str, Any]:
+        """The arguments the run config records."""
+
+
+class PreparedTrainer(TrainerLike, Protocol):
+    """A trainer as its preparation sees it: its public surface and its dataloaders' arguments."""
+
+    _train_dl_kwargs: dict[str, Any]
+    _eval_dl_kwargs: dict[str, Any]
 
 
 class TrainerState:
@@ -174,6 +207,19 @@ class TrainerState:
             "on_train_step_end or on_training_run_epoch_end, or outside train()."
         )
 
+    def guard_steps(self, setup: RunSetup, num_processes: int) -> None:
+        """Set this run's step guards: failing batches, micro-batches (probing in a trial)."""
+        policy = setup.skip_failing_batches
+        self.failing_batches = self.micro_batches = None
+        if policy is not None:  # the step guards are plugins, imported when asked for
+            from pytorch_accel.plugins.failing_batches import FailingBatchGuard
+
+            self.failing_batches = FailingBatchGuard(policy, num_processes)
+        if self.probing or setup.on_oom == "split":
+            from pytorch_accel.plugins.micro_batches import MicroBatchSplitter
+
+            self.micro_batches = MicroBatchSplitter(num_processes, probe=self.probing)
+
     def poll_save(self) -> None:
         """At a step boundary: complete the save written in the background if it is written."""
         if self.pending_save is not None and self.pending_save.poll():
@@ -211,7 +257,7 @@ class Preparation:
     @contextlib.contextmanager
     def prepared(
         self,
-        trainer: Trainer,
+        trainer: PreparedTrainer,
         train_dl: DataLoader[Any] | None,
         eval_dls: Mapping[str | None, DataLoader[Any]],
     ) -> Iterator[None]:
@@ -239,7 +285,7 @@ class Preparation:
                 _release_workers(dataloader)
 
     def build_dataloaders(
-        self, trainer: Trainer, arguments: TrainArguments
+        self, trainer: PreparedTrainer, arguments: RunArguments
     ) -> tuple[DataLoader[Any], dict[str | None, DataLoader[Any]]]:
         """Return a run's dataloaders: those the user built, or built by ``trainer``'s hooks."""
         a, batch_size = arguments, arguments.per_device_batch_size or 8
@@ -254,7 +300,7 @@ class Preparation:
 
     def build_eval_dataloaders(
         self,
-        trainer: Trainer,
+        trainer: PreparedTrainer,
         evaluation: Any,
         batch_size: int,
         eval_kwargs: Mapping[str, Any] | None,
@@ -302,7 +348,7 @@ class Preparation:
         )
 
     def training_run_config(
-        self, trainer: Trainer, arguments: TrainArguments, setup: RunSetup
+        self, trainer: PreparedTrainer, arguments: RunArguments, setup: RunSetup
     ) -> TrainerRunConfig:
         """Describe a ``train()`` run over its prepared dataloaders, and finish its set-up.
 
@@ -316,10 +362,10 @@ class Preparation:
             **arguments.run_settings(),
         )
         config = setup.finish(config, trainer.optimizer, self._state.chosen_rates)
-        setup.guard_steps(self._state, self._accelerator.num_processes)
+        self._state.guard_steps(setup, self._accelerator.num_processes)
         return config
 
-    def prepare_model_and_optimizer(self, trainer: Trainer) -> None:
+    def prepare_model_and_optimizer(self, trainer: TrainerLike) -> None:
         """Prepare ``trainer.model`` and ``trainer.optimizer``, each once, and assign them back."""
         accelerator = self._accelerator
         model_ready = trainer.model is self._prepared[0] and not self._trainable_set_changed()
@@ -449,7 +495,7 @@ def _direct_optimizer(accelerator: Accelerator, optimizer: object) -> torch.opti
     return inner if forwarding else None
 
 
-def _adopt(trainer: Trainer, role: str, data: Any) -> DataLoader[Any] | None:
+def _adopt(trainer: PreparedTrainer, role: str, data: Any) -> DataLoader[Any] | None:
     """Set the trainer's ``<role>_dataset`` from ``data``; return ``data`` if a DataLoader."""
     loader = data if isinstance(data, DataLoader) else None
     setattr(trainer, f"{role}_dataset", data if loader is None else loader.dataset)

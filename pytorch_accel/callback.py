@@ -16,14 +16,11 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, ParamSpec, TypeVar
+from typing import Any, ClassVar, ParamSpec, TypeVar
 
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.events import BUILTIN_EVENTS
 from pytorch_accel.tracking import get_logger
-
-if TYPE_CHECKING:
-    from pytorch_accel.trainer import Trainer
 
 __all__ = [
     "CallbackHandler",
@@ -48,7 +45,9 @@ class TrainerCallback:
 
     Every method receives the trainer first and keyword arguments after it; accept
     ``**kwargs`` so that new arguments do not break your callback. Use only the trainer's
-    public surface (``trainer.model``, ``trainer.run_history``, ``trainer.accelerator``, ...).
+    public surface (``trainer.model``, ``trainer.run_history``, ``trainer.accelerator``, ...):
+    ``pytorch_accel.protocols.TrainerLike`` declares it, for type hints. The events here take
+    the trainer untyped, so a subclass may annotate it ``TrainerLike`` or ``Trainer``.
 
     Attributes:
         order: Callbacks run in increasing ``order``; ties keep registration order. Default
@@ -126,36 +125,36 @@ class TrainerCallback:
         """
         return None
 
-    def on_init_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_init_end(self, trainer: Any, **kwargs: Any) -> None:
         """Called at the end of ``Trainer.__init__``."""
 
-    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
         """Called at the start of ``train()``, after preparation and scheduler creation."""
 
-    def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_epoch_start(self, trainer: Any, **kwargs: Any) -> None:
         """Called at the start of each training epoch, after ``model.train()``."""
 
-    def on_train_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_step_start(self, trainer: Any, **kwargs: Any) -> None:
         """Called before each training batch is processed."""
 
-    def on_backward_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_backward_start(self, trainer: Any, **kwargs: Any) -> None:
         """Called just before the backward pass of each training batch.
 
         ``kwargs`` include ``batch`` and ``batch_output`` (``calculate_train_batch_loss``'s
         output): the loss before it changes any weight.
         """
 
-    def on_backward_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_backward_end(self, trainer: Any, **kwargs: Any) -> None:
         """Called just after the backward pass of each training batch."""
 
-    def on_optimizer_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_optimizer_step_start(self, trainer: Any, **kwargs: Any) -> None:
         """Called before each optimizer update, after gradients were unscaled and clipped."""
 
-    def on_optimizer_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_optimizer_step_end(self, trainer: Any, **kwargs: Any) -> None:
         """Called after each optimizer update, before the scheduler step and ``zero_grad``."""
 
     def on_train_step_end(
-        self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
+        self, trainer: Any, batch: Any, batch_output: dict[str, Any], **kwargs: Any
     ) -> None:
         """Called after each training batch's backward pass and update.
 
@@ -163,56 +162,56 @@ class TrainerCallback:
         ``calculate_train_batch_loss``; ``kwargs`` include ``step``, the 0-based batch index.
         """
 
-    def on_train_progress(self, trainer: Trainer, steps_done: int, **kwargs: Any) -> None:
+    def on_train_progress(self, trainer: Any, steps_done: int, **kwargs: Any) -> None:
         """Called now and then after a training step (``steps_done``), and after the last one.
 
         For progress displays. Processes fire it at different steps (see
         ``Trainer.progress_interval``): it must not stop training, call collectives or save state.
         """
 
-    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
         """Called at the end of each training epoch, after ``train_loss_epoch`` is recorded."""
 
-    def on_eval_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_eval_epoch_start(self, trainer: Any, **kwargs: Any) -> None:
         """Called at the start of each evaluation epoch (kwarg ``is_intermediate``)."""
 
-    def on_eval_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_eval_step_start(self, trainer: Any, **kwargs: Any) -> None:
         """Called before each evaluation batch is processed."""
 
     def on_eval_step_end(
-        self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
+        self, trainer: Any, batch: Any, batch_output: dict[str, Any], **kwargs: Any
     ) -> None:
         """Called after each evaluation batch, with ``calculate_eval_batch_loss``'s output."""
 
-    def on_eval_progress(self, trainer: Trainer, steps_done: int, **kwargs: Any) -> None:
+    def on_eval_progress(self, trainer: Any, steps_done: int, **kwargs: Any) -> None:
         """Called now and then after an evaluation step, and after the epoch's last one.
 
         Like ``on_train_progress``, for the evaluation epoch.
         """
 
-    def on_eval_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_eval_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
         """Called at the end of each evaluation epoch, after its loss is recorded."""
 
-    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
         """Called after each completed epoch of a training run (train, then eval if any)."""
 
-    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_end(self, trainer: Any, **kwargs: Any) -> None:
         """Called at the end of ``train()``, also when it was stopped early."""
 
-    def on_evaluation_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_evaluation_run_start(self, trainer: Any, **kwargs: Any) -> None:
         """Called at the start of ``evaluate()``."""
 
-    def on_evaluation_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_evaluation_run_end(self, trainer: Any, **kwargs: Any) -> None:
         """Called at the end of ``evaluate()``."""
 
-    def on_predict_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_predict_run_start(self, trainer: Any, **kwargs: Any) -> None:
         """Called at the start of ``predict()``, with the model in eval mode."""
 
-    def on_predict_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_predict_step_start(self, trainer: Any, **kwargs: Any) -> None:
         """Called before each prediction batch."""
 
     def on_predict_step_end(
-        self, trainer: Trainer, batch: Any, predictions: Any, **kwargs: Any
+        self, trainer: Any, batch: Any, predictions: Any, **kwargs: Any
     ) -> None:
         """Called after each prediction batch, with its outputs gathered from every process.
 
@@ -221,13 +220,13 @@ class TrainerCallback:
         ``output_device`` (the same on every process).
         """
 
-    def on_predict_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_predict_run_end(self, trainer: Any, **kwargs: Any) -> None:
         """Called at the end of ``predict()``."""
 
-    def on_stop_training_error(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_stop_training_error(self, trainer: Any, **kwargs: Any) -> None:
         """Called when a ``StopTrainingError`` stopped the run (kwarg ``error``)."""
 
-    def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
+    def on_exception(self, trainer: Any, exception: BaseException, **kwargs: Any) -> None:
         """Called once when an exception escapes ``train()``, ``evaluate()`` or ``predict()``.
 
         On the process where it was raised (also for ``KeyboardInterrupt``; see

@@ -15,7 +15,7 @@ import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sized
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -23,12 +23,7 @@ from accelerate.utils import DistributedType, set_seed
 
 from pytorch_accel._checks import fail
 from pytorch_accel.dataloaders import num_batches
-from pytorch_accel.failing_batches import FailingBatchGuard, SkipFailingBatches, skip_policy
-from pytorch_accel.micro_batches import MicroBatchSplitter
-
-if TYPE_CHECKING:
-    from pytorch_accel._entry_checks import TrainArguments
-    from pytorch_accel._state import TrainerState
+from pytorch_accel.failing_batches import SkipFailingBatches, skip_policy
 
 __all__ = [
     "CUBLAS_WORKSPACE_CONFIG",
@@ -263,22 +258,13 @@ class RunSetup:
     on_oom: str = "raise"
 
     @classmethod
-    def from_arguments(cls, arguments: TrainArguments) -> RunSetup:
-        """Collect the set-up from the (checked) arguments of ``train()``."""
+    def from_arguments(cls, arguments: object) -> RunSetup:
+        """Collect the set-up from the (checked) arguments of ``train()`` (``TrainArguments``)."""
         values = {field.name: getattr(arguments, field.name) for field in dataclasses.fields(cls)}
         policy = values["skip_failing_batches"]
         if policy is not None:  # an int means a SkipFailingBatches with that limit
             values["skip_failing_batches"] = skip_policy("Trainer.train", policy)
         return cls(**values)
-
-    def guard_steps(self, state: TrainerState, num_processes: int) -> None:
-        """Give ``state`` this run's guard of failing batches and splitter (probing in a trial)."""
-        policy = self.skip_failing_batches
-        state.failing_batches = None if policy is None else FailingBatchGuard(policy, num_processes)
-        split = state.probing or self.on_oom == "split"
-        state.micro_batches = (
-            MicroBatchSplitter(num_processes, probe=state.probing) if split else None
-        )
 
     def apply_randomness(self, accelerator: Accelerator) -> None:
         """Set the determinism flags, then seed every generator (before anything draws)."""

@@ -29,7 +29,7 @@ from pytorch_accel._checkpointing.store import newest_training_state
 from pytorch_accel._checks import check_path
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.distributed import main_process_object
-from pytorch_accel.logging_setup import setup_logging
+from pytorch_accel.tracking import setup_logging
 
 __all__ = ["RUN_NAME_FORMAT", "RunDirectory", "new_run_name"]
 

@@ -1,16 +1,16 @@
 """The ``Trainer``: the facade of the training loop, customised by step methods and callbacks.
 
 ``docs/architecture.md`` maps the layers below it; its pytorch-accelerated names come from
-``_compat``.
+``pytorch_accel.compat``.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from accelerate import Accelerator
@@ -21,18 +21,15 @@ from pytorch_accel import _entry_checks as checks
 from pytorch_accel._batches import dict_batch_loss, inputs_and_targets, predictions_of
 from pytorch_accel._checkpointing.checkpoint import restore_checkpoint, write_checkpoint
 from pytorch_accel._checkpointing.training_state import TrainingStateIO
-from pytorch_accel._compat import DefaultCallbacks, with_ported_attributes
-from pytorch_accel._compat import trainer_module_attribute as __getattr__  # noqa: F401
-from pytorch_accel._dry_run import run_dry_or_overfit
 from pytorch_accel._loop import Loop
 from pytorch_accel._state import Preparation, TrainerState
-from pytorch_accel.batch_size_search import find_batch_size
 from pytorch_accel.callback import CallbackHandler, CallbackLike, announces_exceptions
+from pytorch_accel.compat import trainer_module_attribute as __getattr__  # noqa: F401
+from pytorch_accel.compat import with_ported_attributes
 from pytorch_accel.dataloaders import merge_dataloader_kwargs
 from pytorch_accel.distributed import apply_fsdp_request, create_accelerator
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.failing_batches import SkipFailingBatches
-from pytorch_accel.lr_finder import find_lr
 from pytorch_accel.placeholders import (
     TrainerPlaceholderValues,
     check_resolved,
@@ -47,11 +44,26 @@ from pytorch_accel.tracking import (
     RunHistory,
 )
 
-__all__ = [  # DEFAULT_CALLBACKS and the other ported names: served by __getattr__ (_compat)
+if TYPE_CHECKING:
+    from pytorch_accel.tools.lr_finder import LRFinderResult
+
+__all__ = [  # DEFAULT_CALLBACKS and the other ported names: served by __getattr__ (compat)
     "Trainer",
     "TrainerPlaceholderValues",
     "replace_trainer_placeholder_values",
 ]
+
+
+class DefaultCallbacks:
+    """``DEFAULT_CALLBACKS``, read when a trainer is created (never when a module is imported)."""
+
+    def __iter__(self) -> Iterator[CallbackLike]:
+        from pytorch_accel.callbacks.defaults import DEFAULT_CALLBACKS
+
+        return iter(DEFAULT_CALLBACKS)
+
+    def __repr__(self) -> str:
+        return "DEFAULT_CALLBACKS"
 
 
 @with_ported_attributes
@@ -380,6 +392,8 @@ class Trainer:
         )
         checks.check_train_arguments(self, Trainer, arguments)
         if arguments.dry_run or arguments.overfit_batches is not None:
+            from pytorch_accel.tools._dry_run import run_dry_or_overfit
+
             run_dry_or_overfit(self, arguments)  # train() again, with the run's settings
             return
         if (run_directory := self._run_directory).output_dir is not None:
@@ -513,8 +527,10 @@ class Trainer:
     def find_batch_size(self, train_dataset: Any, **kwargs: Any) -> int:
         """Return the largest per-device batch size that trains, leaving everything as it was.
 
-        The arguments: ``pytorch_accel.batch_size_search.find_batch_size``.
+        The arguments: ``pytorch_accel.tools.batch_size_search.find_batch_size``.
         """
+        from pytorch_accel.tools.batch_size_search import find_batch_size
+
         return find_batch_size(self, train_dataset, **kwargs)
 
     def create_scheduler(self) -> Any:
@@ -742,7 +758,15 @@ class Trainer:
             self.model, keep_torch_compile=keep_torch_compile
         )
 
-    find_lr = announces_exceptions(find_lr)  # the learning-rate range test (lr_finder)
+    @announces_exceptions
+    def find_lr(self, train_dataset: Any, **kwargs: Any) -> LRFinderResult:
+        """Run a learning-rate range test, leaving the model, optimizer and random states as found.
+
+        The arguments, the result and an example: ``pytorch_accel.tools.lr_finder.find_lr``.
+        """
+        from pytorch_accel.tools.lr_finder import find_lr
+
+        return find_lr(self, train_dataset, **kwargs)
 
     # ------------------------------------------------------------------------ dataloaders
 

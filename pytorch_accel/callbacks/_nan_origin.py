@@ -21,7 +21,7 @@ from torch import nn
 from pytorch_accel._batches import dict_batch_loss, inputs_and_targets, predictions_of
 
 if TYPE_CHECKING:
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike
 
 __all__ = ["RandomState", "nan_origin_report"]
 
@@ -46,7 +46,7 @@ class RandomState:
             torch.cuda.set_rng_state(self.device, device)
 
 
-def nan_origin_report(trainer: Trainer, batch: Any, random_state: RandomState | None) -> str:
+def nan_origin_report(trainer: TrainerLike, batch: Any, random_state: RandomState | None) -> str:
     """Say where the non-finite loss of ``batch`` starts, re-running its forward pass.
 
     Args:
@@ -94,7 +94,7 @@ def nan_origin_report(trainer: Trainer, batch: Any, random_state: RandomState | 
 
 
 def _rerun(
-    trainer: Trainer, model: nn.Module, batch: Any, random_state: RandomState | None
+    trainer: TrainerLike, model: nn.Module, batch: Any, random_state: RandomState | None
 ) -> tuple[str | None, Any]:
     """Run ``batch`` through the unwrapped model under hooks; the first bad module, the loss.
 

@@ -34,7 +34,7 @@ from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.tracking import MetricCursor, get_logger, setup_logging
 
 if TYPE_CHECKING:
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike
 
 __all__ = [
     "DEFAULT_CALLBACKS",
@@ -108,7 +108,7 @@ class MoveModulesToDeviceCallback(TrainerCallback):
     order = -100
     may_stop_training = False
 
-    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Move the modules before the run (training or evaluation) starts."""
         for name, value in vars(trainer).items():
             public = not name.startswith("_")
@@ -176,17 +176,17 @@ class TerminateOnNaNCallback(TrainerCallback):
             self.on_train_step_start = None  # type: ignore[assignment]
             self.on_backward_start = None  # type: ignore[assignment]
 
-    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Forget the origin reported in an earlier run."""
         self.origin = None
 
-    def on_train_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_step_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Keep the step's random state, for a re-run that draws the same (``report_origin``)."""
         if self.origin is None:
             self._random_state = RandomState.capture(trainer.device)
 
     def on_backward_start(
-        self, trainer: Trainer, batch: Any = None, batch_output: Any = None, **kwargs: Any
+        self, trainer: TrainerLike, batch: Any = None, batch_output: Any = None, **kwargs: Any
     ) -> None:
         """Report where the first non-finite loss of the run started (``report_origin``)."""
         if self.origin is not None or batch_output is None:
@@ -202,7 +202,7 @@ class TerminateOnNaNCallback(TrainerCallback):
         warnings.warn(f"TerminateOnNaNCallback: {self.origin}", RuntimeWarning, stacklevel=2)
 
     def on_train_step_end(
-        self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
+        self, trainer: TrainerLike, batch: Any, batch_output: dict[str, Any], **kwargs: Any
     ) -> None:
         """Check the running loss sum every ``check_every_n_steps`` steps."""
         every = self.check_every_n_steps
@@ -215,7 +215,7 @@ class TerminateOnNaNCallback(TrainerCallback):
                 f"steps (epoch {trainer.run_history.current_epoch}).{self._origin_text()}"
             )
 
-    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_epoch_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Check the epoch's mean training loss."""
         value = trainer.run_history.get_latest_metric("train_loss_epoch")
         if not math.isfinite(value):
@@ -285,14 +285,14 @@ class PrintProgressCallback(TrainerCallback):
         self._epoch_offset = 0
         self._announced = True
 
-    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Start collecting metrics."""
         self._start(trainer)
         resumed = trainer.resumed_from is not None
         self._epoch_offset = 0 if resumed else trainer.run_history.current_epoch - 1
         self._announced = False
 
-    def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_epoch_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Start the epoch's clock; before the run's first epoch, log what the run will do.
 
         The announcement waits for the first epoch so that handlers added when the run
@@ -310,18 +310,18 @@ class PrintProgressCallback(TrainerCallback):
             )
         self._started = time.perf_counter()
 
-    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_epoch_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Collect the training epoch's metrics."""
         self._collect(trainer)
 
     def on_eval_epoch_end(
-        self, trainer: Trainer, sanity_check: bool = False, **kwargs: Any
+        self, trainer: TrainerLike, sanity_check: bool = False, **kwargs: Any
     ) -> None:
         """Collect the evaluation epoch's metrics (a sanity evaluation's are removed again)."""
         if not sanity_check:
             self._collect(trainer)
 
-    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_epoch_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Log the epoch's line."""
         self._collect(trainer)
         config = trainer.run_config
@@ -329,34 +329,34 @@ class PrintProgressCallback(TrainerCallback):
         total = "" if epochs is None else f"/{self._epoch_offset + epochs}"  # None: a stream
         self._emit(trainer, f"epoch {trainer.run_history.current_epoch}{total}")
 
-    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Log what an epoch stopped early recorded."""
         self._collect(trainer)
         if self._pending:
             epoch = trainer.run_history.current_epoch
             self._emit(trainer, f"epoch {epoch} (stopped)")
 
-    def on_evaluation_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_evaluation_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Start collecting the evaluation's metrics."""
         self._start(trainer)
 
-    def on_evaluation_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_evaluation_run_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Log the evaluation's line."""
         self._collect(trainer)
         self._emit(trainer, "evaluation")
 
-    def _start(self, trainer: Trainer) -> None:
+    def _start(self, trainer: TrainerLike) -> None:
         setup_logging()
         self._cursor.skip_to_end(trainer.run_history)
         self._pending = {}
         self._started = time.perf_counter()
 
-    def _collect(self, trainer: Trainer) -> None:
+    def _collect(self, trainer: TrainerLike) -> None:
         new = self._cursor.read_new(trainer.run_history)
         for name in loss_first(new):
             self._pending[name] = new[name]
 
-    def _emit(self, trainer: Trainer, head: str) -> None:
+    def _emit(self, trainer: TrainerLike, head: str) -> None:
         pending, self._pending = self._pending, {}
         if not trainer.accelerator.is_main_process:
             return
@@ -427,14 +427,14 @@ class ProgressBarCallback(TrainerCallback):
         self._pending: tuple[torch.Tensor, Any] | None = None  # (pinned copy, CUDA event)
         self._loss_refreshed_at = 0  # steps done at the last refresh of the running loss
 
-    def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_epoch_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Open the training bar."""
         total = trainer.run_config.train_dataloader_len if trainer.run_config else 0
         self.pbar = self._open(trainer, total, "train")
         self._pending = None
         self._loss_refreshed_at = 0
 
-    def on_train_progress(self, trainer: Trainer, steps_done: int, **kwargs: Any) -> None:
+    def on_train_progress(self, trainer: TrainerLike, steps_done: int, **kwargs: Any) -> None:
         """Move the bar to ``steps_done``; refresh the running loss if an interval has passed."""
         _advance(self.pbar, steps_done)
         interval = self.loss_update_interval
@@ -442,7 +442,7 @@ class ProgressBarCallback(TrainerCallback):
             self._loss_refreshed_at = steps_done
             self._refresh_loss(trainer)
 
-    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_epoch_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Show the epoch's loss and close the training bar."""
         name = trainer.run_history.metric_name_prefix + "train_loss_epoch"
         if not self.pbar.disable and name in trainer.run_history.get_metric_names():
@@ -450,29 +450,29 @@ class ProgressBarCallback(TrainerCallback):
         self.pbar.close()
         self._pending = None
 
-    def on_eval_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_eval_epoch_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Open the evaluation bar."""
         total = len(trainer.eval_dataloader or ())
         if trainer.limit_eval_batches is not None:
             total = min(total, trainer.limit_eval_batches)
         self.eval_pbar = self._open(trainer, total, "eval")
 
-    def on_eval_progress(self, trainer: Trainer, steps_done: int, **kwargs: Any) -> None:
+    def on_eval_progress(self, trainer: TrainerLike, steps_done: int, **kwargs: Any) -> None:
         """Move the evaluation bar to ``steps_done``."""
         _advance(self.eval_pbar, steps_done)
 
-    def on_eval_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_eval_epoch_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Close the evaluation bar."""
         self.eval_pbar.close()
 
-    def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
+    def on_exception(self, trainer: TrainerLike, exception: BaseException, **kwargs: Any) -> None:
         """Close the bars a failed or interrupted run left open."""
         for bar in (self.pbar, self.eval_pbar):
             if bar is not None:
                 bar.close()
         self._pending = None
 
-    def _refresh_loss(self, trainer: Trainer) -> None:
+    def _refresh_loss(self, trainer: TrainerLike) -> None:
         """Show the running mean loss: read directly on the CPU, without waiting on CUDA."""
         tracker = trainer.train_loss_tracker
         total = tracker.total_loss
@@ -497,7 +497,7 @@ class ProgressBarCallback(TrainerCallback):
     def _show_loss(self, value: float) -> None:
         self.pbar.set_postfix(loss=f"{value:.4g}", refresh=False)
 
-    def _open(self, trainer: Trainer, total: int | None, desc: str) -> Any:
+    def _open(self, trainer: TrainerLike, total: int | None, desc: str) -> Any:
         disable = None if self.show is None else not self.show  # None: tqdm checks for a TTY
         if not trainer.accelerator.is_local_main_process:
             disable = True
@@ -533,27 +533,27 @@ class LogMetricsCallback(TrainerCallback):
     def __init__(self) -> None:
         self._cursor = MetricCursor()
 
-    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Mark everything already recorded as logged."""
         setup_logging()
         self._cursor.skip_to_end(trainer.run_history)
 
     on_evaluation_run_start = on_training_run_start
 
-    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_epoch_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Log the metrics recorded since the last logging (training, run and evaluation ends)."""
         self._log_new(trainer)
 
     on_training_run_epoch_end = on_evaluation_run_end = on_train_epoch_end
 
     def on_eval_epoch_end(
-        self, trainer: Trainer, sanity_check: bool = False, **kwargs: Any
+        self, trainer: TrainerLike, sanity_check: bool = False, **kwargs: Any
     ) -> None:
         """Log the metrics of the evaluation epoch (not those of a sanity evaluation)."""
         if not sanity_check:
             self._log_new(trainer)
 
-    def log_metrics(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+    def log_metrics(self, trainer: TrainerLike, metrics: dict[str, Any]) -> None:
         """Log a dict of metric values; override to send them elsewhere.
 
         Args:
@@ -564,7 +564,7 @@ class LogMetricsCallback(TrainerCallback):
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("metrics: %s", format_metrics(metrics))
 
-    def _log_new(self, trainer: Trainer) -> None:
+    def _log_new(self, trainer: TrainerLike) -> None:
         new = self._cursor.read_new(trainer.run_history)
         if new:
             self.log_metrics(trainer, new)

@@ -14,7 +14,7 @@ from pytorch_accel.callbacks._watch import MetricWatch
 from pytorch_accel.tracking import get_logger
 
 if TYPE_CHECKING:
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike
 
 __all__ = ["SaveBestModelCallback"]
 
@@ -162,7 +162,7 @@ class SaveBestModelCallback(TrainerCallback):
         self._ranking = [(float(value), int(epoch)) for value, epoch in state_dict["ranking"]]
         self._best_in_call = bool(state_dict.get("best_in_call", True))
 
-    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Start a new ranking (if ``reset_on_train``); check that the metric can be recorded."""
         if self.reset_on_train:
             self._forget(trainer)
@@ -170,7 +170,7 @@ class SaveBestModelCallback(TrainerCallback):
         self._watch.start_run(trainer)
 
     def on_training_run_epoch_end(
-        self, trainer: Trainer, evaluated: bool = True, **kwargs: Any
+        self, trainer: TrainerLike, evaluated: bool = True, **kwargs: Any
     ) -> None:
         """Save the epoch if it is a new best or, with ``save_top_k > 1``, in the top ``k``."""
         value = self._watch.read_main(trainer, evaluated)
@@ -178,7 +178,7 @@ class SaveBestModelCallback(TrainerCallback):
         if self._watch.is_better(value, self._ranking[-1][0] if full else None):
             self._save(trainer, value, trainer.run_history.current_epoch)
 
-    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Load the best checkpoint, if asked for and one was saved."""
         if not self.load_saved_checkpoint:
             return
@@ -205,7 +205,7 @@ class SaveBestModelCallback(TrainerCallback):
             self.save_path, load_optimizer=self.save_optimizer, load_scheduler=self.save_scheduler
         )
 
-    def _save(self, trainer: Trainer, value: float, epoch: int) -> None:
+    def _save(self, trainer: TrainerLike, value: float, epoch: int) -> None:
         """Write the epoch's file(s), then delete the file that left the top ``k``."""
         contents = {self.watch_metric: value, "epoch": epoch}
         options = {"save_optimizer": self.save_optimizer, "save_scheduler": self.save_scheduler}
@@ -223,13 +223,13 @@ class SaveBestModelCallback(TrainerCallback):
         evicted, self._ranking = self._ranking[self.save_top_k :], self._ranking[: self.save_top_k]
         self._delete(trainer, [epoch for _, epoch in evicted])
 
-    def _forget(self, trainer: Trainer) -> None:
+    def _forget(self, trainer: TrainerLike) -> None:
         self._delete(trainer, [epoch for _, epoch in self._ranking])
         self._ranking = []
         self.best_metric = None
         self.best_metric_epoch = None
 
-    def _delete(self, trainer: Trainer, epochs: list[int]) -> None:
+    def _delete(self, trainer: TrainerLike, epochs: list[int]) -> None:
         if self.save_top_k == 1 or not trainer.accelerator.is_main_process:
             return
         for epoch in epochs:

@@ -26,7 +26,7 @@ from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.tracking import get_logger
 
 if TYPE_CHECKING:
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike as Trainer
 
 __all__ = ["SaveTrainingStateCallback"]
 

@@ -26,7 +26,7 @@ from pytorch_accel.tracking import (
 )
 
 if TYPE_CHECKING:
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike as Trainer
 
 __all__ = ["DEFAULT_LOG_EVERY_N_UPDATES", "StepLoggingCallback", "StepMetrics"]
 

@@ -27,7 +27,7 @@ from pytorch_accel.tracking import MetricCursor, get_logger, reported_float
 if TYPE_CHECKING:
     from accelerate.tracking import GeneralTracker
 
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike as Trainer
 
 __all__ = ["TrackingCallback", "hparams_of"]
 
