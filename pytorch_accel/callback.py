@@ -11,7 +11,6 @@ import contextlib
 import difflib
 import functools
 import inspect
-import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -25,12 +24,9 @@ from pytorch_accel.tracking import get_logger
 __all__ = [
     "CallbackHandler",
     "CallbackLike",
-    "DefaultPath",
     "ProgressEvents",
-    "RunPaths",
     "TrainerCallback",
     "announces_exceptions",
-    "redirected_paths",
 ]
 
 P = ParamSpec("P")
@@ -73,50 +69,6 @@ class TrainerCallback:
     custom_events: ClassVar[tuple[str, ...]] = ()
     may_stop_training: ClassVar[bool] = True
     agreed_stop_events: ClassVar[frozenset[str]] = frozenset()
-
-    def redirect_outputs(self, directory: Path) -> contextlib.AbstractContextManager[None]:
-        """Write this callback's files under ``directory`` while the returned context is open.
-
-        ``train(dry_run=...)`` enters it for every callback, with a directory per callback, so
-        a dry run leaves the user's files as they were. The default redirects nothing; a
-        callback that writes files overrides it, usually with ``redirected_paths``.
-
-        Args:
-            directory: An empty directory of this callback's own (it may not exist yet).
-
-        Returns:
-            A context manager; its ``__exit__`` puts the callback's own locations back.
-
-        Example:
-            ```python
-            def redirect_outputs(self, directory):
-                return redirected_paths(self, directory, "save_path")
-            ```
-        """
-        return contextlib.nullcontext()
-
-    def place_outputs(self, run_dir: Path) -> None:
-        """Put the files whose location the user left at its default under ``run_dir``.
-
-        With ``Trainer(output_dir=...)``, the trainer calls it with ``trainer.run_dir`` at the
-        start of every ``train()`` and ``evaluate()``, before any event; without ``output_dir``
-        it is never called. The default places nothing. A callback whose path arguments default
-        to ``DefaultPath`` values records them in a ``RunPaths`` and places that: a path the
-        user passed (or assigned since) stays where it is.
-
-        Args:
-            run_dir: The run's directory (it may not exist yet).
-
-        Example:
-            ```python
-            def __init__(self, out_dir=DefaultPath("results")):
-                self.out_dir = Path(out_dir)
-                self._run_paths = RunPaths(out_dir=out_dir)
-
-            def place_outputs(self, run_dir):
-                self._run_paths.place(self, run_dir)
-            ```
-        """
 
     def training_states_dir(self) -> Path | None:
         """The directory this callback saves training states in, or ``None`` (the default).
@@ -235,25 +187,6 @@ class TrainerCallback:
         (``"train"``, ``"evaluate"``, ``"predict"``, ``"find_lr"``, ``"find_batch_size"``). An
         error it raises is logged, and the original exception propagates.
         """
-
-
-@contextlib.contextmanager
-def redirected_paths(owner: object, directory: Path, *names: str) -> Iterator[None]:
-    """Point ``owner``'s path attributes ``names`` into ``directory``, then put them back.
-
-    For ``TrainerCallback.redirect_outputs``: each attribute holding a path (``None`` is left
-    alone) becomes the same file name in ``directory``, of the same type.
-    """
-    saved = {name: getattr(owner, name) for name in names}
-    for name, value in saved.items():
-        if isinstance(value, (str, os.PathLike)):
-            new = directory / Path(value).name
-            setattr(owner, name, new if isinstance(value, Path) else os.fspath(new))
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(owner, name, value)
 
 
 CallbackLike = TrainerCallback | type[TrainerCallback]
@@ -655,49 +588,3 @@ class ProgressEvents:
                 f"so they could not stop together. Raise StopTrainingError from "
                 f"{self._event.replace('progress', 'step_end')} instead."
             ) from stop
-
-
-class DefaultPath(str):
-    """A path argument's default, which follows the trainer's run directory.
-
-    Without ``Trainer(output_dir=...)`` it is the relative path it spells; with it,
-    ``RunPaths.place`` puts it under ``trainer.run_dir``. A path the user passes (a plain
-    ``str`` or ``Path``) is never moved, even when it spells the same name.
-    """
-
-    __slots__ = ()
-
-
-class RunPaths:
-    """Which of a callback's path attributes follow the run directory, for ``place_outputs``.
-
-    Create it in the constructor with the path arguments as they were received: only the
-    ``DefaultPath`` values follow the run directory.
-
-    Args:
-        **given: Each path attribute's name and the argument it was set from.
-    """
-
-    def __init__(self, **given: object) -> None:
-        self._defaults = {
-            name: Path(value) for name, value in given.items() if isinstance(value, DefaultPath)
-        }
-        self._placed: dict[str, Path] = dict(self._defaults)
-
-    def follows_run_dir(self, name: str) -> bool:
-        """Whether the attribute ``name`` was left at its default (a ``DefaultPath``)."""
-        return name in self._defaults
-
-    def place(self, owner: object, run_dir: Path) -> None:
-        """Set each defaulted attribute of ``owner`` to its default path under ``run_dir``.
-
-        An attribute that no longer holds the path this object last gave it (the user set it,
-        or a dry run redirects it meanwhile) is left alone.
-        """
-        for name, default in self._defaults.items():
-            current = getattr(owner, name)
-            if not isinstance(current, (str, os.PathLike)) or Path(current) != self._placed[name]:
-                continue
-            placed = run_dir / default
-            setattr(owner, name, placed if isinstance(current, Path) else os.fspath(placed))
-            self._placed[name] = placed

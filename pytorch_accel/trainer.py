@@ -95,7 +95,7 @@ class Trainer:
             the epoch starts.
         dry_run_dir: During ``train(dry_run=...)``, the temporary directory the dry run writes
             to (``None`` otherwise). Callbacks declare their files with
-            ``TrainerCallback.redirect_outputs``; one that does not may write under it then.
+            ``outputs.RedirectsOutputs``; one that does not may write under it then.
         progress_interval: Seconds below which the progress events (``on_train_progress``,
             ``on_eval_progress``) double the steps between them, 0.05 by default; 0 fires them
             after every step. Read when each epoch starts.

@@ -31,6 +31,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.events",
             "pytorch_accel.callback",
             "pytorch_accel.protocols",
+            "pytorch_accel.outputs",
             "pytorch_accel.distributed",
             "pytorch_accel.tracking",
             "pytorch_accel.placeholders",
@@ -108,7 +109,9 @@ LAYER_ROLES = {
     "core": (
         "The concepts everything else is built from: `StopTrainingError`, the event names, the "
         "callback interface (`TrainerCallback`) and its dispatch (`CallbackHandler`), both in "
-        "`callback`; what the layers above and callbacks see of a trainer (`protocols`: "
+        "`callback`; where callbacks write files, an interface of its own (`outputs`: "
+        "`RedirectsOutputs` for dry runs, `PlacesOutputs` for the run directory); what the "
+        "layers above and callbacks see of a trainer (`protocols`: "
         "`TrainerLike`, `StepMethods`, `DataHooks`); the value checks and their one message "
         "format (`_checks`); what a batch holds and how it is weighted (`_batches`: "
         "`(inputs, targets)` or a dict of the model's keyword arguments, and the token-exact "
@@ -428,8 +431,9 @@ def test_the_concept_rule(module: str, source: str, flagged: bool) -> None:
 
 def _callback_interface() -> set[str]:
     from pytorch_accel.callback import TrainerCallback
+    from pytorch_accel.outputs import PlacesOutputs, RedirectsOutputs
 
-    return set(dir(TrainerCallback))
+    return set(dir(TrainerCallback)) | set(dir(PlacesOutputs)) | set(dir(RedirectsOutputs))
 
 
 def callback_attribute_reads(module: str, source: str, interface: set[str]) -> list[str]:

@@ -23,17 +23,14 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from pytorch_accel._batch_limits import limit_batches_from_environment
 from pytorch_accel._checks import check_bool, check_positive_int
 from pytorch_accel.callback import CallbackLike, TrainerCallback
-from pytorch_accel.callbacks._nan_origin import RandomState, nan_origin_report
-from pytorch_accel.callbacks.limit_batches import (
-    LimitBatchesCallback,
-    limit_batches_from_environment,
-)
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.tracking import MetricCursor, get_logger, setup_logging
 
 if TYPE_CHECKING:
+    from pytorch_accel.plugins.nan_origin import RandomState
     from pytorch_accel.protocols import TrainerLike
 
 __all__ = [
@@ -183,6 +180,8 @@ class TerminateOnNaNCallback(TrainerCallback):
     def on_train_step_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Keep the step's random state, for a re-run that draws the same (``report_origin``)."""
         if self.origin is None:
+            from pytorch_accel.plugins.nan_origin import RandomState
+
             self._random_state = RandomState.capture(trainer.device)
 
     def on_backward_start(
@@ -198,6 +197,8 @@ class TerminateOnNaNCallback(TrainerCallback):
             f"the loss was {_loss_text(loss)} in epoch {trainer.run_history.current_epoch} "
             f"after {trainer.num_updates} updates, on process {trainer.accelerator.process_index}"
         )
+        from pytorch_accel.plugins.nan_origin import nan_origin_report
+
         self.origin = f"{where}: {nan_origin_report(trainer, batch, self._random_state)}"
         warnings.warn(f"TerminateOnNaNCallback: {self.origin}", RuntimeWarning, stacklevel=2)
 
@@ -603,9 +604,12 @@ def with_environment_callbacks(callbacks: Iterable[CallbackLike]) -> list[Callba
     callbacks = list(callbacks)
     kinds = [callback if isinstance(callback, type) else type(callback) for callback in callbacks]
     limit = limit_batches_from_environment()
-    if limit is not None and not any(issubclass(kind, LimitBatchesCallback) for kind in kinds):
-        callbacks.append(LimitBatchesCallback(limit))
-        kinds.append(LimitBatchesCallback)
+    if limit is not None:  # imported only then: a plain run does not load the module
+        from pytorch_accel.callbacks.limit_batches import LimitBatchesCallback
+
+        if not any(issubclass(kind, LimitBatchesCallback) for kind in kinds):
+            callbacks.append(LimitBatchesCallback(limit))
+            kinds.append(LimitBatchesCallback)
     _say_once_if_silent(kinds)
     return callbacks
 

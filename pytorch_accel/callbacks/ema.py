@@ -12,8 +12,9 @@ import torch
 from accelerate.utils import DistributedType
 
 from pytorch_accel._checks import check_bool, check_path, fail
-from pytorch_accel.callback import DefaultPath, RunPaths, TrainerCallback, redirected_paths
+from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks._watch import MetricWatch
+from pytorch_accel.outputs import DefaultPath, RunPaths, redirected_paths
 from pytorch_accel.utils import EmaPairs, ModelEma
 
 if TYPE_CHECKING:

@@ -20,9 +20,10 @@ from pytorch_accel._checkpointing.store import (
     tidy_save_dir,
 )
 from pytorch_accel._checks import check_bool, check_number, check_path, check_positive_int, fail
-from pytorch_accel.callback import DefaultPath, RunPaths, TrainerCallback, redirected_paths
+from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.distributed import AgreedFlag, agreement_group
 from pytorch_accel.errors import StopTrainingError
+from pytorch_accel.outputs import DefaultPath, RunPaths, redirected_paths
 from pytorch_accel.tracking import get_logger
 
 if TYPE_CHECKING:

@@ -9,6 +9,8 @@ window's end whether the loop must synchronise the replicas and whether to updat
 - ``failing_batches``: skip a batch whose step method fails (``FailingBatchGuard``).
 - ``micro_batches``: on out-of-memory, run the step in more micro-batches
   (``MicroBatchSplitter``).
+- ``nan_origin``: where a non-finite loss starts, for ``TerminateOnNaNCallback(report_origin=True)``
+  (driven by the callback's step events, not by the step hook).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A dry run calls ``train()`` again for one short epoch (a few batches of training and
 evaluation, every callback enabled) inside ``trial_run``, then saves a training state and
-loads it back. Each callback's files go where its ``TrainerCallback.redirect_outputs`` says
+loads it back. Each callback's files go where its ``outputs.RedirectsOutputs.redirect_outputs`` says
 (with ``Trainer(output_dir=...)``, ``trainer.run_dir`` is a temporary directory meanwhile),
 so nothing of the user's (checkpoints, states, records, history, weights) changes.
 
@@ -31,6 +31,7 @@ from torch.utils.data import Subset
 from pytorch_accel._state import PreparedTrainer
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.distributed import main_process_object
+from pytorch_accel.outputs import redirect_outputs
 from pytorch_accel.tracking import InMemoryRunHistory, get_logger
 
 if TYPE_CHECKING:
@@ -121,7 +122,7 @@ def trial_run(trainer: ToolTrainer, num_batches: int) -> Iterator[Path]:
             for index, callback in enumerate(callbacks):
                 if isinstance(callback, TrainerCallback):
                     own = directory / "callbacks" / f"{index}-{type(callback).__name__}"
-                    stack.enter_context(callback.redirect_outputs(own))
+                    stack.enter_context(redirect_outputs(callback, own))
             trainer.dry_run_dir = directory
             trainer.run_history = InMemoryRunHistory()
             trainer.limit_train_batches = _lowest(trainer.limit_train_batches, num_batches)

@@ -1,6 +1,8 @@
 """Where a non-finite loss starts: the first module whose output was not finite.
 
-For ``TerminateOnNaNCallback(report_origin=True)``. The batch whose loss is not finite is run
+A plugin of ``TerminateOnNaNCallback(report_origin=True)``, imported only when it is asked for
+(the callback keeps each step's random state and reads the loss before the backward pass,
+through its step events). The batch whose loss is not finite is run
 through the model again, in training mode, before the backward pass has changed any weight,
 under forward hooks that count the NaN and infinite values of every module's output; the
 first module to finish with one (an inner module before the module around it) is where it
