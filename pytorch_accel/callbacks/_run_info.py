@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from pytorch_accel._checks import callable_name
+from pytorch_accel.checks import callable_name
 
 if TYPE_CHECKING:
     from pytorch_accel.protocols import TrainerLike

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pytorch_accel._checks import check_bool, check_metric_name, fail
+from pytorch_accel.checks import check_bool, check_metric_name, fail
 from pytorch_accel.distributed import AgreedFlag
 from pytorch_accel.tracking import MetricNotFoundError, get_logger
 

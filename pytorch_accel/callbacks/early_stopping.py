@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._checks import check_bool, check_number, check_positive_int
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks._watch import MetricWatch
+from pytorch_accel.checks import check_bool, check_number, check_positive_int
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.tracking import get_logger
 

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.utils import DistributedType
 
-from pytorch_accel._checks import check_bool, check_path, fail
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks._watch import MetricWatch
+from pytorch_accel.checks import check_bool, check_path, fail
 from pytorch_accel.outputs import DefaultPath, RunPaths, redirected_paths
 from pytorch_accel.utils import EmaPairs, ModelEma
 

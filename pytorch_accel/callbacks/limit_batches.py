@@ -14,8 +14,8 @@ from pytorch_accel._batch_limits import (
     LimitBatches,
     limit_batches_from_environment,
 )
-from pytorch_accel._checks import check_positive_int
 from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.checks import check_positive_int
 
 if TYPE_CHECKING:
     from pytorch_accel.protocols import TrainerLike

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._checks import check_bool, check_positive_int
 from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.checks import check_bool, check_positive_int
 
 if TYPE_CHECKING:
     from pytorch_accel.protocols import TrainerLike

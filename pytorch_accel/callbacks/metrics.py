@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.utils import send_to_device
 
-from pytorch_accel._checks import check_bool, check_callable, fail
 from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.checks import check_bool, check_callable, fail
 
 if TYPE_CHECKING:
     from torchmetrics import Metric, MetricCollection

@@ -9,10 +9,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._checkpointing.files import atomic_write
-from pytorch_accel._checks import check_bool
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks._metrics_csv import STEP_COLUMN, metrics_csv_index, read_metrics_csv
+from pytorch_accel.checks import check_bool
+from pytorch_accel.files import atomic_write
 from pytorch_accel.outputs import DefaultPath, RunPaths, redirected_paths
 from pytorch_accel.tracking import RunHistory, reported_float
 

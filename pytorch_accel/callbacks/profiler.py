@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.utils import ProfileKwargs
 
-from pytorch_accel._checks import check_bool, check_count, check_path, check_positive_int, fail
 from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.checks import check_bool, check_count, check_path, check_positive_int, fail
 from pytorch_accel.outputs import DefaultPath, RunPaths, redirected_paths
 from pytorch_accel.tracking import get_logger
 

@@ -12,8 +12,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._checkpointing.files import atomic_write
-from pytorch_accel._checks import check_bool, check_mapping, fail
 from pytorch_accel.callbacks._run_info import (
     environment,
     jsonable,
@@ -23,6 +21,8 @@ from pytorch_accel.callbacks._run_info import (
 )
 from pytorch_accel.callbacks.step_logging import DEFAULT_LOG_EVERY_N_UPDATES
 from pytorch_accel.callbacks.trackers import TrackingCallback, available_trackers
+from pytorch_accel.checks import check_bool, check_mapping, fail
+from pytorch_accel.files import atomic_write
 from pytorch_accel.outputs import DefaultPath, RunPaths
 from pytorch_accel.tracking import get_logger, setup_logging
 

@@ -8,9 +8,9 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._checks import check_bool, check_path, check_positive_int, fail
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks._watch import MetricWatch
+from pytorch_accel.checks import check_bool, check_path, check_positive_int, fail
 from pytorch_accel.outputs import DefaultPath, RunPaths, redirected_paths
 from pytorch_accel.tracking import get_logger
 

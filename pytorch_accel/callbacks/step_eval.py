@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._checks import check_positive_int, fail
 from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.checks import check_positive_int, fail
 from pytorch_accel.tracking import get_logger
 
 if TYPE_CHECKING:

@@ -8,9 +8,9 @@ import numbers
 import time
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._checks import check_positive_int, fail
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks.save_state import SaveTrainingStateCallback
+from pytorch_accel.checks import check_positive_int, fail
 from pytorch_accel.distributed import AgreedFlag, agreement_group
 from pytorch_accel.errors import StopTrainingError
 

@@ -7,8 +7,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._checks import fail
 from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.checks import fail
 from pytorch_accel.outputs import DefaultPath, RunPaths, redirected_paths
 from pytorch_accel.tracking import get_logger
 
