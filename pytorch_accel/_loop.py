@@ -55,10 +55,15 @@ from pytorch_accel._checks import (
     fail,
     shape_mismatches_raise,
 )
-from pytorch_accel._state import Preparation, PreparedTrainer, TrainerState
+from pytorch_accel._state import Preparation, PreparedTrainer, TrainerState, fewer_batches
 from pytorch_accel.callback import ProgressEvents
 from pytorch_accel.dataloaders import epoch_batches, eval_set_prefix
-from pytorch_accel.distributed import AgreedFlag, synchronise_replicas
+from pytorch_accel.distributed import (
+    AgreedFlag,
+    announce_failure,
+    lost_peer_error,
+    synchronise_replicas,
+)
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.failing_batches import SKIPPED, SKIPPED_OUTPUT, is_empty_batch
 from pytorch_accel.run_config import TrainerRunConfig
@@ -171,22 +176,6 @@ class Loop:
                 # the update budget can end a run before its last pass (over a stream)
                 if state.num_updates >= config.total_num_update_steps:
                     break
-                if state.step == 0:  # a pass that yielded nothing
-                    fix = (
-                        "an IterableDataset's __iter__ must start afresh at each call (a "
-                        "generator function, not a generator object)"
-                        if state.epoch_index
-                        else "the dataset or stream is empty"
-                    )
-                    fail(
-                        ValueError,
-                        "Trainer.train",
-                        "train_dataset",
-                        self._trainer.train_dataset,
-                        "data that yields batches on every pass",
-                        f"Epoch {state.epoch_index + 1} got no batch before the run's "
-                        f"{config.total_num_update_steps} updates were done: {fix}.",
-                    )
         finally:
             state.savable, state.finished_epochs = "end", num_epochs or state.epoch_index + 1
 
@@ -261,8 +250,29 @@ class Loop:
                         progress.report(state.step)
                     if state.num_updates >= total_updates:
                         return
+            if state.step == 0:  # before the epoch's end records a NaN loss (and stops on it)
+                self._refuse_empty_pass()
         finally:
             state.savable = None
+
+    def _refuse_empty_pass(self) -> None:
+        """Raise: a pass over the training data yielded no batch before the run was done."""
+        state, config = self.state, self._config()
+        fix = (
+            "an IterableDataset's __iter__ must start afresh at each call (a "
+            "generator function, not a generator object)"
+            if state.epoch_index
+            else "the dataset or stream is empty"
+        )
+        fail(
+            ValueError,
+            "Trainer.train",
+            "train_dataset",
+            self._trainer.train_dataset,
+            "data that yields batches on every pass",
+            f"Epoch {state.epoch_index + 1} got no batch before the run's "
+            f"{config.total_num_update_steps} updates were done: {fix}.",
+        )
 
     def _train_step(self, plan: AccumulationPlan, batch: Any, step: int) -> dict[str, Any]:
         # the step hook: a step guard (plugins/) runs the step's parts when train() asks
@@ -382,9 +392,11 @@ class Loop:
         """Report the epoch's last progress, then record its mean loss (and skipped batches)."""
         state, trainer = self.state, self._trainer
         self._train_progress.finish(state.step)
-        loss = state.train_loss_tracker.reduce(trainer.accelerator)
-        trainer.run_history.update_metric(TRAIN_LOSS_NAME, loss)
-        state.logged.end_epoch(trainer.run_history, trainer.device)
+        guard = state.failing_batches
+        if guard is not None and state.train_loss_tracker.total_loss is None:  # all skipped
+            guard.refuse_all_skipped(guard.skipped_in_epoch, guard.skipped_in_epoch)
+        # the mean loss and the logged values, with one exchange (two if anything was logged)
+        state.logged.end_epoch(trainer.run_history, trainer.device, state.train_loss_tracker)
         if state.failing_batches is not None:
             state.failing_batches.finish_epoch(trainer.run_history)
 
@@ -430,16 +442,17 @@ class Loop:
 
     def sanity_check(self, num_batches: int) -> None:
         """Evaluate ``num_batches`` of every eval set, then put the run history back as it was."""
-        history = self._trainer.run_history
+        history, state = self._trainer.run_history, self.state
         saved = history.state_dict()
+        state.sanity_checking = True
         try:
-            self.eval_epochs("sanity_eval_loss", False, num_batches)
+            with fewer_batches(self._trainer, num_batches, train=False):
+                self.eval_epochs("sanity_eval_loss", False)
         finally:
+            state.sanity_checking = False
             history.load_state_dict(saved)
 
-    def eval_epochs(
-        self, metric_name: str, is_intermediate: bool, limit: int | None = None
-    ) -> None:
+    def eval_epochs(self, metric_name: str, is_intermediate: bool) -> None:
         """Run an eval epoch of every eval set, recording each mean loss as ``metric_name``.
 
         Under ``training_rng_preserved``: evaluating never changes the training's random
@@ -447,7 +460,7 @@ class Loop:
         """
         trainer, state = self._trainer, self.state
         for name, dataloader in list(state.eval_dataloaders.items()):
-            state.eval_set, state.eval_metric_name, state.eval_limit = name, metric_name, limit
+            state.eval_set, state.eval_metric_name = name, metric_name
             try:
                 with (
                     trainer.run_history.prefixed(eval_set_prefix(name)),
@@ -456,7 +469,7 @@ class Loop:
                 ):
                     trainer._run_eval_epoch(dataloader, state.running, is_intermediate)
             finally:
-                state.eval_set, state.eval_limit = None, None
+                state.eval_set = None
 
     def eval_epoch(self, dataloader: DataLoader[Any], is_intermediate: bool) -> None:
         """Run one eval epoch level over ``dataloader`` (``Trainer._run_eval_epoch``)."""
@@ -474,13 +487,12 @@ class Loop:
             finish=functools.partial(self._end_eval_epoch, state.eval_metric_name),
             is_intermediate=is_intermediate,
             eval_set=state.eval_set,
-            sanity_check=state.eval_limit is not None,
+            sanity_check=state.sanity_checking,
         )
 
     def _eval_batches(self, dataloader: DataLoader[Any]) -> None:
         trainer, progress = self._trainer, self._eval_progress
-        limits = [n for n in (self.state.eval_limit, trainer.limit_eval_batches) if n is not None]
-        with epoch_batches(dataloader, min(limits, default=None)) as batches:
+        with epoch_batches(dataloader, trainer.limit_eval_batches) as batches:
             with_events, eval_step = self._with_events, self._eval_step  # bound once
             handler = trainer.callback_handler
             for index, batch in enumerate(batches):
@@ -539,9 +551,9 @@ class Loop:
         """Report the evaluation epoch's last progress, then record its mean loss."""
         trainer, state = self._trainer, self.state
         self._eval_progress.finish(state.eval_step)
-        loss = state.eval_loss_tracker.reduce(trainer.accelerator)
-        trainer.run_history.update_metric(metric_name, loss)
-        state.logged.end_epoch(trainer.run_history, trainer.device)
+        if self._eval_guard is not None:  # agreed counts: every process raises, or none
+            self._eval_guard.refuse_all_skipped(self._eval_guard.skipped, state.eval_step)
+        state.logged.end_epoch(trainer.run_history, trainer.device, state.eval_loss_tracker)
         if self._eval_guard is not None:
             self._eval_guard.record_eval_epoch(trainer.run_history, metric_name)
 
@@ -633,8 +645,17 @@ class Loop:
         """
         self.state.stopped_by = None
         setup_logging()  # the loop's and the callbacks' messages go through the package's logger
-        with shape_mismatches_raise(where):
-            self._with_events(level, body)
+        try:
+            with shape_mismatches_raise(where):
+                self._with_events(level, body)
+        except BaseException as error:
+            if self._agreement is not None and not isinstance(error, StopTrainingError):
+                # failed on one process: the others learn it when their next collective fails
+                lost = lost_peer_error(where, error)
+                if lost is not None:
+                    raise lost from error
+                announce_failure(error)
+            raise
 
     def _with_events(
         self,
@@ -661,6 +682,7 @@ class Loop:
         except StopTrainingError as error:
             if level.endswith("_step"):
                 raise
+            self._refuse_unagreed_stop(level, error)
             if finish is not None:
                 finish()
             is_run = level.endswith("_run")
@@ -679,6 +701,36 @@ class Loop:
             finish()
         kwargs.update(end_kwargs)
         self._fire(end, kwargs, hooked)
+
+    def _refuse_unagreed_stop(self, level: str, error: StopTrainingError) -> None:
+        """Raise a clear error for a stop raised inside an unguarded step with several processes.
+
+        Such a stop (``calculate_train_batch_loss`` raising ``StopTrainingError``) is this
+        process's alone: the others go on with the step's collectives, so unwinding with the
+        epoch's collectives would mismatch them (gloo aborts). This process fails instead, with
+        no collective; the others fail at their next one (``lost_peer_error``). With
+        ``skip_failing_batches`` or ``on_oom="split"`` every step's outcome is agreed on.
+        """
+        state = self.state
+        if self._agreement is None or error is state.agreed_stop or level.endswith("_run"):
+            return
+        guarded = {
+            "train_epoch": state.failing_batches or state.micro_batches,
+            "eval_epoch": self._eval_guard,
+        }.get(level)
+        if guarded is not None:
+            return
+        step = "train" if level == "train_epoch" else "eval"
+        rank = self._trainer.accelerator.process_index
+        where = "Trainer.train" if state.running else "Trainer.evaluate"
+        raise RuntimeError(
+            f"{where}: StopTrainingError({str(error)!r}) was raised inside a {step} step (e.g. by "
+            f"calculate_{step}_batch_loss) on process {rank}, where the processes cannot stop "
+            "together: the others go on with the step's collectives. Raise StopTrainingError "
+            "from a callback instead (e.g. on_train_step_end): every process agrees on it "
+            "there; or pass train(skip_failing_batches=...) to skip a bad batch on every "
+            "process."
+        ) from error
 
     def _fire(self, event: str, kwargs: dict[str, Any], hooked: bool = False) -> None:
         """Run the trainer's hook (if ``hooked``), then the callbacks of ``event``; agree on a stop.

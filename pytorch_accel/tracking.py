@@ -20,6 +20,7 @@ its own handlers show the lines.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import math
 import numbers
@@ -30,6 +31,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
+import torch.distributed as dist
 from accelerate.utils import send_to_device
 
 from pytorch_accel._checks import fail
@@ -55,6 +57,7 @@ __all__ = [
     "is_main_process",
     "logged_name",
     "read_reduced",
+    "read_with_logged",
     "reduction_dtype",
     "reported_float",
     "setup_logging",
@@ -297,6 +300,7 @@ class LossTracker:
         self._folded_count: int | torch.Tensor = 0
         self._last_folded: torch.Tensor | None = None
         self._pending: list[tuple[torch.Tensor, int | torch.Tensor]] = []
+        self._smallest_weight: torch.Tensor | None = None
 
     def update(
         self, loss_batch_value: torch.Tensor | float, batch_size: int | torch.Tensor = 1
@@ -351,6 +355,17 @@ class LossTracker:
         self._last_folded = state["loss_value"]
 
     @property
+    def smallest_weight(self) -> torch.Tensor | None:
+        """The smallest tensor weight (``batch_size``, a ``num_items`` count) so far, or ``None``.
+
+        On the device, read where the epoch's loss is (``LoggedMetrics.end_epoch``); ``None``
+        when every weight was a Python int (checked where it was returned).
+        """
+        if self._pending:
+            self._fold()
+        return self._smallest_weight
+
+    @property
     def total_loss(self) -> torch.Tensor | None:
         """The running sum of ``loss * batch_size`` on the device, or ``None`` before any batch."""
         if self._pending:
@@ -363,6 +378,10 @@ class LossTracker:
         values = torch.stack([value for value, _ in pending])
         values = values.to(torch.promote_types(values.dtype, torch.float32))
         sizes = [size for _, size in pending]
+        if not all(type(size) is int for size in sizes):  # counts on the device: keep the least
+            least = _as_device_tensor(sizes, values).amin()  # NaN if any is NaN
+            smallest = self._smallest_weight
+            self._smallest_weight = least if smallest is None else torch.minimum(smallest, least)
         self._total = self._folded(values, sizes)
         self._folded_count = sum(sizes, self._folded_count)
         self._last_folded, self._pending = pending[-1][0], []
@@ -423,11 +442,31 @@ class LoggedValues:
     ``"max"`` and ``"min"``; nothing is read on the host until the span is reduced.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: list[int] | None = None) -> None:
         self._trackers: dict[str, tuple[str, LossTracker]] = {}
+        # the logged parts an exchange has room for (``read_with_logged``), shared by the spans
+        # of one series and grown at the same exchange on every process
+        self._capacity = [DEFAULT_LOGGED_CAPACITY] if capacity is None else capacity
 
     def __len__(self) -> int:
         return len(self._trackers)
+
+    def names(self) -> list[str]:
+        """The names logged in this span, each with its reduction (``"a (mean)"``), sorted."""
+        return [
+            f"{name!r} ({reduction})" for name, (reduction, _) in sorted(self._trackers.items())
+        ]
+
+    def fingerprint(self) -> int:
+        """A number that tells the names and reductions of this span apart (0: nothing logged).
+
+        The same on every process that logged the same names with the same reductions (below
+        2**48, so exact in a float64 exchange).
+        """
+        if not self._trackers:
+            return 0
+        digest = hashlib.blake2b("\n".join(self.names()).encode(), digest_size=6).digest()
+        return int.from_bytes(digest, "big") | 1
 
     @property
     def num_parts(self) -> int:
@@ -463,7 +502,7 @@ class LoggedValues:
 
     def take(self) -> LoggedValues:
         """Return the values logged so far and start the span afresh."""
-        taken = LoggedValues()
+        taken = LoggedValues(self._capacity)
         taken._trackers, self._trackers = self._trackers, {}
         return taken
 
@@ -496,6 +535,119 @@ class LoggedValues:
     def reduce(self, device: torch.device) -> dict[str, float]:
         """Combine the span's values across processes (one collective) and read them once."""
         return self.results(read_reduced(*self.parts(), device))
+
+
+DEFAULT_LOGGED_CAPACITY = 16
+"""The logged parts an interval's exchange has room for at first (a mean takes two)."""
+
+
+def read_with_logged(
+    parts: Sequence[Any], reductions: Sequence[str], logged: LoggedValues, device: torch.device
+) -> list[float]:
+    """Combine ``parts`` and a span's logged values across processes in one exchange; read once.
+
+    Returns the combined ``parts``, then the logged values' combined ``parts()`` (what
+    ``logged.results`` reads). With several processes the logged values travel in a section of
+    a fixed size, with the names' fingerprint: the exchange matches whatever each process
+    logged, and names that differ between processes raise (``refuse_different_names``) on
+    every process instead of being combined by position. A section too small for what was
+    logged (every process logs more than it holds) grows, with one more exchange, once.
+
+    Args:
+        parts: This process's values, the same names on every process.
+        reductions: How each of ``parts`` combines (``REDUCTIONS``).
+        logged: The span's logged values (``LoggedValues.take()``).
+        device: Where the values are combined.
+    """
+    logged_parts, logged_reductions = logged.parts()
+    size = group_size()
+    if size == 1:
+        return read_reduced([*parts, *logged_parts], [*reductions, *logged_reductions], device)
+    capacity = logged._capacity[0]
+    count = len(logged_parts)
+    section = logged_parts if count <= capacity else []
+    section = [*section, *[0.0] * (capacity - len(section))]
+    header = [logged.fingerprint(), count]
+    dtype = reduction_dtype(device)
+    row = torch.stack(
+        [torch.as_tensor(part).to(device, dtype) for part in [*parts, *header, *section]]
+    )
+    gathered = [torch.empty_like(row) for _ in range(size)]
+    dist.all_gather(gathered, row)
+    rows = torch.stack(gathered).tolist()  # the one host read
+    combined = _combined(rows, reductions, 0)
+    start = len(parts)
+    fingerprints = [int(row[start]) for row in rows]
+    if len(set(fingerprints)) > 1:
+        refuse_different_names(logged, fingerprints, "logging interval")
+    if count > capacity:  # every process logged as many (the names agree): room for them
+        logged._capacity[0] = count
+        return combined + read_reduced(logged_parts, logged_reductions, device)
+    return combined + _combined(rows, logged_reductions, start + 2)
+
+
+def _combined(rows: list[list[float]], reductions: Sequence[str], start: int) -> list[float]:
+    """Combine the processes' ``rows`` from column ``start`` on, each column by its reduction."""
+    combined = []
+    for column, reduction in enumerate(reductions, start):
+        values = [row[column] for row in rows]
+        if reduction == "max":
+            combined.append(max(values))
+        elif reduction == "min":
+            combined.append(min(values))
+        else:
+            total = math.fsum(values)
+            combined.append(total / len(values) if reduction == "mean" else total)
+    return combined
+
+
+def refuse_different_names(logged: LoggedValues, fingerprints: Sequence[int], span: str) -> None:
+    """Raise on every process: the processes logged different names (or reductions) in a span.
+
+    Every process calls it at the same point (their fingerprints disagree on every one): one
+    more collective gathers each process's names, for the message.
+
+    Raises:
+        ValueError: Naming the names each process logged.
+    """
+    gathered: list[Any] = [None] * len(fingerprints)
+    dist.all_gather_object(gathered, logged.names())
+    per_process = "; ".join(
+        f"process {rank} logged {', '.join(names) if names else 'nothing'}"
+        for rank, names in enumerate(gathered)
+    )
+    raise ValueError(
+        f"Trainer.log: the processes logged different metrics in one {span}: {per_process}. "
+        "Values are combined across processes name by name, so every process must log the "
+        "same names, with the same reduction, in each epoch and logging interval. Log each "
+        "name on every process: where a process has nothing to report, log it with weight 0 "
+        "(e.g. trainer.log('rare_event', 0.0, weight=0) for a mean; 0.0 for reduce='sum')."
+    )
+
+
+def _refuse_negative_weights(smallest: Sequence[float], kind: str, loss_name: str) -> None:
+    """Raise on every process if a loss weight of the epoch was negative or NaN (per process)."""
+    bad = [
+        f"process {rank}: {value}" if len(smallest) > 1 else str(value)
+        for rank, value in enumerate(smallest)
+        if not value >= 0
+    ]
+    if bad:
+        where = "Trainer.train" if kind == "train" else "Trainer.evaluate"
+        raise ValueError(
+            f"{where}: batch_output['num_items'] (a dict batch's 'num_items_in_batch'), the "
+            f"count each batch's loss is weighted by, must be at least 0; the smallest in this "
+            f"{kind} epoch ({loss_name}) was {', '.join(bad)}. Return the number of loss "
+            "elements the batch's loss is the mean of, e.g. (labels != -100).sum() for a token "
+            "loss (a tensor 'batch_size' is checked the same way)."
+        )
+
+
+def group_size() -> int:
+    """The number of processes in the default process group (1 without one)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1
+    return int(dist.get_world_size())
 
 
 TRAIN_LOSS_NAME = "train_loss_epoch"
@@ -531,6 +683,7 @@ class LoggedMetrics:
     def __init__(self) -> None:
         self._intervals: list[LoggedValues] = []
         self._epochs: list[tuple[str, LoggedValues]] = []
+        self._capacity = [DEFAULT_LOGGED_CAPACITY]  # the intervals' (``read_with_logged``)
 
     def reset(self) -> None:
         """Forget every span (at the start of a training run)."""
@@ -552,7 +705,7 @@ class LoggedMetrics:
 
     def open_interval(self) -> LoggedValues:
         """Return a span that receives every training value from now on (``take`` reads it)."""
-        interval = LoggedValues()
+        interval = LoggedValues(self._capacity)
         self._intervals.append(interval)
         return interval
 
@@ -560,10 +713,41 @@ class LoggedMetrics:
         """Start collecting the values of an epoch whose mean loss is recorded as ``loss_name``."""
         self._epochs.append((loss_name, LoggedValues()))
 
-    def end_epoch(self, history: RunHistory, device: torch.device) -> None:
-        """Record the epoch's values under their ``logged_name`` (one collective if any)."""
+    def end_epoch(self, history: RunHistory, device: torch.device, loss: LossTracker) -> None:
+        """Record the epoch's mean loss, then its logged values under their ``logged_name``.
+
+        The loss's exchange (one collective, as every epoch has) also carries each process's
+        fingerprint of the names it logged (``LoggedValues.fingerprint``), so that the
+        processes agree on whether anything was logged and on what, before the values'
+        exchange (one collective, only if something was): names logged on some processes
+        only, or other names on each, raise ``ValueError`` on every process
+        (``refuse_different_names``) instead of waiting or combining by position.
+
+        Args:
+            history: Where the values are recorded.
+            device: Where they are combined.
+            loss: The epoch's loss tracker; its mean is recorded under the epoch's loss name.
+        """
         loss_name, values = self._epochs.pop()
-        if len(values):
+        kind = "train" if loss_name == TRAIN_LOSS_NAME else "eval"
+        total = loss.total_loss
+        smallest = loss.smallest_weight
+        # one slot per process for what is checked: their sum is every process's value
+        size = group_size()
+        rank = dist.get_rank() if size > 1 else 0
+        fingerprints: list[Any] = [0] * size
+        fingerprints[rank] = values.fingerprint()
+        weights: list[Any] = [0.0] * size
+        weights[rank] = math.inf if smallest is None else smallest
+        parts = [0.0 if total is None else total, loss.running_count, *fingerprints, *weights]
+        combined = read_reduced(parts, ["sum"] * len(parts), device)
+        _refuse_negative_weights(combined[2 + size :], kind, loss_name)
+        loss_sum, count = combined[:2]
+        history.update_metric(loss_name, loss_sum / count if count else math.nan)
+        fingerprints = [int(value) for value in combined[2 : 2 + size]]
+        if len(set(fingerprints)) > 1:
+            refuse_different_names(values, fingerprints, f"{kind} epoch ({loss_name})")
+        if fingerprints[0]:
             for name, value in values.reduce(device).items():
                 history.update_metric(logged_name(loss_name, name), value)
 
@@ -588,8 +772,7 @@ class LoggedMetrics:
             fail(TypeError, where, "metrics", metrics, "a dict", "Pass e.g. {'aux_loss': aux}.")
         if reduce not in REDUCTIONS:
             fail(ValueError, where, "reduce", reduce, f"one of {REDUCTIONS}", "Pass reduce='mean'.")
-        if type(weight) is not int and not isinstance(weight, (numbers.Real, torch.Tensor)):
-            fail(TypeError, where, "weight", weight, "a number", "Pass e.g. weight=batch_size.")
+        _check_weight(where, weight)
         values = self._epochs[-1][1] if self._epochs else LoggedValues()
         for name, value in metrics.items():
             checked = _checked_value(where, name, value, device)
@@ -635,6 +818,21 @@ class LoggedMetrics:
         """Add a value to ``values`` and, in a training epoch, to each open interval."""
         for span in [values, *(self._intervals if self.in_training_epoch else ())]:
             span.update(name, value, reduce, weight)
+
+
+def _check_weight(where: str, weight: object) -> None:
+    """Refuse a weight that is not a number at least 0 (a tensor's value is not read)."""
+    fix = "Pass e.g. weight=batch_size (weight=0 for a process with nothing to report)."
+    if isinstance(weight, torch.Tensor):
+        if weight.numel() != 1 or weight.is_complex():
+            fail(ValueError, where, "weight", weight, "a one-element tensor or a number", fix)
+        return
+    if type(weight) is not int and (
+        isinstance(weight, bool) or not isinstance(weight, numbers.Real)
+    ):
+        fail(TypeError, where, "weight", weight, "a number", fix)
+    if not float(weight) >= 0 or not math.isfinite(weight):  # NaN fails both
+        fail(ValueError, where, "weight", weight, "a finite number at least 0", fix)
 
 
 def _checked_value(where: str, name: object, value: object, device: torch.device) -> Any:

@@ -42,12 +42,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.training_state",
             "pytorch_accel.finetuning",
             "pytorch_accel.schedulers",
-            "pytorch_accel._batch_limits",
-            "pytorch_accel.utils",
             "pytorch_accel.failing_batches",
             "pytorch_accel.micro_batches",
             "pytorch_accel.run_config",
-            "pytorch_accel.run_setup",
         ),
     ),
     (
@@ -72,7 +69,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     ("tools", ("pytorch_accel.tools",)),
-    ("catalogue", ("pytorch_accel.callbacks",)),
+    ("catalogue", ("pytorch_accel.callbacks", "pytorch_accel.utils")),
 )
 
 LAYER_ROLES = {
@@ -80,7 +77,8 @@ LAYER_ROLES = {
         "The built-in callbacks. They use only the public surface: a trainer typed as "
         "`protocols.TrainerLike`, and public modules (`checks` for their arguments, `files` "
         "for atomic writes, `outputs` for where their files go), so a third party could write "
-        "them; the few exceptions are listed in the test."
+        "them; the few exceptions are listed in the test. `utils` holds pytorch-accelerated's "
+        "`utils` names."
     ),
     "tools": (
         "Functions over a trainer, beside the facade, which reaches them only inside the "
@@ -93,8 +91,8 @@ LAYER_ROLES = {
         "`Trainer`, one class: the constructor, `train`/`evaluate`/`predict`, the public "
         "properties, the overridable step methods and hooks (the dataloader hooks among them), "
         "and saving and loading checkpoints and training states. The checks of the entry "
-        "points' arguments and data (`_entry_checks`, with `train()`'s arguments as one typed "
-        "`TrainArguments`); every pytorch-accelerated name that is not the project's own "
+        "points' arguments and data (`_entry_checks`, `train()`'s in a table with one entry "
+        "per argument); every pytorch-accelerated name that is not the project's own "
         "(`compat`: the trainer module's extra names, `Trainer`'s private attributes)."
     ),
     "loop": (
@@ -124,8 +122,10 @@ LAYER_ROLES = {
         "weighting of accumulation windows); the one agreement between processes "
         "(`distributed.AgreedFlag`); what a run reports (`tracking`: run history, loss "
         "tracking, logged values and the package's rank-aware logger); the run's "
-        "configuration (`run_config`: the `TrainerRunConfig`, and the set-up `train()` applies "
-        "before the loop: seeding, determinism, scaling the learning rate); the step guards' "
+        "configuration (`run_config`: `train()`'s arguments bound once to its signature, "
+        "`TrainArguments`, the `TrainerRunConfig` built from them, and the set-up `train()` "
+        "applies before the loop: seeding, determinism, scaling the learning rate); the step "
+        "guards' "
         "policies (`failing_batches`, `micro_batches`); placeholders, checkpoint and "
         "training-state files (`_checkpointing`: the one atomic writer, safe loader and "
         "model/optimizer fit check), schedulers. None of it knows the loop or the trainer."
@@ -310,8 +310,7 @@ def test_no_import_circle_even_counting_type_only_imports() -> None:
 # Catalogue modules that still import a private module outside the catalogue, and why.
 PRIVATE_IMPORTS_OF_THE_CATALOGUE = {
     # on every Trainer(): the public re-exports would add modules to a plain run
-    "pytorch_accel.callbacks.defaults": {"pytorch_accel._checks", "pytorch_accel._batch_limits"},
-    "pytorch_accel.callbacks.limit_batches": {"pytorch_accel._batch_limits"},  # re-exports it
+    "pytorch_accel.callbacks.defaults": {"pytorch_accel._checks"},
     "pytorch_accel.callbacks.save_state": {"pytorch_accel._checkpointing.store"},
 }
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+import os
 import time
 import warnings
 from collections.abc import Iterable, Mapping
@@ -23,9 +24,10 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from pytorch_accel._batch_limits import limit_batches_from_environment
 from pytorch_accel._checks import check_bool, check_positive_int
 from pytorch_accel.callback import CallbackLike, TrainerCallback
+from pytorch_accel.compat import DefaultCallbacks
+from pytorch_accel.dataloaders import LIMIT_BATCHES_ENV_VAR, OLD_LIMIT_BATCHES_ENV_VAR
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.tracking import MetricCursor, get_logger, setup_logging
 
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_CALLBACKS",
+    "LIMIT_BATCHES_ENV_VAR",
     "LogMetricsCallback",
     "MoveModulesToDeviceCallback",
     "PrintProgressCallback",
@@ -601,13 +604,16 @@ def with_environment_callbacks(callbacks: Iterable[CallbackLike]) -> list[Callba
     Raises:
         ValueError: If ``PYTORCH_ACCEL_LIMIT_BATCHES`` holds something other than a count.
     """
-    callbacks = list(callbacks)
+    callbacks = list(DEFAULT_CALLBACKS if isinstance(callbacks, DefaultCallbacks) else callbacks)
     kinds = [callback if isinstance(callback, type) else type(callback) for callback in callbacks]
-    limit = limit_batches_from_environment()
-    if limit is not None:  # imported only then: a plain run does not load the module
-        from pytorch_accel.callbacks.limit_batches import LimitBatchesCallback
+    if os.environ.get(LIMIT_BATCHES_ENV_VAR) or os.environ.get(OLD_LIMIT_BATCHES_ENV_VAR):
+        from pytorch_accel.callbacks.limit_batches import (  # only then: a plain run reads less
+            LimitBatchesCallback,
+            limit_batches_from_environment,
+        )
 
-        if not any(issubclass(kind, LimitBatchesCallback) for kind in kinds):
+        limit = limit_batches_from_environment()
+        if limit is not None and not any(issubclass(k, LimitBatchesCallback) for k in kinds):
             callbacks.append(LimitBatchesCallback(limit))
             kinds.append(LimitBatchesCallback)
     _say_once_if_silent(kinds)

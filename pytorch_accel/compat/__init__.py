@@ -5,6 +5,8 @@
   (``trainer_module_attribute``), each imported from where it lives when first read, by name
   (PEP 562, as ``pytorch_accel.callbacks`` serves its catalogue), so the trainer module
   imports none of them (``TrainerWithTimmScheduler`` is a subclass of ``Trainer``).
+- Assigning ``Trainer.num_updates``, as pytorch-accelerated's timm examples do: it changes
+  what the property reads, with a deprecation warning (``warn_assigned_num_updates``).
 - The private attributes of pytorch-accelerated's ``Trainer`` that its examples and
   callbacks read (``TRAINER_ATTRIBUTES``), as read-only aliases (``with_ported_attributes``).
 
@@ -17,12 +19,19 @@ from __future__ import annotations
 
 import importlib
 import operator
-from typing import Any, TypeVar
+import warnings
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from pytorch_accel.callback import CallbackLike
 
 __all__ = [
     "TRAINER_ATTRIBUTES",
     "TRAINER_MODULE_NAMES",
+    "DefaultCallbacks",
     "trainer_module_attribute",
+    "warn_assigned_num_updates",
     "with_ported_attributes",
 ]
 
@@ -68,3 +77,28 @@ def with_ported_attributes(trainer_class: TrainerType) -> TrainerType:
         alias = property(operator.attrgetter(public), doc=f"``{public}``, under {ported!r}.")
         setattr(trainer_class, ported, alias)
     return trainer_class
+
+
+class DefaultCallbacks:
+    """``DEFAULT_CALLBACKS`` as ``Trainer(callbacks=...)``'s default: read when a trainer is made.
+
+    The trainer's ``with_environment_callbacks`` puts ``DEFAULT_CALLBACKS`` in its place; it is
+    iterable too, for code that reads the default (nothing is imported at import time).
+    """
+
+    def __iter__(self) -> Iterator[CallbackLike]:
+        return iter(trainer_module_attribute("DEFAULT_CALLBACKS"))
+
+    def __repr__(self) -> str:
+        return "DEFAULT_CALLBACKS"
+
+
+def warn_assigned_num_updates() -> None:
+    """Warn that assigning ``Trainer.num_updates`` changes only what it reads (once per value)."""
+    warnings.warn(
+        "Assigning Trainer.num_updates only changes what it reads: the trainer counts "
+        "the updates itself (and TrainerWithTimmScheduler steps timm schedulers with "
+        "that count).",
+        DeprecationWarning,
+        stacklevel=3,
+    )

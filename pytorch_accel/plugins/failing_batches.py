@@ -75,6 +75,7 @@ class FailingBatchGuard:
         self.skipped = 0
         self.skipped_in_epoch = 0
         self.skipped_indices: list[int] = []
+        self.last_skip_reason: str | None = None  # why the last skipped batch was skipped
         self._calls = 0
         self._num_processes = num_processes
         self._window_contributed = False
@@ -157,6 +158,7 @@ class FailingBatchGuard:
         self.skipped_in_epoch += 1
         self.skipped_indices.append(index)
         reason = "another process failed" if error is None else f"{type(error).__name__}: {error}"
+        self.last_skip_reason = reason
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         scope = {"training": "", "evaluation": " in one eval epoch"}.get(self.kind, "")
@@ -181,6 +183,20 @@ class FailingBatchGuard:
         """Whether a batch of the window that ends here was not skipped (it has gradients)."""
         contributed, self._window_contributed = self._window_contributed, False
         return contributed
+
+    def refuse_all_skipped(self, skipped: int, batches: int) -> None:
+        """Raise if an epoch skipped every one of its ``batches`` (it has no loss to record).
+
+        Both counts are agreed across processes, so every process raises at the same point.
+        """
+        if batches == 0 or skipped < batches:
+            return
+        raise RuntimeError(
+            f"{self.where}: every {self.kind} batch of the epoch failed and was skipped "
+            f"({skipped} of {batches}; skip_failing_batches allows {self.policy.max_skipped}), "
+            f"so it has no loss to record; the last: {self.last_skip_reason}. Fix what makes "
+            "the batches fail (or run without skip_failing_batches to see its traceback)."
+        )
 
     def finish_epoch(self, history: RunHistory) -> None:
         """Record the epoch's skipped batches in the run history and start counting afresh."""

@@ -28,15 +28,15 @@ import numpy as np
 import torch
 from torch.utils.data import Subset
 
-from pytorch_accel._state import PreparedTrainer
+from pytorch_accel._state import PreparedTrainer, fewer_batches
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.distributed import main_process_object
 from pytorch_accel.outputs import redirect_outputs
 from pytorch_accel.tracking import InMemoryRunHistory, get_logger
 
 if TYPE_CHECKING:
-    from pytorch_accel._entry_checks import TrainArguments
     from pytorch_accel._state import Preparation, TrainerState
+    from pytorch_accel.run_config import TrainArguments
     from pytorch_accel.run_directory import RunDirectory
 
 __all__ = [
@@ -68,8 +68,7 @@ def run_dry_or_overfit(trainer: ToolTrainer, arguments: TrainArguments) -> bool:
     if arguments.dry_run:
         num_batches = DRY_RUN_BATCHES if arguments.dry_run is True else int(arguments.dry_run)
         with trial_run(trainer, num_batches) as directory:
-            settings = dataclasses.replace(
-                arguments,
+            settings = arguments.replace(
                 num_epochs=1,
                 resume_from=None,
                 dry_run=False,
@@ -91,8 +90,7 @@ def run_dry_or_overfit(trainer: ToolTrainer, arguments: TrainArguments) -> bool:
         dataset, range(min(len(dataset), arguments.overfit_batches * batch_size * processes))
     )
     loader_kwargs = {**(arguments.train_dataloader_kwargs or {}), "shuffle": False}
-    settings = dataclasses.replace(
-        arguments,
+    settings = arguments.replace(
         train_dataset=subset,
         eval_dataset=subset,
         train_dataloader_kwargs=loader_kwargs,
@@ -112,11 +110,12 @@ def trial_run(trainer: ToolTrainer, num_batches: int) -> Iterator[Path]:
     trainer is as it was (``Snapshot``, the history and the limits).
     """
     callbacks = trainer.callback_handler.callbacks
-    kept = (trainer.run_history, trainer.limit_train_batches, trainer.limit_eval_batches)
+    history = trainer.run_history
     chosen_rates = trainer._state.chosen_rates
-    run_updates = trainer._state.global_num_updates
+    run_updates = trainer.global_num_updates
     try:
         with Snapshot.taken(trainer), contextlib.ExitStack() as stack:
+            stack.enter_context(fewer_batches(trainer, num_batches))
             directory = stack.enter_context(_temporary_directory(trainer))
             stack.enter_context(trainer._run_directory.set_aside(directory / "run", callbacks))
             for index, callback in enumerate(callbacks):
@@ -125,15 +124,13 @@ def trial_run(trainer: ToolTrainer, num_batches: int) -> Iterator[Path]:
                     stack.enter_context(redirect_outputs(callback, own))
             trainer.dry_run_dir = directory
             trainer.run_history = InMemoryRunHistory()
-            trainer.limit_train_batches = _lowest(trainer.limit_train_batches, num_batches)
-            trainer.limit_eval_batches = _lowest(trainer.limit_eval_batches, num_batches)
             yield directory
     finally:
         trainer.dry_run_dir = None
         trainer._state.chosen_rates = chosen_rates.moved_to(trainer.optimizer)
         # num_updates tells the dry run's updates, as before; the run's count is as it was
         trainer._state.updates_before = run_updates - trainer._state.num_updates
-        trainer.run_history, trainer.limit_train_batches, trainer.limit_eval_batches = kept
+        trainer.run_history = history
 
 
 @dataclasses.dataclass
@@ -219,10 +216,6 @@ def _temporary_directory(trainer: ToolTrainer) -> Iterator[Path]:
 def _bare_model(trainer: ToolTrainer) -> torch.nn.Module:
     """The model without distributed or ``torch.compile`` wrappers (its keys do not change)."""
     return trainer.accelerator.unwrap_model(trainer.model, keep_torch_compile=False)  # type: ignore[no-any-return]
-
-
-def _lowest(limit: int | None, num_batches: int) -> int:
-    return num_batches if limit is None else min(limit, num_batches)
 
 
 def _copied_to_cpu(value: Any) -> Any:
