@@ -44,8 +44,8 @@ from pytorch_accel.tracking import RunHistory
 
 if TYPE_CHECKING:
     from pytorch_accel._state import Preparation, TrainerState
+    from pytorch_accel.protocols import TrainerLike as Trainer
     from pytorch_accel.run_config import TrainArguments, TrainerRunConfig
-    from pytorch_accel.trainer import Trainer
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -16,7 +16,7 @@ import dataclasses
 import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import torch
 from accelerate import Accelerator
@@ -34,12 +34,13 @@ from pytorch_accel._checkpointing.resume import (
 from pytorch_accel._checkpointing.streams import track_stream_position
 from pytorch_accel.dataloaders import default_dataloader_kwargs, loader_settings, named_eval_sets
 from pytorch_accel.errors import StopTrainingError
+from pytorch_accel.failing_batches import skip_policy
+from pytorch_accel.protocols import TrainerLike
 from pytorch_accel.run_config import (
     ChosenRates,
     TrainArguments,
     TrainerRunConfig,
     create_run_config,
-    guard_steps,
     scale_learning_rates,
 )
 from pytorch_accel.schedulers.stepping import SchedulerStepping
@@ -47,15 +48,21 @@ from pytorch_accel.tracking import LoggedMetrics, LossTracker
 
 if TYPE_CHECKING:
     from pytorch_accel._checkpointing.staging import PendingSave
-    from pytorch_accel.failing_batches import FailingBatchGuard
-    from pytorch_accel.micro_batches import MicroBatchSplitter
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.plugins.failing_batches import FailingBatchGuard
+    from pytorch_accel.plugins.micro_batches import MicroBatchSplitter
 
-__all__ = ["Preparation", "TrainerState", "fewer_batches"]
+__all__ = ["Preparation", "PreparedTrainer", "TrainerState", "fewer_batches"]
+
+
+class PreparedTrainer(TrainerLike, Protocol):
+    """A trainer as its preparation sees it: its public surface and its dataloaders' arguments."""
+
+    _train_dl_kwargs: dict[str, Any]
+    _eval_dl_kwargs: dict[str, Any]
 
 
 @contextlib.contextmanager
-def fewer_batches(trainer: Trainer, num_batches: int, *, train: bool = True) -> Iterator[None]:
+def fewer_batches(trainer: TrainerLike, num_batches: int, *, train: bool = True) -> Iterator[None]:
     """Run at most ``num_batches`` batches per eval epoch (and train epoch) inside the block.
 
     The one mechanism for fewer batches is the trainer's ``limit_eval_batches`` and
@@ -104,6 +111,8 @@ class TrainerState:
         sanity_checking: Whether the eval epochs are the sanity check before training.
         chosen_rates: The learning rates the user chose, kept across runs (``auto_scale_lr``).
         pending_save: A training state being written in the background, if any.
+        eval_batch_size: ``evaluate()``'s and ``predict()``'s default per-device batch size:
+            the last ``train()``'s (8 before any).
     """
 
     def __init__(self) -> None:
@@ -113,6 +122,7 @@ class TrainerState:
         self.eval_step = 0
         self.num_updates = 0
         self.updates_before = 0
+        self.eval_batch_size = 8
         self.running = False
         self.savable: Literal["step", "epoch", "end"] | None = None
         self.stop_request: StopTrainingError | None = None
@@ -174,6 +184,20 @@ class TrainerState:
             "on_train_step_end or on_training_run_epoch_end, or outside train()."
         )
 
+    def guard_steps(self, arguments: TrainArguments, num_processes: int) -> None:
+        """Set the run's step guards: failing batches, micro-batches (probing in a trial)."""
+        skip = arguments.skip_failing_batches  # an int: the limit of a SkipFailingBatches
+        policy = None if skip is None else skip_policy("Trainer.train", skip)
+        self.failing_batches = self.micro_batches = None
+        if policy is not None:  # the step guards are plugins, imported when asked for
+            from pytorch_accel.plugins.failing_batches import FailingBatchGuard
+
+            self.failing_batches = FailingBatchGuard(policy, num_processes)
+        if self.probing or arguments.on_oom == "split":
+            from pytorch_accel.plugins.micro_batches import MicroBatchSplitter
+
+            self.micro_batches = MicroBatchSplitter(num_processes, probe=self.probing)
+
     def poll_save(self) -> None:
         """At a step boundary: complete the save written in the background if it is written."""
         if self.pending_save is not None and self.pending_save.poll():
@@ -211,7 +235,7 @@ class Preparation:
     @contextlib.contextmanager
     def prepared(
         self,
-        trainer: Trainer,
+        trainer: PreparedTrainer,
         train_dl: DataLoader[Any] | None,
         eval_dls: Mapping[str | None, DataLoader[Any]],
     ) -> Iterator[None]:
@@ -239,7 +263,7 @@ class Preparation:
                 _release_workers(dataloader)
 
     def build_dataloaders(
-        self, trainer: Trainer, arguments: TrainArguments
+        self, trainer: PreparedTrainer, arguments: TrainArguments
     ) -> tuple[DataLoader[Any], dict[str | None, DataLoader[Any]]]:
         """Return a run's dataloaders: those the user built, or built by ``trainer``'s hooks."""
         a, batch_size = arguments, arguments.per_device_batch_size or 8
@@ -254,7 +278,7 @@ class Preparation:
 
     def build_eval_dataloaders(
         self,
-        trainer: Trainer,
+        trainer: PreparedTrainer,
         evaluation: Any,
         batch_size: int,
         eval_kwargs: Mapping[str, Any] | None,
@@ -301,7 +325,9 @@ class Preparation:
             collate_fn=collate_fn,
         )
 
-    def training_run_config(self, trainer: Trainer, arguments: TrainArguments) -> TrainerRunConfig:
+    def training_run_config(
+        self, trainer: PreparedTrainer, arguments: TrainArguments
+    ) -> TrainerRunConfig:
         """Describe a ``train()`` run over its prepared dataloaders, and finish its set-up.
 
         (Scale the learning rates; keep the failing-batch guard and micro-batch splitter.)
@@ -313,10 +339,10 @@ class Preparation:
         )
         base, total = arguments.auto_scale_lr, config.train_total_batch_size
         factor = scale_learning_rates(trainer.optimizer, total, base, state.chosen_rates)
-        guard_steps(arguments, state, accelerator.num_processes)
+        state.guard_steps(arguments, accelerator.num_processes)
         return dataclasses.replace(config, lr_scale_factor=factor)
 
-    def prepare_model_and_optimizer(self, trainer: Trainer) -> None:
+    def prepare_model_and_optimizer(self, trainer: TrainerLike) -> None:
         """Prepare ``trainer.model`` and ``trainer.optimizer``, each once, and assign them back."""
         accelerator = self._accelerator
         model_ready = trainer.model is self._prepared[0] and not self._trainable_set_changed()
@@ -446,7 +472,7 @@ def _direct_optimizer(accelerator: Accelerator, optimizer: object) -> torch.opti
     return inner if forwarding else None
 
 
-def _adopt(trainer: Trainer, role: str, data: Any) -> DataLoader[Any] | None:
+def _adopt(trainer: PreparedTrainer, role: str, data: Any) -> DataLoader[Any] | None:
     """Set the trainer's ``<role>_dataset`` from ``data``; return ``data`` if a DataLoader."""
     loader = data if isinstance(data, DataLoader) else None
     setattr(trainer, f"{role}_dataset", data if loader is None else loader.dataset)

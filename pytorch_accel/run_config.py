@@ -21,7 +21,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sized
 from dataclasses import dataclass, fields
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -30,11 +30,6 @@ from accelerate.utils import DistributedType, set_seed
 from pytorch_accel._checks import fail
 from pytorch_accel.dataloaders import num_batches
 from pytorch_accel.distributed import effective_mixed_precision
-from pytorch_accel.failing_batches import FailingBatchGuard, skip_policy
-from pytorch_accel.micro_batches import MicroBatchSplitter
-
-if TYPE_CHECKING:
-    from pytorch_accel._state import TrainerState
 
 __all__ = [
     "CUBLAS_WORKSPACE_CONFIG",
@@ -44,7 +39,6 @@ __all__ = [
     "apply_randomness",
     "bare_compiled_models",
     "create_run_config",
-    "guard_steps",
     "optimizer_not_loaded",
     "recorded",
     "scale_learning_rates",
@@ -299,15 +293,6 @@ def apply_randomness(arguments: TrainArguments, accelerator: Accelerator) -> Non
         torch.backends.cudnn.benchmark = arguments.cudnn_benchmark
     if arguments.seed is not None:
         set_seed(arguments.seed + (accelerator.process_index if arguments.seed_per_rank else 0))
-
-
-def guard_steps(arguments: TrainArguments, state: TrainerState, num_processes: int) -> None:
-    """Give ``state`` the run's guard of failing batches and splitter (probing in a trial)."""
-    skip = arguments.skip_failing_batches  # an int: the limit of a SkipFailingBatches
-    policy = None if skip is None else skip_policy("Trainer.train", skip)
-    state.failing_batches = None if policy is None else FailingBatchGuard(policy, num_processes)
-    split = state.probing or arguments.on_oom == "split"
-    state.micro_batches = MicroBatchSplitter(num_processes, probe=state.probing) if split else None
 
 
 @contextlib.contextmanager

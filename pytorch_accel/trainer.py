@@ -1,17 +1,16 @@
 """The ``Trainer``: the facade of the training loop, customised by step methods and callbacks.
 
 ``docs/architecture.md`` maps the layers below it; its pytorch-accelerated names come from
-``_compat``.
+``pytorch_accel.compat``.
 """
 
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from accelerate import Accelerator
@@ -22,18 +21,15 @@ from pytorch_accel import _entry_checks as checks
 from pytorch_accel._batches import dict_batch_loss, inputs_and_targets, predictions_of
 from pytorch_accel._checkpointing.checkpoint import restore_checkpoint, write_checkpoint
 from pytorch_accel._checkpointing.training_state import TrainingStateIO
-from pytorch_accel._compat import DefaultCallbacks, with_ported_attributes
-from pytorch_accel._compat import trainer_module_attribute as __getattr__  # noqa: F401
-from pytorch_accel._dry_run import run_dry_or_overfit
 from pytorch_accel._loop import Loop
 from pytorch_accel._state import Preparation, TrainerState
-from pytorch_accel.batch_size_search import find_batch_size
 from pytorch_accel.callback import CallbackHandler, CallbackLike, announces_exceptions
+from pytorch_accel.compat import DefaultCallbacks, warn_assigned_num_updates, with_ported_attributes
+from pytorch_accel.compat import trainer_module_attribute as __getattr__  # noqa: F401
 from pytorch_accel.dataloaders import merge_dataloader_kwargs
 from pytorch_accel.distributed import apply_fsdp_request, create_accelerator
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.failing_batches import SkipFailingBatches
-from pytorch_accel.lr_finder import find_lr
 from pytorch_accel.placeholders import (
     TrainerPlaceholderValues,
     check_resolved,
@@ -53,7 +49,10 @@ from pytorch_accel.tracking import (
     RunHistory,
 )
 
-__all__ = [  # DEFAULT_CALLBACKS and the other ported names: served by __getattr__ (_compat)
+if TYPE_CHECKING:
+    from pytorch_accel.tools.lr_finder import LRFinderResult
+
+__all__ = [  # DEFAULT_CALLBACKS and the other ported names: served by __getattr__ (compat)
     "Trainer",
     "TrainerPlaceholderValues",
     "replace_trainer_placeholder_values",
@@ -89,7 +88,7 @@ class Trainer:
             the epoch starts.
         dry_run_dir: During ``train(dry_run=...)``, the temporary directory the dry run writes
             to (``None`` otherwise). Callbacks declare their files with
-            ``TrainerCallback.redirect_outputs``; one that does not may write under it then.
+            ``outputs.RedirectsOutputs``; one that does not may write under it then.
         progress_interval: Seconds below which the progress events (``on_train_progress``,
             ``on_eval_progress``) double the steps between them, 0.05 by default; 0 fires them
             after every step. Read when each epoch starts.
@@ -134,7 +133,6 @@ class Trainer:
         self.train_dataset: Any = None
         self.eval_dataset: Any = None
         self.run_config: TrainerRunConfig | None = None
-        self._eval_batch_size = 8  # evaluate()'s and predict()'s: the last train()'s
         self._train_dl_kwargs: dict[str, Any] = {}
         self._eval_dl_kwargs: dict[str, Any] = {}
         self.limit_train_batches: int | None = None
@@ -221,13 +219,7 @@ class Trainer:
     @num_updates.setter
     def num_updates(self, value: int | None) -> None:
         if value is not None and self._assigned_num_updates is None:
-            warnings.warn(
-                "Assigning Trainer.num_updates only changes what it reads: the trainer counts "
-                "the updates itself (and TrainerWithTimmScheduler steps timm schedulers with "
-                "that count).",
-                DeprecationWarning,
-                stacklevel=2,
-            )
+            warn_assigned_num_updates()
         self._assigned_num_updates = value
 
     @property
@@ -406,6 +398,8 @@ class Trainer:
         arguments = TrainArguments.bind(Trainer.train, locals())
         checks.check_train_arguments(self, Trainer, arguments)
         if arguments.dry_run or arguments.overfit_batches is not None:
+            from pytorch_accel.tools._dry_run import run_dry_or_overfit
+
             run_dry_or_overfit(self, arguments)  # train() again, with the run's settings
             return
         if (run_directory := self._run_directory).output_dir is not None:
@@ -424,7 +418,7 @@ class Trainer:
                 eval_dataloader_kwargs=self._eval_dl_kwargs,
             )
             self.run_config = self._preparation.training_run_config(self, arguments)
-            self._eval_batch_size = self.run_config.train_per_device_batch_size or 8
+            self._state.eval_batch_size = self.run_config.train_per_device_batch_size or 8
             self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
             self._state.start_counting(continue_run=not reset_run_history)
             self.optimizer.zero_grad()  # a stop inside an accumulation window leaves gradients
@@ -474,7 +468,7 @@ class Trainer:
         if self._run_directory.output_dir is not None:
             self._run_directory.place(self.callback_handler.callbacks)
         loaders = self._preparation.build_eval_dataloaders(
-            self, dataset, batch_size or self._eval_batch_size, dataloader_kwargs
+            self, dataset, batch_size or self._state.eval_batch_size, dataloader_kwargs
         )
         with self._preparation.prepared(self, None, loaders):
             checks.check_has_batches(
@@ -534,7 +528,7 @@ class Trainer:
             collate_fn,
             self._preparation,
             keep_outputs,
-            default_batch_size=self._eval_batch_size,
+            default_batch_size=self._state.eval_batch_size,
         )
         self._preparation.prepare_model_and_optimizer(self)
         with self._preparation.prepared_for_prediction(loader) as prepared:
@@ -542,10 +536,9 @@ class Trainer:
 
     @announces_exceptions
     def find_batch_size(self, train_dataset: Any, **kwargs: Any) -> int:
-        """Return the largest per-device batch size that trains, leaving everything as it was.
+        """The largest per-device batch size that trains: ``tools.batch_size_search``'s."""
+        from pytorch_accel.tools.batch_size_search import find_batch_size
 
-        The arguments: ``pytorch_accel.batch_size_search.find_batch_size``.
-        """
         return find_batch_size(self, train_dataset, **kwargs)
 
     def create_scheduler(self) -> Any:
@@ -773,7 +766,12 @@ class Trainer:
             self.model, keep_torch_compile=keep_torch_compile
         )
 
-    find_lr = announces_exceptions(find_lr)  # the learning-rate range test (lr_finder)
+    @announces_exceptions
+    def find_lr(self, train_dataset: Any, **kwargs: Any) -> LRFinderResult:
+        """The learning-rate range test: ``tools.lr_finder.find_lr`` (arguments, result)."""
+        from pytorch_accel.tools.lr_finder import find_lr
+
+        return find_lr(self, train_dataset, **kwargs)
 
     # ------------------------------------------------------------------------ dataloaders
 

@@ -74,7 +74,7 @@ from pytorch_accel.tracking import setup_logging
 
 if TYPE_CHECKING:
     from pytorch_accel._state import TrainerState
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike as Trainer
 
 __all__ = ["TrainingStateIO"]
 

@@ -15,12 +15,12 @@ import weakref
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._checks import check_positive_int, fail
 from pytorch_accel.callback import TrainerCallback
-from pytorch_accel.callbacks.defaults import LIMIT_BATCHES_ENV_VAR, OLD_LIMIT_BATCHES_ENV_VAR
+from pytorch_accel.checks import check_positive_int, fail
+from pytorch_accel.dataloaders import LIMIT_BATCHES_ENV_VAR, OLD_LIMIT_BATCHES_ENV_VAR
 
 if TYPE_CHECKING:
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike
 
 __all__ = [
     "LIMIT_BATCHES_ENV_VAR",
@@ -134,15 +134,15 @@ class LimitBatchesCallback(TrainerCallback):
     def __init__(self, num_batches: int) -> None:
         check_positive_int("LimitBatchesCallback", "num_batches", num_batches)
         self.num_batches = num_batches
-        self._trainers: weakref.WeakSet[Trainer] = weakref.WeakSet()
+        self._trainers: weakref.WeakSet[TrainerLike] = weakref.WeakSet()
 
-    def on_init_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_init_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Set both limits on the new trainer."""
         trainer.limit_train_batches = self.num_batches
         trainer.limit_eval_batches = self.num_batches
         self._trainers.add(trainer)
 
-    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Fail if the callback was added after the trainer was created."""
         if trainer not in self._trainers:
             raise ValueError(
