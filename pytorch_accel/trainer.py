@@ -296,103 +296,77 @@ class Trainer:
     ) -> None:
         """Train for ``num_epochs`` (or ``max_num_train_steps`` updates, whichever ends first).
 
-        This signature and the Args below are the one declaration of ``train()``'s arguments:
-        the checks (``_entry_checks.TRAIN_CHECKS``), the run config and the table of the
-        Trainer page are derived from them.
+        This signature and its Args are the one declaration of the arguments: the checks
+        (``_entry_checks.TRAIN_CHECKS``), the run config and the Trainer page derive from them.
 
         Args:
             train_dataset: A map-style dataset (with ``__len__``), at least one batch per
                 process, or an ``IterableDataset`` ([with ``max_num_train_steps``](
                 training-loop.md#runs-counted-in-updates-and-iterabledatasets)); or a
                 ``DataLoader`` you built over one (its sampler, batch sampler and collate
-                function are kept; accelerate shards it). With a ``DataLoader``, leave
-                ``per_device_batch_size``, ``train_dataloader_kwargs`` and ``collate_fn`` out
-                (a ``ValueError`` otherwise, before anything is reset).
-            num_epochs: Epochs (passes through the data) to train for in this call. May be left
-                out with ``max_num_train_steps``: as many passes as the updates need ([runs
-                counted in updates](
+                function are kept; accelerate shards it), without ``per_device_batch_size``,
+                ``train_dataloader_kwargs`` and ``collate_fn``.
+            num_epochs: Epochs (passes through the data) to train for in this call; ``None``
+                with ``max_num_train_steps``: as many as its updates need ([details](
                 training-loop.md#runs-counted-in-updates-and-iterabledatasets)).
-            eval_dataset: If given, evaluated after training epochs: a dataset or a
+            eval_dataset: Evaluated after training epochs, if given: a dataset or a
                 ``DataLoader``, or a mapping of [named eval sets](trainer.md#several-eval-sets)
-                ``{"val": ..., "ood": ...}``, each evaluated in turn with its metrics named
-                ``<name>_...`` (``val_eval_loss_epoch``, ``ood_accuracy``).
-            per_device_batch_size: Batch size on each process, for both dataloaders built from
+                ``{"val": ..., "ood": ...}`` (metrics ``val_eval_loss_epoch``, ...).
+            per_device_batch_size: Batch size on each process of the dataloaders built from
                 datasets (8 when not given).
             max_num_train_steps: Stop after this many optimizer updates on each process
-                ([details](training-loop.md#limiting-the-number-of-updates)). Required without
+                ([details](training-loop.md#limiting-the-number-of-updates)); required without
                 ``num_epochs``, and for an ``IterableDataset``.
             gradient_accumulation_steps: Micro-batches per optimizer update ([details](
                 training-loop.md#gradient-accumulation)).
-            gradient_clip_value: Clip each gradient element to ``[-value, value]`` before each
-                update.
+            gradient_clip_value: Clip each gradient element to ``[-value, value]``.
             create_scheduler_fn: ``optimizer -> scheduler``, usually a ``functools.partial``
                 with [placeholders](trainer.md#placeholders) (``TrainerPlaceholderValues``).
             train_dataloader_kwargs: Override the train ``DataLoader``'s [defaults](
                 trainer.md#dataloader-defaults).
             eval_dataloader_kwargs: Override the eval ``DataLoader``'s [defaults](
                 trainer.md#dataloader-defaults).
-            reset_run_history: ``True``: a new run, with a fresh run history. ``False``:
-                continue the run of the earlier calls: their metrics, epoch count and update
-                count ([several ``train()`` calls](
-                trainer.md#several-train-calls-stages-of-one-run)).
+            reset_run_history: ``False``: continue the run of the earlier calls (metrics, epoch
+                and update counts; [details](trainer.md#several-train-calls-stages-of-one-run)).
             collate_fn: The collate function of both dataloaders.
-            max_grad_norm: Clip the global gradient norm before each update. Not together with
-                ``gradient_clip_value``.
-            resume_from: A training state directory (written by ``save_training_state`` or
-                ``SaveTrainingStateCallback``), or ``"latest"`` (the newest complete state in
-                the ``save_dir`` of the trainer's ``SaveTrainingStateCallback``, starting afresh
-                if there is none yet), to continue a saved run exactly; pass the saved run's
-                other arguments unchanged ([resuming a run](
-                checkpointing.md#resuming-a-run)).
-            eval_every_n_epochs: Evaluate after every this many epochs of the run, and always
-                after its last ([details](
-                trainer.md#how-often-to-evaluate-and-the-sanity-evaluation)). 1 by default.
+            max_grad_norm: Clip the global gradient norm (not with ``gradient_clip_value``).
+            resume_from: A training state's directory (``save_training_state``,
+                ``SaveTrainingStateCallback``), or ``"latest"`` (the newest in the callback's
+                ``save_dir``; none yet: start afresh), to continue a saved run exactly, with its
+                other arguments ([resuming a run](checkpointing.md#resuming-a-run)).
+            eval_every_n_epochs: Evaluate after every this many epochs, and after the last
+                ([details](trainer.md#how-often-to-evaluate-and-the-sanity-evaluation)).
             sanity_eval_batches: Before the first epoch, evaluate this many batches of every
                 eval set through the eval step and every callback, so that a broken evaluation
-                fails in seconds rather than after an epoch; the run's weights and history are
-                unchanged. 0 (off) by default.
+                fails in seconds; weights and history are unchanged. 0: off.
             seed: Seed ``random``, NumPy and torch (all devices) before anything draws
-                ([details](run-setup.md#seeding-and-determinism)); recorded in the run config
-                and training states.
-            seed_per_rank: Seed each process with ``seed + process_index``, so each draws
-                differently ([details](run-setup.md#seeding-and-determinism)).
+                ([details](run-setup.md#seeding-and-determinism)); recorded in the run config.
+            seed_per_rank: Seed each process with ``seed + process_index``.
             deterministic: Use deterministic algorithms (torch, cuDNN, cuBLAS); ``False`` leaves
-                torch's settings as they are ([details](run-setup.md#seeding-and-determinism)).
-            cudnn_benchmark: Set ``torch.backends.cudnn.benchmark``; ``None`` leaves it
-                ([details](run-setup.md#seeding-and-determinism)).
+                torch's settings as they are.
+            cudnn_benchmark: Set ``torch.backends.cudnn.benchmark``; ``None`` leaves it.
             auto_scale_lr: A base batch size: scale the learning rates by the global batch size
                 (processes x per-device batch x accumulation) over it, once per run ([details](
                 run-setup.md#scaling-the-learning-rate-to-the-batch-size)).
-            resume_optimizer: With ``resume_from``: ``False`` resumes without the optimizer's
-                saved state, keeping this trainer's optimizer ([selective resume](
-                run-setup.md#selective-resume)).
-            resume_scheduler: With ``resume_from``: ``False`` resumes without the scheduler's
-                saved state; the scheduler starts afresh ([selective resume](
-                run-setup.md#selective-resume)).
+            resume_optimizer: ``False``: resume without the optimizer's saved state ([selective
+                resume](run-setup.md#selective-resume)).
+            resume_scheduler: ``False``: resume without the scheduler's saved state, which
+                starts afresh ([selective resume](run-setup.md#selective-resume)).
             skip_failing_batches: Skip training batches whose forward pass runs out of memory,
-                or which are empty, up to this many (an int), or as a ``SkipFailingBatches``
-                says; agreed across processes. ``None``: fail at once ([failing batches](
-                run-setup.md#failing-batches)).
+                or which are empty: up to this many, or as a ``SkipFailingBatches`` says
+                ([failing batches](run-setup.md#failing-batches)). ``None``: fail at once.
             on_oom: ``"split"``: a step that runs out of memory runs again in twice as many
-                micro-batches of the same total, to the run's end; the results do not change
+                micro-batches of the same total, to the run's end, with the same results
                 ([details](
                 tuning-and-diagnosis.md#out-of-memory-more-micro-batches-same-results)).
-                ``"raise"`` (the default): the error ends the run.
-            dry_run: Check the whole set-up instead of training: ``True`` (2) or N batches of
-                training and evaluation through every callback, with a save and a load of the
-                training state; weights, optimizer, scheduler, run history and callbacks' files
-                are left as they were ([dry runs](
-                run-setup.md#dry-runs-and-overfitting-a-few-batches)): callbacks' files go to a
-                temporary directory, through each callback's [``redirect_outputs``](
-                callbacks.md#callbacks-that-write-files).
-            overfit_batches: Train (and evaluate) on the first N batches only, in order
-                ([overfitting a few batches](
+            dry_run: Check the set-up instead of training: ``True`` (2) or N batches of training
+                and evaluation through every callback, a save and a load of the training state,
+                callbacks' files in a temporary directory; nothing of yours changes ([dry runs](
                 run-setup.md#dry-runs-and-overfitting-a-few-batches)).
-            run_name: Needs ``Trainer(output_dir=...)``. The run's directory under it (one name,
-                no ``/``), for this call and the trainer's later ones. A directory holding
-                another run's files is refused unless the call resumes. Left out: the trainer's
-                run (named by the time it was created), or with ``resume_from="latest"`` the run
-                under ``output_dir`` that holds the newest training state ([details](
+            overfit_batches: Train (and evaluate) on the first N batches only, in order.
+            run_name: With ``Trainer(output_dir=...)``: the run's directory under it, for this
+                call and later ones (default: the trainer's run, or the run holding the newest
+                state with ``resume_from="latest"``; [details](
                 tuning-and-diagnosis.md#one-output-directory-per-run)).
         """
         arguments = TrainArguments.bind(Trainer.train, locals())
