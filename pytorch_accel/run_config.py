@@ -68,9 +68,11 @@ class TrainArguments(Mapping[str, Any]):
 
     def __getattr__(self, name: str) -> Any:
         """The argument ``name``."""
+        if name.startswith("_"):  # not an argument (and ``_values`` itself, before __init__)
+            raise AttributeError(name)
         try:
             return self._values[name]
-        except (KeyError, AttributeError):  # AttributeError: before ``__init__`` (copies)
+        except KeyError:
             raise AttributeError(name) from None
 
     def __getitem__(self, name: str) -> Any:

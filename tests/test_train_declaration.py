@@ -7,6 +7,7 @@ table of docs/trainer.md derive from that declaration; these tests fail when one
 
 from __future__ import annotations
 
+import copy
 import inspect
 import re
 from pathlib import Path
@@ -90,6 +91,7 @@ def test_the_bound_arguments_are_the_signatures() -> None:
         arguments.replace(epochs=1)
     with pytest.raises(AttributeError):
         arguments.epochs  # noqa: B018
+    assert copy.copy(arguments) == arguments
 
 
 def test_the_run_config_takes_the_arguments_of_its_fields_names() -> None:
