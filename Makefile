@@ -32,7 +32,7 @@ typecheck: $(VENV)/.dev-installed
 	$(BIN)/mypy
 
 docs-build: $(VENV)/.dev-installed
-	$(BIN)/mkdocs build --strict --quiet
+	$(BIN)/mkdocs build --strict
 
 docs: $(VENV)/.dev-installed
 	$(BIN)/mkdocs serve

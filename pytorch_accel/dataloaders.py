@@ -37,6 +37,8 @@ from pytorch_accel._checks import fail
 
 __all__ = [
     "EVAL_SET_NAME_PATTERN",
+    "LIMIT_BATCHES_ENV_VAR",
+    "OLD_LIMIT_BATCHES_ENV_VAR",
     "default_dataloader_kwargs",
     "default_num_workers",
     "epoch_batches",
@@ -419,3 +421,10 @@ def _pass_through(dataloader: DataLoaderShard) -> Generator[Any, None, None]:
     yield current
     dataloader.iteration += 1
     dataloader.end()
+
+
+LIMIT_BATCHES_ENV_VAR = "PYTORCH_ACCEL_LIMIT_BATCHES"
+"""The environment variable that makes new trainers use at most that many batches per epoch."""
+
+OLD_LIMIT_BATCHES_ENV_VAR = "PT_ACC_LIMIT_BATCHES"
+"""pytorch-accelerated's name of ``LIMIT_BATCHES_ENV_VAR`` (read with a deprecation warning)."""

@@ -16,20 +16,21 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.utils import send_to_device
 
-from pytorch_accel._checks import check_bool, check_positive_int
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks.defaults import SEPARATOR, format_metrics
-from pytorch_accel.distributed import reduce_across_processes
+from pytorch_accel.checks import check_bool, check_positive_int
+from pytorch_accel.distributed import group_size
 from pytorch_accel.tracking import (
     LoggedValues,
     get_logger,
     logged_name,
+    read_with_logged,
     reduction_dtype,
     setup_logging,
 )
 
 if TYPE_CHECKING:
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike as Trainer
 
 __all__ = [
     "DEFAULT_LOG_EVERY_N_UPDATES",
@@ -56,7 +57,7 @@ class _Point:
     """One logging point whose values are still on the device."""
 
     step: int
-    packed: torch.Tensor  # loss sum, count, [grad norm], tensor lrs, logged parts
+    parts: list[Any]  # loss sum, count, [grad norm], tensor lrs: tensors or numbers
     reductions: list[str]
     lrs: list[Any]  # as the update used them: floats, or tensors (their values are in packed)
     grad_norm: bool
@@ -230,53 +231,54 @@ class StepMetrics:
             parts.append(self._grad_norm)
         parts += [lr for lr in lrs if isinstance(lr, torch.Tensor)]
         # the loss and sample count summed, the gradient norm and learning rates averaged
-        # (the same on every process), the logged values reduced as they were logged
+        # (the same on every process); the logged values are reduced as they were logged
+        # (the trainer's running sums are replaced, never changed in place: kept as they are)
         reductions = ["sum", "sum"] + ["mean"] * (len(parts) - 2)
-        logged_parts, logged_reductions = logged.parts()
-        device = trainer.device
-        dtype = reduction_dtype(device)
-        packed = torch.stack(
-            [torch.as_tensor(part).to(device, dtype) for part in parts + logged_parts]
-        )
         point = _Point(
             step=trainer.global_num_updates,
-            packed=packed,
-            reductions=reductions + logged_reductions,
+            parts=parts,
+            reductions=reductions,
             lrs=lrs,
             grad_norm=self._grad_norm is not None,
             logged=logged,
             seconds=time.perf_counter() - self._clock - self._paused,
-            memory=_max_memory_allocated_gb(device),
+            memory=_max_memory_allocated_gb(trainer.device),
         )
         self._reset_interval(time.perf_counter(), trainer.global_num_updates)
         return point
 
-    @staticmethod
     def flush(
-        points: list[_Point], across_processes: bool = True
+        self, points: list[_Point], across_processes: bool = True
     ) -> list[tuple[int, dict[str, float]]]:
-        """Read logging points on the host: one collective and one host read for all of them.
+        """Read logging points on the host, all at this one place.
 
-        Every process must call it with the same number of points of the same layout (unless
-        ``across_processes`` is ``False``: this process's values, for an exception).
+        In one process (or with ``across_processes=False``: this process's values, for an
+        exception), one host read for all of them. With several, each point's values and
+        logged names are exchanged as ``read_with_logged`` does (every process must call it
+        with the same points).
 
         Returns:
             ``(step, metrics)`` of each point, in order.
         """
         if not points:
             return []
-        packed = points[0].packed if len(points) == 1 else torch.cat([p.packed for p in points])
-        reductions = [reduction for point in points for reduction in point.reductions]
-        if across_processes:
-            packed = reduce_across_processes(packed, reductions)
-        values = packed.tolist()  # the one host read
-        read: list[tuple[int, dict[str, float]]] = []
-        offset = 0
-        for point in points:
-            size = len(point.reductions)
-            read.append((point.step, _metrics(point, values[offset : offset + size])))
-            offset += size
-        return read
+        device = self._device or torch.device("cpu")
+        if across_processes and group_size() > 1:
+            rows = [read_with_logged(p.parts, p.reductions, p.logged, device) for p in points]
+        else:
+            flat: list[Any] = []
+            sizes: list[int] = []
+            for point in points:
+                logged_parts, _ = point.logged.parts()
+                flat += [*point.parts, *logged_parts]
+                sizes.append(len(point.parts) + len(logged_parts))
+            dtype = reduction_dtype(device)
+            values = torch.stack(
+                [torch.as_tensor(part).to(device, dtype) for part in flat]
+            ).tolist()  # the one host read
+            starts = [sum(sizes[:index]) for index in range(len(sizes))]
+            rows = [values[start : start + size] for start, size in zip(starts, sizes, strict=True)]
+        return [(point.step, _metrics(point, row)) for point, row in zip(points, rows, strict=True)]
 
 
 def _metrics(point: _Point, values: list[float]) -> dict[str, float]:
@@ -462,7 +464,9 @@ class StepLoggingCallback(TrainerCallback):
             )
             return
         try:
-            for step, metrics in StepMetrics.flush(pending, across_processes=False):
+            steps = self.step_metrics
+            assert steps is not None  # points are only taken with an interval
+            for step, metrics in steps.flush(pending, across_processes=False):
                 self.log_step(trainer, metrics, step)
         except Exception as error:  # the run has failed already: that error is the one to see
             get_logger().warning("%s: could not log step metrics: %s", type(self).__name__, error)
@@ -490,5 +494,6 @@ class StepLoggingCallback(TrainerCallback):
     def _log_pending(self, trainer: Trainer) -> None:
         """Read the pending points (one collective, one host read) and log each, in order."""
         pending, self._pending = self._pending, []
-        for step, metrics in StepMetrics.flush(pending):
-            self.log_step(trainer, metrics, step)
+        if self.step_metrics is not None:
+            for step, metrics in self.step_metrics.flush(pending):
+                self.log_step(trainer, metrics, step)
