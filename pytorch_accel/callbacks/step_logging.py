@@ -44,7 +44,7 @@ DEFAULT_LOG_EVERY_N_UPDATES = 50
 ``log_every_n_steps`` default to 500 and 50)."""
 
 FLUSH_EVERY_N_UPDATES = 32
-"""Logging points are read (one host read, one collective) once they span this many updates.
+"""Logging points are read on the host together once they span this many updates.
 
 At the default interval (50) every point is read at once; logging every update reads once
 every 32 updates. The points are also read at each epoch's end, at the run's end, when a
@@ -71,9 +71,9 @@ class StepMetrics:
 
     Nothing is read on the host between logging points: the interval's loss is the difference
     of the trainer's on-device running sum (``trainer.train_loss_tracker``) between two points,
-    carried over epoch ends. At each logging point everything is stacked into one tensor
-    (``snapshot``); one or more points are combined across processes with one collective
-    (``reduce_across_processes``) and read with one ``tolist()`` (``flush``).
+    carried over epoch ends. Each logging point keeps its values on the device (``snapshot``);
+    ``flush`` reads one or more points at one place: in one process with one ``tolist()``, with
+    several each point's values and logged names exchanged as ``read_with_logged`` does.
 
     The metrics, by name:
 
@@ -336,8 +336,8 @@ class StepLoggingCallback(TrainerCallback):
     ``TrackingCallback`` does.
 
     Nothing is read on the host between reads: each logging point closes its interval on the
-    device, and the points are read together, with one host read and, with several processes,
-    one collective (every process must run the callback), once they span
+    device, and the points are read together (one host read in one process; with several, each
+    point's exchange, all at that place: every process must run the callback), once they span
     ``FLUSH_EVERY_N_UPDATES`` (32) updates, at each epoch's end, at the run's end and when a
     training state is saved; ``log_step`` is then called for each point in order, with the
     values it would have had if read at once. At the default interval every point is read at
@@ -492,7 +492,7 @@ class StepLoggingCallback(TrainerCallback):
             self._log_pending(trainer)
 
     def _log_pending(self, trainer: Trainer) -> None:
-        """Read the pending points (one collective, one host read) and log each, in order."""
+        """Read the pending points together and log each, in order."""
         pending, self._pending = self._pending, []
         if self.step_metrics is not None:
             for step, metrics in self.step_metrics.flush(pending):
