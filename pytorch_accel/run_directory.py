@@ -2,7 +2,7 @@
 
 With an output root, each run has a directory ``<output_dir>/<run name>``
 (``Trainer.run_dir``) under which the callbacks put the files whose paths the user left at
-their defaults (``TrainerCallback.place_outputs``). Without one, nothing here does anything.
+their defaults (``outputs.PlacesOutputs``). Without one, nothing here does anything.
 
 - **The run name** is the main process's local time when the trainer is created
   (``2026-11-24_19-40-05``, ``-2``... when taken), shared with every process; or
@@ -33,7 +33,8 @@ from pytorch_accel._checkpointing.store import newest_training_state
 from pytorch_accel._checks import check_path
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.distributed import main_process_object
-from pytorch_accel.logging_setup import setup_logging
+from pytorch_accel.outputs import place_outputs
+from pytorch_accel.tracking import setup_logging
 
 __all__ = ["RUN_NAME_FORMAT", "RunDirectory", "new_run_name"]
 
@@ -150,7 +151,7 @@ class RunDirectory:
             return
         for callback in callbacks:
             if isinstance(callback, TrainerCallback):
-                callback.place_outputs(path)
+                place_outputs(callback, path)
 
     @contextlib.contextmanager
     def set_aside(self, directory: Path, callbacks: Iterable[Any]) -> Iterator[None]:

@@ -9,9 +9,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._checkpointing.files import write_error
-from pytorch_accel._checks import check_choice, check_mapping, fail
-from pytorch_accel.callback import DefaultPath, RunPaths, redirected_paths
 from pytorch_accel.callbacks._metrics_csv import (
     STEP_COLUMN,
     UPDATE_COLUMN,
@@ -22,12 +19,15 @@ from pytorch_accel.callbacks._metrics_csv import (
 from pytorch_accel.callbacks._run_info import described
 from pytorch_accel.callbacks.defaults import format_metrics
 from pytorch_accel.callbacks.step_logging import DEFAULT_LOG_EVERY_N_UPDATES, StepLoggingCallback
+from pytorch_accel.checks import check_choice, check_mapping, fail
+from pytorch_accel.files import write_error
+from pytorch_accel.outputs import DefaultPath, RunPaths, redirected_paths
 from pytorch_accel.tracking import MetricCursor, get_logger, reported_float
 
 if TYPE_CHECKING:
     from accelerate.tracking import GeneralTracker
 
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike as Trainer
 
 __all__ = ["TrackingCallback", "hparams_of"]
 
