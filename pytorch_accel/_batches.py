@@ -120,7 +120,8 @@ def dict_batch_loss(
         missing_loss_func(batch, method)
     num_items = batch.get(NUM_ITEMS_IN_BATCH)
     if num_items is not None:  # before the model gets it (transformers' own error is raw)
-        check_num_items(num_items, method, f"batch[{NUM_ITEMS_IN_BATCH!r}]")
+        name = f"batch[{NUM_ITEMS_IN_BATCH!r}], returned as batch_output['num_items']"
+        check_num_items(num_items, method, name)
     if loss_func is None:
         outputs = model(**batch)
         if isinstance(outputs, (tuple, list)):  # return_dict=False: (loss, logits, ...)

@@ -495,7 +495,7 @@ def _check_dry_run(where: str, arguments: TrainArguments, trainer: Trainer) -> N
 
 
 def _check_train_data(where: str, arguments: TrainArguments, trainer: Trainer) -> None:
-    """Check ``train()``'s data (sets, run length, loader settings)."""
+    """Check ``train()``'s data: the sets, the run's length, no loader settings for loaders."""
     check_data(where, "train_dataset", arguments.train_dataset, streams=True)
     _check_run_length(where, arguments)
     common = {
@@ -517,14 +517,6 @@ def _check_train_data(where: str, arguments: TrainArguments, trainer: Trainer) -
             eval_dataloader_kwargs=arguments.eval_dataloader_kwargs,
             **common,
         )
-    check_positive_int(where, "eval_every_n_epochs", arguments.eval_every_n_epochs)
-    sanity = arguments.sanity_eval_batches
-    check_count(where, "sanity_eval_batches", sanity, minimum=0, resolved=True)
-    check_positive_int(
-        where, "per_device_batch_size", arguments.per_device_batch_size, allow_none=True
-    )
-    check_mapping(where, "train_dataloader_kwargs", arguments.train_dataloader_kwargs)
-    check_mapping(where, "eval_dataloader_kwargs", arguments.eval_dataloader_kwargs)
 
 
 def _check_eval_data(where: str, name: str, data: object, **settings: object) -> list[Any]:
@@ -595,8 +587,27 @@ def check_data(where: str, name: str, data: object, *, streams: bool = False) ->
     dataset = data.dataset if isinstance(data, DataLoader) else data
     if streams and isinstance(dataset, IterableDataset):
         return
+    if name == "train_dataset" and isinstance(data, Mapping):
+        _refuse_several_training_sets(where, data)
     label = f"{name}.dataset (of the DataLoader)" if isinstance(data, DataLoader) else name
     check_sized_dataset(where, label, dataset)
+
+
+def _refuse_several_training_sets(where: str, sets: Mapping[Any, Any]) -> None:
+    """Refuse a mapping of training sets (issue 41): a dict is no dataset, whatever its size."""
+    keys = list(sets)
+    shown = ", ".join(repr(key) for key in keys[:6]) + (", ..." if len(keys) > 6 else "")
+    raise TypeError(
+        f"{where}: train_dataset must be one dataset, got a {type(sets).__name__} of "
+        f"{len(keys)} entries (keys {shown}): several training sets as a mapping are not supported "
+        "(a mapping of eval sets is, as eval_dataset). Concatenate them into one, "
+        "torch.utils.data.ConcatDataset(list(train_sets.values())), with a sampler to weight "
+        "them if needed (a WeightedRandomSampler in train_dataloader_kwargs), or pass one of "
+        f"them, e.g. train_dataset=train_sets[{keys[0]!r}]."
+        if keys
+        else f"{where}: train_dataset must be one dataset, got an empty "
+        f"{type(sets).__name__}. Pass a dataset with samples."
+    )
 
 
 def _check_run_length(where: str, arguments: TrainArguments) -> None:
@@ -660,6 +671,7 @@ def predict_dataloader(
     collate_fn: Callable[..., Any] | None,
     preparation: Preparation,
     keep_outputs: object = True,
+    default_batch_size: int = 8,
 ) -> DataLoader[Any]:
     """Check ``Trainer.predict``'s arguments; return the user's dataloader or build one."""
     where = "Trainer.predict"
@@ -693,7 +705,7 @@ def predict_dataloader(
             )
         return data
     check_sized_dataset(where, "data", data)
-    batch_size = 8 if per_device_batch_size is None else per_device_batch_size
+    batch_size = default_batch_size if per_device_batch_size is None else per_device_batch_size
     check_positive_int(where, "per_device_batch_size", batch_size)
     check_mapping(where, "dataloader_kwargs", dataloader_kwargs)
     for key, why in _PREDICT_REFUSED.items():
@@ -800,45 +812,39 @@ TrainCheck = Callable[[str, "TrainArguments", "Trainer"], None]
 """A check of ``train()``'s arguments: ``check(where, arguments, trainer)`` raises if bad."""
 
 
-def _check_reset_run_history(where: str, arguments: TrainArguments, trainer: Trainer) -> None:
-    fix = "Pass reset_run_history=False to continue the run history of earlier calls."
-    value = arguments.reset_run_history
-    check_bool(where, "reset_run_history", value, expected="True or False", fix=fix)
-
-
-def _check_accumulation(where: str, arguments: TrainArguments, trainer: Trainer) -> None:
-    steps = arguments.gradient_accumulation_steps
-    check_positive_int(where, "gradient_accumulation_steps", steps)
-
-
-def _check_scheduler_fn(where: str, arguments: TrainArguments, trainer: Trainer) -> None:
-    fix = "Pass a function optimizer -> scheduler, e.g. functools.partial(StepLR, step_size=10)."
-    check_callable(where, "create_scheduler_fn", arguments.create_scheduler_fn, fix)
-
-
-def _check_collate_fn(where: str, arguments: TrainArguments, trainer: Trainer) -> None:
-    check_callable(where, "collate_fn", arguments.collate_fn, "Pass a function or None.")
+def _one(check: Callable[..., None], name: str, *args: Any, **options: Any) -> TrainCheck:
+    """The check of one argument's value alone: ``check(where, name, value, *args, **options)``."""
+    return lambda where, arguments, trainer: check(where, name, arguments[name], *args, **options)
 
 
 TRAIN_CHECKS: dict[str, TrainCheck] = {
-    "reset_run_history": _check_reset_run_history,
+    "reset_run_history": _one(
+        check_bool,
+        "reset_run_history",
+        expected="True or False",
+        fix="Pass reset_run_history=False to continue the run history of earlier calls.",
+    ),
     "resume_from": _check_resume,
     "resume_optimizer": _check_resume,
     "resume_scheduler": _check_resume,
     "train_dataset": _check_train_data,
     "num_epochs": _check_train_data,
     "max_num_train_steps": _check_train_data,
-    "per_device_batch_size": _check_train_data,
-    "train_dataloader_kwargs": _check_train_data,
     "eval_dataset": _check_train_data,
-    "eval_dataloader_kwargs": _check_train_data,
-    "eval_every_n_epochs": _check_train_data,
-    "sanity_eval_batches": _check_train_data,
-    "gradient_accumulation_steps": _check_accumulation,
+    "eval_every_n_epochs": _one(check_positive_int, "eval_every_n_epochs"),
+    "sanity_eval_batches": _one(check_count, "sanity_eval_batches", minimum=0, resolved=True),
+    "per_device_batch_size": _one(check_positive_int, "per_device_batch_size", allow_none=True),
+    "train_dataloader_kwargs": _one(check_mapping, "train_dataloader_kwargs"),
+    "eval_dataloader_kwargs": _one(check_mapping, "eval_dataloader_kwargs"),
+    "gradient_accumulation_steps": _one(check_positive_int, "gradient_accumulation_steps"),
     "gradient_clip_value": _check_clipping,
     "max_grad_norm": _check_clipping,
-    "create_scheduler_fn": _check_scheduler_fn,
-    "collate_fn": _check_collate_fn,
+    "create_scheduler_fn": _one(
+        check_callable,
+        "create_scheduler_fn",
+        "Pass a function optimizer -> scheduler, e.g. functools.partial(StepLR, step_size=10).",
+    ),
+    "collate_fn": _one(check_callable, "collate_fn", "Pass a function or None."),
     "run_name": _check_run_name,
     "seed": _check_run_setup,
     "seed_per_rank": _check_run_setup,
@@ -852,6 +858,7 @@ TRAIN_CHECKS: dict[str, TrainCheck] = {
 }
 """The checks of ``train()``'s arguments, one entry per argument, run in this order.
 
-A check of several arguments (their combinations) is listed under each and runs once; a test
-fails when an argument of ``Trainer.train`` has no entry.
+A check of several arguments (their combinations, or data and its loader settings) is listed
+under each and runs once, where it is first listed; a test fails when an argument of
+``Trainer.train`` has no entry.
 """

@@ -111,6 +111,8 @@ class TrainerState:
         sanity_checking: Whether the eval epochs are the sanity check before training.
         chosen_rates: The learning rates the user chose, kept across runs (``auto_scale_lr``).
         pending_save: A training state being written in the background, if any.
+        eval_batch_size: ``evaluate()``'s and ``predict()``'s default per-device batch size:
+            the last ``train()``'s (8 before any).
     """
 
     def __init__(self) -> None:
@@ -120,6 +122,7 @@ class TrainerState:
         self.eval_step = 0
         self.num_updates = 0
         self.updates_before = 0
+        self.eval_batch_size = 8
         self.running = False
         self.savable: Literal["step", "epoch", "end"] | None = None
         self.stop_request: StopTrainingError | None = None

@@ -454,7 +454,10 @@ def announces_exceptions(method: Callable[P, R]) -> Callable[P, R]:
 
     Any ``Exception`` and ``KeyboardInterrupt``, once, then it propagates unchanged; not
     ``StopTrainingError`` (a normal stop) nor ``SystemExit`` (the exit after a preemption save,
-    which ended the run through its stop events).
+    which ended the run through its stop events). The ``KeyboardInterrupt`` that follows a
+    Ctrl-C whose training state was saved (``SaveTrainingStateCallback(save_on_interrupt=
+    True)``, which said so in the log) propagates without the stop it ended: a bare
+    ``KeyboardInterrupt`` from the entry point, not a chain of tracebacks through the loop.
     """
     where = method.__name__
 
@@ -469,9 +472,25 @@ def announces_exceptions(method: Callable[P, R]) -> Callable[P, R]:
             handler = getattr(trainer, "callback_handler", None)
             if isinstance(handler, CallbackHandler):
                 handler.announce_exception(trainer, exception, where)
+            if _after_saved_interrupt(exception):
+                raise KeyboardInterrupt from None  # the log said where the state was saved
             raise
 
     return announcing
+
+
+def _after_saved_interrupt(exception: BaseException) -> bool:
+    """Whether ``exception`` is the ``KeyboardInterrupt`` ending a run stopped by a saved Ctrl-C.
+
+    That stop is a ``StopTrainingError`` caused by a ``KeyboardInterrupt`` (see
+    ``SaveTrainingStateCallback``); the run's end raises the interrupt while handling it.
+    """
+    stop = exception.__context__
+    return (
+        isinstance(exception, KeyboardInterrupt)
+        and isinstance(stop, StopTrainingError)
+        and isinstance(stop.__cause__, KeyboardInterrupt)
+    )
 
 
 def _overrides(callback: object, event: str) -> bool:

@@ -29,6 +29,7 @@ from accelerate.utils import DistributedType, set_seed
 
 from pytorch_accel._checks import fail
 from pytorch_accel.dataloaders import num_batches
+from pytorch_accel.distributed import effective_mixed_precision
 
 __all__ = [
     "CUBLAS_WORKSPACE_CONFIG",
@@ -258,7 +259,7 @@ def create_run_config(
         is_local_process_zero=accelerator.is_local_main_process,
         is_world_process_zero=accelerator.is_main_process,
         is_distributed=accelerator.distributed_type != DistributedType.NO,
-        mixed_precision=str(accelerator.mixed_precision),
+        mixed_precision=effective_mixed_precision(accelerator),
         num_processes=num_processes,
     )
     return TrainerRunConfig(**given)

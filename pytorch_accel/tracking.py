@@ -31,11 +31,18 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
-import torch.distributed as dist
 from accelerate.utils import send_to_device
 
 from pytorch_accel._checks import fail
-from pytorch_accel.distributed import REDUCTIONS, reduce_across_processes
+from pytorch_accel._logged_exchange import (
+    DEFAULT_LOGGED_CAPACITY,
+    read_reduced,
+    read_with_logged,
+    reduction_dtype,
+    refuse_different_names,
+    refuse_negative_weights,
+)
+from pytorch_accel.distributed import REDUCTIONS, group_size, process_rank
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -62,20 +69,6 @@ __all__ = [
     "reported_float",
     "setup_logging",
 ]
-
-
-def reduction_dtype(device: torch.device) -> torch.dtype:
-    """The dtype to sum metrics in on ``device``: float64, or float32 on MPS (which has none)."""
-    return torch.float32 if device.type == "mps" else torch.float64
-
-
-def read_reduced(
-    parts: Sequence[Any], reductions: Sequence[str], device: torch.device
-) -> list[float]:
-    """Stack ``parts`` on ``device``, combine them across processes and read them: once each."""
-    dtype = reduction_dtype(device)
-    packed = torch.stack([torch.as_tensor(part).to(device, dtype) for part in parts])
-    return reduce_across_processes(packed, reductions).tolist()
 
 
 class MetricNotFoundError(KeyError, ValueError):
@@ -440,13 +433,19 @@ class LoggedValues:
     Each name keeps an on-device tracker of its reduction: a ``LossTracker`` (a weighted sum
     and the sum of the weights) for ``"mean"`` and ``"sum"``, the running extreme for
     ``"max"`` and ``"min"``; nothing is read on the host until the span is reduced.
+
+    Args:
+        capacity: The logged parts an exchange has room for (``read_with_logged``), in a list
+            shared by the spans of one series (the step logging's intervals) and grown at the
+            same exchange on every process; by default a list of its own.
+
+    Attributes:
+        capacity: That list.
     """
 
     def __init__(self, capacity: list[int] | None = None) -> None:
         self._trackers: dict[str, tuple[str, LossTracker]] = {}
-        # the logged parts an exchange has room for (``read_with_logged``), shared by the spans
-        # of one series and grown at the same exchange on every process
-        self._capacity = [DEFAULT_LOGGED_CAPACITY] if capacity is None else capacity
+        self.capacity = [DEFAULT_LOGGED_CAPACITY] if capacity is None else capacity
 
     def __len__(self) -> int:
         return len(self._trackers)
@@ -502,7 +501,7 @@ class LoggedValues:
 
     def take(self) -> LoggedValues:
         """Return the values logged so far and start the span afresh."""
-        taken = LoggedValues(self._capacity)
+        taken = LoggedValues(self.capacity)
         taken._trackers, self._trackers = self._trackers, {}
         return taken
 
@@ -535,119 +534,6 @@ class LoggedValues:
     def reduce(self, device: torch.device) -> dict[str, float]:
         """Combine the span's values across processes (one collective) and read them once."""
         return self.results(read_reduced(*self.parts(), device))
-
-
-DEFAULT_LOGGED_CAPACITY = 16
-"""The logged parts an interval's exchange has room for at first (a mean takes two)."""
-
-
-def read_with_logged(
-    parts: Sequence[Any], reductions: Sequence[str], logged: LoggedValues, device: torch.device
-) -> list[float]:
-    """Combine ``parts`` and a span's logged values across processes in one exchange; read once.
-
-    Returns the combined ``parts``, then the logged values' combined ``parts()`` (what
-    ``logged.results`` reads). With several processes the logged values travel in a section of
-    a fixed size, with the names' fingerprint: the exchange matches whatever each process
-    logged, and names that differ between processes raise (``refuse_different_names``) on
-    every process instead of being combined by position. A section too small for what was
-    logged (every process logs more than it holds) grows, with one more exchange, once.
-
-    Args:
-        parts: This process's values, the same names on every process.
-        reductions: How each of ``parts`` combines (``REDUCTIONS``).
-        logged: The span's logged values (``LoggedValues.take()``).
-        device: Where the values are combined.
-    """
-    logged_parts, logged_reductions = logged.parts()
-    size = group_size()
-    if size == 1:
-        return read_reduced([*parts, *logged_parts], [*reductions, *logged_reductions], device)
-    capacity = logged._capacity[0]
-    count = len(logged_parts)
-    section = logged_parts if count <= capacity else []
-    section = [*section, *[0.0] * (capacity - len(section))]
-    header = [logged.fingerprint(), count]
-    dtype = reduction_dtype(device)
-    row = torch.stack(
-        [torch.as_tensor(part).to(device, dtype) for part in [*parts, *header, *section]]
-    )
-    gathered = [torch.empty_like(row) for _ in range(size)]
-    dist.all_gather(gathered, row)
-    rows = torch.stack(gathered).tolist()  # the one host read
-    combined = _combined(rows, reductions, 0)
-    start = len(parts)
-    fingerprints = [int(row[start]) for row in rows]
-    if len(set(fingerprints)) > 1:
-        refuse_different_names(logged, fingerprints, "logging interval")
-    if count > capacity:  # every process logged as many (the names agree): room for them
-        logged._capacity[0] = count
-        return combined + read_reduced(logged_parts, logged_reductions, device)
-    return combined + _combined(rows, logged_reductions, start + 2)
-
-
-def _combined(rows: list[list[float]], reductions: Sequence[str], start: int) -> list[float]:
-    """Combine the processes' ``rows`` from column ``start`` on, each column by its reduction."""
-    combined = []
-    for column, reduction in enumerate(reductions, start):
-        values = [row[column] for row in rows]
-        if reduction == "max":
-            combined.append(max(values))
-        elif reduction == "min":
-            combined.append(min(values))
-        else:
-            total = math.fsum(values)
-            combined.append(total / len(values) if reduction == "mean" else total)
-    return combined
-
-
-def refuse_different_names(logged: LoggedValues, fingerprints: Sequence[int], span: str) -> None:
-    """Raise on every process: the processes logged different names (or reductions) in a span.
-
-    Every process calls it at the same point (their fingerprints disagree on every one): one
-    more collective gathers each process's names, for the message.
-
-    Raises:
-        ValueError: Naming the names each process logged.
-    """
-    gathered: list[Any] = [None] * len(fingerprints)
-    dist.all_gather_object(gathered, logged.names())
-    per_process = "; ".join(
-        f"process {rank} logged {', '.join(names) if names else 'nothing'}"
-        for rank, names in enumerate(gathered)
-    )
-    raise ValueError(
-        f"Trainer.log: the processes logged different metrics in one {span}: {per_process}. "
-        "Values are combined across processes name by name, so every process must log the "
-        "same names, with the same reduction, in each epoch and logging interval. Log each "
-        "name on every process: where a process has nothing to report, log it with weight 0 "
-        "(e.g. trainer.log('rare_event', 0.0, weight=0) for a mean; 0.0 for reduce='sum')."
-    )
-
-
-def _refuse_negative_weights(smallest: Sequence[float], kind: str, loss_name: str) -> None:
-    """Raise on every process if a loss weight of the epoch was negative or NaN (per process)."""
-    bad = [
-        f"process {rank}: {value}" if len(smallest) > 1 else str(value)
-        for rank, value in enumerate(smallest)
-        if not value >= 0
-    ]
-    if bad:
-        where = "Trainer.train" if kind == "train" else "Trainer.evaluate"
-        raise ValueError(
-            f"{where}: batch_output['num_items'] (a dict batch's 'num_items_in_batch'), the "
-            f"count each batch's loss is weighted by, must be at least 0; the smallest in this "
-            f"{kind} epoch ({loss_name}) was {', '.join(bad)}. Return the number of loss "
-            "elements the batch's loss is the mean of, e.g. (labels != -100).sum() for a token "
-            "loss (a tensor 'batch_size' is checked the same way)."
-        )
-
-
-def group_size() -> int:
-    """The number of processes in the default process group (1 without one)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return 1
-    return int(dist.get_world_size())
 
 
 TRAIN_LOSS_NAME = "train_loss_epoch"
@@ -683,7 +569,7 @@ class LoggedMetrics:
     def __init__(self) -> None:
         self._intervals: list[LoggedValues] = []
         self._epochs: list[tuple[str, LoggedValues]] = []
-        self._capacity = [DEFAULT_LOGGED_CAPACITY]  # the intervals' (``read_with_logged``)
+        self._interval_capacity = [DEFAULT_LOGGED_CAPACITY]  # shared by the intervals
 
     def reset(self) -> None:
         """Forget every span (at the start of a training run)."""
@@ -705,7 +591,7 @@ class LoggedMetrics:
 
     def open_interval(self) -> LoggedValues:
         """Return a span that receives every training value from now on (``take`` reads it)."""
-        interval = LoggedValues(self._capacity)
+        interval = LoggedValues(self._interval_capacity)
         self._intervals.append(interval)
         return interval
 
@@ -734,14 +620,14 @@ class LoggedMetrics:
         smallest = loss.smallest_weight
         # one slot per process for what is checked: their sum is every process's value
         size = group_size()
-        rank = dist.get_rank() if size > 1 else 0
+        rank = process_rank()
         fingerprints: list[Any] = [0] * size
         fingerprints[rank] = values.fingerprint()
         weights: list[Any] = [0.0] * size
         weights[rank] = math.inf if smallest is None else smallest
         parts = [0.0 if total is None else total, loss.running_count, *fingerprints, *weights]
         combined = read_reduced(parts, ["sum"] * len(parts), device)
-        _refuse_negative_weights(combined[2 + size :], kind, loss_name)
+        refuse_negative_weights(combined[2 + size :], kind, loss_name)
         loss_sum, count = combined[:2]
         history.update_metric(loss_name, loss_sum / count if count else math.nan)
         fingerprints = [int(value) for value in combined[2 : 2 + size]]

@@ -418,6 +418,7 @@ class Trainer:
                 eval_dataloader_kwargs=self._eval_dl_kwargs,
             )
             self.run_config = self._preparation.training_run_config(self, arguments)
+            self._state.eval_batch_size = self.run_config.train_per_device_batch_size or 8
             self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
             self._state.start_counting(continue_run=not reset_run_history)
             self.optimizer.zero_grad()  # a stop inside an accumulation window leaves gradients
@@ -447,7 +448,9 @@ class Trainer:
             dataset: A dataset or a ``DataLoader`` you built, or a mapping of set names to
                 them (each set's metrics named ``<metric_prefix><name>_...``); defaults to the
                 ``eval_dataset`` of the last ``train()``.
-            per_device_batch_size: Batch size on each process, for datasets (default 8).
+            per_device_batch_size: Batch size on each process, for datasets; default: the
+                per-device batch size of the last ``train()`` (its dataloader's, if it was
+                given one; 8 before any, or for a dataloader without a batch size).
             dataloader_kwargs: Override the ``DataLoader`` arguments.
             collate_fn: The collate function of the dataloader.
             metric_prefix: Prepended to the names of everything recorded (``"test_"``: the
@@ -465,7 +468,7 @@ class Trainer:
         if self._run_directory.output_dir is not None:
             self._run_directory.place(self.callback_handler.callbacks)
         loaders = self._preparation.build_eval_dataloaders(
-            self, dataset, batch_size or 8, dataloader_kwargs
+            self, dataset, batch_size or self._state.eval_batch_size, dataloader_kwargs
         )
         with self._preparation.prepared(self, None, loaders):
             checks.check_has_batches(
@@ -499,7 +502,9 @@ class Trainer:
         Args:
             data: A map-style dataset, or a ``DataLoader`` you built (not shuffled; accelerate
                 shards it across processes).
-            per_device_batch_size: Batch size on each process, for a dataset (default 8).
+            per_device_batch_size: Batch size on each process, for a dataset; default: the
+                per-device batch size of the last ``train()`` (its dataloader's, if it was
+                given one; 8 before any, or for a dataloader without a batch size).
             dataloader_kwargs: Override the ``DataLoader`` arguments, for a dataset.
             collate_fn: The collate function, for a dataset.
             output_device: Where each gathered batch is moved; ``None`` leaves it on the device.
@@ -523,6 +528,7 @@ class Trainer:
             collate_fn,
             self._preparation,
             keep_outputs,
+            default_batch_size=self._state.eval_batch_size,
         )
         self._preparation.prepare_model_and_optimizer(self)
         with self._preparation.prepared_for_prediction(loader) as prepared:
@@ -824,6 +830,18 @@ class Trainer:
         scheduler = self.scheduler if save_scheduler else None
         accelerator, model = self._accelerator, self.model
         write_checkpoint(accelerator, save_path, model, optimizer, scheduler, checkpoint_kwargs)
+
+    def save_model(self, directory: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
+        """Export the unwrapped model to ``directory``, as the ecosystem loads it back.
+
+        A model with ``save_pretrained`` (``transformers``; PEFT: the adapter only) is written
+        by it, for ``from_pretrained``; another module as ``model.safetensors``. Written beside
+        ``directory`` and renamed into place by the main process. Every process must call it.
+        Details: ``pytorch_accel.export.save_model``.
+        """
+        from pytorch_accel.export import save_model
+
+        return save_model(self._accelerator, self.model, directory, overwrite=overwrite)
 
     def load_checkpoint(
         self,

@@ -36,6 +36,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.files",
             "pytorch_accel.distributed",
             "pytorch_accel.tracking",
+            "pytorch_accel._logged_exchange",
             "pytorch_accel.placeholders",
             "pytorch_accel._checkpointing",
             "pytorch_accel.dataloaders",
@@ -66,6 +67,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel._entry_checks",
             "pytorch_accel.trainer",
             "pytorch_accel.timm_trainer",
+            "pytorch_accel.export",
         ),
     ),
     ("tools", ("pytorch_accel.tools",)),
@@ -93,7 +95,9 @@ LAYER_ROLES = {
         "and saving and loading checkpoints and training states. The checks of the entry "
         "points' arguments and data (`_entry_checks`, `train()`'s in a table with one entry "
         "per argument); every pytorch-accelerated name that is not the project's own "
-        "(`compat`: the trainer module's extra names, `Trainer`'s private attributes)."
+        "(`compat`: the trainer module's extra names, `Trainer`'s private attributes); "
+        "exporting a model in the ecosystem's formats, `Trainer.save_model` (`export`, "
+        "imported by the method)."
     ),
     "loop": (
         "The loop in one module, level by level (training, evaluation, prediction), with the "
@@ -121,7 +125,8 @@ LAYER_ROLES = {
         "`(inputs, targets)` or a dict of the model's keyword arguments, and the token-exact "
         "weighting of accumulation windows); the one agreement between processes "
         "(`distributed.AgreedFlag`); what a run reports (`tracking`: run history, loss "
-        "tracking, logged values and the package's rank-aware logger); the run's "
+        "tracking, logged values and the package's rank-aware logger; `_logged_exchange`: how "
+        "logged values cross processes, and names or weights that differ refused); the run's "
         "configuration (`run_config`: `train()`'s arguments bound once to its signature, "
         "`TrainArguments`, the `TrainerRunConfig` built from them, and the set-up `train()` "
         "applies before the loop: seeding, determinism, scaling the learning rate); the step "

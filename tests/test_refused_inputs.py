@@ -96,8 +96,9 @@ def test_a_string_token_count_in_a_dict_batch_is_refused_before_the_model_gets_i
     trainer = Trainer(model, None, torch.optim.SGD(model.parameters(), lr=0.1), callbacks=())
     with pytest.raises(
         TypeError,
-        match=r"Trainer\.calculate_train_batch_loss: batch\['num_items_in_batch'\] must be the "
-        r"number of loss elements .* got str \('12'\)",
+        match=r"Trainer\.calculate_train_batch_loss: batch\['num_items_in_batch'\], returned "
+        r"as batch_output\['num_items'\] must be the number of loss elements .* got str "
+        r"\('12'\)",
     ):
         trainer.train(
             VariableLengthTokens(8),

@@ -288,6 +288,8 @@ class PrintProgressCallback(TrainerCallback):
         self._started = time.perf_counter()
         self._epoch_offset = 0
         self._announced = True
+        self._run_started = time.perf_counter()
+        self._epochs_done = 0
 
     def on_training_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Start collecting metrics."""
@@ -307,11 +309,15 @@ class PrintProgressCallback(TrainerCallback):
             self._announced = True
             epochs = "" if config.num_epochs is None else _plural(config.num_epochs, "epoch") + ", "
             get_logger().info(
-                "training: %s%s, %d samples per update",
+                "training: %s%s, %d samples per update (%s, %s)",
                 epochs,
                 _plural(config.total_num_update_steps, "update"),
                 config.train_total_batch_size,
+                _plural(trainer.accelerator.num_processes, "process"),
+                precision_text(trainer),
             )
+            self._run_started = time.perf_counter()
+            self._epochs_done = 0
         self._started = time.perf_counter()
 
     def on_train_epoch_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
@@ -331,7 +337,16 @@ class PrintProgressCallback(TrainerCallback):
         config = trainer.run_config
         epochs = None if config is None else config.num_epochs
         total = "" if epochs is None else f"/{self._epoch_offset + epochs}"  # None: a stream
-        self._emit(trainer, f"epoch {trainer.run_history.current_epoch}{total}")
+        self._epochs_done += 1
+        left = (
+            None
+            if epochs is None
+            else epochs - (trainer.run_history.current_epoch - self._epoch_offset)
+        )
+        eta = None
+        if left:  # the run's mean epoch time so far, times the epochs left
+            eta = (time.perf_counter() - self._run_started) / self._epochs_done * left
+        self._emit(trainer, f"epoch {trainer.run_history.current_epoch}{total}", eta)
 
     def on_training_run_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Log what an epoch stopped early recorded."""
@@ -360,17 +375,46 @@ class PrintProgressCallback(TrainerCallback):
         for name in loss_first(new):
             self._pending[name] = new[name]
 
-    def _emit(self, trainer: TrainerLike, head: str) -> None:
+    def _emit(self, trainer: TrainerLike, head: str, eta: float | None = None) -> None:
         pending, self._pending = self._pending, {}
         if not trainer.accelerator.is_main_process:
             return
         seconds = time.perf_counter() - self._started
-        parts = [head, format_metrics(pending), f"({seconds:.1f} s)"]
+        to_go = "" if eta is None else f", {format_duration(eta)} to go"
+        parts = [head, format_metrics(pending), f"({seconds:.1f} s{to_go})"]
         get_logger().info(SEPARATOR.join(part for part in parts if part))
 
 
 def _plural(count: int, noun: str) -> str:
-    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+    suffix = "es" if noun.endswith("s") else "s"
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}{suffix}"
+
+
+def format_duration(seconds: float) -> str:
+    """A duration for the console: ``9.6 s``, ``2 min 05 s``, ``1 h 02 min 05 s``."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes:02d} min {secs:02d} s"
+    return f"{minutes} min {secs:02d} s"
+
+
+def precision_text(trainer: TrainerLike) -> str:
+    """The precision in effect: the mixed precision accelerate applies and the weights' dtype.
+
+    E.g. ``float32`` (no mixed precision) or ``bf16 mixed precision, float32 weights``, read
+    from the prepared accelerator and model, so a setting made through ``accelerator_kwargs``
+    or the ``accelerate`` config is confirmed as it is applied.
+    """
+    weights = next((p.dtype for p in trainer.model.parameters()), None)
+    dtype = "no weights" if weights is None else f"{str(weights).removeprefix('torch.')} weights"
+    mixed = str(trainer.accelerator.mixed_precision)
+    if mixed == "no":
+        return dtype.removesuffix(" weights")
+    return f"{mixed} mixed precision, {dtype}"
 
 
 class ProgressBarCallback(TrainerCallback):
@@ -382,12 +426,15 @@ class ProgressBarCallback(TrainerCallback):
     loop nothing on most steps and shows the exact count when the epoch ends.
 
     The training bar shows the epoch's mean loss so far on the local main process (not
-    reduced across processes). By default it is shown once per epoch, at its end, from the
-    ``train_loss_epoch`` already on the host, so the steps stay free of host reads. With
-    ``loss_update_interval=N`` it is also refreshed at the first progress event after each
-    multiple of N steps: on CUDA without waiting (copied into pinned memory with
-    ``non_blocking=True`` and shown one refresh later, once a CUDA event says the copy is
-    done); on the CPU read directly; on other devices (MPS, XPU) with one sync per refresh.
+    reduced across processes), and the run's epoch (``train 3/10``). By default the running
+    loss is read when the bar redraws (at a progress event, at most every 0.1 s, tqdm's
+    ``mininterval``), so a step that does not redraw the bar reads nothing; with
+    ``loss_update_interval=N`` it is read at the first progress event after each multiple of
+    N steps instead; with ``running_loss=False`` only at the end of each epoch, from the
+    ``train_loss_epoch`` already on the host. A read is made on CUDA without waiting (copied
+    into pinned memory with ``non_blocking=True`` and shown one read later, once a CUDA event
+    says the copy is done); on the CPU directly; on other devices (MPS, XPU) with one sync per
+    read. Where the bar is not drawn (not a terminal), nothing is read.
 
     The bars are drawn on the main process, by default only when standard error is a
     terminal (or in a notebook), and disappear when their epoch ends (``leave=False``),
@@ -395,12 +442,14 @@ class ProgressBarCallback(TrainerCallback):
 
     Args:
         loss_update_interval: Refresh the running loss at most once every this many training
-            steps, or ``None`` (the default) to show it only at the end of each epoch.
+            steps, or ``None`` (the default) to refresh it whenever the bar redraws.
         show: ``None`` (the default): show the bars only on a terminal (tqdm's
             ``disable=None``); ``True``: always; ``False``: never.
+        running_loss: ``False``: show the loss only at the end of each epoch (no read of the
+            running loss during the epoch).
 
     Raises:
-        TypeError: If ``show`` is not ``None`` or a bool.
+        TypeError: If ``show`` or ``running_loss`` is not a bool (``show`` may be ``None``).
 
     Example:
         ```python
@@ -411,7 +460,13 @@ class ProgressBarCallback(TrainerCallback):
 
     may_stop_training = False
 
-    def __init__(self, loss_update_interval: int | None = None, show: bool | None = None) -> None:
+    def __init__(
+        self,
+        loss_update_interval: int | None = None,
+        show: bool | None = None,
+        *,
+        running_loss: bool = True,
+    ) -> None:
         check_positive_int(
             "ProgressBarCallback", "loss_update_interval", loss_update_interval, allow_none=True
         )
@@ -424,25 +479,44 @@ class ProgressBarCallback(TrainerCallback):
             expected="None, True or False",
             fix=fix,
         )
+        check_bool("ProgressBarCallback", "running_loss", running_loss)
         self.loss_update_interval = loss_update_interval
         self.show = show
+        self.running_loss = running_loss
         self.pbar: Any = None
         self.eval_pbar: Any = None
         self._pending: tuple[torch.Tensor, Any] | None = None  # (pinned copy, CUDA event)
         self._loss_refreshed_at = 0  # steps done at the last refresh of the running loss
+        self._epoch_offset = 0
+
+    def on_training_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
+        """Note where the run's epochs start (for the bar's ``epoch/epochs``)."""
+        resumed = trainer.resumed_from is not None  # as PrintProgressCallback numbers them
+        self._epoch_offset = 0 if resumed else trainer.run_history.current_epoch - 1
 
     def on_train_epoch_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Open the training bar."""
-        total = trainer.run_config.train_dataloader_len if trainer.run_config else 0
-        self.pbar = self._open(trainer, total, "train")
+        config = trainer.run_config
+        total = config.train_dataloader_len if config else 0
+        epochs = None if config is None else config.num_epochs  # None: a stream
+        last = "" if epochs is None else f"/{self._epoch_offset + epochs}"
+        desc = f"train {trainer.run_history.current_epoch}{last}"
+        self.pbar = self._open(trainer, total, desc)
         self._pending = None
         self._loss_refreshed_at = 0
 
     def on_train_progress(self, trainer: TrainerLike, steps_done: int, **kwargs: Any) -> None:
-        """Move the bar to ``steps_done``; refresh the running loss if an interval has passed."""
+        """Move the bar to ``steps_done``; read the running loss if the bar redrew (or N steps)."""
+        drawn_at = getattr(self.pbar, "last_print_t", None)
         _advance(self.pbar, steps_done)
+        if not self.running_loss or self.pbar.disable:
+            return
         interval = self.loss_update_interval
-        if interval is not None and steps_done // interval > self._loss_refreshed_at // interval:
+        if interval is None:
+            refresh = self.pbar.last_print_t != drawn_at  # the bar redrew: read for the next
+        else:
+            refresh = steps_done // interval > self._loss_refreshed_at // interval
+        if refresh:
             self._loss_refreshed_at = steps_done
             self._refresh_loss(trainer)
 

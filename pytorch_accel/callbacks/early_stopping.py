@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks._watch import MetricWatch
+from pytorch_accel.callbacks.defaults import format_value
 from pytorch_accel.checks import check_bool, check_number, check_positive_int
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.tracking import get_logger
@@ -128,8 +129,9 @@ class EarlyStoppingCallback(TrainerCallback):
             return
         self.early_stopping_patience_counter += 1
         get_logger().info(
-            f"EarlyStoppingCallback: {self.watch_metric} = {value} is no improvement on "
-            f"{self.best_metric} (epoch {self.best_metric_epoch}) by more than "
+            f"EarlyStoppingCallback: {self.watch_metric} = {format_value(value)} is no "
+            f"improvement on {format_value(self.best_metric)} "
+            f"(epoch {self.best_metric_epoch}) by more than "
             f"{self.early_stopping_threshold}: {self.early_stopping_patience_counter}/"
             f"{self.early_stopping_patience} epochs without improvement."
         )
@@ -137,5 +139,5 @@ class EarlyStoppingCallback(TrainerCallback):
             raise StopTrainingError(
                 f"Stopping training early: {self.watch_metric} has not improved by more than "
                 f"{self.early_stopping_threshold} for {self.early_stopping_patience} epoch(s) "
-                f"(best {self.best_metric} in epoch {self.best_metric_epoch})."
+                f"(best {format_value(self.best_metric)} in epoch {self.best_metric_epoch})."
             )

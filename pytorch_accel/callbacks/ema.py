@@ -38,6 +38,15 @@ class ModelEmaCallback(TrainerCallback):
     from the model's weights at the first ``train()``; later runs continue it unless
     ``reset_on_train=True``.
 
+    The decay is warmed up by default, as timm's ``ModelEmaV3(use_warmup=True)`` does: the
+    ``n``-th update (counted from 0 since the EMA started) uses
+    ``min(decay, 1 - (1 + n) ** (-2 / 3))``: the first copies the weights, the tenth averages
+    with 0.80, the hundredth with 0.95, and ``decay=0.99`` is reached after about 1000 updates.
+    A short run's EMA then follows the model instead of staying near its initial weights
+    (``decay`` 0.99 without warm-up keeps 0.99**72 = 48% of the initial weights after 72
+    updates). ``warmup=False`` uses ``decay`` from the first update. The count is kept in
+    the callback's state, so a resumed run continues the warm-up where it was.
+
     With ``evaluate_during_training``, each epoch with an eval set ends with one more
     evaluation epoch of the EMA weights, swapped into ``trainer.get_model()``: every metric
     recorded meanwhile gets the prefix ``ema_model_`` (``ema_model_eval_loss_epoch``) and the
@@ -55,7 +64,7 @@ class ModelEmaCallback(TrainerCallback):
 
     Args:
         decay: The weight of the old average, in ``(0, 1)``; ``0.999`` averages over roughly
-            the last 1000 updates.
+            the last 1000 updates (once warmed up).
         evaluate_during_training: Evaluate the EMA weights after each epoch with an eval set.
         save_path: Where to save the EMA weights at the end of each run; ``None``: not saved
             (in ``trainer.run_dir`` when left out and the trainer has an ``output_dir``).
@@ -69,6 +78,8 @@ class ModelEmaCallback(TrainerCallback):
             ``None``) is accepted: the callback keeps its own average.
         callbacks: Not supported (must be empty): the EMA evaluation runs the trainer's own
             callbacks, whose metrics get the ``ema_model_`` prefix.
+        warmup: Warm the decay up over the first updates (see above); ``False``: ``decay``
+            from the first update (this callback's behaviour before the warm-up).
 
     Example:
         ```python
@@ -94,6 +105,8 @@ class ModelEmaCallback(TrainerCallback):
         greater_is_better: bool | None = None,
         model_ema: Any = None,
         callbacks: Iterable[Any] = (),
+        *,
+        warmup: bool = True,
     ) -> None:
         where = "ModelEmaCallback"
         _check_ported_arguments(model_ema, callbacks)
@@ -101,7 +114,9 @@ class ModelEmaCallback(TrainerCallback):
         check_bool(where, "evaluate_during_training", evaluate_during_training)
         check_path(where, "save_path", save_path, allow_none=True)
         check_bool(where, "reset_on_train", reset_on_train)
+        check_bool(where, "warmup", warmup)
         self.decay = float(decay)
+        self.warmup = warmup
         self.evaluate_during_training = evaluate_during_training
         self.save_path = save_path
         self._run_paths = RunPaths(save_path=save_path)
@@ -186,8 +201,15 @@ class ModelEmaCallback(TrainerCallback):
         """Move the average towards the updated weights (skipped updates are ignored)."""
         if trainer.accelerator.optimizer_step_was_skipped:
             return
-        (self._binding or self._bind(trainer)).update(self.decay)
+        (self._binding or self._bind(trainer)).update(self.current_decay())
         self.num_ema_updates += 1
+
+    def current_decay(self) -> float:
+        """Return the decay the next update uses (warmed up unless ``warmup=False``)."""
+        if not self.warmup:
+            return self.decay
+        warmed: float = 1.0 - (1.0 + self.num_ema_updates) ** (-2.0 / 3.0)
+        return min(self.decay, warmed)
 
     def on_training_run_epoch_end(
         self, trainer: TrainerLike, evaluated: bool = True, **kwargs: Any

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks._watch import MetricWatch
+from pytorch_accel.callbacks.defaults import format_value
 from pytorch_accel.checks import check_bool, check_path, check_positive_int, fail
 from pytorch_accel.outputs import DefaultPath, RunPaths, redirected_paths
 from pytorch_accel.tracking import get_logger
@@ -64,7 +66,12 @@ class SaveBestModelCallback(TrainerCallback):
         save_optimizer: Include the optimizer state in the checkpoints.
         save_scheduler: Include the scheduler state, if there is a scheduler.
         load_saved_checkpoint: Load the best checkpoint at the end of each ``train()`` call,
-            if that call saved it.
+            if that call saved it: the weights and the optimizer's state (moments) of the best
+            epoch, while the learning-rate schedule stays where the run ended (the
+            scheduler's state and the optimizer's hyper-parameters, such as ``lr``, are those
+            of the run's end), so a next stage continues the schedule rather than repeat it
+            from the best epoch. For the checkpoint's schedule too, call
+            ``trainer.load_checkpoint(save_path)``.
         save_top_k: How many of the best epochs to keep as files.
 
     Attributes:
@@ -192,7 +199,8 @@ class SaveBestModelCallback(TrainerCallback):
         if not self._best_in_call:
             get_logger().info(
                 f"SaveBestModelCallback: the best checkpoint {str(self.save_path)!r} "
-                f"({self.watch_metric} = {self.best_metric} in epoch {self.best_metric_epoch}) "
+                f"({self.watch_metric} = {format_value(self.best_metric)} "
+                f"in epoch {self.best_metric_epoch}) "
                 "is from an earlier train() call: the model keeps this call's last weights "
                 "rather than go back to an earlier stage. To use the best, call "
                 f"trainer.load_checkpoint({str(self.save_path)!r})."
@@ -200,11 +208,13 @@ class SaveBestModelCallback(TrainerCallback):
             return
         get_logger().info(
             f"Loading the best checkpoint {str(self.save_path)!r}: {self.watch_metric} = "
-            f"{self.best_metric} in epoch {self.best_metric_epoch}."
+            f"{format_value(self.best_metric)} in epoch {self.best_metric_epoch}."
         )
+        schedule = _Schedule.of(trainer)
         trainer.load_checkpoint(
             self.save_path, load_optimizer=self.save_optimizer, load_scheduler=self.save_scheduler
         )
+        schedule.restore(trainer)
 
     def _save(self, trainer: TrainerLike, value: float, epoch: int) -> None:
         """Write the epoch's file(s), then delete the file that left the top ``k``."""
@@ -235,3 +245,32 @@ class SaveBestModelCallback(TrainerCallback):
             return
         for epoch in epochs:
             self.checkpoint_path(epoch).unlink(missing_ok=True)
+
+
+class _Schedule:
+    """The learning-rate schedule's position: the scheduler's state, the optimizer's settings.
+
+    Taken before the best checkpoint is loaded and put back after it, so that the schedule
+    goes on from the run's end: the settings are every param-group entry but ``params``
+    (``lr``, and what schedules such as ``OneCycleLR`` move: ``momentum``, ``betas``).
+    """
+
+    def __init__(self, scheduler: dict[str, Any] | None, groups: list[dict[str, Any]]) -> None:
+        self.scheduler = scheduler
+        self.groups = groups
+
+    @classmethod
+    def of(cls, trainer: TrainerLike) -> _Schedule:
+        scheduler = trainer.scheduler
+        state = None if scheduler is None else copy.deepcopy(scheduler.state_dict())
+        groups = [
+            {key: copy.deepcopy(value) for key, value in group.items() if key != "params"}
+            for group in trainer.optimizer.param_groups
+        ]
+        return cls(state, groups)
+
+    def restore(self, trainer: TrainerLike) -> None:
+        if self.scheduler is not None and trainer.scheduler is not None:
+            trainer.scheduler.load_state_dict(self.scheduler)
+        for group, settings in zip(trainer.optimizer.param_groups, self.groups, strict=True):
+            group.update(settings)

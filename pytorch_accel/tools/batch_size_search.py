@@ -145,6 +145,7 @@ def _trial(
 ) -> bool:
     """Whether ``steps`` training steps at batch size ``size`` fit; everything put back."""
     state = trainer._state
+    eval_batch_size = state.eval_batch_size
     # a trial's out-of-memory error is the search's to handle: no on_exception for it
     with trial_run(trainer, steps), trainer.callback_handler.exceptions_handled_by_caller():
         state.probing = True
@@ -158,6 +159,7 @@ def _trial(
             fitted = True
         finally:
             state.probing = False
+            state.eval_batch_size = eval_batch_size  # evaluate()'s default: not a trial's
     if not fitted:
         clear_device_cache(garbage_collection=True)
     return fitted
