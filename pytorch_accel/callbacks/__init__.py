@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from pytorch_accel.callbacks.plotting import PlotMetricsCallback, plot_metrics
     from pytorch_accel.callbacks.profiler import ProfilerCallback
     from pytorch_accel.callbacks.run_record import RunRecordCallback
+    from pytorch_accel.callbacks.run_report import RunReportCallback
     from pytorch_accel.callbacks.save_best import SaveBestModelCallback
     from pytorch_accel.callbacks.save_state import SaveTrainingStateCallback
     from pytorch_accel.callbacks.step_eval import StepBasedEvaluationCallback
@@ -77,6 +78,7 @@ __all__ = [
     "ProgressBarCallback",
     "RunPaths",
     "RunRecordCallback",
+    "RunReportCallback",
     "SaveBestModelCallback",
     "SaveTrainingStateCallback",
     "StepBasedEvaluationCallback",
@@ -110,6 +112,7 @@ _HOMES = {
     ".plotting": "PlotMetricsCallback plot_metrics",
     ".profiler": "ProfilerCallback",
     ".run_record": "RunRecordCallback",
+    ".run_report": "RunReportCallback",
     ".save_best": "SaveBestModelCallback",
     ".save_state": "SaveTrainingStateCallback",
     ".step_eval": "StepBasedEvaluationCallback",
