@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     )
     from pytorch_accel.callbacks.early_stopping import EarlyStoppingCallback
     from pytorch_accel.callbacks.ema import EMA_METRIC_PREFIX, ModelEmaCallback
+    from pytorch_accel.callbacks.health import GradientHealthCallback
     from pytorch_accel.callbacks.limit_batches import (
         LIMIT_BATCHES_ENV_VAR,
         LimitBatches,
@@ -65,6 +66,7 @@ __all__ = [
     "ConvertSyncBatchNormCallback",
     "DefaultPath",
     "EarlyStoppingCallback",
+    "GradientHealthCallback",
     "LimitBatches",
     "LimitBatchesCallback",
     "LimitEvalStepsCallback",
@@ -105,6 +107,7 @@ _HOMES = {
     "PrintProgressCallback ProgressBarCallback TerminateOnNaNCallback get_default_callbacks",
     ".early_stopping": "EarlyStoppingCallback",
     ".ema": "EMA_METRIC_PREFIX ModelEmaCallback",
+    ".health": "GradientHealthCallback",
     ".limit_batches": "LIMIT_BATCHES_ENV_VAR LimitBatches LimitBatchesCallback "
     "limit_batches_from_environment",
     ".limit_eval_steps": "LimitEvalStepsCallback",
