@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+import os
 import time
 import warnings
 from collections.abc import Iterable, Mapping
@@ -25,19 +26,18 @@ from tqdm.auto import tqdm
 
 from pytorch_accel._checks import check_bool, check_positive_int
 from pytorch_accel.callback import CallbackLike, TrainerCallback
-from pytorch_accel.callbacks._nan_origin import RandomState, nan_origin_report
-from pytorch_accel.callbacks.limit_batches import (
-    LimitBatchesCallback,
-    limit_batches_from_environment,
-)
+from pytorch_accel.compat import DefaultCallbacks
+from pytorch_accel.dataloaders import LIMIT_BATCHES_ENV_VAR, OLD_LIMIT_BATCHES_ENV_VAR
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.tracking import MetricCursor, get_logger, setup_logging
 
 if TYPE_CHECKING:
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.plugins.nan_origin import RandomState
+    from pytorch_accel.protocols import TrainerLike
 
 __all__ = [
     "DEFAULT_CALLBACKS",
+    "LIMIT_BATCHES_ENV_VAR",
     "LogMetricsCallback",
     "MoveModulesToDeviceCallback",
     "PrintProgressCallback",
@@ -108,7 +108,7 @@ class MoveModulesToDeviceCallback(TrainerCallback):
     order = -100
     may_stop_training = False
 
-    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Move the modules before the run (training or evaluation) starts."""
         for name, value in vars(trainer).items():
             public = not name.startswith("_")
@@ -176,17 +176,19 @@ class TerminateOnNaNCallback(TrainerCallback):
             self.on_train_step_start = None  # type: ignore[assignment]
             self.on_backward_start = None  # type: ignore[assignment]
 
-    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Forget the origin reported in an earlier run."""
         self.origin = None
 
-    def on_train_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_step_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Keep the step's random state, for a re-run that draws the same (``report_origin``)."""
         if self.origin is None:
+            from pytorch_accel.plugins.nan_origin import RandomState
+
             self._random_state = RandomState.capture(trainer.device)
 
     def on_backward_start(
-        self, trainer: Trainer, batch: Any = None, batch_output: Any = None, **kwargs: Any
+        self, trainer: TrainerLike, batch: Any = None, batch_output: Any = None, **kwargs: Any
     ) -> None:
         """Report where the first non-finite loss of the run started (``report_origin``)."""
         if self.origin is not None or batch_output is None:
@@ -198,11 +200,13 @@ class TerminateOnNaNCallback(TrainerCallback):
             f"the loss was {_loss_text(loss)} in epoch {trainer.run_history.current_epoch} "
             f"after {trainer.num_updates} updates, on process {trainer.accelerator.process_index}"
         )
+        from pytorch_accel.plugins.nan_origin import nan_origin_report
+
         self.origin = f"{where}: {nan_origin_report(trainer, batch, self._random_state)}"
         warnings.warn(f"TerminateOnNaNCallback: {self.origin}", RuntimeWarning, stacklevel=2)
 
     def on_train_step_end(
-        self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
+        self, trainer: TrainerLike, batch: Any, batch_output: dict[str, Any], **kwargs: Any
     ) -> None:
         """Check the running loss sum every ``check_every_n_steps`` steps."""
         every = self.check_every_n_steps
@@ -215,7 +219,7 @@ class TerminateOnNaNCallback(TrainerCallback):
                 f"steps (epoch {trainer.run_history.current_epoch}).{self._origin_text()}"
             )
 
-    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_epoch_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Check the epoch's mean training loss."""
         value = trainer.run_history.get_latest_metric("train_loss_epoch")
         if not math.isfinite(value):
@@ -287,14 +291,14 @@ class PrintProgressCallback(TrainerCallback):
         self._run_started = time.perf_counter()
         self._epochs_done = 0
 
-    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Start collecting metrics."""
         self._start(trainer)
         resumed = trainer.resumed_from is not None
         self._epoch_offset = 0 if resumed else trainer.run_history.current_epoch - 1
         self._announced = False
 
-    def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_epoch_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Start the epoch's clock; before the run's first epoch, log what the run will do.
 
         The announcement waits for the first epoch so that handlers added when the run
@@ -316,18 +320,18 @@ class PrintProgressCallback(TrainerCallback):
             self._epochs_done = 0
         self._started = time.perf_counter()
 
-    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_epoch_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Collect the training epoch's metrics."""
         self._collect(trainer)
 
     def on_eval_epoch_end(
-        self, trainer: Trainer, sanity_check: bool = False, **kwargs: Any
+        self, trainer: TrainerLike, sanity_check: bool = False, **kwargs: Any
     ) -> None:
         """Collect the evaluation epoch's metrics (a sanity evaluation's are removed again)."""
         if not sanity_check:
             self._collect(trainer)
 
-    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_epoch_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Log the epoch's line."""
         self._collect(trainer)
         config = trainer.run_config
@@ -344,34 +348,34 @@ class PrintProgressCallback(TrainerCallback):
             eta = (time.perf_counter() - self._run_started) / self._epochs_done * left
         self._emit(trainer, f"epoch {trainer.run_history.current_epoch}{total}", eta)
 
-    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Log what an epoch stopped early recorded."""
         self._collect(trainer)
         if self._pending:
             epoch = trainer.run_history.current_epoch
             self._emit(trainer, f"epoch {epoch} (stopped)")
 
-    def on_evaluation_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_evaluation_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Start collecting the evaluation's metrics."""
         self._start(trainer)
 
-    def on_evaluation_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_evaluation_run_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Log the evaluation's line."""
         self._collect(trainer)
         self._emit(trainer, "evaluation")
 
-    def _start(self, trainer: Trainer) -> None:
+    def _start(self, trainer: TrainerLike) -> None:
         setup_logging()
         self._cursor.skip_to_end(trainer.run_history)
         self._pending = {}
         self._started = time.perf_counter()
 
-    def _collect(self, trainer: Trainer) -> None:
+    def _collect(self, trainer: TrainerLike) -> None:
         new = self._cursor.read_new(trainer.run_history)
         for name in loss_first(new):
             self._pending[name] = new[name]
 
-    def _emit(self, trainer: Trainer, head: str, eta: float | None = None) -> None:
+    def _emit(self, trainer: TrainerLike, head: str, eta: float | None = None) -> None:
         pending, self._pending = self._pending, {}
         if not trainer.accelerator.is_main_process:
             return
@@ -398,7 +402,7 @@ def format_duration(seconds: float) -> str:
     return f"{minutes} min {secs:02d} s"
 
 
-def precision_text(trainer: Trainer) -> str:
+def precision_text(trainer: TrainerLike) -> str:
     """The precision in effect: the mixed precision accelerate applies and the weights' dtype.
 
     E.g. ``float32`` (no mixed precision) or ``bf16 mixed precision, float32 weights``, read
@@ -485,12 +489,12 @@ class ProgressBarCallback(TrainerCallback):
         self._loss_refreshed_at = 0  # steps done at the last refresh of the running loss
         self._epoch_offset = 0
 
-    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Note where the run's epochs start (for the bar's ``epoch/epochs``)."""
         resumed = trainer.resumed_from is not None  # as PrintProgressCallback numbers them
         self._epoch_offset = 0 if resumed else trainer.run_history.current_epoch - 1
 
-    def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_epoch_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Open the training bar."""
         config = trainer.run_config
         total = config.train_dataloader_len if config else 0
@@ -501,7 +505,7 @@ class ProgressBarCallback(TrainerCallback):
         self._pending = None
         self._loss_refreshed_at = 0
 
-    def on_train_progress(self, trainer: Trainer, steps_done: int, **kwargs: Any) -> None:
+    def on_train_progress(self, trainer: TrainerLike, steps_done: int, **kwargs: Any) -> None:
         """Move the bar to ``steps_done``; read the running loss if the bar redrew (or N steps)."""
         drawn_at = getattr(self.pbar, "last_print_t", None)
         _advance(self.pbar, steps_done)
@@ -516,7 +520,7 @@ class ProgressBarCallback(TrainerCallback):
             self._loss_refreshed_at = steps_done
             self._refresh_loss(trainer)
 
-    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_epoch_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Show the epoch's loss and close the training bar."""
         name = trainer.run_history.metric_name_prefix + "train_loss_epoch"
         if not self.pbar.disable and name in trainer.run_history.get_metric_names():
@@ -524,29 +528,29 @@ class ProgressBarCallback(TrainerCallback):
         self.pbar.close()
         self._pending = None
 
-    def on_eval_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_eval_epoch_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Open the evaluation bar."""
         total = len(trainer.eval_dataloader or ())
         if trainer.limit_eval_batches is not None:
             total = min(total, trainer.limit_eval_batches)
         self.eval_pbar = self._open(trainer, total, "eval")
 
-    def on_eval_progress(self, trainer: Trainer, steps_done: int, **kwargs: Any) -> None:
+    def on_eval_progress(self, trainer: TrainerLike, steps_done: int, **kwargs: Any) -> None:
         """Move the evaluation bar to ``steps_done``."""
         _advance(self.eval_pbar, steps_done)
 
-    def on_eval_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_eval_epoch_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Close the evaluation bar."""
         self.eval_pbar.close()
 
-    def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
+    def on_exception(self, trainer: TrainerLike, exception: BaseException, **kwargs: Any) -> None:
         """Close the bars a failed or interrupted run left open."""
         for bar in (self.pbar, self.eval_pbar):
             if bar is not None:
                 bar.close()
         self._pending = None
 
-    def _refresh_loss(self, trainer: Trainer) -> None:
+    def _refresh_loss(self, trainer: TrainerLike) -> None:
         """Show the running mean loss: read directly on the CPU, without waiting on CUDA."""
         tracker = trainer.train_loss_tracker
         total = tracker.total_loss
@@ -571,7 +575,7 @@ class ProgressBarCallback(TrainerCallback):
     def _show_loss(self, value: float) -> None:
         self.pbar.set_postfix(loss=f"{value:.4g}", refresh=False)
 
-    def _open(self, trainer: Trainer, total: int | None, desc: str) -> Any:
+    def _open(self, trainer: TrainerLike, total: int | None, desc: str) -> Any:
         disable = None if self.show is None else not self.show  # None: tqdm checks for a TTY
         if not trainer.accelerator.is_local_main_process:
             disable = True
@@ -607,27 +611,27 @@ class LogMetricsCallback(TrainerCallback):
     def __init__(self) -> None:
         self._cursor = MetricCursor()
 
-    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Mark everything already recorded as logged."""
         setup_logging()
         self._cursor.skip_to_end(trainer.run_history)
 
     on_evaluation_run_start = on_training_run_start
 
-    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_epoch_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Log the metrics recorded since the last logging (training, run and evaluation ends)."""
         self._log_new(trainer)
 
     on_training_run_epoch_end = on_evaluation_run_end = on_train_epoch_end
 
     def on_eval_epoch_end(
-        self, trainer: Trainer, sanity_check: bool = False, **kwargs: Any
+        self, trainer: TrainerLike, sanity_check: bool = False, **kwargs: Any
     ) -> None:
         """Log the metrics of the evaluation epoch (not those of a sanity evaluation)."""
         if not sanity_check:
             self._log_new(trainer)
 
-    def log_metrics(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+    def log_metrics(self, trainer: TrainerLike, metrics: dict[str, Any]) -> None:
         """Log a dict of metric values; override to send them elsewhere.
 
         Args:
@@ -638,7 +642,7 @@ class LogMetricsCallback(TrainerCallback):
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("metrics: %s", format_metrics(metrics))
 
-    def _log_new(self, trainer: Trainer) -> None:
+    def _log_new(self, trainer: TrainerLike) -> None:
         new = self._cursor.read_new(trainer.run_history)
         if new:
             self.log_metrics(trainer, new)
@@ -674,12 +678,18 @@ def with_environment_callbacks(callbacks: Iterable[CallbackLike]) -> list[Callba
     Raises:
         ValueError: If ``PYTORCH_ACCEL_LIMIT_BATCHES`` holds something other than a count.
     """
-    callbacks = list(callbacks)
+    callbacks = list(DEFAULT_CALLBACKS if isinstance(callbacks, DefaultCallbacks) else callbacks)
     kinds = [callback if isinstance(callback, type) else type(callback) for callback in callbacks]
-    limit = limit_batches_from_environment()
-    if limit is not None and not any(issubclass(kind, LimitBatchesCallback) for kind in kinds):
-        callbacks.append(LimitBatchesCallback(limit))
-        kinds.append(LimitBatchesCallback)
+    if os.environ.get(LIMIT_BATCHES_ENV_VAR) or os.environ.get(OLD_LIMIT_BATCHES_ENV_VAR):
+        from pytorch_accel.callbacks.limit_batches import (  # only then: a plain run reads less
+            LimitBatchesCallback,
+            limit_batches_from_environment,
+        )
+
+        limit = limit_batches_from_environment()
+        if limit is not None and not any(issubclass(k, LimitBatchesCallback) for k in kinds):
+            callbacks.append(LimitBatchesCallback(limit))
+            kinds.append(LimitBatchesCallback)
     _say_once_if_silent(kinds)
     return callbacks
 

@@ -9,14 +9,15 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._checks import check_bool, check_path, check_positive_int, fail
-from pytorch_accel.callback import DefaultPath, RunPaths, TrainerCallback, redirected_paths
+from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks._watch import MetricWatch
 from pytorch_accel.callbacks.defaults import format_value
+from pytorch_accel.checks import check_bool, check_path, check_positive_int, fail
+from pytorch_accel.outputs import DefaultPath, RunPaths, redirected_paths
 from pytorch_accel.tracking import get_logger
 
 if TYPE_CHECKING:
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike
 
 __all__ = ["SaveBestModelCallback"]
 
@@ -169,7 +170,7 @@ class SaveBestModelCallback(TrainerCallback):
         self._ranking = [(float(value), int(epoch)) for value, epoch in state_dict["ranking"]]
         self._best_in_call = bool(state_dict.get("best_in_call", True))
 
-    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Start a new ranking (if ``reset_on_train``); check that the metric can be recorded."""
         if self.reset_on_train:
             self._forget(trainer)
@@ -177,7 +178,7 @@ class SaveBestModelCallback(TrainerCallback):
         self._watch.start_run(trainer)
 
     def on_training_run_epoch_end(
-        self, trainer: Trainer, evaluated: bool = True, **kwargs: Any
+        self, trainer: TrainerLike, evaluated: bool = True, **kwargs: Any
     ) -> None:
         """Save the epoch if it is a new best or, with ``save_top_k > 1``, in the top ``k``."""
         value = self._watch.read_main(trainer, evaluated)
@@ -185,7 +186,7 @@ class SaveBestModelCallback(TrainerCallback):
         if self._watch.is_better(value, self._ranking[-1][0] if full else None):
             self._save(trainer, value, trainer.run_history.current_epoch)
 
-    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Load the best checkpoint, if asked for and one was saved."""
         if not self.load_saved_checkpoint:
             return
@@ -215,7 +216,7 @@ class SaveBestModelCallback(TrainerCallback):
         )
         schedule.restore(trainer)
 
-    def _save(self, trainer: Trainer, value: float, epoch: int) -> None:
+    def _save(self, trainer: TrainerLike, value: float, epoch: int) -> None:
         """Write the epoch's file(s), then delete the file that left the top ``k``."""
         contents = {self.watch_metric: value, "epoch": epoch}
         options = {"save_optimizer": self.save_optimizer, "save_scheduler": self.save_scheduler}
@@ -233,13 +234,13 @@ class SaveBestModelCallback(TrainerCallback):
         evicted, self._ranking = self._ranking[self.save_top_k :], self._ranking[: self.save_top_k]
         self._delete(trainer, [epoch for _, epoch in evicted])
 
-    def _forget(self, trainer: Trainer) -> None:
+    def _forget(self, trainer: TrainerLike) -> None:
         self._delete(trainer, [epoch for _, epoch in self._ranking])
         self._ranking = []
         self.best_metric = None
         self.best_metric_epoch = None
 
-    def _delete(self, trainer: Trainer, epochs: list[int]) -> None:
+    def _delete(self, trainer: TrainerLike, epochs: list[int]) -> None:
         if self.save_top_k == 1 or not trainer.accelerator.is_main_process:
             return
         for epoch in epochs:
@@ -259,7 +260,7 @@ class _Schedule:
         self.groups = groups
 
     @classmethod
-    def of(cls, trainer: Trainer) -> _Schedule:
+    def of(cls, trainer: TrainerLike) -> _Schedule:
         scheduler = trainer.scheduler
         state = None if scheduler is None else copy.deepcopy(scheduler.state_dict())
         groups = [
@@ -268,7 +269,7 @@ class _Schedule:
         ]
         return cls(state, groups)
 
-    def restore(self, trainer: Trainer) -> None:
+    def restore(self, trainer: TrainerLike) -> None:
         if self.scheduler is not None and trainer.scheduler is not None:
             trainer.scheduler.load_state_dict(self.scheduler)
         for group, settings in zip(trainer.optimizer.param_groups, self.groups, strict=True):

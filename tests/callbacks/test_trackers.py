@@ -54,12 +54,13 @@ def test_tensorboard_scalars_and_hparams_match_the_run_history(tmp_path: Path) -
 
     scalars = read_scalars(tmp_path / "runs" / "demo")
     for name in ("train_loss_epoch", "eval_loss_epoch"):
-        assert [step for step, _ in scalars[name]] == [1, 2, 3]
+        assert [step for step, _ in scalars[name]] == [4, 8, 12]  # the updates at epoch ends
         assert [value for _, value in scalars[name]] == pytest.approx(
             history.get_metric_values(name), rel=1e-6
         )  # TensorBoard stores float32
+    assert scalars["epoch"] == [(4, 1), (8, 2), (12, 3)]
     assert scalars["evaluation_loss"] == [
-        (3, pytest.approx(history.get_latest_metric("evaluation_loss"), rel=1e-6))
+        (12, pytest.approx(history.get_latest_metric("evaluation_loss"), rel=1e-6))
     ]
     files = sorted(tmp_path.rglob("hparams.yml"), key=lambda path: float(path.parent.name))
     stored = [yaml.safe_load(path.read_text()) for path in files]
@@ -86,7 +87,7 @@ def test_csv_has_one_row_per_epoch_with_exact_values(tmp_path: Path) -> None:
     history = trainer.run_history
     with open(path, newline="") as handle:
         header = next(csv.reader(handle))
-    assert header == ["epoch", "eval_loss_epoch", "evaluation_loss", "train_loss_epoch"]
+    assert header == ["epoch", "eval_loss_epoch", "evaluation_loss", "train_loss_epoch", "update"]
     rows = read_csv(path)
     assert [row["epoch"] for row in rows] == ["1", "2"]
     for name in ("train_loss_epoch", "eval_loss_epoch"):
@@ -158,8 +159,8 @@ def test_a_custom_tracker_gets_config_metrics_per_epoch_and_a_stopped_epoch(
     assert config["num_epochs"] == 3
     assert all(isinstance(value, bool | int | float | str) for value in config.values())
     losses = trainer.run_history.get_metric_values("train_loss_epoch")
-    assert tracker.calls[2][1] == (1, {"train_loss_epoch": losses[0]})
-    assert tracker.calls[3][1] == (2, {"train_loss_epoch": losses[1]})  # the stopped epoch
+    assert tracker.calls[2][1] == (4, {"train_loss_epoch": losses[0], "epoch": 1})
+    assert tracker.calls[3][1] == (6, {"train_loss_epoch": losses[1], "epoch": 2})  # stopped
     step, step_metrics = tracker.calls[4][1]  # the step-level point at the end of the run
     assert step == trainer.num_updates == 6  # 4 updates, then 2 in the stopped epoch
     assert step_metrics["train_loss_step"] == pytest.approx((4 * losses[0] + 2 * losses[1]) / 6)
@@ -179,7 +180,7 @@ def test_non_numeric_metrics_go_to_the_csv_only(tmp_path: Path) -> None:
     trainer = make_trainer(callbacks=(RecordsAList(), tracking))
     trainer.train(make_regression_dataset(16), num_epochs=1)
     _, logged = tracker.calls[2][1]
-    assert set(logged) == {"train_loss_epoch", "as_tensor"}
+    assert set(logged) == {"train_loss_epoch", "as_tensor", "epoch"}
     assert logged["as_tensor"] == 2.0
     assert read_csv(tmp_path / "m.csv")[0]["per_class"] == "[0.5, 0.25]"
 
@@ -231,16 +232,17 @@ def test_a_full_disk_for_the_step_csv_names_it(tmp_path: Path) -> None:
         order = 2000  # after the row is written
 
         def on_optimizer_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
-            if trainer.num_updates == 1:  # the file is written: its next row finds no space
-                (tmp_path / "m_steps.csv").unlink()
-                (tmp_path / "m_steps.csv").symlink_to("/dev/full")
+            path = tmp_path / "m_steps.csv"
+            if path.exists() and not path.is_symlink():  # written: its next rows find no space
+                path.unlink()
+                path.symlink_to("/dev/full")
 
     trainer = make_trainer(callbacks=(tracking, Full()))
     message = (
         r"TrackingCallback: could not write '.*m_steps.csv': the disk is full; free some space, "
         r"or pass another csv_path to TrackingCallback"
     )
-    with pytest.raises(OSError, match=message) as info:
-        trainer.train(make_regression_dataset(16), num_epochs=1, per_device_batch_size=4)
+    with pytest.raises(OSError, match=message) as info:  # the rows are written at epoch ends
+        trainer.train(make_regression_dataset(16), num_epochs=2, per_device_batch_size=4)
     assert info.value.errno == errno.ENOSPC
     assert isinstance(info.value.__cause__, OSError)
