@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pytorch_accel._checks import check_bool, check_positive_int, fail
 from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.checks import check_bool, check_positive_int, fail
 
 if TYPE_CHECKING:
     from pytorch_accel.trainer import Trainer

@@ -10,17 +10,18 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._checkpointing.files import atomic_write
-from pytorch_accel._checks import fail
-from pytorch_accel.callback import DefaultPath, RunPaths, TrainerCallback, redirected_paths
+from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks._metrics_csv import read_metrics_csv
 from pytorch_accel.callbacks._report_html import Panel, ReportContent, group_panels, render
 from pytorch_accel.callbacks._run_info import environment, jsonable, run_configuration
 from pytorch_accel.callbacks.defaults import precision_text
+from pytorch_accel.checks import fail
+from pytorch_accel.files import atomic_write
+from pytorch_accel.outputs import DefaultPath, RunPaths, redirected_paths
 from pytorch_accel.tracking import reported_float
 
 if TYPE_CHECKING:
-    from pytorch_accel.lr_finder import LRFinderResult
+    from pytorch_accel.tools.lr_finder import LRFinderResult
     from pytorch_accel.trainer import Trainer
 
 __all__ = ["RunReportCallback"]
@@ -75,7 +76,7 @@ class RunReportCallback(TrainerCallback):
         lr_finder: LRFinderResult | None = None,
         title: str | None = None,
     ) -> None:
-        from pytorch_accel.lr_finder import LRFinderResult
+        from pytorch_accel.tools.lr_finder import LRFinderResult
 
         if lr_finder is not None and not isinstance(lr_finder, LRFinderResult):
             fail(

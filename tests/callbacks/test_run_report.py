@@ -15,8 +15,7 @@ import torch
 from helpers import make_model, make_regression_dataset
 from torch import nn
 
-from pytorch_accel import Trainer
-from pytorch_accel._checkpointing import files
+from pytorch_accel import Trainer, files
 from pytorch_accel.callbacks import RunRecordCallback, RunReportCallback, TrainerCallback
 from pytorch_accel.callbacks import run_report as run_report_module
 
