@@ -623,14 +623,16 @@ class Loop:
         """Run a whole run level (``train``, ``evaluate``, ``predict``) with its events.
 
         ``stopped_by`` is cleared first; a loss that broadcasts targets of another shape raises
-        (``shape_mismatches_raise``).
+        (``shape_mismatches_raise``). With several processes an error is left in the process
+        group's store (``announce_failure``), and a collective that failed because another
+        process ended raises an error naming that process's (``lost_peer_error``).
         """
         self.state.stopped_by = None
         setup_logging()  # the loop's and the callbacks' messages go through the package's logger
         try:
             with shape_mismatches_raise(where):
                 self._with_events(level, body)
-        except BaseException as error:
+        except Exception as error:
             if self._agreement is not None and not isinstance(error, StopTrainingError):
                 # failed on one process: the others learn it when their next collective fails
                 lost = lost_peer_error(where, error)

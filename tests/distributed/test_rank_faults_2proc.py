@@ -91,3 +91,19 @@ def test_an_error_raised_in_one_process_step_is_named_on_the_other(tmp_path: Pat
         "Trainer.train: process 0 stopped because the run failed on another process: process 1: "
         "ValueError: rank 1's batch is bad"
     )
+
+
+def test_more_names_than_an_interval_has_room_for_are_combined_by_name(tmp_path: Path) -> None:
+    """Ten means (20 parts, room for 16): the interval's exchange grows once; values exact."""
+    outcome = launch("rank_faults.py", "log_many_names", out_dir=tmp_path, timeout=120)
+    assert outcome.returncode == 0, outcome.output[-4000:]
+    first, second = outcome.ranks
+    assert first["history"] == second["history"]
+    for index in range(10):  # rank r logs r + index: the mean over both is index + 0.5
+        assert first["history"][f"train_n{index}_epoch"] == [index + 0.5] * 2
+    rows = first["steps"]
+    assert len(rows) == 8  # 16 updates (8 per epoch), logged every 2
+    for row in rows:
+        assert [float(row[f"train_n{index}_step"]) for index in range(10)] == [
+            index + 0.5 for index in range(10)
+        ]
