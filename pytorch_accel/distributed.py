@@ -18,19 +18,22 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from accelerate import Accelerator
-from accelerate.state import PartialState
+from accelerate.state import AcceleratorState, PartialState
 from accelerate.utils import (
     DataLoaderConfiguration,
     DistributedType,
     FullyShardedDataParallelPlugin,
     broadcast_object_list,
 )
+
+from pytorch_accel._checks import fail
 
 __all__ = [
     "AgreedFlag",
@@ -40,6 +43,7 @@ __all__ = [
     "broadcast_buffers",
     "check_world_size",
     "create_accelerator",
+    "effective_mixed_precision",
     "fsdp_requested",
     "gather_objects",
     "gather_rows",
@@ -76,11 +80,84 @@ def create_accelerator(accelerator_kwargs: Mapping[str, Any]) -> Accelerator:
     Batches are copied to GPUs without blocking (from the pinned memory the default
     dataloaders use there), so loading never synchronises the host with the device.
     """
+    _check_fsdp_version(accelerator_kwargs.get("fsdp_plugin"))
     defaults = {
         "cpu": needs_cpu_distributed(),
         "dataloader_config": DataLoaderConfiguration(non_blocking=True),
     }
-    return Accelerator(**{**defaults, **accelerator_kwargs})
+    try:
+        accelerator = Accelerator(**{**defaults, **accelerator_kwargs})
+    except ValueError as error:
+        state = AcceleratorState()  # the process's: accelerate keeps one, shared
+        if "already been initialized" not in str(error) or not state.initialized:
+            raise
+        requested = accelerator_kwargs.get("mixed_precision") or os.environ.get(
+            "ACCELERATE_MIXED_PRECISION", "no"
+        )
+        raise ValueError(
+            f"Trainer: accelerator_kwargs asks for mixed_precision={str(requested)!r}, but a "
+            f"trainer created earlier in this process set up accelerate with "
+            f"mixed_precision={str(state.mixed_precision)!r} (and device "
+            f"{str(state.device)!r}): accelerate keeps one setting per process, which cannot "
+            "change once set. Give every Trainer of a process the same mixed_precision (and "
+            "cpu), or run each setting in a process of its own (a script per precision)."
+        ) from None
+    _warn_if_precision_ignored(accelerator)
+    return accelerator
+
+
+def effective_mixed_precision(accelerator: Accelerator) -> str:
+    """The precision training really runs in: ``"no"`` for fp16 on the CPU (see below)."""
+    if _fp16_ignored(accelerator):
+        return "no"
+    return str(accelerator.mixed_precision)
+
+
+def _fp16_ignored(accelerator: Accelerator) -> bool:
+    """Whether accelerate ignores ``mixed_precision="fp16"``: on the CPU, no autocast, no scaler."""
+    return (
+        accelerator.mixed_precision == "fp16"
+        and accelerator.device.type == "cpu"
+        and accelerator.scaler is None
+        and not accelerator.native_amp
+    )
+
+
+def _warn_if_precision_ignored(accelerator: Accelerator) -> None:
+    """Warn once per trainer where the requested precision is not the one training runs in."""
+    if _fp16_ignored(accelerator):
+        warnings.warn(
+            "Trainer: mixed_precision='fp16' has no effect on the CPU: accelerate uses "
+            "neither autocast nor a gradient scaler there, so training runs in float32 (the "
+            "run config records mixed_precision='no'). Pass mixed_precision='bf16' for mixed "
+            "precision on the CPU, or 'no' to silence this.",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+_FSDP_VERSIONS = (1, 2)
+"""The FSDP versions accelerate implements (``FullyShardedDataParallelPlugin.fsdp_version``)."""
+
+
+def _check_fsdp_version(fsdp_plugin: object) -> None:
+    """Refuse an FSDP version accelerate does not implement, before it fails obscurely."""
+    if fsdp_plugin is not None:
+        version, name = getattr(fsdp_plugin, "fsdp_version", 1), "fsdp_plugin.fsdp_version"
+    elif fsdp_requested():
+        version, name = os.environ.get("FSDP_VERSION", "1"), "FSDP_VERSION"
+        version = int(version) if version.strip().isdigit() else version
+    else:
+        return
+    if version not in _FSDP_VERSIONS:
+        fail(
+            ValueError,
+            "Trainer",
+            f"accelerator_kwargs: {name}",
+            version,
+            "1 or 2 (the FSDP versions accelerate implements)",
+            "Pass FullyShardedDataParallelPlugin(fsdp_version=2) for FSDP2 (or 1 for FSDP1).",
+        )
 
 
 def needs_cpu_distributed() -> bool:

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.utils import send_to_device
 
-from pytorch_accel._checks import check_bool, check_positive_int
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks.defaults import SEPARATOR, format_metrics
+from pytorch_accel.checks import check_bool, check_positive_int
 from pytorch_accel.tracking import (
     LoggedValues,
     get_logger,
@@ -26,7 +26,7 @@ from pytorch_accel.tracking import (
 )
 
 if TYPE_CHECKING:
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike as Trainer
 
 __all__ = ["DEFAULT_LOG_EVERY_N_UPDATES", "StepLoggingCallback", "StepMetrics"]
 
