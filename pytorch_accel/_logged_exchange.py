@@ -24,24 +24,23 @@ from pytorch_accel.distributed import (
 )
 
 
-class LoggedSpan(Protocol):
-    """What the exchanges read of a span's logged values (``tracking.LoggedValues``)."""
+class LoggedValues(Protocol):
+    """What an exchange reads of a span's logged values (a ``tracking.LoggedValues``)."""
 
     capacity: list[int]
 
-    def parts(self) -> tuple[list[Any], list[str]]:
-        """The span's totals, by name, and how each combines across processes."""
+    def names(self) -> list[str]:
+        """The names logged, with their reductions."""
 
     def fingerprint(self) -> int:
-        """A number that tells the names and reductions apart (0: nothing logged)."""
+        """The same number on every process that logged the same names."""
 
-    def names(self) -> list[str]:
-        """The names logged, each with its reduction, sorted."""
+    def parts(self) -> tuple[list[Any], list[str]]:
+        """The values to exchange and the reduction of each."""
 
 
 __all__ = [
     "DEFAULT_LOGGED_CAPACITY",
-    "LoggedSpan",
     "read_reduced",
     "read_with_logged",
     "reduction_dtype",
@@ -69,7 +68,7 @@ DEFAULT_LOGGED_CAPACITY = 16
 
 
 def read_with_logged(
-    parts: Sequence[Any], reductions: Sequence[str], logged: LoggedSpan, device: torch.device
+    parts: Sequence[Any], reductions: Sequence[str], logged: LoggedValues, device: torch.device
 ) -> list[float]:
     """Combine ``parts`` and a span's logged values across processes in one exchange; read once.
 
@@ -83,7 +82,7 @@ def read_with_logged(
     Args:
         parts: This process's values, the same names on every process.
         reductions: How each of ``parts`` combines (``REDUCTIONS``).
-        logged: The span's logged values (``tracking.LoggedValues.take()``).
+        logged: The span's logged values (``LoggedValues.take()``).
         device: Where the values are combined.
     """
     logged_parts, logged_reductions = logged.parts()
@@ -126,7 +125,7 @@ def _combined(rows: list[list[float]], reductions: Sequence[str], start: int) ->
     return combined
 
 
-def refuse_different_names(logged: LoggedSpan, fingerprints: Sequence[int], span: str) -> None:
+def refuse_different_names(logged: LoggedValues, fingerprints: Sequence[int], span: str) -> None:
     """Raise on every process: the processes logged different names (or reductions) in a span.
 
     Every process calls it at the same point (their fingerprints disagree on every one): one
