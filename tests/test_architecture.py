@@ -69,6 +69,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.trainer",
             "pytorch_accel.timm_trainer",
             "pytorch_accel.export",
+            "pytorch_accel.memory",
         ),
     ),
     ("catalogue", ("pytorch_accel.callbacks",)),
@@ -90,7 +91,8 @@ LAYER_ROLES = {
         "surroundings (`batch_size_search`); the learning-rate range test, `Trainer.find_lr` "
         "(`lr_finder`, leaving the trainer's states as they were); every pytorch-accelerated "
         "name of the trainer module and of `Trainer` (`_compat`); exporting a model in the "
-        "ecosystem's formats, `Trainer.save_model` (`export`, imported by the method)."
+        "ecosystem's formats, `Trainer.save_model` (`export`, imported by the method); activation "
+        "checkpointing as one switch, called on a model before the trainer is made (`memory`)."
     ),
     "loop": (
         "The loop in one module, level by level (training, evaluation, prediction), with the "
