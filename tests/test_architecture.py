@@ -41,6 +41,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel._batch_limits",
             "pytorch_accel.utils",
             "pytorch_accel.logging_setup",
+            "pytorch_accel._padding",
         ),
     ),
     (
