@@ -36,7 +36,7 @@ from pytorch_accel.tracking import LossTracker
 
 if TYPE_CHECKING:
     from pytorch_accel.callback import CallbackHandler
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike as Trainer
 
 __all__ = [
     "PER_PROCESS",
