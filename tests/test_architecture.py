@@ -70,6 +70,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.timm_trainer",
             "pytorch_accel.export",
             "pytorch_accel.memory",
+            "pytorch_accel.packing",
         ),
     ),
     ("tools", ("pytorch_accel.tools",)),
@@ -100,7 +101,8 @@ LAYER_ROLES = {
         "(`compat`: the trainer module's extra names, `Trainer`'s private attributes); "
         "exporting a model in the ecosystem's formats, `Trainer.save_model` (`export`, "
         "imported by the method); activation checkpointing as one switch, called on a model "
-        "before the trainer is made (`memory`)."
+        "before the trainer is made (`memory`); padding-free batches for causal language "
+        "models, a collate function (`packing`)."
     ),
     "loop": (
         "The loop in one module, level by level (training, evaluation, prediction), with the "
