@@ -90,8 +90,13 @@ class EpochRandomness:
         )
 
     def apply(self, states: RandomStates) -> None:
-        """Set the global CPU generator and the samplers' generators to ``states``."""
+        """Set the global CPU generator and the samplers' generators to ``states``.
+
+        States without generators (saved by another number of processes) set the CPU one only.
+        """
         torch.set_rng_state(states.cpu)
+        if not states.generators:
+            return
         for generator, state in zip(self.generators, states.generators, strict=True):
             generator.set_state(state)
 
