@@ -47,7 +47,6 @@ from accelerate.utils import concatenate, send_to_device, slice_tensors
 
 from pytorch_accel import failing_batches as skips
 from pytorch_accel._batches import AccumulationPlan, without_count
-from pytorch_accel._checkpointing.resume import ResumePoint, enter_epoch
 from pytorch_accel._checks import (
     check_batch_output,
     check_predict_outputs,
@@ -56,6 +55,7 @@ from pytorch_accel._checks import (
     fail,
     shape_mismatches_raise,
 )
+from pytorch_accel._resumable import enter_epoch
 from pytorch_accel._state import Preparation, TrainerState
 from pytorch_accel.callback import ProgressEvents
 from pytorch_accel.dataloaders import epoch_batches, eval_set_prefix
@@ -74,6 +74,7 @@ from pytorch_accel.tracking import (
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
+    from pytorch_accel._checkpointing.resume import ResumePoint
     from pytorch_accel.trainer import Trainer
 
 __all__ = ["Loop", "training_rng_preserved"]

@@ -6,11 +6,12 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from accelerate import Accelerator
@@ -19,8 +20,6 @@ from torch.utils.data import DataLoader
 
 from pytorch_accel import _entry_checks as checks
 from pytorch_accel._batches import dict_batch_loss, inputs_and_targets, predictions_of
-from pytorch_accel._checkpointing.checkpoint import restore_checkpoint, write_checkpoint
-from pytorch_accel._checkpointing.training_state import TrainingStateIO
 from pytorch_accel._compat import DefaultCallbacks, with_ported_attributes
 from pytorch_accel._compat import trainer_module_attribute as __getattr__  # noqa: F401
 from pytorch_accel._dry_run import run_dry_or_overfit
@@ -46,6 +45,9 @@ from pytorch_accel.tracking import (
     LossTracker,
     RunHistory,
 )
+
+if TYPE_CHECKING:
+    from pytorch_accel._checkpointing.training_state import TrainingStateIO
 
 __all__ = [  # DEFAULT_CALLBACKS and the other ported names: served by __getattr__ (_compat)
     "Trainer",
@@ -137,7 +139,6 @@ class Trainer:
         self._state = TrainerState()
         self._preparation = Preparation(self._accelerator, self._state)
         self._loop = Loop(self, self._state, self._preparation)
-        self._states = TrainingStateIO(self, self._preparation, self._state)
         self.callback_handler.call_event("on_init_end", self)
 
     def _create_callback_handler(self, callbacks: Iterable[CallbackLike]) -> CallbackHandler:
@@ -800,6 +801,8 @@ class Trainer:
         optimizer = self.optimizer if save_optimizer else None
         scheduler = self.scheduler if save_scheduler else None
         accelerator, model = self._accelerator, self.model
+        from pytorch_accel._checkpointing.checkpoint import write_checkpoint
+
         write_checkpoint(accelerator, save_path, model, optimizer, scheduler, checkpoint_kwargs)
 
     def load_checkpoint(
@@ -820,9 +823,18 @@ class Trainer:
         """
         optimizer = self.optimizer if load_optimizer else None
         scheduler = self.scheduler if load_scheduler else None
+        from pytorch_accel._checkpointing.checkpoint import restore_checkpoint
+
         return restore_checkpoint(
             self._accelerator, checkpoint_path, self.model, optimizer, scheduler
         )
+
+    @functools.cached_property
+    def _states(self) -> TrainingStateIO:
+        """Saves and loads this trainer's training states (built at the first save or load)."""
+        from pytorch_accel._checkpointing.training_state import TrainingStateIO
+
+        return TrainingStateIO(self, self._preparation, self._state)
 
     def save_training_state(
         self, output_dir: str | os.PathLike[str], blocking: bool = True

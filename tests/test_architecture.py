@@ -46,6 +46,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "loop",
         (
+            "pytorch_accel._resumable",
             "pytorch_accel._checkpointing.resume",
             "pytorch_accel._state",
             "pytorch_accel._loop",
@@ -97,7 +98,9 @@ LAYER_ROLES = {
         "one `TrainerState`, and what accelerate prepares (`Preparation`: the model, the "
         "optimizer and each run's dataloaders, built through the trainer's hooks); saving, "
         "loading and resuming training states "
-        "(`_checkpointing.training_state`, `_checkpointing.resume`); the run's configuration "
+        "(`_checkpointing.training_state`, `_checkpointing.resume`, imported only when a state is "
+        "saved or resumed; every run's train dataloader that can restart mid-epoch, and each "
+        "epoch's entry: `_resumable`); the run's configuration "
         "(`run_config`: the `TrainerRunConfig`, and the set-up `train()` applies before the "
         "loop: seeding, determinism, scaling the learning rate; `run_setup` keeps its import "
         "path); more micro-batches of the same total on out-of-memory (`micro_batches`); the "

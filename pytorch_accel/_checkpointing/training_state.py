@@ -32,7 +32,6 @@ from pytorch_accel._checkpointing.fit import model_misfit
 from pytorch_accel._checkpointing.resume import (
     PER_PROCESS,
     Position,
-    RandomStates,
     ResumePoint,
     callback_states,
     gradients,
@@ -63,6 +62,7 @@ from pytorch_accel._checkpointing.store import (
 )
 from pytorch_accel._checkpointing.streams import stream_position
 from pytorch_accel._checks import fail
+from pytorch_accel._resumable import RandomStates
 from pytorch_accel._state import Preparation
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.distributed import AgreedFlag
