@@ -32,7 +32,7 @@ typecheck: $(VENV)/.dev-installed
 	$(BIN)/mypy
 
 docs-build: $(VENV)/.dev-installed
-	$(BIN)/mkdocs build --strict --quiet
+	$(BIN)/mkdocs build --strict
 
 docs: $(VENV)/.dev-installed
 	$(BIN)/mkdocs serve
@@ -48,8 +48,12 @@ $(VENV)/.bench-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e ".[bench]"
 	touch $@
 
+# Every suite; its results are written as each finishes (benchmarks/results/), and the figures
+# of docs/performance.md are regenerated from them, also after a failed suite.
+# `make bench BENCH_ARGS=--quick` for a smoke run (a few minutes).
 bench: $(VENV)/.bench-installed
-	$(BIN)/python -m benchmarks.run
+	$(BIN)/python -m benchmarks.run $(BENCH_ARGS); status=$$?; \
+		$(BIN)/python -m benchmarks.report; exit $$status
 
 clean:
 	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache

@@ -1,11 +1,31 @@
-"""Turn benchmark results into a Markdown table and a PNG chart."""
+"""Turn benchmark results into Markdown tables, PNG charts and the figures of the docs.
+
+``python -m benchmarks.report`` rewrites the marked blocks of ``docs/performance.md`` from
+``benchmarks/results/overhead.json`` (what ``make bench`` wrote): each block lies between
+``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` and is replaced whole; a block whose
+figures the results do not hold (a suite not run, or failed) is left as it was and named.
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import re
+import sys
 from pathlib import Path
 from typing import Any
 
 from benchmarks import saving
+
+RESULTS = Path(__file__).parent / "results" / "overhead.json"
+DOCS = Path(__file__).parent.parent / "docs" / "performance.md"
+SUITE_BLOCKS = ("train-2", "inference-1", "inference-2", "images", "loaders", "startup")
+BLOCK_NAMES = frozenset({"tiny", "medium", "calls", "fresh", "step-logging"}) | {
+    f"suite-{key}" for key in (*SUITE_BLOCKS, "resume", "saving")
+}
+"""The names of the blocks ``blocks`` can render (the docs' markers must be among them)."""
+BLOCK = re.compile(r"(<!-- bench:([\w.-]+) -->\n)(.*?)(<!-- /bench:\2 -->)", re.DOTALL)
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -21,18 +41,22 @@ def markdown(results: dict[str, Any]) -> str:
     for key in ("tiny", "medium"):
         if key in results:
             lines += _workload_table(results[key])
-    lines += [
-        "### Fresh processes (CPU seconds)",
-        "",
-        "| program | median | min-max |",
-        "| --- | ---: | ---: |",
-    ]
-    for name, values in results["fresh"].items():
-        lines.append(
-            f"| {name} | {values['median_s']:.2f} | {values['min_s']:.2f}-{values['max_s']:.2f} |"
-        )
-    lines.append("")
+    if "fresh" in results:
+        lines += [
+            "### Fresh processes (CPU seconds)",
+            "",
+            "| program | median | min-max |",
+            "| --- | ---: | ---: |",
+        ]
+        for name, values in results["fresh"].items():
+            lines.append(
+                f"| {name} | {values['median_s']:.2f} "
+                f"| {values['min_s']:.2f}-{values['max_s']:.2f} |"
+            )
+        lines.append("")
     lines += suites_markdown(results.get("suites", {}))
+    for name, error in results.get("failed", {}).items():
+        lines += [f"**{name} failed:**", "", "```", error.strip()[-2000:], "```", ""]
     return "\n".join(lines) + "\n"
 
 
@@ -40,29 +64,48 @@ def suites_markdown(suites: dict[str, Any]) -> list[str]:
     """Render each paired suite as a table, and the start-up figures."""
     lines: list[str] = []
     for key, suite in suites.items():
-        if key == "startup":
-            lines += _startup_table(suite)
-            continue
-        if key == "resume":
-            lines += _resume_table(suite)
-            continue
-        if key == "saving":
-            lines += ["### Stall per save (training states)", "", saving.markdown(suite), ""]
-            continue
-        lines += [
-            f"### {suite['name']}",
-            "",
-            "| loop | per batch (ms) | per-batch ratio [95% CI] (min-max) | whole-call ratio "
-            "[95% CI] | extra fixed per call (ms) [95% CI] |",
-            "| --- | ---: | ---: | ---: | ---: |",
-        ]
-        for row in suite["rows"]:
-            lines.append(
-                f"| {row['loop']} | {row['per_batch_ms']:.2f} | {_ratio(row['ratio'], True)} "
-                f"| {_ratio(row['whole_ratio'], False)} | {_ms(row['extra_fixed_ms'])} |"
-            )
-        lines.append("")
+        lines += _suite_table(key, suite, heading=True)
     return lines
+
+
+def _suite_table(key: str, suite: Any, heading: bool) -> list[str]:
+    if key == "startup":
+        lines = _startup_table(suite)
+        return lines if heading else lines[2:]
+    if key == "resume":
+        lines = _resume_table(suite)
+        return lines if heading else lines[2:]
+    if key == "saving":
+        lines = ["### Stall per save (training states)", "", saving.markdown(suite), ""]
+        return lines if heading else lines[2:]
+    if key == "loaders":
+        return _loaders_table(suite, heading)
+    lines = [f"### {suite['name']}", ""] if heading else []
+    lines += [
+        "| loop | per batch (ms) | per-batch ratio [95% CI] (min-max) | whole-call ratio "
+        "[95% CI] | extra fixed per call (ms) [95% CI] |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for row in suite["rows"]:
+        lines.append(
+            f"| {row['loop']} | {row['per_batch_ms']:.2f} | {_ratio(row['ratio'], True)} "
+            f"| {_ratio(row['whole_ratio'], False)} | {_ms(row['extra_fixed_ms'])} |"
+        )
+    return [*lines, ""]
+
+
+def _loaders_table(suite: dict[str, Any], heading: bool) -> list[str]:
+    lines = [f"### {suite['name']}", ""] if heading else []
+    lines += [
+        "| data | setting | per call (ms) | vs the best fixed setting [95% CI] |",
+        "| --- | --- | ---: | ---: |",
+    ]
+    for row in suite["rows"]:
+        lines.append(
+            f"| {row['data']} | {row['setting']} | {row['per_call_ms']:.1f} "
+            f"| {_ratio(row['vs_best'], False)} |"
+        )
+    return [*lines, ""]
 
 
 def _ratio(values: dict[str, Any], with_range: bool) -> str:
@@ -184,7 +227,7 @@ def suites_chart(suites: dict[str, Any], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    keys = [key for key in suites if key not in ("startup", "resume", "saving")]
+    keys = [key for key in suites if key not in ("startup", "resume", "saving", "loaders")]
     if not keys:
         return True
     figure, axes = plt.subplots(len(keys), 1, figsize=(8, 2.2 * len(keys)), squeeze=False)
@@ -205,3 +248,128 @@ def suites_chart(suites: dict[str, Any], path: Path) -> bool:
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return True
+
+
+def provenance(results: dict[str, Any], rounds: str = "") -> str:
+    """The line under each generated block: when and how its figures were measured."""
+    machine = results["machine"]
+    quick = " `--quick`" if results.get("quick") else ""
+    return (
+        f"*Generated by `python -m benchmarks.report` from `make bench`{quick} of "
+        f"{results.get('started', 'an unrecorded date')} (Python {machine['python']}, torch "
+        f"{machine['torch']}, {machine['processor']}, {machine['threads']} thread"
+        f"{rounds}).*"
+    )
+
+
+def blocks(results: dict[str, Any]) -> dict[str, str]:
+    """The text of every block of the docs that ``results`` holds figures for, by name."""
+    texts: dict[str, str] = {}
+    for key in ("tiny", "medium"):
+        if key in results:
+            workload = results[key]
+            rounds = f"; {workload.get('rounds', '?')} rounds of {workload.get('steps', '?')} steps"
+            table = _workload_table(workload)[2:]  # without its heading
+            while table and table[-1] == "":
+                table.pop()
+            overhead = [line for line in table if line.startswith("Logging every")]
+            table = [line for line in table if line not in overhead]
+            while table and table[-1] == "":
+                table.pop()
+            texts[key] = "\n".join([*table, "", provenance(results, rounds)])
+    if "tiny" in results:
+        texts["calls"] = _calls_sentence(results["tiny"])
+        step_logging = _step_logging_table(results["tiny"])
+        if step_logging:
+            texts["step-logging"] = "\n".join([*step_logging, "", provenance(results)])
+    if "fresh" in results:
+        lines = ["| program | median (CPU s) | min-max |", "| --- | ---: | ---: |"]
+        for name, values in results["fresh"].items():
+            lines.append(
+                f"| {name} | {values['median_s']:.2f} "
+                f"| {values['min_s']:.2f}-{values['max_s']:.2f} |"
+            )
+        texts["fresh"] = "\n".join([*lines, "", provenance(results)])
+    for key, suite in results.get("suites", {}).items():
+        table = _suite_table(key, suite, heading=False)
+        while table and table[-1] == "":
+            table.pop()
+        texts[f"suite-{key}"] = "\n".join([*table, "", provenance(results)])
+    return texts
+
+
+def _calls_sentence(workload: dict[str, Any]) -> str:
+    calls = {row["loop"]: row["calls_per_step"] for row in workload["rows"]}
+    base = calls.get("hand-written")
+    default = calls.get("pytorch-accel, default callbacks")
+    bare = calls.get("pytorch-accel, no callbacks")
+    if base is None or default is None or bare is None:
+        return "(Python calls per step: not measured in these results.)"
+    return (
+        f"The trainer adds {bare - base:.0f} Python calls to the hand-written step's "
+        f"{base:.0f} without callbacks ({bare:.0f} in all) and {default - base:.0f} with the "
+        f"default ones ({default:.0f}), counted with `sys.setprofile` by `make bench`."
+    )
+
+
+def _step_logging_table(workload: dict[str, Any]) -> list[str]:
+    rows = [
+        ("every 50 updates", workload.get("logging_overhead")),
+        ("every update", workload.get("logging_every_update_overhead")),
+    ]
+    rows = [(name, figures) for name, figures in rows if figures]
+    if not rows:
+        return []
+    lines = [
+        "| step logging (`TrackingCallback`, CSV) | per-step ratio to the default callbacks, "
+        "median (min-max) | extra per run (ms) |",
+        "| --- | ---: | ---: |",
+    ]
+    for name, figures in rows:
+        lines.append(
+            f"| {name} | {figures['per_step_ratio']:.3f} ({figures['per_step_ratio_min']:.3f}-"
+            f"{figures['per_step_ratio_max']:.3f}) | {figures['extra_fixed_ms']:+.1f} |"
+        )
+    return lines
+
+
+def update_document(text: str, texts: dict[str, str]) -> tuple[str, list[str], list[str]]:
+    """Replace the marked blocks of ``text`` that ``texts`` has.
+
+    Returns:
+        The new text, the names of the blocks replaced, and those left as they were.
+    """
+    replaced: list[str] = []
+    kept: list[str] = []
+
+    def replace(match: re.Match[str]) -> str:
+        name = match.group(2)
+        if name not in texts:
+            kept.append(name)
+            return match.group(0)
+        replaced.append(name)
+        return f"{match.group(1)}{texts[name]}\n{match.group(4)}"
+
+    return BLOCK.sub(replace, text), replaced, kept
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Rewrite the marked blocks of the docs from the benchmark results."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=RESULTS, help="overhead.json to read")
+    parser.add_argument("--docs", type=Path, default=DOCS, help="the Markdown page to rewrite")
+    args = parser.parse_args(argv)
+    if not args.results.is_file():
+        sys.exit(f"benchmarks.report: no results at {args.results}: run `make bench` first.")
+    results = json.loads(args.results.read_text())
+    text, replaced, kept = update_document(args.docs.read_text(), blocks(results))
+    partial = args.docs.with_name(f".{args.docs.name}.partial")
+    partial.write_text(text)
+    os.replace(partial, args.docs)
+    print(f"benchmarks.report: rewrote {', '.join(replaced) or 'no block'} in {args.docs}")
+    if kept:
+        print(f"benchmarks.report: no figures for {', '.join(kept)} (left as they were)")
+
+
+if __name__ == "__main__":
+    main()

@@ -24,6 +24,8 @@ matplotlib is installed, ``overhead.png`` (one process) and ``suites.png`` (the 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import itertools
 import json
 import os
@@ -31,6 +33,7 @@ import random
 import statistics
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +50,7 @@ RESULTS = Path(__file__).parent / "results"
 WARM_UP_STEPS = 3
 LOGGING_ROW = "pytorch-accel, default callbacks + logging every 50 updates"
 DEFAULT_ROW = "pytorch-accel, default callbacks"
+EVERY_UPDATE_ROW = "pytorch-accel, default callbacks + logging every update"
 # glibc adapts its mmap and trim thresholds while a program runs, which makes timings drift;
 # fixed thresholds keep every round on the same allocator behaviour.
 MALLOC_TUNABLES = "glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=1073741824"
@@ -80,6 +84,7 @@ def build_loops(make_model: Callable[[], nn.Module]) -> dict[str, loops.Loop]:
         "accelerate loop": loops.accelerate_loop(make_model()),
         "pytorch-accel, default callbacks": loops.pytorch_accel_trainer(make_model(), True),
         LOGGING_ROW: loops.pytorch_accel_step_logging(make_model(), every_n_updates=50),
+        EVERY_UPDATE_ROW: loops.pytorch_accel_step_logging(make_model(), every_n_updates=1),
         "pytorch-accel, no callbacks": loops.pytorch_accel_trainer(make_model(), False),
         "pytorch-accelerated": loops.pytorch_accelerated_trainer(make_model()),
     }
@@ -201,40 +206,92 @@ def run_with_tuned_malloc(module: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the chosen workloads and the fresh-process figures; write the results."""
+    """Run the chosen workloads and suites, writing the results after each one finishes.
+
+    A part that fails is reported and recorded (``failed`` in ``overhead.json``) and the
+    others still run; the exit status is then 1. What was measured before a crash is on disk.
+    """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--suites", nargs="*", default=list(suites.ALL), choices=suites.ALL)
+    parser.add_argument("--no-fresh", action="store_true", help="skip the fresh-process figures")
     parser.add_argument("--quick", action="store_true", help="fewer rounds, for a smoke test")
+    parser.add_argument(
+        "--out", type=Path, default=RESULTS, help="the results folder (benchmarks/results)"
+    )
     args = parser.parse_args(argv)
     run_with_tuned_malloc("benchmarks.run")
     torch.set_num_threads(1)
-    results: dict[str, Any] = {"machine": fresh.machine_description()}
-    for key in args.workloads:
-        workload = WORKLOADS[key]
-        if args.quick:
-            workload.rounds = 3
-        print(
-            f"measuring {workload.name}: {workload.rounds} rounds x {workload.steps} steps",
-            flush=True,
-        )
-        samples = measure(workload)
-        results[key] = {
-            "name": workload.name,
-            "rows": summarise(samples, count_calls(workload)),
-            "logging_overhead": paired_overhead(samples, LOGGING_ROW, DEFAULT_ROW),
-        }
-        print(f"{LOGGING_ROW} vs default: {results[key]['logging_overhead']}", flush=True)
-    results["fresh"] = fresh.measure(rounds=2 if args.quick else 5)
-    results["suites"] = suites.measure(args.suites, args.quick)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "overhead.json").write_text(json.dumps(results, indent=2))
-    markdown = report.markdown(results)
-    (RESULTS / "overhead.md").write_text(markdown)
-    print(markdown)
-    chart = report.chart(results, RESULTS / "overhead.png")
-    chart = report.suites_chart(results["suites"], RESULTS / "suites.png") and chart
-    print(f"results in {RESULTS}" + ("" if chart else " (install matplotlib for the chart)"))
+    results: dict[str, Any] = {
+        "machine": fresh.machine_description(),
+        "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "quick": args.quick,
+        "suites": {},
+        "failed": {},
+    }
+    parts: list[tuple[str, Callable[[], Any]]] = [
+        (key, functools.partial(measure_workload, WORKLOADS[key], args.quick))
+        for key in args.workloads
+    ]
+    if not args.no_fresh:
+        parts.append(("fresh", functools.partial(fresh.measure, rounds=2 if args.quick else 5)))
+    parts += [
+        (f"suites.{suite}", functools.partial(suites.measure_one, suite, args.quick))
+        for suite in args.suites
+    ]
+    for name, measure_part in parts:
+        started = time.perf_counter()
+        try:
+            figures = measure_part()
+        except Exception:  # keep what the other parts measure; report this one
+            results["failed"][name] = traceback.format_exc()
+            print(f"benchmarks.run: {name} failed:\n{results['failed'][name]}", flush=True)
+        else:
+            if name.startswith("suites."):
+                results["suites"][name.removeprefix("suites.")] = figures
+            else:
+                results[name] = figures
+            print(f"{name}: done in {time.perf_counter() - started:.0f} s", flush=True)
+        save_results(results, args.out)
+    print(report.markdown(results))
+    chart = report.chart(results, args.out / "overhead.png")
+    chart = report.suites_chart(results["suites"], args.out / "suites.png") and chart
+    print(f"results in {args.out}" + ("" if chart else " (install matplotlib for the chart)"))
+    if results["failed"]:
+        sys.exit(f"benchmarks.run: failed: {', '.join(results['failed'])}")
+
+
+def measure_workload(workload: Workload, quick: bool) -> dict[str, Any]:
+    """One process's paired loops on one workload, with the step-logging overheads."""
+    if quick:
+        workload = dataclasses.replace(workload, rounds=3)
+    print(
+        f"measuring {workload.name}: {workload.rounds} rounds x {workload.steps} steps", flush=True
+    )
+    samples = measure(workload)
+    figures = {
+        "name": workload.name,
+        "rounds": workload.rounds,
+        "steps": workload.steps,
+        "rows": summarise(samples, count_calls(workload)),
+        "logging_overhead": paired_overhead(samples, LOGGING_ROW, DEFAULT_ROW),
+        "logging_every_update_overhead": paired_overhead(samples, EVERY_UPDATE_ROW, DEFAULT_ROW),
+    }
+    print(f"{LOGGING_ROW} vs default: {figures['logging_overhead']}", flush=True)
+    print(f"{EVERY_UPDATE_ROW} vs default: {figures['logging_every_update_overhead']}", flush=True)
+    return figures
+
+
+def save_results(results: dict[str, Any], folder: Path) -> None:
+    """Write ``overhead.json`` and ``overhead.md`` (each replaced whole: never half-written)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in (
+        ("overhead.json", json.dumps(results, indent=2)),
+        ("overhead.md", report.markdown(results)),
+    ):
+        partial = folder / f".{name}.partial"
+        partial.write_text(text)
+        os.replace(partial, folder / name)
 
 
 if __name__ == "__main__":

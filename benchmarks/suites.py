@@ -8,6 +8,8 @@
 - ``startup``: import and ``train()`` fixed costs in fresh processes (``benchmarks.startup``);
 - ``resume``: time to the first resumed step against the position in the pass, for a replayed
   and a stateful stream (``benchmarks.resume_position``).
+- ``loaders``: the trainer's default dataloader against fixed worker counts on in-memory
+  tensors, tokenised text and decoded images (``benchmarks.loaders``);
 - ``saving``: the stall per save of training states, blocking and in the background, against
   ``torch.save`` + ``fsync`` (``benchmarks.saving``).
 
@@ -27,7 +29,7 @@ import subprocess
 import sys
 from typing import Any
 
-from benchmarks import resume_position, saving, scratch_directory, startup
+from benchmarks import loaders, resume_position, saving, scratch_directory, startup
 from benchmarks.stats import paired_difference, paired_ratio
 
 # suite -> (worker suite, processes, rounds, scale)
@@ -45,8 +47,8 @@ TITLES = {
     "images": "Image folder (256 PNGs, 16x16) with dataloader workers, 2 epochs of 8 steps per "
     "run, medium CNN classifier, batch 32",
 }
-ALL = (*SUITES, "startup", "resume", "saving")
-OWN_TABLES = ("startup", "resume", "saving")
+ALL = (*SUITES, "loaders", "startup", "resume", "saving")
+OWN_TABLES = ("loaders", "startup", "resume", "saving")
 """The suites with tables of their own (not per-batch ratios against a hand-written loop)."""
 
 
@@ -94,17 +96,20 @@ def summarise(samples: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def measure_one(suite: str, quick: bool) -> Any:
+    """Run one suite; return its rows (``startup``, ``resume``, ``saving``: their figures)."""
+    print(f"measuring {suite}", flush=True)
+    if suite == "startup":
+        return startup.measure(rounds=2 if quick else 10)
+    if suite == "resume":
+        return resume_position.measure(quick)
+    if suite == "saving":
+        return saving.measure(quick)
+    if suite == "loaders":
+        return loaders.measure(quick)
+    return {"name": TITLES[suite], "rows": summarise(launch(suite, quick))}
+
+
 def measure(chosen: list[str], quick: bool) -> dict[str, Any]:
-    """Run the chosen suites; return their rows (``startup``: its figures) by suite."""
-    results: dict[str, Any] = {}
-    for suite in chosen:
-        print(f"measuring {suite}", flush=True)
-        if suite == "startup":
-            results[suite] = startup.measure(rounds=2 if quick else 10)
-        elif suite == "resume":
-            results[suite] = resume_position.measure(quick)
-        elif suite == "saving":
-            results[suite] = saving.measure(quick)
-        else:
-            results[suite] = {"name": TITLES[suite], "rows": summarise(launch(suite, quick))}
-    return results
+    """Run the chosen suites; return their results by suite (see ``measure_one``)."""
+    return {suite: measure_one(suite, quick) for suite in chosen}

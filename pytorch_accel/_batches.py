@@ -41,6 +41,7 @@ __all__ = [
     "missing_loss_func",
     "output_field",
     "predictions_of",
+    "tuple_loss",
     "without_count",
 ]
 
@@ -117,17 +118,24 @@ def dict_batch_loss(
     """
     if not isinstance(batch, Mapping):  # loss_func is None: a stream's batches show it here
         missing_loss_func(batch, method)
+    num_items = batch.get(NUM_ITEMS_IN_BATCH)
+    if num_items is not None:  # before the model gets it (transformers' own error is raw)
+        name = f"batch[{NUM_ITEMS_IN_BATCH!r}], returned as batch_output['num_items']"
+        check_num_items(num_items, method, name)
     if loss_func is None:
         outputs = model(**batch)
-        loss = output_field(outputs, "loss")
-        if loss is None:
-            raise ValueError(
-                f"Trainer.{method}: with loss_func=None the model's output must carry its "
-                f"loss ('loss'), got {type(outputs).__name__} without one (batch keys "
-                f"{sorted(batch)}). Put the targets in the batch as 'labels' (Hugging Face "
-                "models then compute the loss), or pass a loss_func to Trainer(...)."
-            )
-        predictions = predictions_of(outputs)
+        if isinstance(outputs, (tuple, list)):  # return_dict=False: (loss, logits, ...)
+            loss, predictions = tuple_loss(outputs, batch, method)
+        else:
+            loss = output_field(outputs, "loss")
+            if loss is None:
+                raise ValueError(
+                    f"Trainer.{method}: with loss_func=None the model's output must carry its "
+                    f"loss ('loss'), got {type(outputs).__name__} without one (batch keys "
+                    f"{sorted(batch)}). Put the targets in the batch as 'labels' (Hugging Face "
+                    "models then compute the loss), or pass a loss_func to Trainer(...)."
+                )
+            predictions = predictions_of(outputs)
     else:
         if "labels" not in batch:
             raise ValueError(
@@ -139,10 +147,42 @@ def dict_batch_loss(
         predictions = predictions_of(model(**inputs))
         loss = loss_func(predictions, batch["labels"])
     output = {"loss": loss, "model_outputs": predictions, "batch_size": dict_batch_size(batch)}
-    num_items = batch.get(NUM_ITEMS_IN_BATCH)
     if num_items is not None:
         output["num_items"] = num_items
     return output
+
+
+def tuple_loss(outputs: tuple[Any, ...] | list[Any], batch: Mapping[str, Any], method: str) -> Any:
+    """The loss and predictions of a model output that is a tuple, as transformers lays it out.
+
+    With ``labels`` in the batch, a model called with ``return_dict=False`` returns
+    ``(loss, logits, ...)``: the loss first, a one-element tensor. The predictions are the
+    second element (``None`` if there is none).
+
+    Raises:
+        ValueError: If the batch has no ``labels`` or the first element is not a loss.
+    """
+    first = outputs[0] if outputs else None
+    if "labels" in batch and isinstance(first, torch.Tensor) and first.numel() == 1:
+        return first, outputs[1] if len(outputs) > 1 else None
+    if "labels" not in batch:
+        problem = f"the batch has no 'labels' (keys {sorted(batch)}), so it carries no loss"
+        fix = "Put the targets in the batch as 'labels'"
+    else:
+        shown = (
+            f"a tensor of shape {tuple(first.shape)}"
+            if isinstance(first, torch.Tensor)
+            else type(first).__name__
+        )
+        problem = f"its first element, where transformers puts the loss, is {shown}"
+        fix = (
+            "Return the loss first (a mean over the batch, e.g. loss.mean()), or a dict or "
+            "ModelOutput with 'loss' (return_dict=True)"
+        )
+    raise ValueError(
+        f"Trainer.{method}: with loss_func=None the model returned a {type(outputs).__name__} "
+        f"of {len(outputs)} and {problem}. {fix}; or pass a loss_func to Trainer(...)."
+    )
 
 
 def without_count(batch: Any) -> Any:
@@ -152,15 +192,34 @@ def without_count(batch: Any) -> Any:
     return batch
 
 
-def check_num_items(value: Any, method: str) -> None:
-    """Raise unless ``value`` is a number or a one-element tensor (no host synchronisation)."""
-    if type(value) in (int, float) or (isinstance(value, torch.Tensor) and value.numel() == 1):
+def check_num_items(value: Any, method: str, name: str = "batch_output['num_items']") -> None:
+    """Raise unless ``value`` is a count: a number at least 0, or a one-element tensor.
+
+    No host synchronisation: a tensor's value is checked where the epoch's loss is read
+    (``LoggedMetrics.end_epoch`` refuses a negative or NaN weight), a number here.
+
+    Args:
+        value: The count.
+        method: The step method that returned it, for the message.
+        name: How the message names it (``batch['num_items_in_batch']`` for a dict batch's).
+    """
+    if type(value) in (int, float):
+        if value >= 0 and math.isfinite(value):
+            return
+        raise ValueError(
+            f"Trainer.{method}: {name} must be the number of loss elements the batch's loss is "
+            f"the mean of, at least 0, got {value!r}. Count them, e.g. (labels != -100).sum() "
+            "for a token loss."
+        )
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
         return
     shape = f" of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else ""
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
     raise TypeError(
-        f"Trainer.{method}: batch_output['num_items'] must be the number of loss elements the "
-        f"batch's loss is the mean of (an int, a float or a one-element tensor), got "
-        f"{type(value).__name__}{shape}. Return e.g. (labels != -100).sum() for a token loss."
+        f"Trainer.{method}: {name} must be the number of loss elements the batch's loss is "
+        f"the mean of (an int, a float or a one-element tensor), got "
+        f"{type(value).__name__}{shape} ({shown}). Return e.g. (labels != -100).sum() for a "
+        "token loss."
     )
 
 

@@ -164,6 +164,13 @@ def explain_backward_failure(loss: object, method: str, error: Exception) -> Non
             "be the loss tensor, to back-propagate and track on the device. Return the tensor "
             "itself, not loss.item()."
         ) from error
+    if loss.numel() != 1:
+        raise ValueError(
+            f"Trainer.{method} returned a loss of shape {tuple(loss.shape)}, not one number: "
+            "back-propagating needs the batch's loss as a single value (torch: \"grad can be "
+            'implicitly created only for scalar outputs"). Reduce it, e.g. loss.mean() (or '
+            "reduction='mean' in the loss function)."
+        ) from error
     if not loss.requires_grad:
         raise ValueError(
             f"Trainer.{method} returned a loss that does not require grad ({loss!r}), so there "

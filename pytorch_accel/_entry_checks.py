@@ -1,13 +1,13 @@
 """Checks of the arguments of the trainer's entry points, and of the data they take.
 
-The entry points are ``Trainer(...)``, ``train`` (its arguments as one typed
-``TrainArguments``), ``evaluate`` and ``predict``. Each failure comes before anything is
+The entry points are ``Trainer(...)``, ``train`` (its arguments bound once, a
+``TrainArguments``, and checked by the table ``TRAIN_CHECKS``, one entry per argument),
+``evaluate`` and ``predict``. Each failure comes before anything is
 prepared or trained, built from the value checks of ``_checks``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import functools
 import inspect
@@ -37,20 +37,20 @@ from pytorch_accel._checks import (
 )
 from pytorch_accel.dataloaders import merge_dataloader_kwargs, named_eval_sets, num_batches
 from pytorch_accel.distributed import check_world_size, needs_cpu_distributed
-from pytorch_accel.failing_batches import SkipFailingBatches, skip_policy
+from pytorch_accel.failing_batches import skip_policy
 from pytorch_accel.micro_batches import ON_OOM, ON_OOM_FIX
 from pytorch_accel.tracking import RunHistory
 
 if TYPE_CHECKING:
     from pytorch_accel._state import Preparation, TrainerState
-    from pytorch_accel.run_config import TrainerRunConfig
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike as Trainer
+    from pytorch_accel.run_config import TrainArguments, TrainerRunConfig
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 __all__ = [
-    "TrainArguments",
+    "TRAIN_CHECKS",
     "check_accelerator",
     "check_constructor_arguments",
     "check_data",
@@ -66,59 +66,9 @@ __all__ = [
 ]
 
 
-@dataclasses.dataclass(frozen=True)
-class TrainArguments:
-    """The arguments of one ``Trainer.train`` call, as passed (see its docstring)."""
-
-    train_dataset: Any
-    num_epochs: int | None = None
-    eval_dataset: Any = None
-    per_device_batch_size: int | None = None
-    max_num_train_steps: int | None = None
-    gradient_accumulation_steps: int = 1
-    gradient_clip_value: float | None = None
-    create_scheduler_fn: Callable[[torch.optim.Optimizer], Any] | None = None
-    train_dataloader_kwargs: Mapping[str, Any] | None = None
-    eval_dataloader_kwargs: Mapping[str, Any] | None = None
-    reset_run_history: bool = True
-    collate_fn: Callable[..., Any] | None = None
-    max_grad_norm: float | None = None
-    resume_from: str | os.PathLike[str] | None = None
-    eval_every_n_epochs: int = 1
-    sanity_eval_batches: int = 0
-    seed: int | None = None
-    seed_per_rank: bool = False
-    deterministic: bool = False
-    cudnn_benchmark: bool | None = None
-    auto_scale_lr: int | None = None
-    resume_optimizer: bool = True
-    resume_scheduler: bool = True
-    skip_failing_batches: int | SkipFailingBatches | None = None
-    on_oom: str = "raise"
-    dry_run: bool | int = False
-    overfit_batches: int | None = None
-    run_name: str | None = None
-
-    def run_settings(self) -> dict[str, Any]:
-        """The arguments the run config records (``create_run_config``'s settings)."""
-        names = (
-            "num_epochs",
-            "gradient_accumulation_steps",
-            "max_num_train_steps",
-            "gradient_clip_value",
-            "max_grad_norm",
-            "eval_every_n_epochs",
-            "sanity_eval_batches",
-        )
-        return {name: getattr(self, name) for name in names}
-
-    def as_kwargs(self) -> dict[str, Any]:
-        """The arguments by name, to call ``train(**...)`` again (values not copied)."""
-        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
-
-
-def _check_run_name(where: str, run_name: object, trainer: Trainer) -> None:
+def _check_run_name(where: str, arguments: TrainArguments, trainer: Trainer) -> None:
     """Accept ``None``, or one directory name for a trainer with an ``output_dir``."""
+    run_name = arguments.run_name
     if run_name is None:
         return
     if not isinstance(run_name, str) or run_name in ("", "..") or Path(run_name).name != run_name:
@@ -189,6 +139,23 @@ def _check_accelerator_kwargs(where: str, accelerator_kwargs: object) -> None:
         from pytorch_accel._checkpointing.streams import check_stateful_dataloader_request
 
         check_stateful_dataloader_request(where, kwargs)
+    _refuse_accelerate_trackers(where, kwargs)
+
+
+def _refuse_accelerate_trackers(where: str, kwargs: Mapping[Any, Any]) -> None:
+    """Refuse ``log_with``: the trainer never logs through accelerate's trackers (issue 41)."""
+    log_with = kwargs.get("log_with")
+    if log_with is not None and log_with != [] and log_with != ():
+        fail(
+            ValueError,
+            where,
+            "accelerator_kwargs['log_with']",
+            log_with,
+            "left out (the trainer sends nothing to the Accelerator's trackers)",
+            "Name the trackers in the TrackingCallback instead, e.g. callbacks=("
+            f"*DEFAULT_CALLBACKS, TrackingCallback(log_with={log_with!r}, logging_dir=...)); "
+            "see docs/trackers.md.",
+        )
 
 
 def _check_deepspeed_request(where: str, kwargs: Mapping[Any, Any]) -> None:
@@ -247,34 +214,26 @@ def check_accelerator(accelerator: Accelerator) -> None:
 
 
 def check_train_arguments(trainer: Trainer, base: type, arguments: TrainArguments) -> None:
-    """Check the arguments of ``Trainer.train`` and the trainer's settings.
+    """Check the arguments of ``Trainer.train`` (``TRAIN_CHECKS``) and the trainer's settings.
 
     ``base`` is the ``Trainer`` class, whose step methods ``trainer``'s class may override.
     """
     where, a = "Trainer.train", arguments
     check_trainer_settings(where, trainer)
-    fix = "Pass reset_run_history=False to continue the run history of earlier calls."
-    check_bool(where, "reset_run_history", a.reset_run_history, expected="True or False", fix=fix)
-    _check_resume(where, a)
-    eval_sets = _check_train_data(where, a)
-    check_positive_int(where, "gradient_accumulation_steps", a.gradient_accumulation_steps)
-    _check_clipping(where, a, trainer.accelerator.distributed_type == DistributedType.FSDP)
-    check_callable(
-        where,
-        "create_scheduler_fn",
-        a.create_scheduler_fn,
-        "Pass a function optimizer -> scheduler, e.g. functools.partial(StepLR, step_size=10).",
-    )
-    check_callable(where, "collate_fn", a.collate_fn, "Pass a function or None.")
-    _check_run_name(where, a.run_name, trainer)
-    _check_run_setup(where, a)
-    _check_dry_run(where, a)
-    data, with_eval = [a.train_dataset, *eval_sets], a.eval_dataset is not None
+    done: list[TrainCheck] = []
+    for check in TRAIN_CHECKS.values():  # a check of several arguments runs once
+        if check not in done:
+            done.append(check)
+            check(where, a, trainer)
+    with_eval = a.eval_dataset is not None
+    eval_sets = named_eval_sets(where, "eval_dataset", a.eval_dataset) if with_eval else {}
+    data = [a.train_dataset, *eval_sets.values()]
     _check_loss_func(where, trainer, base, data, a.collate_fn, with_train=True, with_eval=with_eval)
 
 
-def _check_clipping(where: str, arguments: TrainArguments, fsdp: bool) -> None:
+def _check_clipping(where: str, arguments: TrainArguments, trainer: Trainer) -> None:
     """Check ``gradient_clip_value`` and ``max_grad_norm``: positive, not both, by norm on FSDP."""
+    fsdp = trainer.accelerator.distributed_type == DistributedType.FSDP
     clip_value, max_norm = arguments.gradient_clip_value, arguments.max_grad_norm
     for name, value in (("gradient_clip_value", clip_value), ("max_grad_norm", max_norm)):
         expected, fix = "a positive number or None", f"Pass {name} > 0, or None to disable."
@@ -431,7 +390,7 @@ def check_evaluate_arguments(
     check_trainer_settings(where, trainer)
 
 
-def _check_run_setup(where: str, arguments: TrainArguments) -> None:
+def _check_run_setup(where: str, arguments: TrainArguments, trainer: Trainer) -> None:
     """Check the run set-up arguments of ``train()``: seeding, determinism, LR scaling, skips."""
     seed = arguments.seed
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
@@ -481,7 +440,7 @@ def _check_run_setup(where: str, arguments: TrainArguments) -> None:
         )
 
 
-def _check_resume(where: str, arguments: TrainArguments) -> None:
+def _check_resume(where: str, arguments: TrainArguments, trainer: Trainer) -> None:
     """Check ``resume_from``, and ``resume_optimizer``/``_scheduler`` (False only to resume)."""
     if not isinstance(arguments.resume_from, (str, os.PathLike, type(None))):
         fail(
@@ -508,7 +467,7 @@ def _check_resume(where: str, arguments: TrainArguments) -> None:
             )
 
 
-def _check_dry_run(where: str, arguments: TrainArguments) -> None:
+def _check_dry_run(where: str, arguments: TrainArguments, trainer: Trainer) -> None:
     """Check ``dry_run`` and ``overfit_batches``."""
     dry_run = arguments.dry_run
     if not isinstance(dry_run, bool):
@@ -537,8 +496,8 @@ def _check_dry_run(where: str, arguments: TrainArguments) -> None:
             fail(ValueError, where, "overfit_batches", overfit, expected, fix)
 
 
-def _check_train_data(where: str, arguments: TrainArguments) -> list[Any]:
-    """Check ``train()``'s data (sets, run length, loader settings); return the eval sets."""
+def _check_train_data(where: str, arguments: TrainArguments, trainer: Trainer) -> None:
+    """Check ``train()``'s data: the sets, the run's length, no loader settings for loaders."""
     check_data(where, "train_dataset", arguments.train_dataset, streams=True)
     _check_run_length(where, arguments)
     common = {
@@ -552,24 +511,14 @@ def _check_train_data(where: str, arguments: TrainArguments) -> list[Any]:
         train_dataloader_kwargs=arguments.train_dataloader_kwargs,
         **common,
     )
-    eval_sets = []
     if arguments.eval_dataset is not None:
-        eval_sets = _check_eval_data(
+        _check_eval_data(
             where,
             "eval_dataset",
             arguments.eval_dataset,
             eval_dataloader_kwargs=arguments.eval_dataloader_kwargs,
             **common,
         )
-    check_positive_int(where, "eval_every_n_epochs", arguments.eval_every_n_epochs)
-    sanity = arguments.sanity_eval_batches
-    check_count(where, "sanity_eval_batches", sanity, minimum=0, resolved=True)
-    check_positive_int(
-        where, "per_device_batch_size", arguments.per_device_batch_size, allow_none=True
-    )
-    check_mapping(where, "train_dataloader_kwargs", arguments.train_dataloader_kwargs)
-    check_mapping(where, "eval_dataloader_kwargs", arguments.eval_dataloader_kwargs)
-    return eval_sets
 
 
 def _check_eval_data(where: str, name: str, data: object, **settings: object) -> list[Any]:
@@ -640,8 +589,27 @@ def check_data(where: str, name: str, data: object, *, streams: bool = False) ->
     dataset = data.dataset if isinstance(data, DataLoader) else data
     if streams and isinstance(dataset, IterableDataset):
         return
+    if name == "train_dataset" and isinstance(data, Mapping):
+        _refuse_several_training_sets(where, data)
     label = f"{name}.dataset (of the DataLoader)" if isinstance(data, DataLoader) else name
     check_sized_dataset(where, label, dataset)
+
+
+def _refuse_several_training_sets(where: str, sets: Mapping[Any, Any]) -> None:
+    """Refuse a mapping of training sets (issue 41): a dict is no dataset, whatever its size."""
+    keys = list(sets)
+    shown = ", ".join(repr(key) for key in keys[:6]) + (", ..." if len(keys) > 6 else "")
+    raise TypeError(
+        f"{where}: train_dataset must be one dataset, got a {type(sets).__name__} of "
+        f"{len(keys)} entries (keys {shown}): several training sets as a mapping are not supported "
+        "(a mapping of eval sets is, as eval_dataset). Concatenate them into one, "
+        "torch.utils.data.ConcatDataset(list(train_sets.values())), with a sampler to weight "
+        "them if needed (a WeightedRandomSampler in train_dataloader_kwargs), or pass one of "
+        f"them, e.g. train_dataset=train_sets[{keys[0]!r}]."
+        if keys
+        else f"{where}: train_dataset must be one dataset, got an empty "
+        f"{type(sets).__name__}. Pass a dataset with samples."
+    )
 
 
 def _check_run_length(where: str, arguments: TrainArguments) -> None:
@@ -705,6 +673,7 @@ def predict_dataloader(
     collate_fn: Callable[..., Any] | None,
     preparation: Preparation,
     keep_outputs: object = True,
+    default_batch_size: int = 8,
 ) -> DataLoader[Any]:
     """Check ``Trainer.predict``'s arguments; return the user's dataloader or build one."""
     where = "Trainer.predict"
@@ -738,7 +707,7 @@ def predict_dataloader(
             )
         return data
     check_sized_dataset(where, "data", data)
-    batch_size = 8 if per_device_batch_size is None else per_device_batch_size
+    batch_size = default_batch_size if per_device_batch_size is None else per_device_batch_size
     check_positive_int(where, "per_device_batch_size", batch_size)
     check_mapping(where, "dataloader_kwargs", dataloader_kwargs)
     for key, why in _PREDICT_REFUSED.items():
@@ -839,3 +808,59 @@ def suggest_arguments(method: Callable[P, R]) -> Callable[P, R]:
         return method(*args, **kwargs)
 
     return checked
+
+
+TrainCheck = Callable[[str, "TrainArguments", "Trainer"], None]
+"""A check of ``train()``'s arguments: ``check(where, arguments, trainer)`` raises if bad."""
+
+
+def _one(check: Callable[..., None], name: str, *args: Any, **options: Any) -> TrainCheck:
+    """The check of one argument's value alone: ``check(where, name, value, *args, **options)``."""
+    return lambda where, arguments, trainer: check(where, name, arguments[name], *args, **options)
+
+
+TRAIN_CHECKS: dict[str, TrainCheck] = {
+    "reset_run_history": _one(
+        check_bool,
+        "reset_run_history",
+        expected="True or False",
+        fix="Pass reset_run_history=False to continue the run history of earlier calls.",
+    ),
+    "resume_from": _check_resume,
+    "resume_optimizer": _check_resume,
+    "resume_scheduler": _check_resume,
+    "train_dataset": _check_train_data,
+    "num_epochs": _check_train_data,
+    "max_num_train_steps": _check_train_data,
+    "eval_dataset": _check_train_data,
+    "eval_every_n_epochs": _one(check_positive_int, "eval_every_n_epochs"),
+    "sanity_eval_batches": _one(check_count, "sanity_eval_batches", minimum=0, resolved=True),
+    "per_device_batch_size": _one(check_positive_int, "per_device_batch_size", allow_none=True),
+    "train_dataloader_kwargs": _one(check_mapping, "train_dataloader_kwargs"),
+    "eval_dataloader_kwargs": _one(check_mapping, "eval_dataloader_kwargs"),
+    "gradient_accumulation_steps": _one(check_positive_int, "gradient_accumulation_steps"),
+    "gradient_clip_value": _check_clipping,
+    "max_grad_norm": _check_clipping,
+    "create_scheduler_fn": _one(
+        check_callable,
+        "create_scheduler_fn",
+        "Pass a function optimizer -> scheduler, e.g. functools.partial(StepLR, step_size=10).",
+    ),
+    "collate_fn": _one(check_callable, "collate_fn", "Pass a function or None."),
+    "run_name": _check_run_name,
+    "seed": _check_run_setup,
+    "seed_per_rank": _check_run_setup,
+    "deterministic": _check_run_setup,
+    "cudnn_benchmark": _check_run_setup,
+    "auto_scale_lr": _check_run_setup,
+    "skip_failing_batches": _check_run_setup,
+    "on_oom": _check_run_setup,
+    "dry_run": _check_dry_run,
+    "overfit_batches": _check_dry_run,
+}
+"""The checks of ``train()``'s arguments, one entry per argument, run in this order.
+
+A check of several arguments (their combinations, or data and its loader settings) is listed
+under each and runs once, where it is first listed; a test fails when an argument of
+``Trainer.train`` has no entry.
+"""

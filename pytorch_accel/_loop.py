@@ -40,12 +40,11 @@ import contextlib
 import functools
 import itertools
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from accelerate.utils import concatenate, send_to_device, slice_tensors
 
-from pytorch_accel import failing_batches as skips
 from pytorch_accel._batches import AccumulationPlan, without_count
 from pytorch_accel._checks import (
     check_batch_output,
@@ -56,11 +55,17 @@ from pytorch_accel._checks import (
     shape_mismatches_raise,
 )
 from pytorch_accel._resumable import enter_epoch
-from pytorch_accel._state import Preparation, TrainerState
+from pytorch_accel._state import Preparation, PreparedTrainer, TrainerState, fewer_batches
 from pytorch_accel.callback import ProgressEvents
 from pytorch_accel.dataloaders import epoch_batches, eval_set_prefix
-from pytorch_accel.distributed import AgreedFlag, synchronise_replicas
+from pytorch_accel.distributed import (
+    AgreedFlag,
+    announce_failure,
+    lost_peer_error,
+    synchronise_replicas,
+)
 from pytorch_accel.errors import StopTrainingError
+from pytorch_accel.failing_batches import SKIPPED, SKIPPED_OUTPUT, is_empty_batch
 from pytorch_accel.run_config import TrainerRunConfig
 from pytorch_accel.schedulers.stepping import SchedulerStepping
 from pytorch_accel.tracking import (
@@ -74,8 +79,10 @@ from pytorch_accel.tracking import (
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
+    from pytorch_accel._batches import ItemWeighting
     from pytorch_accel._checkpointing.resume import ResumePoint
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.plugins import StepGuard
+    from pytorch_accel.plugins.failing_batches import FailingBatchGuard
 
 __all__ = ["Loop", "training_rng_preserved"]
 
@@ -100,6 +107,18 @@ _EVAL_STEP_EVENTS = frozenset(_EVENTS["eval_step"])
 _PREDICT_STEP_EVENTS = frozenset(_EVENTS["predict_step"])
 
 
+class LoopTrainer(PreparedTrainer, Protocol):
+    """A trainer as the loop sees it: its public surface and its two epoch levels."""
+
+    def _run_train_epoch(self, train_dl: DataLoader[Any] | None) -> bool:
+        """Run one training epoch (``Trainer._run_train_epoch``)."""
+
+    def _run_eval_epoch(
+        self, valid_dl: DataLoader[Any], is_training: bool = True, is_intermediate: bool = False
+    ) -> None:
+        """Run one evaluation epoch (``Trainer._run_eval_epoch``)."""
+
+
 class Loop:
     """Runs a trainer's training runs, evaluation runs and predictions.
 
@@ -109,13 +128,14 @@ class Loop:
         preparation: The accelerate-prepared objects (for ``direct_optimizer``).
     """
 
-    def __init__(self, trainer: Trainer, state: TrainerState, preparation: Preparation) -> None:
+    def __init__(self, trainer: LoopTrainer, state: TrainerState, preparation: Preparation) -> None:
         self._trainer, self.state, self._preparation = trainer, state, preparation
         multiple = trainer.accelerator.num_processes > 1
         self._agreement = AgreedFlag() if multiple else None  # the trainer's stop agreement
         self._train_progress = self._eval_progress = self._progress("on_train_progress")
         self._outputs: list[Any] | None = None
-        self._eval_guard: skips.FailingBatchGuard | None = None  # the current eval epoch's
+        self._eval_guard: FailingBatchGuard | None = None  # the current eval epoch's
+        self._step_parts = _StepParts(self)  # what a step guard (plugins/) runs
 
     # ---------------------------------------------------------------------- the training run
 
@@ -157,22 +177,6 @@ class Loop:
                 # the update budget can end a run before its last pass (over a stream)
                 if state.num_updates >= config.total_num_update_steps:
                     break
-                if state.step == 0:  # a pass that yielded nothing
-                    fix = (
-                        "an IterableDataset's __iter__ must start afresh at each call (a "
-                        "generator function, not a generator object)"
-                        if state.epoch_index
-                        else "the dataset or stream is empty"
-                    )
-                    fail(
-                        ValueError,
-                        "Trainer.train",
-                        "train_dataset",
-                        self._trainer.train_dataset,
-                        "data that yields batches on every pass",
-                        f"Epoch {state.epoch_index + 1} got no batch before the run's "
-                        f"{config.total_num_update_steps} updates were done: {fix}.",
-                    )
         finally:
             state.savable, state.finished_epochs = "end", num_epochs or state.epoch_index + 1
 
@@ -247,11 +251,33 @@ class Loop:
                         progress.report(state.step)
                     if state.num_updates >= total_updates:
                         return
+            if state.step == 0:  # before the epoch's end records a NaN loss (and stops on it)
+                self._refuse_empty_pass()
         finally:
             state.savable = None
 
+    def _refuse_empty_pass(self) -> None:
+        """Raise: a pass over the training data yielded no batch before the run was done."""
+        state, config = self.state, self._config()
+        fix = (
+            "an IterableDataset's __iter__ must start afresh at each call (a "
+            "generator function, not a generator object)"
+            if state.epoch_index
+            else "the dataset or stream is empty"
+        )
+        fail(
+            ValueError,
+            "Trainer.train",
+            "train_dataset",
+            self._trainer.train_dataset,
+            "data that yields batches on every pass",
+            f"Epoch {state.epoch_index + 1} got no batch before the run's "
+            f"{config.total_num_update_steps} updates were done: {fix}.",
+        )
+
     def _train_step(self, plan: AccumulationPlan, batch: Any, step: int) -> dict[str, Any]:
-        state, guard = self.state, self.state.failing_batches or self.state.micro_batches
+        # the step hook: a step guard (plugins/) runs the step's parts when train() asks
+        state, guard = self.state, self.state.micro_batches or self.state.failing_batches
         scale = 1.0 if plan.steps == 1 else plan.loss_scale(step)
         # a pass of unknown length (a stream) ends its last window where the data ends
         ends_window = (
@@ -264,14 +290,14 @@ class Loop:
             )
         )
         if ends_window and (guard is None or not guard.synchronises(self._trainer.model)):
-            batch_output = self._forward_backward(batch, scale)
+            batch_output = self._forward_backward(batch, scale, guard)
             if guard is None or guard.end_window():
                 self._update()
         else:  # inside an accumulation window: no gradient synchronisation between processes
             trainer = self._trainer
             with trainer.accelerator.no_sync(trainer.model):
-                batch_output = self._forward_backward(batch, scale)
-            # skip_failing_batches with DDP: the loop synchronises, at the window's end
+                batch_output = self._forward_backward(batch, scale, guard)
+            # a step guard with DDP: the loop synchronises, at the window's end
             if ends_window and guard is not None and guard.end_window():
                 synchronise_replicas(trainer.model)
                 self._update()
@@ -279,35 +305,29 @@ class Loop:
         state.savable = "step"
         return {"batch": batch, "batch_output": batch_output, "step": step}
 
-    def _forward_backward(self, batch: Any, scale: float) -> dict[str, Any]:
+    def _forward_backward(
+        self, batch: Any, scale: float, guard: StepGuard | None
+    ) -> dict[str, Any]:
         """Compute the batch's loss, track it, and back-propagate it scaled by ``scale``."""
-        trainer, guard = self._trainer, self.state.failing_batches
-        if self.state.micro_batches is not None:  # on_oom="split": micro-batch by micro-batch
-            batch_output = self.state.micro_batches.run(trainer, self, batch, scale)
-            self._track(batch_output)
-            return batch_output
-        if guard is None:
-            batch_output = check_batch_output(
-                trainer.calculate_train_batch_loss(batch), "calculate_train_batch_loss"
+        if guard is not None:  # skip failing batches, or split on out-of-memory
+            return guard.run_step(self._step_parts, batch, scale)
+        trainer = self._trainer
+        batch_output = check_batch_output(
+            trainer.calculate_train_batch_loss(batch), "calculate_train_batch_loss"
+        )
+        size = batch_output["batch_size"]
+        # never a tensor here: no host sync; an empty batch's NaN loss would poison weights
+        if type(size) is int and size == 0 and is_empty_batch(batch):
+            fail(
+                ValueError,
+                "Trainer.train",
+                "train batch",
+                f"batch {self.state.step + 1} of epoch {self.state.epoch_index + 1}",
+                "a batch with at least one sample",
+                "The batch is empty (0 samples): its loss would be NaN and the update would "
+                "poison the weights. Pass train(skip_failing_batches=...) to skip empty "
+                "batches, or drop them from the data.",
             )
-            size = batch_output["batch_size"]
-            # never a tensor here: no host sync; an empty batch's NaN loss would poison weights
-            if type(size) is int and size == 0 and skips.is_empty_batch(batch):
-                fail(
-                    ValueError,
-                    "Trainer.train",
-                    "train batch",
-                    f"batch {self.state.step + 1} of epoch {self.state.epoch_index + 1}",
-                    "a batch with at least one sample",
-                    "The batch is empty (0 samples): its loss would be NaN and the update would "
-                    "poison the weights. Pass train(skip_failing_batches=...) to skip empty "
-                    "batches, or drop them from the data.",
-                )
-        else:  # skip_failing_batches: a batch that failed on any process is skipped by all
-            guarded = guard.forward(trainer, batch)
-            if guarded is None:
-                return dict(skips.SKIPPED_OUTPUT)
-            batch_output = guarded
         state = self.state
         scaled = state.item_weighting.scaled_loss(
             batch_output, scale, state.step, state.epoch_index
@@ -373,11 +393,13 @@ class Loop:
         """Report the epoch's last progress, then record its mean loss (and skipped batches)."""
         state, trainer = self.state, self._trainer
         self._train_progress.finish(state.step)
-        loss = state.train_loss_tracker.reduce(trainer.accelerator)
-        trainer.run_history.update_metric(TRAIN_LOSS_NAME, loss)
-        state.logged.end_epoch(trainer.run_history, trainer.device)
+        guard = state.failing_batches
+        if guard is not None and state.train_loss_tracker.total_loss is None:  # all skipped
+            guard.refuse_all_skipped(guard.skipped_in_epoch, guard.skipped_in_epoch)
+        # the mean loss and the logged values, with one exchange (two if anything was logged)
+        state.logged.end_epoch(trainer.run_history, trainer.device, state.train_loss_tracker)
         if state.failing_batches is not None:
-            state.failing_batches.finish_epoch(trainer)
+            state.failing_batches.finish_epoch(trainer.run_history)
 
     # ------------------------------------------------------------------------ evaluation
 
@@ -387,7 +409,7 @@ class Loop:
         cursor.skip_to_end(history)
         with (
             history.prefixed(metric_prefix),
-            skips.guarding(self.state, skip_failing_batches, self._trainer, "evaluation"),
+            self._guarding(skip_failing_batches, "evaluation"),
         ):
             run = functools.partial(self.eval_epochs, "loss", False)
             self._entry_point("Trainer.evaluate", "evaluation_run", run)
@@ -421,16 +443,17 @@ class Loop:
 
     def sanity_check(self, num_batches: int) -> None:
         """Evaluate ``num_batches`` of every eval set, then put the run history back as it was."""
-        history = self._trainer.run_history
+        history, state = self._trainer.run_history, self.state
         saved = history.state_dict()
+        state.sanity_checking = True
         try:
-            self.eval_epochs("sanity_eval_loss", False, num_batches)
+            with fewer_batches(self._trainer, num_batches, train=False):
+                self.eval_epochs("sanity_eval_loss", False)
         finally:
+            state.sanity_checking = False
             history.load_state_dict(saved)
 
-    def eval_epochs(
-        self, metric_name: str, is_intermediate: bool, limit: int | None = None
-    ) -> None:
+    def eval_epochs(self, metric_name: str, is_intermediate: bool) -> None:
         """Run an eval epoch of every eval set, recording each mean loss as ``metric_name``.
 
         Under ``training_rng_preserved``: evaluating never changes the training's random
@@ -438,7 +461,7 @@ class Loop:
         """
         trainer, state = self._trainer, self.state
         for name, dataloader in list(state.eval_dataloaders.items()):
-            state.eval_set, state.eval_metric_name, state.eval_limit = name, metric_name, limit
+            state.eval_set, state.eval_metric_name = name, metric_name
             try:
                 with (
                     trainer.run_history.prefixed(eval_set_prefix(name)),
@@ -447,7 +470,7 @@ class Loop:
                 ):
                     trainer._run_eval_epoch(dataloader, state.running, is_intermediate)
             finally:
-                state.eval_set, state.eval_limit = None, None
+                state.eval_set = None
 
     def eval_epoch(self, dataloader: DataLoader[Any], is_intermediate: bool) -> None:
         """Run one eval epoch level over ``dataloader`` (``Trainer._run_eval_epoch``)."""
@@ -457,7 +480,7 @@ class Loop:
         state.eval_step = 0
         self._eval_progress = self._progress("on_eval_progress")
         guard, model = state.failing_batches, self._trainer.model  # unguarded: not entered
-        self._eval_guard = None if guard is None else skips.eval_epoch_guard(guard, model)
+        self._eval_guard = None if guard is None else guard.for_eval_epoch(model)
         self._with_events(
             "eval_epoch",
             self._eval_batches,
@@ -465,13 +488,12 @@ class Loop:
             finish=functools.partial(self._end_eval_epoch, state.eval_metric_name),
             is_intermediate=is_intermediate,
             eval_set=state.eval_set,
-            sanity_check=state.eval_limit is not None,
+            sanity_check=state.sanity_checking,
         )
 
     def _eval_batches(self, dataloader: DataLoader[Any]) -> None:
         trainer, progress = self._trainer, self._eval_progress
-        limits = [n for n in (self.state.eval_limit, trainer.limit_eval_batches) if n is not None]
-        with epoch_batches(dataloader, min(limits, default=None)) as batches:
+        with epoch_batches(dataloader, trainer.limit_eval_batches) as batches:
             with_events, eval_step = self._with_events, self._eval_step  # bound once
             handler = trainer.callback_handler
             for index, batch in enumerate(batches):
@@ -485,10 +507,10 @@ class Loop:
     def _eval_step(self, dataloader: DataLoader[Any], batch: Any) -> dict[str, Any]:
         trainer, state, guard = self._trainer, self.state, self._eval_guard
         compute = functools.partial(self._eval_outputs, dataloader, batch)
-        outputs = compute() if guard is None else guard.attempt(trainer, compute, batch)
-        if outputs is skips.SKIPPED:  # skip_failing_batches: skipped on every process
+        outputs = compute() if guard is None else guard.attempt(compute, batch)
+        if outputs is SKIPPED:  # skip_failing_batches: skipped on every process
             state.eval_step += 1
-            return {"batch": batch, "batch_output": dict(skips.SKIPPED_OUTPUT)}
+            return {"batch": batch, "batch_output": dict(SKIPPED_OUTPUT)}
         batch_output, real_output, real_samples = outputs
         if real_samples != 0:  # 0: every sample of this process's batch is a repeat
             counted = batch_output
@@ -530,11 +552,11 @@ class Loop:
         """Report the evaluation epoch's last progress, then record its mean loss."""
         trainer, state = self._trainer, self.state
         self._eval_progress.finish(state.eval_step)
-        loss = state.eval_loss_tracker.reduce(trainer.accelerator)
-        trainer.run_history.update_metric(metric_name, loss)
-        state.logged.end_epoch(trainer.run_history, trainer.device)
+        if self._eval_guard is not None:  # agreed counts: every process raises, or none
+            self._eval_guard.refuse_all_skipped(self._eval_guard.skipped, state.eval_step)
+        state.logged.end_epoch(trainer.run_history, trainer.device, state.eval_loss_tracker)
         if self._eval_guard is not None:
-            skips.record_eval_epoch(self._eval_guard, trainer.run_history, metric_name)
+            self._eval_guard.record_eval_epoch(trainer.run_history, metric_name)
 
     # ------------------------------------------------------------------------ prediction
 
@@ -561,7 +583,7 @@ class Loop:
             with (
                 torch.no_grad(),
                 training_rng_preserved(self._trainer.device),
-                skips.guarding(self.state, policy, self._trainer, "prediction"),
+                self._guarding(policy, "prediction"),
             ):
                 run = functools.partial(self._predict_batches, dataloader, output_device)
                 self._entry_point("Trainer.predict", "predict_run", run)
@@ -589,8 +611,8 @@ class Loop:
     def _predict_step(self, batch: Any, output_device: str | torch.device | None) -> dict[str, Any]:
         trainer, guard = self._trainer, self.state.failing_batches
         compute = functools.partial(trainer.calculate_predict_batch, batch)
-        outputs = compute() if guard is None else guard.attempt(trainer, compute, batch)
-        if outputs is skips.SKIPPED:  # on every process: no outputs to gather
+        outputs = compute() if guard is None else guard.attempt(compute, batch)
+        if outputs is SKIPPED:  # on every process: no outputs to gather
             return {"batch": batch, "predictions": None, "skipped": True}
         if self._outputs is not None and not self._outputs:  # kept; the first batch
             check_predict_outputs(outputs)  # refuse what could never be concatenated
@@ -608,6 +630,14 @@ class Loop:
 
     # -------------------------------------------------------------- levels, events, stops
 
+    def _guarding(self, policy: object, kind: str) -> contextlib.AbstractContextManager[None]:
+        """An ``evaluate()`` or ``predict()`` call's guard of failing batches (``plugins/``)."""
+        from pytorch_accel.plugins.failing_batches import guarding
+
+        trainer = self._trainer
+        processes, model = trainer.accelerator.num_processes, trainer.model
+        return guarding(self.state, policy, kind, processes, model, trainer.run_history)
+
     def _entry_point(self, where: str, level: str, body: Callable[[], None]) -> None:
         """Run a whole run level (``train``, ``evaluate``, ``predict``) with its events.
 
@@ -616,8 +646,17 @@ class Loop:
         """
         self.state.stopped_by = None
         setup_logging()  # the loop's and the callbacks' messages go through the package's logger
-        with shape_mismatches_raise(where):
-            self._with_events(level, body)
+        try:
+            with shape_mismatches_raise(where):
+                self._with_events(level, body)
+        except BaseException as error:
+            if self._agreement is not None and not isinstance(error, StopTrainingError):
+                # failed on one process: the others learn it when their next collective fails
+                lost = lost_peer_error(where, error)
+                if lost is not None:
+                    raise lost from error
+                announce_failure(error)
+            raise
 
     def _with_events(
         self,
@@ -644,6 +683,7 @@ class Loop:
         except StopTrainingError as error:
             if level.endswith("_step"):
                 raise
+            self._refuse_unagreed_stop(level, error)
             if finish is not None:
                 finish()
             is_run = level.endswith("_run")
@@ -662,6 +702,36 @@ class Loop:
             finish()
         kwargs.update(end_kwargs)
         self._fire(end, kwargs, hooked)
+
+    def _refuse_unagreed_stop(self, level: str, error: StopTrainingError) -> None:
+        """Raise a clear error for a stop raised inside an unguarded step with several processes.
+
+        Such a stop (``calculate_train_batch_loss`` raising ``StopTrainingError``) is this
+        process's alone: the others go on with the step's collectives, so unwinding with the
+        epoch's collectives would mismatch them (gloo aborts). This process fails instead, with
+        no collective; the others fail at their next one (``lost_peer_error``). With
+        ``skip_failing_batches`` or ``on_oom="split"`` every step's outcome is agreed on.
+        """
+        state = self.state
+        if self._agreement is None or error is state.agreed_stop or level.endswith("_run"):
+            return
+        guarded = {
+            "train_epoch": state.failing_batches or state.micro_batches,
+            "eval_epoch": self._eval_guard,
+        }.get(level)
+        if guarded is not None:
+            return
+        step = "train" if level == "train_epoch" else "eval"
+        rank = self._trainer.accelerator.process_index
+        where = "Trainer.train" if state.running else "Trainer.evaluate"
+        raise RuntimeError(
+            f"{where}: StopTrainingError({str(error)!r}) was raised inside a {step} step (e.g. by "
+            f"calculate_{step}_batch_loss) on process {rank}, where the processes cannot stop "
+            "together: the others go on with the step's collectives. Raise StopTrainingError "
+            "from a callback instead (e.g. on_train_step_end): every process agrees on it "
+            "there; or pass train(skip_failing_batches=...) to skip a bad batch on every "
+            "process."
+        ) from error
 
     def _fire(self, event: str, kwargs: dict[str, Any], hooked: bool = False) -> None:
         """Run the trainer's hook (if ``hooked``), then the callbacks of ``event``; agree on a stop.
@@ -739,3 +809,47 @@ def training_rng_preserved(device: torch.device) -> Iterator[None]:
     devices = [] if device.type == "cpu" else [device]
     with torch.random.fork_rng(devices=devices, device_type=device.type):
         yield
+
+
+class _StepParts:
+    """The parts of the loop's training step that a step guard runs (``plugins.TrainStep``)."""
+
+    def __init__(self, loop: Loop) -> None:
+        self._loop = loop
+
+    @property
+    def item_weighting(self) -> ItemWeighting:
+        """The run's weighting of losses."""
+        return self._loop.state.item_weighting
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The model being trained."""
+        return self._loop._trainer.model
+
+    @property
+    def num_updates(self) -> int:
+        """The updates done in this ``train()`` call."""
+        return self._loop._trainer.num_updates
+
+    def position(self) -> str:
+        """Where the step is: ``"step <n> of epoch <m>"``."""
+        state = self._loop.state
+        return f"step {state.step + 1} of epoch {state.epoch_index + 1}"
+
+    def forward(self, batch: Any) -> Any:
+        """Run ``calculate_train_batch_loss`` (its output is not checked here)."""
+        return self._loop._trainer.calculate_train_batch_loss(batch)
+
+    def scaled_loss(self, batch_output: dict[str, Any], scale: float) -> torch.Tensor:
+        """The output's loss weighted by the run's item weighting and ``scale``."""
+        state = self._loop.state
+        return state.item_weighting.scaled_loss(batch_output, scale, state.step, state.epoch_index)
+
+    def backward(self, batch_output: dict[str, Any], scaled: torch.Tensor, batch: Any) -> None:
+        """Back-propagate ``scaled``, with the backward events."""
+        self._loop.backward(batch_output["loss"], scaled, batch, batch_output)
+
+    def track(self, batch_output: dict[str, Any]) -> None:
+        """Track the step's loss and logged values."""
+        self._loop._track(batch_output)

@@ -2,8 +2,8 @@
 
 Every ``train()`` prepares its train dataloader as one that could resume mid-epoch
 (``make_resumable``), since a training state may be saved at any step, and enters each epoch
-through ``enter_epoch``; only a resumed epoch reaches the training-state code
-(``_checkpointing.resume``), imported then.
+through ``enter_epoch``; only a resumed epoch reaches the training-state code, through the
+``ResumePoint`` (``_checkpointing.resume``) it is handed.
 
 An epoch's order is drawn by its sampler at the epoch's first index request, from the global
 torch generator or the one accelerate shares between processes. ``EpochRandomness`` records
@@ -18,7 +18,7 @@ import contextlib
 import itertools
 from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from accelerate.data_loader import DataLoaderShard, SkipBatchSampler, skip_first_batches
@@ -26,13 +26,13 @@ from accelerate.data_loader import DataLoaderShard, SkipBatchSampler, skip_first
 from pytorch_accel.dataloaders import epoch_batches
 
 if TYPE_CHECKING:
-    from pytorch_accel._checkpointing.resume import ResumePoint
+    from pytorch_accel.protocols import TrainerLike as Trainer
     from pytorch_accel.tracking import LossTracker
-    from pytorch_accel.trainer import Trainer
 
 __all__ = [
     "EpochEntry",
     "EpochRandomness",
+    "PendingResume",
     "RandomStates",
     "ResumableLoader",
     "enter_epoch",
@@ -218,8 +218,17 @@ class EpochEntry:
                 self.resumable.skip.skip_batches = 0
 
 
+class PendingResume(Protocol):
+    """A loaded training state waiting for its epoch (``_checkpointing.resume.ResumePoint``)."""
+
+    def enter_epoch(
+        self, resumable: ResumableLoader | None, trainer: Trainer, loss_tracker: LossTracker
+    ) -> EpochEntry:
+        """Apply the state at the start of its epoch; return how the epoch starts."""
+
+
 def enter_epoch(
-    resume: ResumePoint | None,
+    resume: PendingResume | None,
     resumable: ResumableLoader | None,
     trainer: Trainer,
     loss_tracker: LossTracker,
@@ -227,9 +236,7 @@ def enter_epoch(
     """Apply a pending resume (``None``: none) at the start of an epoch; return how it starts."""
     if resume is None:
         return EpochEntry(resumable=resumable)
-    from pytorch_accel._checkpointing.resume import enter_resumed_epoch
-
-    return enter_resumed_epoch(resume, resumable, trainer, loss_tracker)
+    return resume.enter_epoch(resumable, trainer, loss_tracker)
 
 
 def _restoring_after_first(

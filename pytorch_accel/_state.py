@@ -12,11 +12,11 @@ dataloaders are prepared afresh and the previous run's are dropped from the acce
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import torch
 from accelerate import Accelerator
@@ -28,19 +28,53 @@ from pytorch_accel._batches import ItemWeighting
 from pytorch_accel._resumable import ResumableLoader, make_resumable
 from pytorch_accel.dataloaders import default_dataloader_kwargs, loader_settings, named_eval_sets
 from pytorch_accel.errors import StopTrainingError
-from pytorch_accel.run_config import ChosenRates, RunSetup, TrainerRunConfig, create_run_config
+from pytorch_accel.failing_batches import skip_policy
+from pytorch_accel.protocols import TrainerLike
+from pytorch_accel.run_config import (
+    ChosenRates,
+    TrainArguments,
+    TrainerRunConfig,
+    create_run_config,
+    scale_learning_rates,
+)
 from pytorch_accel.schedulers.stepping import SchedulerStepping
 from pytorch_accel.tracking import LoggedMetrics, LossTracker
 
 if TYPE_CHECKING:
     from pytorch_accel._checkpointing.resume import Position, ResumePoint
     from pytorch_accel._checkpointing.staging import PendingSave
-    from pytorch_accel._entry_checks import TrainArguments
-    from pytorch_accel.failing_batches import FailingBatchGuard
-    from pytorch_accel.micro_batches import MicroBatchSplitter
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.plugins.failing_batches import FailingBatchGuard
+    from pytorch_accel.plugins.micro_batches import MicroBatchSplitter
 
-__all__ = ["Preparation", "TrainerState"]
+__all__ = ["Preparation", "PreparedTrainer", "TrainerState", "fewer_batches"]
+
+
+class PreparedTrainer(TrainerLike, Protocol):
+    """A trainer as its preparation sees it: its public surface and its dataloaders' arguments."""
+
+    _train_dl_kwargs: dict[str, Any]
+    _eval_dl_kwargs: dict[str, Any]
+
+
+@contextlib.contextmanager
+def fewer_batches(trainer: TrainerLike, num_batches: int, *, train: bool = True) -> Iterator[None]:
+    """Run at most ``num_batches`` batches per eval epoch (and train epoch) inside the block.
+
+    The one mechanism for fewer batches is the trainer's ``limit_eval_batches`` and
+    ``limit_train_batches``, read as each epoch starts; this lowers them (a lower limit already
+    set is kept) and puts them back after the block. The sanity evaluation and dry runs use it;
+    ``LimitBatchesCallback`` (and ``PYTORCH_ACCEL_LIMIT_BATCHES``, which adds it) and
+    ``LimitEvalStepsCallback`` set the same attributes.
+    """
+    kept = trainer.limit_train_batches, trainer.limit_eval_batches
+    lowered = [num_batches if limit is None else min(limit, num_batches) for limit in kept]
+    try:
+        if train:
+            trainer.limit_train_batches = lowered[0]
+        trainer.limit_eval_batches = lowered[1]
+        yield
+    finally:
+        trainer.limit_train_batches, trainer.limit_eval_batches = kept
 
 
 class TrainerState:
@@ -51,7 +85,8 @@ class TrainerState:
     Attributes:
         step: Training micro-batches done in the current epoch (before the step's end event,
             so that a stop raised there still counts the step).
-        num_updates: Optimizer updates so far in the current ``train()`` (the loop's count).
+        num_updates: Optimizer updates so far in the current ``train()``: the one update count
+            (``Trainer.num_updates``; ``Trainer.global_num_updates`` adds ``updates_before``).
         updates_before: Optimizer updates of the earlier ``train()`` calls of the same run
             (those that continued it with ``reset_run_history=False``); 0 in a new run.
         savable: Where a training state may be saved now: ``"step"`` (between steps),
@@ -68,9 +103,11 @@ class TrainerState:
         micro_batches: The splitter of ``train(on_oom="split")`` (or of a batch-size search's
             trial), if asked for.
         probing: Whether ``train()`` runs a trial of the batch-size search.
-        eval_limit: The most batches of the current eval epoch (a sanity check), or ``None``.
+        sanity_checking: Whether the eval epochs are the sanity check before training.
         chosen_rates: The learning rates the user chose, kept across runs (``auto_scale_lr``).
         pending_save: A training state being written in the background, if any.
+        eval_batch_size: ``evaluate()``'s and ``predict()``'s default per-device batch size:
+            the last ``train()``'s (8 before any).
     """
 
     def __init__(self) -> None:
@@ -80,8 +117,7 @@ class TrainerState:
         self.eval_step = 0
         self.num_updates = 0
         self.updates_before = 0
-        self._assigned_updates: int | None = None
-        self._warned_assignment = False
+        self.eval_batch_size = 8
         self.running = False
         self.savable: Literal["step", "epoch", "end"] | None = None
         self.stop_request: StopTrainingError | None = None
@@ -103,7 +139,7 @@ class TrainerState:
         self.micro_batches: MicroBatchSplitter | None = None
         self.probing = False
         self.eval_metric_name = "eval_loss_epoch"
-        self.eval_limit: int | None = None
+        self.sanity_checking = False
         self.chosen_rates = ChosenRates()
         self.scheduler_stepping = SchedulerStepping()  # the run's, set when the loop starts
         self.pending_save: PendingSave | None = None
@@ -116,41 +152,15 @@ class TrainerState:
             return loaders[self.eval_set]
         return next(iter(loaders.values()), None)
 
-    @property
-    def global_num_updates(self) -> int:
-        """``Trainer.global_num_updates``: the updates of the whole run, earlier calls included."""
-        return self.updates_before + self.num_updates
-
     def start_counting(self, continue_run: bool) -> None:
         """Start a ``train()`` call's update count at 0; carry the run's count on, or restart it."""
-        self.updates_before = self.global_num_updates if continue_run else 0
+        self.updates_before = self.updates_before + self.num_updates if continue_run else 0
         self.num_updates = 0
 
     def restore_counts(self, saved: Mapping[str, Any]) -> None:
-        """Set both update counts to those of a saved training state's trainer part."""
+        """Set the update count and the run's earlier updates to a saved trainer state's."""
         self.num_updates = int(saved["num_updates"])
         self.updates_before = int(saved.get("updates_before", 0))  # 0: saved before it existed
-
-    @property
-    def visible_num_updates(self) -> int:
-        """``Trainer.num_updates``: the count, or the value a subclass assigned to it."""
-        return self.num_updates if self._assigned_updates is None else self._assigned_updates
-
-    def assign_num_updates(self, value: int | None) -> None:
-        """Let ``Trainer.num_updates`` read ``value`` (``None``: the count again).
-
-        Ported code keeps its own update count there; the loop's stays separate.
-        """
-        if value is not None and not self._warned_assignment:
-            self._warned_assignment = True  # once per trainer: ported code assigns it often
-            warnings.warn(
-                "Assigning Trainer.num_updates only changes what it reads: the trainer counts "
-                "the updates itself (and TrainerWithTimmScheduler steps timm schedulers with "
-                "that count).",
-                DeprecationWarning,
-                stacklevel=3,
-            )
-        self._assigned_updates = value
 
     def position(self, where: str) -> Position:
         """Return where the loop is, as the point a run resumed from a save there continues.
@@ -170,6 +180,20 @@ class TrainerState:
             f"{where}: a training state can only be saved between steps: call it from "
             "on_train_step_end or on_training_run_epoch_end, or outside train()."
         )
+
+    def guard_steps(self, arguments: TrainArguments, num_processes: int) -> None:
+        """Set the run's step guards: failing batches, micro-batches (probing in a trial)."""
+        skip = arguments.skip_failing_batches  # an int: the limit of a SkipFailingBatches
+        policy = None if skip is None else skip_policy("Trainer.train", skip)
+        self.failing_batches = self.micro_batches = None
+        if policy is not None:  # the step guards are plugins, imported when asked for
+            from pytorch_accel.plugins.failing_batches import FailingBatchGuard
+
+            self.failing_batches = FailingBatchGuard(policy, num_processes)
+        if self.probing or arguments.on_oom == "split":
+            from pytorch_accel.plugins.micro_batches import MicroBatchSplitter
+
+            self.micro_batches = MicroBatchSplitter(num_processes, probe=self.probing)
 
     def poll_save(self) -> None:
         """At a step boundary: complete the save written in the background if it is written."""
@@ -208,7 +232,7 @@ class Preparation:
     @contextlib.contextmanager
     def prepared(
         self,
-        trainer: Trainer,
+        trainer: PreparedTrainer,
         train_dl: DataLoader[Any] | None,
         eval_dls: Mapping[str | None, DataLoader[Any]],
     ) -> Iterator[None]:
@@ -236,7 +260,7 @@ class Preparation:
                 _release_workers(dataloader)
 
     def build_dataloaders(
-        self, trainer: Trainer, arguments: TrainArguments
+        self, trainer: PreparedTrainer, arguments: TrainArguments
     ) -> tuple[DataLoader[Any], dict[str | None, DataLoader[Any]]]:
         """Return a run's dataloaders: those the user built, or built by ``trainer``'s hooks."""
         a, batch_size = arguments, arguments.per_device_batch_size or 8
@@ -251,7 +275,7 @@ class Preparation:
 
     def build_eval_dataloaders(
         self,
-        trainer: Trainer,
+        trainer: PreparedTrainer,
         evaluation: Any,
         batch_size: int,
         eval_kwargs: Mapping[str, Any] | None,
@@ -299,24 +323,23 @@ class Preparation:
         )
 
     def training_run_config(
-        self, trainer: Trainer, arguments: TrainArguments, setup: RunSetup
+        self, trainer: PreparedTrainer, arguments: TrainArguments
     ) -> TrainerRunConfig:
         """Describe a ``train()`` run over its prepared dataloaders, and finish its set-up.
 
         (Scale the learning rates; keep the failing-batch guard and micro-batch splitter.)
         """
+        state, accelerator = self._state, self._accelerator
+        dl_kwargs = (trainer._train_dl_kwargs, trainer._eval_dl_kwargs)
         config = create_run_config(
-            self._accelerator,
-            self._state.train_dataloader,
-            trainer.limit_train_batches,
-            (trainer._train_dl_kwargs, trainer._eval_dl_kwargs),
-            **arguments.run_settings(),
+            accelerator, state.train_dataloader, trainer.limit_train_batches, dl_kwargs, arguments
         )
-        config = setup.finish(config, trainer.optimizer, self._state.chosen_rates)
-        setup.guard_steps(self._state, self._accelerator.num_processes)
-        return config
+        base, total = arguments.auto_scale_lr, config.train_total_batch_size
+        factor = scale_learning_rates(trainer.optimizer, total, base, state.chosen_rates)
+        state.guard_steps(arguments, accelerator.num_processes)
+        return dataclasses.replace(config, lr_scale_factor=factor)
 
-    def prepare_model_and_optimizer(self, trainer: Trainer) -> None:
+    def prepare_model_and_optimizer(self, trainer: TrainerLike) -> None:
         """Prepare ``trainer.model`` and ``trainer.optimizer``, each once, and assign them back."""
         accelerator = self._accelerator
         model_ready = trainer.model is self._prepared[0] and not self._trainable_set_changed()
@@ -448,7 +471,7 @@ def _direct_optimizer(accelerator: Accelerator, optimizer: object) -> torch.opti
     return inner if forwarding else None
 
 
-def _adopt(trainer: Trainer, role: str, data: Any) -> DataLoader[Any] | None:
+def _adopt(trainer: PreparedTrainer, role: str, data: Any) -> DataLoader[Any] | None:
     """Set the trainer's ``<role>_dataset`` from ``data``; return ``data`` if a DataLoader."""
     loader = data if isinstance(data, DataLoader) else None
     setattr(trainer, f"{role}_dataset", data if loader is None else loader.dataset)

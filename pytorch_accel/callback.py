@@ -11,29 +11,22 @@ import contextlib
 import difflib
 import functools
 import inspect
-import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, ParamSpec, TypeVar
+from typing import Any, ClassVar, ParamSpec, TypeVar
 
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.events import BUILTIN_EVENTS
 from pytorch_accel.tracking import get_logger
 
-if TYPE_CHECKING:
-    from pytorch_accel.trainer import Trainer
-
 __all__ = [
     "CallbackHandler",
     "CallbackLike",
-    "DefaultPath",
     "ProgressEvents",
-    "RunPaths",
     "TrainerCallback",
     "announces_exceptions",
-    "redirected_paths",
 ]
 
 P = ParamSpec("P")
@@ -48,7 +41,9 @@ class TrainerCallback:
 
     Every method receives the trainer first and keyword arguments after it; accept
     ``**kwargs`` so that new arguments do not break your callback. Use only the trainer's
-    public surface (``trainer.model``, ``trainer.run_history``, ``trainer.accelerator``, ...).
+    public surface (``trainer.model``, ``trainer.run_history``, ``trainer.accelerator``, ...):
+    ``pytorch_accel.protocols.TrainerLike`` declares it, for type hints. The events here take
+    the trainer untyped, so a subclass may annotate it ``TrainerLike`` or ``Trainer``.
 
     Attributes:
         order: Callbacks run in increasing ``order``; ties keep registration order. Default
@@ -75,50 +70,6 @@ class TrainerCallback:
     may_stop_training: ClassVar[bool] = True
     agreed_stop_events: ClassVar[frozenset[str]] = frozenset()
 
-    def redirect_outputs(self, directory: Path) -> contextlib.AbstractContextManager[None]:
-        """Write this callback's files under ``directory`` while the returned context is open.
-
-        ``train(dry_run=...)`` enters it for every callback, with a directory per callback, so
-        a dry run leaves the user's files as they were. The default redirects nothing; a
-        callback that writes files overrides it, usually with ``redirected_paths``.
-
-        Args:
-            directory: An empty directory of this callback's own (it may not exist yet).
-
-        Returns:
-            A context manager; its ``__exit__`` puts the callback's own locations back.
-
-        Example:
-            ```python
-            def redirect_outputs(self, directory):
-                return redirected_paths(self, directory, "save_path")
-            ```
-        """
-        return contextlib.nullcontext()
-
-    def place_outputs(self, run_dir: Path) -> None:
-        """Put the files whose location the user left at its default under ``run_dir``.
-
-        With ``Trainer(output_dir=...)``, the trainer calls it with ``trainer.run_dir`` at the
-        start of every ``train()`` and ``evaluate()``, before any event; without ``output_dir``
-        it is never called. The default places nothing. A callback whose path arguments default
-        to ``DefaultPath`` values records them in a ``RunPaths`` and places that: a path the
-        user passed (or assigned since) stays where it is.
-
-        Args:
-            run_dir: The run's directory (it may not exist yet).
-
-        Example:
-            ```python
-            def __init__(self, out_dir=DefaultPath("results")):
-                self.out_dir = Path(out_dir)
-                self._run_paths = RunPaths(out_dir=out_dir)
-
-            def place_outputs(self, run_dir):
-                self._run_paths.place(self, run_dir)
-            ```
-        """
-
     def training_states_dir(self) -> Path | None:
         """The directory this callback saves training states in, or ``None`` (the default).
 
@@ -126,36 +77,36 @@ class TrainerCallback:
         """
         return None
 
-    def on_init_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_init_end(self, trainer: Any, **kwargs: Any) -> None:
         """Called at the end of ``Trainer.__init__``."""
 
-    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
         """Called at the start of ``train()``, after preparation and scheduler creation."""
 
-    def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_epoch_start(self, trainer: Any, **kwargs: Any) -> None:
         """Called at the start of each training epoch, after ``model.train()``."""
 
-    def on_train_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_step_start(self, trainer: Any, **kwargs: Any) -> None:
         """Called before each training batch is processed."""
 
-    def on_backward_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_backward_start(self, trainer: Any, **kwargs: Any) -> None:
         """Called just before the backward pass of each training batch.
 
         ``kwargs`` include ``batch`` and ``batch_output`` (``calculate_train_batch_loss``'s
         output): the loss before it changes any weight.
         """
 
-    def on_backward_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_backward_end(self, trainer: Any, **kwargs: Any) -> None:
         """Called just after the backward pass of each training batch."""
 
-    def on_optimizer_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_optimizer_step_start(self, trainer: Any, **kwargs: Any) -> None:
         """Called before each optimizer update, after gradients were unscaled and clipped."""
 
-    def on_optimizer_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_optimizer_step_end(self, trainer: Any, **kwargs: Any) -> None:
         """Called after each optimizer update, before the scheduler step and ``zero_grad``."""
 
     def on_train_step_end(
-        self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
+        self, trainer: Any, batch: Any, batch_output: dict[str, Any], **kwargs: Any
     ) -> None:
         """Called after each training batch's backward pass and update.
 
@@ -163,56 +114,56 @@ class TrainerCallback:
         ``calculate_train_batch_loss``; ``kwargs`` include ``step``, the 0-based batch index.
         """
 
-    def on_train_progress(self, trainer: Trainer, steps_done: int, **kwargs: Any) -> None:
+    def on_train_progress(self, trainer: Any, steps_done: int, **kwargs: Any) -> None:
         """Called now and then after a training step (``steps_done``), and after the last one.
 
         For progress displays. Processes fire it at different steps (see
         ``Trainer.progress_interval``): it must not stop training, call collectives or save state.
         """
 
-    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
         """Called at the end of each training epoch, after ``train_loss_epoch`` is recorded."""
 
-    def on_eval_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_eval_epoch_start(self, trainer: Any, **kwargs: Any) -> None:
         """Called at the start of each evaluation epoch (kwarg ``is_intermediate``)."""
 
-    def on_eval_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_eval_step_start(self, trainer: Any, **kwargs: Any) -> None:
         """Called before each evaluation batch is processed."""
 
     def on_eval_step_end(
-        self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
+        self, trainer: Any, batch: Any, batch_output: dict[str, Any], **kwargs: Any
     ) -> None:
         """Called after each evaluation batch, with ``calculate_eval_batch_loss``'s output."""
 
-    def on_eval_progress(self, trainer: Trainer, steps_done: int, **kwargs: Any) -> None:
+    def on_eval_progress(self, trainer: Any, steps_done: int, **kwargs: Any) -> None:
         """Called now and then after an evaluation step, and after the epoch's last one.
 
         Like ``on_train_progress``, for the evaluation epoch.
         """
 
-    def on_eval_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_eval_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
         """Called at the end of each evaluation epoch, after its loss is recorded."""
 
-    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_epoch_end(self, trainer: Any, **kwargs: Any) -> None:
         """Called after each completed epoch of a training run (train, then eval if any)."""
 
-    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_end(self, trainer: Any, **kwargs: Any) -> None:
         """Called at the end of ``train()``, also when it was stopped early."""
 
-    def on_evaluation_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_evaluation_run_start(self, trainer: Any, **kwargs: Any) -> None:
         """Called at the start of ``evaluate()``."""
 
-    def on_evaluation_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_evaluation_run_end(self, trainer: Any, **kwargs: Any) -> None:
         """Called at the end of ``evaluate()``."""
 
-    def on_predict_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_predict_run_start(self, trainer: Any, **kwargs: Any) -> None:
         """Called at the start of ``predict()``, with the model in eval mode."""
 
-    def on_predict_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_predict_step_start(self, trainer: Any, **kwargs: Any) -> None:
         """Called before each prediction batch."""
 
     def on_predict_step_end(
-        self, trainer: Trainer, batch: Any, predictions: Any, **kwargs: Any
+        self, trainer: Any, batch: Any, predictions: Any, **kwargs: Any
     ) -> None:
         """Called after each prediction batch, with its outputs gathered from every process.
 
@@ -221,13 +172,13 @@ class TrainerCallback:
         ``output_device`` (the same on every process).
         """
 
-    def on_predict_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_predict_run_end(self, trainer: Any, **kwargs: Any) -> None:
         """Called at the end of ``predict()``."""
 
-    def on_stop_training_error(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_stop_training_error(self, trainer: Any, **kwargs: Any) -> None:
         """Called when a ``StopTrainingError`` stopped the run (kwarg ``error``)."""
 
-    def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
+    def on_exception(self, trainer: Any, exception: BaseException, **kwargs: Any) -> None:
         """Called once when an exception escapes ``train()``, ``evaluate()`` or ``predict()``.
 
         On the process where it was raised (also for ``KeyboardInterrupt``; see
@@ -236,25 +187,6 @@ class TrainerCallback:
         (``"train"``, ``"evaluate"``, ``"predict"``, ``"find_lr"``, ``"find_batch_size"``). An
         error it raises is logged, and the original exception propagates.
         """
-
-
-@contextlib.contextmanager
-def redirected_paths(owner: object, directory: Path, *names: str) -> Iterator[None]:
-    """Point ``owner``'s path attributes ``names`` into ``directory``, then put them back.
-
-    For ``TrainerCallback.redirect_outputs``: each attribute holding a path (``None`` is left
-    alone) becomes the same file name in ``directory``, of the same type.
-    """
-    saved = {name: getattr(owner, name) for name in names}
-    for name, value in saved.items():
-        if isinstance(value, (str, os.PathLike)):
-            new = directory / Path(value).name
-            setattr(owner, name, new if isinstance(value, Path) else os.fspath(new))
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(owner, name, value)
 
 
 CallbackLike = TrainerCallback | type[TrainerCallback]
@@ -522,7 +454,10 @@ def announces_exceptions(method: Callable[P, R]) -> Callable[P, R]:
 
     Any ``Exception`` and ``KeyboardInterrupt``, once, then it propagates unchanged; not
     ``StopTrainingError`` (a normal stop) nor ``SystemExit`` (the exit after a preemption save,
-    which ended the run through its stop events).
+    which ended the run through its stop events). The ``KeyboardInterrupt`` that follows a
+    Ctrl-C whose training state was saved (``SaveTrainingStateCallback(save_on_interrupt=
+    True)``, which said so in the log) propagates without the stop it ended: a bare
+    ``KeyboardInterrupt`` from the entry point, not a chain of tracebacks through the loop.
     """
     where = method.__name__
 
@@ -537,9 +472,25 @@ def announces_exceptions(method: Callable[P, R]) -> Callable[P, R]:
             handler = getattr(trainer, "callback_handler", None)
             if isinstance(handler, CallbackHandler):
                 handler.announce_exception(trainer, exception, where)
+            if _after_saved_interrupt(exception):
+                raise KeyboardInterrupt from None  # the log said where the state was saved
             raise
 
     return announcing
+
+
+def _after_saved_interrupt(exception: BaseException) -> bool:
+    """Whether ``exception`` is the ``KeyboardInterrupt`` ending a run stopped by a saved Ctrl-C.
+
+    That stop is a ``StopTrainingError`` caused by a ``KeyboardInterrupt`` (see
+    ``SaveTrainingStateCallback``); the run's end raises the interrupt while handling it.
+    """
+    stop = exception.__context__
+    return (
+        isinstance(exception, KeyboardInterrupt)
+        and isinstance(stop, StopTrainingError)
+        and isinstance(stop.__cause__, KeyboardInterrupt)
+    )
 
 
 def _overrides(callback: object, event: str) -> bool:
@@ -656,49 +607,3 @@ class ProgressEvents:
                 f"so they could not stop together. Raise StopTrainingError from "
                 f"{self._event.replace('progress', 'step_end')} instead."
             ) from stop
-
-
-class DefaultPath(str):
-    """A path argument's default, which follows the trainer's run directory.
-
-    Without ``Trainer(output_dir=...)`` it is the relative path it spells; with it,
-    ``RunPaths.place`` puts it under ``trainer.run_dir``. A path the user passes (a plain
-    ``str`` or ``Path``) is never moved, even when it spells the same name.
-    """
-
-    __slots__ = ()
-
-
-class RunPaths:
-    """Which of a callback's path attributes follow the run directory, for ``place_outputs``.
-
-    Create it in the constructor with the path arguments as they were received: only the
-    ``DefaultPath`` values follow the run directory.
-
-    Args:
-        **given: Each path attribute's name and the argument it was set from.
-    """
-
-    def __init__(self, **given: object) -> None:
-        self._defaults = {
-            name: Path(value) for name, value in given.items() if isinstance(value, DefaultPath)
-        }
-        self._placed: dict[str, Path] = dict(self._defaults)
-
-    def follows_run_dir(self, name: str) -> bool:
-        """Whether the attribute ``name`` was left at its default (a ``DefaultPath``)."""
-        return name in self._defaults
-
-    def place(self, owner: object, run_dir: Path) -> None:
-        """Set each defaulted attribute of ``owner`` to its default path under ``run_dir``.
-
-        An attribute that no longer holds the path this object last gave it (the user set it,
-        or a dry run redirects it meanwhile) is left alone.
-        """
-        for name, default in self._defaults.items():
-            current = getattr(owner, name)
-            if not isinstance(current, (str, os.PathLike)) or Path(current) != self._placed[name]:
-                continue
-            placed = run_dir / default
-            setattr(owner, name, placed if isinstance(current, Path) else os.fspath(placed))
-            self._placed[name] = placed

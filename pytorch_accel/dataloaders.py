@@ -22,7 +22,9 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import random
 import re
+import sys
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sized
 from typing import Any
 
@@ -35,10 +37,13 @@ from pytorch_accel._checks import fail
 
 __all__ = [
     "EVAL_SET_NAME_PATTERN",
+    "LIMIT_BATCHES_ENV_VAR",
+    "OLD_LIMIT_BATCHES_ENV_VAR",
     "default_dataloader_kwargs",
     "default_num_workers",
     "epoch_batches",
     "eval_set_prefix",
+    "items_are_stored",
     "iterate",
     "loader_settings",
     "merge_dataloader_kwargs",
@@ -53,10 +58,18 @@ __all__ = [
 def default_num_workers(dataset: object, num_local_processes: int) -> int:
     """Return a sensible number of loader workers for one process.
 
-    0 for in-memory tensor datasets (fastest in the main process) and for an
-    ``IterableDataset`` (each worker would yield the whole stream unless it shards itself:
-    pass ``num_workers`` then); else one per spare CPU of the process, at most 4, leaving one
-    CPU for the training loop.
+    0 where the items are already in memory: a ``TensorDataset``, or a dataset whose first
+    item, read twice, comes back as the same objects (tensors and arrays: views of the same
+    memory), as with a list of tokenised samples or a ``Dataset`` that indexes tensors it
+    holds (``items_are_stored``). Loading such items costs microseconds, less than a
+    worker's hand-over of each batch (about 1 ms) and its start at every ``train()`` call
+    (tens of ms). 0 also for an ``IterableDataset`` (each worker would yield the whole stream
+    unless it shards itself: pass ``num_workers`` then). Otherwise, where each read builds
+    its item anew (decoding a file, transforms), one worker per spare CPU of the process, at
+    most 4, leaving one CPU for the training loop.
+
+    The choice depends only on the dataset and the machine, never on timings, so every
+    process of a run makes the same one.
 
     Args:
         dataset: The dataset to load.
@@ -65,10 +78,86 @@ def default_num_workers(dataset: object, num_local_processes: int) -> int:
     Returns:
         The number of workers.
     """
-    if isinstance(dataset, (TensorDataset, IterableDataset)):
+    if isinstance(dataset, (TensorDataset, IterableDataset)) or items_are_stored(dataset):
         return 0
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(0, min(4, (cpus or 1) // max(1, num_local_processes) - 1))
+
+
+def items_are_stored(dataset: object) -> bool:
+    """Return whether ``dataset[0]`` read twice gives back the same objects.
+
+    Tensors and NumPy arrays count as the same when they are views of the same memory (a
+    ``TensorDataset`` returns new views of the tensors it holds), mappings and sequences when
+    their members are, strings, numbers and ``None`` when equal, anything else when it is the
+    same object. The two reads run with the random states of ``torch`` (CPU), ``random`` and
+    NumPy saved and restored, so a random transform in ``__getitem__`` leaves no trace.
+
+    Args:
+        dataset: A map-style dataset (anything without ``__len__`` and ``__getitem__``, or
+            empty, or whose first read raises, counts as not stored).
+
+    Returns:
+        Whether its items are stored rather than built at each read.
+    """
+    if not hasattr(dataset, "__getitem__"):
+        return False
+    try:
+        if len(dataset) == 0:  # type: ignore[arg-type]
+            return False
+        with _random_states_kept():
+            first = dataset[0]
+            second = dataset[0]
+    except Exception:  # a dataset indexed otherwise: its loader will say so, not this check
+        return False
+    return _same_item(first, second)
+
+
+def _same_item(first: object, second: object) -> bool:
+    if first is second:
+        return True
+    if isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor):
+        return (
+            first.device == second.device
+            and first.shape == second.shape
+            and first.dtype == second.dtype
+            and first.numel() > 0
+            and first.data_ptr() == second.data_ptr()
+        )
+    if isinstance(first, (str, bytes, int, float, complex)) or first is None:
+        return type(first) is type(second) and first == second
+    if isinstance(first, Mapping) and isinstance(second, Mapping):
+        return first.keys() == second.keys() and all(
+            _same_item(first[key], second[key]) for key in first
+        )
+    if isinstance(first, (list, tuple)) and isinstance(second, (list, tuple)):
+        return len(first) == len(second) and all(
+            _same_item(a, b) for a, b in zip(first, second, strict=True)
+        )
+    interface = getattr(first, "__array_interface__", None)
+    other = getattr(second, "__array_interface__", None)
+    if isinstance(interface, dict) and isinstance(other, dict):
+        return bool(interface["data"][0]) and (
+            interface["data"],
+            interface["shape"],
+            interface["typestr"],
+        ) == (other["data"], other["shape"], other["typestr"])
+    return False
+
+
+@contextlib.contextmanager
+def _random_states_kept() -> Iterator[None]:
+    """Restore the random states of ``torch`` (CPU), ``random`` and NumPy (if loaded)."""
+    numpy = sys.modules.get("numpy")
+    python_state = random.getstate()
+    numpy_state = numpy.random.get_state() if numpy is not None else None
+    with torch.random.fork_rng(devices=[]):
+        try:
+            yield
+        finally:
+            random.setstate(python_state)
+            if numpy is not None:
+                numpy.random.set_state(numpy_state)
 
 
 def num_batches(dataloader: Sized) -> int | None:
@@ -332,3 +421,10 @@ def _pass_through(dataloader: DataLoaderShard) -> Generator[Any, None, None]:
     yield current
     dataloader.iteration += 1
     dataloader.end()
+
+
+LIMIT_BATCHES_ENV_VAR = "PYTORCH_ACCEL_LIMIT_BATCHES"
+"""The environment variable that makes new trainers use at most that many batches per epoch."""
+
+OLD_LIMIT_BATCHES_ENV_VAR = "PT_ACC_LIMIT_BATCHES"
+"""pytorch-accelerated's name of ``LIMIT_BATCHES_ENV_VAR`` (read with a deprecation warning)."""

@@ -7,18 +7,25 @@ step, such as a preemption signal or a time budget, blocks no step). A callback 
 by raising ``StopTrainingError``; the trainer agrees on it at fixed points (see
 ``pytorch_accel._loop``), a callback that agrees itself uses an ``AgreedFlag``. Metric values
 are combined with ``reduce_across_processes``: one collective per logging point, on the device.
+
+When one process fails alone (an error in its step), the others cannot learn it without a
+collective: they learn it at their next one, which fails once the failed process has exited
+(its connections close). ``announce_failure`` leaves the failed process's error in the process
+group's store first, so that ``lost_peer_error`` can name it on every other process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from accelerate import Accelerator
-from accelerate.state import PartialState
+from accelerate.state import AcceleratorState, PartialState
 from accelerate.utils import (
     DataLoaderConfiguration,
     DistributedType,
@@ -26,17 +33,26 @@ from accelerate.utils import (
     broadcast_object_list,
 )
 
+from pytorch_accel._checks import fail
+
 __all__ = [
     "AgreedFlag",
     "agreement_group",
+    "announce_failure",
     "apply_fsdp_request",
     "broadcast_buffers",
     "check_world_size",
     "create_accelerator",
+    "effective_mixed_precision",
     "fsdp_requested",
+    "gather_objects",
+    "gather_rows",
+    "group_size",
     "launcher_world_size",
+    "lost_peer_error",
     "main_process_object",
     "needs_cpu_distributed",
+    "process_rank",
     "reduce_across_processes",
     "remove_padding",
     "synchronise_replicas",
@@ -64,11 +80,84 @@ def create_accelerator(accelerator_kwargs: Mapping[str, Any]) -> Accelerator:
     Batches are copied to GPUs without blocking (from the pinned memory the default
     dataloaders use there), so loading never synchronises the host with the device.
     """
+    _check_fsdp_version(accelerator_kwargs.get("fsdp_plugin"))
     defaults = {
         "cpu": needs_cpu_distributed(),
         "dataloader_config": DataLoaderConfiguration(non_blocking=True),
     }
-    return Accelerator(**{**defaults, **accelerator_kwargs})
+    try:
+        accelerator = Accelerator(**{**defaults, **accelerator_kwargs})
+    except ValueError as error:
+        state = AcceleratorState()  # the process's: accelerate keeps one, shared
+        if "already been initialized" not in str(error) or not state.initialized:
+            raise
+        requested = accelerator_kwargs.get("mixed_precision") or os.environ.get(
+            "ACCELERATE_MIXED_PRECISION", "no"
+        )
+        raise ValueError(
+            f"Trainer: accelerator_kwargs asks for mixed_precision={str(requested)!r}, but a "
+            f"trainer created earlier in this process set up accelerate with "
+            f"mixed_precision={str(state.mixed_precision)!r} (and device "
+            f"{str(state.device)!r}): accelerate keeps one setting per process, which cannot "
+            "change once set. Give every Trainer of a process the same mixed_precision (and "
+            "cpu), or run each setting in a process of its own (a script per precision)."
+        ) from None
+    _warn_if_precision_ignored(accelerator)
+    return accelerator
+
+
+def effective_mixed_precision(accelerator: Accelerator) -> str:
+    """The precision training really runs in: ``"no"`` for fp16 on the CPU (see below)."""
+    if _fp16_ignored(accelerator):
+        return "no"
+    return str(accelerator.mixed_precision)
+
+
+def _fp16_ignored(accelerator: Accelerator) -> bool:
+    """Whether accelerate ignores ``mixed_precision="fp16"``: on the CPU, no autocast, no scaler."""
+    return (
+        accelerator.mixed_precision == "fp16"
+        and accelerator.device.type == "cpu"
+        and accelerator.scaler is None
+        and not accelerator.native_amp
+    )
+
+
+def _warn_if_precision_ignored(accelerator: Accelerator) -> None:
+    """Warn once per trainer where the requested precision is not the one training runs in."""
+    if _fp16_ignored(accelerator):
+        warnings.warn(
+            "Trainer: mixed_precision='fp16' has no effect on the CPU: accelerate uses "
+            "neither autocast nor a gradient scaler there, so training runs in float32 (the "
+            "run config records mixed_precision='no'). Pass mixed_precision='bf16' for mixed "
+            "precision on the CPU, or 'no' to silence this.",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+_FSDP_VERSIONS = (1, 2)
+"""The FSDP versions accelerate implements (``FullyShardedDataParallelPlugin.fsdp_version``)."""
+
+
+def _check_fsdp_version(fsdp_plugin: object) -> None:
+    """Refuse an FSDP version accelerate does not implement, before it fails obscurely."""
+    if fsdp_plugin is not None:
+        version, name = getattr(fsdp_plugin, "fsdp_version", 1), "fsdp_plugin.fsdp_version"
+    elif fsdp_requested():
+        version, name = os.environ.get("FSDP_VERSION", "1"), "FSDP_VERSION"
+        version = int(version) if version.strip().isdigit() else version
+    else:
+        return
+    if version not in _FSDP_VERSIONS:
+        fail(
+            ValueError,
+            "Trainer",
+            f"accelerator_kwargs: {name}",
+            version,
+            "1 or 2 (the FSDP versions accelerate implements)",
+            "Pass FullyShardedDataParallelPlugin(fsdp_version=2) for FSDP2 (or 1 for FSDP1).",
+        )
 
 
 def needs_cpu_distributed() -> bool:
@@ -226,6 +315,103 @@ def main_process_object(value: Any) -> Any:
     shared = [value]
     broadcast_object_list(shared, from_process=0)  # on the device each backend needs
     return shared[0]
+
+
+_FAILURE_KEY = "pytorch_accel/failed/"
+"""The store key under which a failed process leaves its error (its rank appended)."""
+
+_LOST_PEER_SIGNS = (
+    "connection reset by peer",
+    "connection closed by peer",
+    "broken pipe",
+    "connection refused",
+)
+"""What gloo's errors say when a process at the other end of a collective has gone."""
+
+
+def group_size() -> int:
+    """The number of processes in the default process group (1 without one)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1
+    return int(dist.get_world_size())
+
+
+def process_rank() -> int:
+    """This process's rank in the default process group (0 without one)."""
+    return int(dist.get_rank()) if group_size() > 1 else 0
+
+
+def gather_rows(row: torch.Tensor) -> list[list[float]]:
+    """Every process's 1-D ``row`` (the same length on each), read on the host, in rank order.
+
+    One ``all_gather`` on the row's device and one host read; in one process, ``[row]``.
+    Every process must call it at the same point.
+    """
+    if group_size() == 1:
+        return [row.tolist()]
+    gathered = [torch.empty_like(row) for _ in range(group_size())]
+    dist.all_gather(gathered, row)
+    return torch.stack(gathered).tolist()
+
+
+def gather_objects(value: Any) -> list[Any]:
+    """Every process's ``value`` (picklable), in rank order; every process must call it."""
+    if group_size() == 1:
+        return [value]
+    gathered: list[Any] = [None] * group_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
+def announce_failure(error: BaseException) -> None:
+    """Leave this process's error in the process group's store, for ``lost_peer_error``.
+
+    Called on the way out of a failed run (no collective); does nothing in one process, and
+    never raises (a store that cannot be reached only costs the others the error's name).
+    """
+    if group_size() == 1:
+        return
+    with contextlib.suppress(Exception):
+        store = dist.distributed_c10d._get_default_store()
+        text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        store.set(f"{_FAILURE_KEY}{dist.get_rank()}", text[:1000])
+
+
+def lost_peer_error(where: str, error: BaseException) -> RuntimeError | None:
+    """The clear error for a collective that failed because another process ended, or ``None``.
+
+    ``error`` is what this process's collective raised (gloo: "Connection reset by peer"); the
+    error names the processes that failed and their errors where they announced them
+    (``announce_failure``).
+
+    Args:
+        where: The entry point, e.g. ``"Trainer.train"``.
+        error: The exception that ended this process's run.
+    """
+    size = group_size()
+    text = str(error).lower()
+    if size == 1 or not (
+        isinstance(error, dist.DistError)
+        or (isinstance(error, RuntimeError) and any(sign in text for sign in _LOST_PEER_SIGNS))
+    ):
+        return None
+    rank, failures = dist.get_rank(), []
+    with contextlib.suppress(Exception):
+        store = dist.distributed_c10d._get_default_store()
+        for other in range(size):
+            key = f"{_FAILURE_KEY}{other}"
+            if other != rank and store.check([key]):
+                failures.append(f"process {other}: {store.get(key).decode(errors='replace')}")
+    cause = (
+        "; ".join(failures) + " (its traceback is in its own output)"
+        if failures
+        else "another process ended (its own output says why)"
+    )
+    return RuntimeError(
+        f"{where}: process {rank} stopped because the run failed on another process: {cause}. "
+        f"This process lost it during a collective ({type(error).__name__}), so it cannot go "
+        "on; fix the other process's error and start the run again."
+    )
 
 
 REDUCTIONS = ("mean", "sum", "max", "min")

@@ -1,7 +1,8 @@
-"""Skipping batches whose forward pass fails, or which are empty (opt-in).
+"""Skipping batches whose forward pass fails, or which are empty (opt-in): the policy.
 
 ``SkipFailingBatches`` is the policy that ``train``, ``evaluate`` and ``predict`` take
-(``skip_failing_batches=...``); a ``FailingBatchGuard`` runs the step method of each batch,
+(``skip_failing_batches=...``); a ``FailingBatchGuard`` (``pytorch_accel.plugins``, on the
+loop's step hook) runs the step method of each batch,
 catching the policy's exceptions (out-of-memory by default). With several processes they
 agree on what happened on any of them (one blocking ``AgreedFlag`` exchange per step, only
 when the policy is on): a skip, a ``StopTrainingError`` (never skipped: every process stops)
@@ -19,52 +20,30 @@ failure anywhere in a step, on any process, leaves every process's DDP state the
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
-from pytorch_accel._checks import check_batch_output, check_bool, check_positive_int, fail
-from pytorch_accel.distributed import AgreedFlag, broadcast_buffers
-from pytorch_accel.errors import StopTrainingError
-from pytorch_accel.tracking import get_logger
-
-if TYPE_CHECKING:
-    from pytorch_accel._state import TrainerState
-    from pytorch_accel.trainer import Trainer
+from pytorch_accel._checks import check_bool, check_positive_int, fail
 
 __all__ = [
     "PREDICT_SKIPPED_METRIC",
     "SKIPPED",
     "SKIPPED_METRIC",
     "SKIPPED_OUTPUT",
-    "FailingBatchGuard",
     "SkipFailingBatches",
-    "eval_epoch_guard",
-    "guarding",
     "is_empty_batch",
-    "record_eval_epoch",
     "skip_policy",
 ]
 
 SKIPPED_METRIC = "train_skipped_batches"
 """The run-history metric of the batches skipped in each training epoch."""
 
-_OK, _SKIP, _STOP, _FAIL = 0, 1, 2, 3
-"""What a guarded step did, agreed as the maximum over the processes: an error beats a stop,
-a stop beats a skip."""
-
 SKIPPED_OUTPUT: Mapping[str, Any] = {"skipped": True, "loss": None, "batch_size": 0}
 """The ``batch_output`` that ``on_train_step_end`` and ``on_eval_step_end`` receive for a
 skipped batch."""
-
-_STEP_METHODS = {
-    "training": "calculate_train_batch_loss",
-    "evaluation": "calculate_eval_batch_loss",
-    "prediction": "calculate_predict_batch",
-}
 
 SKIPPED: Any = object()
 """What ``FailingBatchGuard.attempt`` returns for a batch every process skips."""
@@ -124,131 +103,6 @@ def skip_policy(where: str, value: object) -> SkipFailingBatches | None:
     return SkipFailingBatches(max_skipped=value)
 
 
-class FailingBatchGuard:
-    """Runs the step method of each batch of a ``kind`` under a ``SkipFailingBatches`` policy.
-
-    ``kind`` is ``"training"``, ``"evaluation"`` or ``"prediction"``; ``where`` names the entry
-    point in messages. ``skipped`` and ``skipped_indices`` count in the guard's scope (a
-    ``train()`` call, an eval epoch, a ``predict()`` call), ``skipped_in_epoch`` per epoch.
-    """
-
-    def __init__(
-        self,
-        policy: SkipFailingBatches,
-        num_processes: int,
-        where: str = "Trainer.train",
-        kind: str = "training",
-        agreement: AgreedFlag | None = None,
-    ) -> None:
-        self.policy, self.where, self.kind = policy, where, kind
-        self.skipped = 0
-        self.skipped_in_epoch = 0
-        self.skipped_indices: list[int] = []
-        self._calls = 0
-        self._num_processes = num_processes
-        self._window_contributed = False
-        self._any_failed = agreement or (AgreedFlag() if num_processes > 1 else None)
-
-    def start(self, model: torch.nn.Module) -> None:
-        """Broadcast a DDP model's buffers before a guarded evaluation or prediction.
-
-        Else DDP does it in the first forward, a collective that a failure before that forward
-        on one process would leave waiting.
-        """
-        if self._any_failed is not None and isinstance(
-            model, torch.nn.parallel.DistributedDataParallel
-        ):
-            broadcast_buffers(model)
-            model.require_forward_param_sync = False  # done: DDP's forwards broadcast nothing
-
-    def forward(self, trainer: Trainer, batch: Any) -> dict[str, Any] | None:
-        """Return the training batch's output, or ``None`` when every process skips it."""
-        output = self.attempt(trainer, lambda: trainer.calculate_train_batch_loss(batch), batch)
-        if output is SKIPPED:
-            return None
-        self._window_contributed = True
-        return check_batch_output(output, "calculate_train_batch_loss")
-
-    def attempt(self, trainer: Trainer, compute: Callable[[], Any], batch: Any) -> Any:
-        """Return ``compute()``'s result, or ``SKIPPED`` when every process skips this batch.
-
-        What happened on any process happens on all: a skip, a ``StopTrainingError`` (never
-        skipped), or an error (a ``RuntimeError`` on the others); more than ``max_skipped``
-        skips raise a ``RuntimeError`` from the last error.
-        """
-        index, self._calls = self._calls, self._calls + 1
-        error: BaseException | None = None
-        outcome = _OK
-        output = None
-        if self.policy.skip_empty and is_empty_batch(batch):
-            error, outcome = RuntimeError("the batch is empty"), _SKIP
-        else:
-            try:
-                output = compute()
-            except StopTrainingError as stop:
-                error, outcome = stop, _STOP
-            except self.policy.exceptions as raised:
-                error, outcome = raised, _SKIP
-            except Exception as raised:
-                if self._any_failed is None:
-                    raise
-                error, outcome = raised, _FAIL
-        own = outcome
-        if self._any_failed is not None:
-            outcome = self._any_failed.settle(outcome)
-        if outcome == _OK:
-            return output
-        del output
-        if outcome == _SKIP:
-            self._skip(trainer, error, index)
-            return SKIPPED
-        if own == outcome and error is not None:  # this process's own stop or error
-            raise error
-        if outcome == _STOP:
-            raise StopTrainingError("Stopping: another process raised StopTrainingError.")
-        raise RuntimeError(
-            f"{self.where}: {_STEP_METHODS[self.kind]} raised on another process an error that "
-            "skip_failing_batches does not skip (see that process's traceback); every process "
-            "stops with it."
-        )
-
-    def _skip(self, trainer: Trainer, error: BaseException | None, index: int) -> None:
-        """Count a skipped batch, say why, and free what the failed step held."""
-        self.skipped += 1
-        self.skipped_in_epoch += 1
-        self.skipped_indices.append(index)
-        reason = "another process failed" if error is None else f"{type(error).__name__}: {error}"
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        scope = {"training": "", "evaluation": " in one eval epoch"}.get(self.kind, "")
-        if self.skipped > self.policy.max_skipped:
-            raise RuntimeError(
-                f"{self.where}: {self.skipped} {self.kind} batches failed{scope}, more than "
-                f"skip_failing_batches allows ({self.policy.max_skipped}); the last: {reason}."
-            ) from error
-        where = f"update {trainer.num_updates}" if self.kind == "training" else f"batch {index}"
-        get_logger().info(
-            f"Skipped {self.kind} batch {self.skipped} of at most {self.policy.max_skipped} "
-            f"({where}): {reason}"
-        )
-
-    def synchronises(self, model: torch.nn.Module) -> bool:
-        """Whether the loop, not DDP, synchronises ``model``'s replicas (see the module)."""
-        return self._any_failed is not None and isinstance(
-            model, torch.nn.parallel.DistributedDataParallel
-        )
-
-    def end_window(self) -> bool:
-        """Whether a batch of the window that ends here was not skipped (it has gradients)."""
-        contributed, self._window_contributed = self._window_contributed, False
-        return contributed
-
-    def finish_epoch(self, trainer: Trainer) -> None:
-        """Record the epoch's skipped batches in the run history and start counting afresh."""
-        trainer.run_history.update_metric(SKIPPED_METRIC, self.skipped_in_epoch)
-        self.skipped_in_epoch = 0
-
-
 def is_empty_batch(batch: Any) -> bool:
     """Whether ``batch`` holds no samples: an empty container, or a first tensor with 0 rows."""
     if isinstance(batch, torch.Tensor):
@@ -262,50 +116,3 @@ def is_empty_batch(batch: Any) -> bool:
     if not values:
         return True
     return is_empty_batch(values[0])
-
-
-def record_eval_epoch(guard: FailingBatchGuard, history: Any, loss_name: str) -> None:
-    """Record a guarded eval epoch's skipped batches next to its loss ``loss_name``.
-
-    ``eval_loss_epoch`` (in ``train()``): ``eval_skipped_batches``; ``loss`` (``evaluate()``,
-    then prefixed ``evaluation_``): ``skipped_batches``.
-    """
-    history.update_metric(f"{loss_name.partition('loss')[0]}skipped_batches", guard.skipped)
-
-
-def eval_epoch_guard(guard: FailingBatchGuard, model: torch.nn.Module) -> FailingBatchGuard:
-    """The guard of one eval epoch: ``guard``'s policy and agreement, counting afresh, started."""
-    scoped = FailingBatchGuard(
-        guard.policy, guard._num_processes, guard.where, "evaluation", guard._any_failed
-    )
-    scoped.start(model)
-    return scoped
-
-
-@contextlib.contextmanager
-def guarding(state: TrainerState, policy: object, trainer: Trainer, kind: str) -> Iterator[None]:
-    """Guard an ``evaluate()`` or ``predict()`` call (``kind``) with ``policy`` (``None``: not).
-
-    The guard replaces ``state.failing_batches`` meanwhile (the training guard of a
-    ``train()`` that a callback evaluates from is put back after it). A prediction records
-    the batches it skipped when it ends.
-    """
-    where = "Trainer.evaluate" if kind == "evaluation" else "Trainer.predict"
-    checked = skip_policy(where, policy)
-    processes = trainer.accelerator.num_processes
-    guard = None if checked is None else FailingBatchGuard(checked, processes, where, kind)
-    saved, state.failing_batches = state.failing_batches, guard
-    try:
-        if guard is not None and kind == "prediction":
-            guard.start(trainer.model)
-        yield
-        if guard is not None and kind == "prediction":
-            skipped = list(guard.skipped_indices)
-            trainer.run_history.update_metric(PREDICT_SKIPPED_METRIC, skipped)
-            if skipped:
-                get_logger().warning(
-                    f"Trainer.predict: skipped batches {skipped} (0-based): the outputs lack "
-                    "their samples (see predict_skipped_batches in the run history)."
-                )
-    finally:
-        state.failing_batches = saved

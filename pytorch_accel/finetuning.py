@@ -7,6 +7,7 @@ or checkpoint file into a model whose head (or other parts) differ, and reports 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -301,8 +302,9 @@ def load_pretrained_weights(
     Args:
         model: The model to load into (unwrapped: `trainer.get_model()`, not the DDP wrapper).
         source: A state dict, or a file written by `Trainer.save_checkpoint` (its
-            `model_state_dict` is used) or by `torch.save(model.state_dict(), path)`. Files
-            are read with `torch.load(..., weights_only=True)`.
+            `model_state_dict` is used) or by `torch.save(model.state_dict(), path)`, read
+            with `torch.load(..., weights_only=True)`; or a `.safetensors` file, read with
+            the safetensors package. A local path: a URL is refused (download it first).
         strict: Raise instead of loading if any key is missing, unexpected or mismatched
             (keys in `skip` are allowed).
         key_prefix_map: `{old_prefix: new_prefix}`, e.g. `{"module.": ""}` to drop a DDP
@@ -315,8 +317,9 @@ def load_pretrained_weights(
     Raises:
         TypeError: If an argument has the wrong type.
         FileNotFoundError: If `source` is a path to no file.
-        ValueError: If the file cannot be read or holds no state dict, if two keys are
-            renamed to the same key, or (`strict`) if the weights do not fit the model.
+        ValueError: If `source` is a URL, if the file cannot be read or holds no state dict,
+            if two keys are renamed to the same key, or (`strict`) if the weights do not fit
+            the model.
 
     Example:
         ```python
@@ -369,11 +372,47 @@ def _read_state_dict(source: object) -> dict[str, torch.Tensor]:
             "a state dict or a path",
             "Pass model.state_dict(), or the path of a checkpoint file.",
         )
+    if isinstance(source, str) and _URL.match(source):
+        name = source.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1] or "weights.pt"
+        raise ValueError(
+            f"load_pretrained_weights: source must be a local file, got the URL {source!r}: "
+            "nothing is downloaded here. Download it first (e.g. "
+            f"torch.hub.download_url_to_file({source!r}, {name!r}), or huggingface_hub's "
+            f"hf_hub_download for the Hub), then pass its path: "
+            f"load_pretrained_weights(model, {name!r})."
+        )
     path = Path(source)
+    if path.suffix == ".safetensors":
+        return _as_state_dict(_read_safetensors(path), repr(str(path)))
     loaded = read_tensors_file(path, "load_pretrained_weights")
     if isinstance(loaded, Mapping) and "model_state_dict" in loaded:
         loaded = loaded["model_state_dict"]
     return _as_state_dict(loaded, repr(str(path)))
+
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+"""A URL (``https://``, ``s3://``, ``hf://``...), which is not a local path."""
+
+
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a ``.safetensors`` file, read with the safetensors package (on the CPU)."""
+    where = "load_pretrained_weights"
+    if not path.is_file():
+        raise FileNotFoundError(f"{where}: no weights file at {str(path)!r}.")
+    try:
+        from safetensors.torch import load_file
+    except ImportError:
+        raise ImportError(
+            f"{where}: {str(path)!r} is a safetensors file, and the safetensors package is not "
+            "installed. Install it (pip install safetensors), or pass a torch.save file."
+        ) from None
+    try:
+        return load_file(path, device="cpu")
+    except Exception as error:  # safetensors raises its own SafetensorError, and OSError
+        raise ValueError(
+            f"{where}: {str(path)!r} could not be read as a safetensors file ({error}). "
+            "Pass a complete .safetensors file, or a torch.save file under another suffix."
+        ) from error
 
 
 def _as_state_dict(candidate: Any, origin: str) -> dict[str, torch.Tensor]:

@@ -37,13 +37,10 @@ import inspect
 import operator
 import re
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sized
 from dataclasses import dataclass
 from enum import Enum, EnumMeta
-from typing import TYPE_CHECKING, Any, Union, get_args, get_origin
-
-if TYPE_CHECKING:
-    from pytorch_accel.trainer import Trainer
+from typing import Any, Protocol, Union, get_args, get_origin
 
 __all__ = [
     "PlaceholderExpression",
@@ -53,6 +50,39 @@ __all__ = [
     "replace_trainer_placeholder_values",
     "resolve_placeholders",
 ]
+
+
+class RunLengths(Protocol):
+    """The lengths of a run that placeholders stand for (a ``TrainerRunConfig`` has them)."""
+
+    @property
+    def num_epochs(self) -> int | None:
+        """The epochs of the run."""
+
+    @property
+    def num_update_steps_per_epoch(self) -> int | None:
+        """The optimizer updates of each epoch."""
+
+    @property
+    def total_num_update_steps(self) -> int:
+        """The optimizer updates of the run."""
+
+    @property
+    def train_dataloader_len(self) -> int | None:
+        """The batches of each training epoch."""
+
+
+class ResolvingTrainer(Protocol):
+    """What ``replace_trainer_placeholder_values`` reads of a trainer."""
+
+    @property
+    def run_config(self) -> RunLengths | None:
+        """The current run's configuration."""
+
+    @property
+    def eval_dataloader(self) -> Sized | None:
+        """The current run's (first) evaluation dataloader."""
+
 
 Operand = Union["TrainerPlaceholderValues", "PlaceholderExpression", int, float]
 
@@ -336,7 +366,7 @@ def check_resolved(instance: object, where: str) -> None:
             )
 
 
-def replace_trainer_placeholder_values(trainer: Trainer, instance: Any) -> Any:
+def replace_trainer_placeholder_values(trainer: ResolvingTrainer, instance: Any) -> Any:
     """Resolve the placeholders in ``instance`` with the values of ``trainer``'s current run.
 
     Args:

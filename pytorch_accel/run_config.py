@@ -1,21 +1,27 @@
-"""A run's configuration: what ``train()`` was asked for, and the set-up it applies.
+"""A run's configuration: the arguments of ``train()``, bound once, and what they describe.
+
+**The arguments.** ``Trainer.train``'s signature and its docstring's Args section declare them,
+once; ``TrainArguments`` is one call's arguments bound to that signature (read-only, by name),
+which the checks (``_entry_checks``), the set-up below and the run config read.
 
 **The run config.** ``TrainerRunConfig`` is the immutable description of the current training
-or evaluation run (``trainer.run_config``).
+or evaluation run (``trainer.run_config``): the fields that are ``train()`` arguments are copied
+from them, the others derived from the prepared dataloaders and the accelerator.
 
 **The run set-up** that ``train()`` does before the loop: seeding, determinism, scaling the
-learning rate (``RunSetup``). ``recorded`` is what a training state keeps of it.
+learning rate. ``recorded`` is what a training state keeps of it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
+import inspect
 import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sized
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
+from types import MappingProxyType
+from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -23,25 +29,72 @@ from accelerate.utils import DistributedType, set_seed
 
 from pytorch_accel._checks import fail
 from pytorch_accel.dataloaders import num_batches
-from pytorch_accel.failing_batches import FailingBatchGuard, SkipFailingBatches, skip_policy
-from pytorch_accel.micro_batches import MicroBatchSplitter
-
-if TYPE_CHECKING:
-    from pytorch_accel._entry_checks import TrainArguments
-    from pytorch_accel._state import TrainerState
+from pytorch_accel.distributed import effective_mixed_precision
 
 __all__ = [
     "CUBLAS_WORKSPACE_CONFIG",
     "ChosenRates",
-    "ResumeParts",
-    "RunSetup",
+    "TrainArguments",
     "TrainerRunConfig",
+    "apply_randomness",
     "bare_compiled_models",
     "create_run_config",
     "optimizer_not_loaded",
     "recorded",
     "scale_learning_rates",
 ]
+
+
+class TrainArguments(Mapping[str, Any]):
+    """The arguments of one ``train()`` call, bound to its signature: read-only, by name.
+
+    Built by ``bind`` from the call's parameters, so ``Trainer.train``'s signature is the one
+    list of them; read as attributes (``arguments.num_epochs``) or as a mapping.
+    """
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        self._values = MappingProxyType(dict(values))
+
+    @classmethod
+    def bind(cls, method: Callable[..., Any], call: Mapping[str, Any]) -> TrainArguments:
+        """Bind the parameters of ``method`` (all but ``self``) to their values in ``call``.
+
+        ``call`` is the method's ``locals()`` as its body starts.
+        """
+        names = inspect.signature(method).parameters
+        return cls({name: call[name] for name in names if name != "self"})
+
+    def __getattr__(self, name: str) -> Any:
+        """The argument ``name``."""
+        try:
+            return self._values[name]
+        except (KeyError, AttributeError):  # AttributeError: before ``__init__`` (copies)
+            raise AttributeError(name) from None
+
+    def __getitem__(self, name: str) -> Any:
+        return self._values[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"TrainArguments({dict(self._values)!r})"
+
+    def replace(self, **changes: Any) -> TrainArguments:
+        """These arguments with ``changes`` (names of arguments only)."""
+        unknown = set(changes) - set(self._values)
+        if unknown:
+            raise TypeError(f"TrainArguments.replace: no argument named {sorted(unknown)[0]!r}")
+        return TrainArguments({**self._values, **changes})
+
+    def as_kwargs(self) -> dict[str, Any]:
+        """The arguments by name, to call ``train(**...)`` again (values not copied)."""
+        return dict(self._values)
 
 
 @dataclass(frozen=True)
@@ -171,53 +224,45 @@ def create_run_config(
     train_dataloader: Sized | None,
     limit_train_batches: int | None,
     dl_kwargs: tuple[Mapping[str, Any], Mapping[str, Any]],
-    *,
-    num_epochs: int | None,
-    gradient_accumulation_steps: int = 1,
-    max_num_train_steps: int | None = None,
-    gradient_clip_value: float | None = None,
-    max_grad_norm: float | None = None,
-    eval_every_n_epochs: int = 1,
-    sanity_eval_batches: int = 0,
+    arguments: Mapping[str, Any],
 ) -> TrainerRunConfig:
     """Describe a run from its prepared dataloaders and the arguments of ``train()``.
 
     ``train_dataloader`` is this process's (``None`` in ``evaluate()``), ``dl_kwargs`` the
     arguments the train and eval dataloaders were built with (``{}`` for one not built).
+    The fields named as ``train()`` arguments are copied from ``arguments`` (a
+    ``TrainArguments``; ``evaluate()`` passes ``num_epochs`` only), the others derived.
     """
+    given = {f.name: arguments[f.name] for f in fields(TrainerRunConfig) if f.name in arguments}
+    accumulation = given.setdefault("gradient_accumulation_steps", 1)
+    given.setdefault("gradient_clip_value", None)
+    max_steps = given.setdefault("max_num_train_steps", None)
     batches = _num_batches(train_dataloader, limit_train_batches)
     train_dl_kwargs, eval_dl_kwargs = dl_kwargs
-    updates_per_epoch = None
-    if batches is not None:
-        updates_per_epoch = math.ceil(batches / gradient_accumulation_steps)
-    total_updates, num_epochs = _run_length(updates_per_epoch, num_epochs, max_num_train_steps)
+    updates_per_epoch = None if batches is None else math.ceil(batches / accumulation)
+    total_updates, num_epochs = _run_length(updates_per_epoch, given["num_epochs"], max_steps)
     train_batch = train_dl_kwargs.get("batch_size") or 0
     eval_batch = eval_dl_kwargs.get("batch_size") or train_batch
     num_processes = accelerator.num_processes
-    return TrainerRunConfig(
+    given.update(
         num_epochs=num_epochs,
         train_per_device_batch_size=train_batch,
         train_dl_kwargs=dict(train_dl_kwargs),
         eval_per_device_batch_size=eval_batch,
         eval_dl_kwargs=dict(eval_dl_kwargs),
-        gradient_accumulation_steps=gradient_accumulation_steps,
-        gradient_clip_value=gradient_clip_value,
-        max_grad_norm=max_grad_norm,
-        train_total_batch_size=train_batch * num_processes * gradient_accumulation_steps,
+        train_total_batch_size=train_batch * num_processes * accumulation,
         eval_total_batch_size=eval_batch * num_processes,
         num_update_steps_per_epoch=updates_per_epoch,
         num_local_update_steps_per_epoch=updates_per_epoch,
         total_num_update_steps=total_updates,
         train_dataloader_len=batches,
-        max_num_train_steps=max_num_train_steps,
         is_local_process_zero=accelerator.is_local_main_process,
         is_world_process_zero=accelerator.is_main_process,
         is_distributed=accelerator.distributed_type != DistributedType.NO,
-        mixed_precision=str(accelerator.mixed_precision),
+        mixed_precision=effective_mixed_precision(accelerator),
         num_processes=num_processes,
-        eval_every_n_epochs=eval_every_n_epochs,
-        sanity_eval_batches=sanity_eval_batches,
     )
+    return TrainerRunConfig(**given)
 
 
 CUBLAS_WORKSPACE_CONFIG = ":4096:8"
@@ -234,88 +279,20 @@ _RECORDED = (
     "auto_scale_lr",
     "lr_scale_factor",
 )
+"""The run set-up a training state records (fields of the run config)."""
 
 
-@dataclasses.dataclass(frozen=True)
-class RunSetup:
-    """The run set-up arguments of one ``train()`` call (see ``Trainer.train``).
-
-    ``apply_randomness`` runs first in ``train()``, before anything draws a random number;
-    ``finish`` once the run config is known (it needs the global batch size).
-
-    Attributes:
-        seed: Seed ``random``, NumPy and torch (all devices) with it, or ``None`` to leave them.
-        seed_per_rank: Add the process index to the seed, so each process draws differently.
-        deterministic: Turn on deterministic algorithms, cuDNN's deterministic mode and the
-            cuBLAS workspace setting (``False`` leaves torch's settings as they are).
-        cudnn_benchmark: Set ``torch.backends.cudnn.benchmark`` (``None``: leave it).
-        auto_scale_lr: Scale the learning rates by the global batch size over this.
-        skip_failing_batches: The policy for training batches that fail, or ``None``.
-        on_oom: ``"split"``: on out-of-memory, more micro-batches of the same total.
-    """
-
-    seed: int | None = None
-    seed_per_rank: bool = False
-    deterministic: bool = False
-    cudnn_benchmark: bool | None = None
-    auto_scale_lr: int | None = None
-    skip_failing_batches: SkipFailingBatches | None = None
-    on_oom: str = "raise"
-
-    @classmethod
-    def from_arguments(cls, arguments: TrainArguments) -> RunSetup:
-        """Collect the set-up from the (checked) arguments of ``train()``."""
-        values = {field.name: getattr(arguments, field.name) for field in dataclasses.fields(cls)}
-        policy = values["skip_failing_batches"]
-        if policy is not None:  # an int means a SkipFailingBatches with that limit
-            values["skip_failing_batches"] = skip_policy("Trainer.train", policy)
-        return cls(**values)
-
-    def guard_steps(self, state: TrainerState, num_processes: int) -> None:
-        """Give ``state`` this run's guard of failing batches and splitter (probing in a trial)."""
-        policy = self.skip_failing_batches
-        state.failing_batches = None if policy is None else FailingBatchGuard(policy, num_processes)
-        split = state.probing or self.on_oom == "split"
-        state.micro_batches = (
-            MicroBatchSplitter(num_processes, probe=state.probing) if split else None
-        )
-
-    def apply_randomness(self, accelerator: Accelerator) -> None:
-        """Set the determinism flags, then seed every generator (before anything draws)."""
-        if self.deterministic:
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
-            torch.use_deterministic_algorithms(True)
-            torch.backends.cudnn.deterministic = True
-            torch.backends.cudnn.benchmark = False
-        if self.cudnn_benchmark is not None:
-            torch.backends.cudnn.benchmark = self.cudnn_benchmark
-        if self.seed is not None:
-            seed = self.seed + (accelerator.process_index if self.seed_per_rank else 0)
-            set_seed(seed)
-
-    def finish(
-        self, config: TrainerRunConfig, optimizer: torch.optim.Optimizer, rates: ChosenRates
-    ) -> TrainerRunConfig:
-        """Scale the learning rates (if asked) and return ``config`` with the set-up recorded."""
-        factor = scale_learning_rates(
-            optimizer, config.train_total_batch_size, self.auto_scale_lr, rates
-        )
-        values = {name: getattr(self, name) for name in _RECORDED[:-1]}
-        return dataclasses.replace(config, **values, lr_scale_factor=factor)
-
-
-@dataclasses.dataclass(frozen=True)
-class ResumeParts:
-    """Which parts of a training state a resumed ``train()`` loads besides weights and position.
-
-    Attributes:
-        optimizer: Load the optimizer's state (``False``: keep the trainer's optimizer as it is,
-            e.g. a fresh one of another type, for fine-tuning from a training state).
-        scheduler: Load the scheduler's state (``False``: the scheduler starts afresh).
-    """
-
-    optimizer: bool = True
-    scheduler: bool = True
+def apply_randomness(arguments: TrainArguments, accelerator: Accelerator) -> None:
+    """Set ``train()``'s determinism flags, then seed every generator (before anything draws)."""
+    if arguments.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+    if arguments.cudnn_benchmark is not None:
+        torch.backends.cudnn.benchmark = arguments.cudnn_benchmark
+    if arguments.seed is not None:
+        set_seed(arguments.seed + (accelerator.process_index if arguments.seed_per_rank else 0))
 
 
 @contextlib.contextmanager

@@ -2,7 +2,7 @@
 
 With an output root, each run has a directory ``<output_dir>/<run name>``
 (``Trainer.run_dir``) under which the callbacks put the files whose paths the user left at
-their defaults (``TrainerCallback.place_outputs``). Without one, nothing here does anything.
+their defaults (``outputs.PlacesOutputs``). Without one, nothing here does anything.
 
 - **The run name** is the main process's local time when the trainer is created
   (``2026-11-24_19-40-05``, ``-2``... when taken), shared with every process; or
@@ -10,6 +10,10 @@ their defaults (``TrainerCallback.place_outputs``). Without one, nothing here do
 - **``train(resume_from="latest")``** without a ``run_name`` continues the run that holds the
   newest complete training state under ``output_dir``, so a relaunched job writes on in the
   directory of the run it resumes.
+- **Another run's directory is never written to**: a ``train()`` that does not resume,
+  in a directory that holds files this trainer did not write there (another trainer's run of
+  the same ``run_name``), is refused on every process, as is a run directory that is a link
+  out of the output root. The main process looks; every process raises the same error.
 - **A dry run** chooses and creates nothing: meanwhile ``run_dir`` is a directory inside the
   dry run's temporary one.
 """
@@ -29,7 +33,8 @@ from pytorch_accel._checkpointing.store import newest_training_state
 from pytorch_accel._checks import check_path
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.distributed import main_process_object
-from pytorch_accel.logging_setup import setup_logging
+from pytorch_accel.outputs import place_outputs
+from pytorch_accel.tracking import setup_logging
 
 __all__ = ["RUN_NAME_FORMAT", "RunDirectory", "new_run_name"]
 
@@ -64,6 +69,7 @@ class RunDirectory:
         self._accelerator = accelerator
         self._aside: Path | None = None  # a dry run's stand-in for the run directory
         self.name: str | None = None
+        self._started: set[str] = set()  # the runs this trainer has trained in
         if self.output_dir is not None:
             main = accelerator.is_main_process
             self.name = main_process_object(new_run_name(self.output_dir) if main else None)
@@ -94,10 +100,49 @@ class RunDirectory:
                 self._continue_newest_run(callbacks)
             path = self.path
             assert path is not None
+            assert self.name is not None
+            refusal = None
             if self._accelerator.is_main_process:
-                path.mkdir(parents=True, exist_ok=True)
+                refusal = self._refusal(path, run_name, resume=resume_from is not None)
+                if refusal is None:
+                    path.mkdir(parents=True, exist_ok=True)
+            refusal = main_process_object(refusal)  # every process raises the same error
+            if refusal is not None:
+                raise ValueError(refusal)
+            self._started.add(self.name)
             setup_logging().info("run directory: %s", path)
         self.place(callbacks)
+
+    def _refusal(self, path: Path, run_name: str | None, *, resume: bool) -> str | None:
+        """Why ``train()`` must not write in ``path`` (``None``: it may); on the main process.
+
+        A link out of the output root is refused; so is a directory holding files that this
+        trainer did not write there, unless the call resumes (continuing that run).
+        """
+        assert self.output_dir is not None
+        assert self.name is not None
+        where = f"Trainer.train: run_name={self.name!r}"
+        if path.is_symlink():
+            target = path.resolve()
+            if not target.is_relative_to(self.output_dir.resolve()):
+                return (
+                    f"{where}: the run directory {str(path)!r} is a link to {str(target)!r}, "
+                    f"outside the output directory {str(self.output_dir)!r}; outputs are never "
+                    "written through a link out of it. Pass another run_name, or remove the "
+                    "link."
+                )
+        if self.name in self._started or resume or not path.is_dir():
+            return None
+        if not any(path.iterdir()):
+            return None  # an empty directory: nothing to overwrite
+        named = "run_name" if run_name is not None else "the run name"
+        return (
+            f"{where}: the run directory {str(path)!r} already holds another run's files "
+            "(training states, run record, metrics), which this run would overwrite. Pass "
+            f"another {named} for a new run, resume_from='latest' (or a training state) to "
+            "continue that run in its directory, or move or delete that directory first to "
+            "start it again."
+        )
 
     def place(self, callbacks: Iterable[Any]) -> None:
         """Call every callback's ``place_outputs`` with the run directory (if there is one)."""
@@ -106,7 +151,7 @@ class RunDirectory:
             return
         for callback in callbacks:
             if isinstance(callback, TrainerCallback):
-                callback.place_outputs(path)
+                place_outputs(callback, path)
 
     @contextlib.contextmanager
     def set_aside(self, directory: Path, callbacks: Iterable[Any]) -> Iterator[None]:

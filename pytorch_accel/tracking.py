@@ -20,6 +20,7 @@ its own handlers show the lines.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import math
 import numbers
@@ -33,7 +34,15 @@ import torch
 from accelerate.utils import send_to_device
 
 from pytorch_accel._checks import fail
-from pytorch_accel.distributed import REDUCTIONS, reduce_across_processes
+from pytorch_accel._logged_exchange import (
+    DEFAULT_LOGGED_CAPACITY,
+    read_reduced,
+    read_with_logged,
+    reduction_dtype,
+    refuse_different_names,
+    refuse_negative_weights,
+)
+from pytorch_accel.distributed import REDUCTIONS, group_size, process_rank
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -55,24 +64,11 @@ __all__ = [
     "is_main_process",
     "logged_name",
     "read_reduced",
+    "read_with_logged",
     "reduction_dtype",
     "reported_float",
     "setup_logging",
 ]
-
-
-def reduction_dtype(device: torch.device) -> torch.dtype:
-    """The dtype to sum metrics in on ``device``: float64, or float32 on MPS (which has none)."""
-    return torch.float32 if device.type == "mps" else torch.float64
-
-
-def read_reduced(
-    parts: Sequence[Any], reductions: Sequence[str], device: torch.device
-) -> list[float]:
-    """Stack ``parts`` on ``device``, combine them across processes and read them: once each."""
-    dtype = reduction_dtype(device)
-    packed = torch.stack([torch.as_tensor(part).to(device, dtype) for part in parts])
-    return reduce_across_processes(packed, reductions).tolist()
 
 
 class MetricNotFoundError(KeyError, ValueError):
@@ -297,6 +293,7 @@ class LossTracker:
         self._folded_count: int | torch.Tensor = 0
         self._last_folded: torch.Tensor | None = None
         self._pending: list[tuple[torch.Tensor, int | torch.Tensor]] = []
+        self._smallest_weight: torch.Tensor | None = None
 
     def update(
         self, loss_batch_value: torch.Tensor | float, batch_size: int | torch.Tensor = 1
@@ -351,6 +348,17 @@ class LossTracker:
         self._last_folded = state["loss_value"]
 
     @property
+    def smallest_weight(self) -> torch.Tensor | None:
+        """The smallest tensor weight (``batch_size``, a ``num_items`` count) so far, or ``None``.
+
+        On the device, read where the epoch's loss is (``LoggedMetrics.end_epoch``); ``None``
+        when every weight was a Python int (checked where it was returned).
+        """
+        if self._pending:
+            self._fold()
+        return self._smallest_weight
+
+    @property
     def total_loss(self) -> torch.Tensor | None:
         """The running sum of ``loss * batch_size`` on the device, or ``None`` before any batch."""
         if self._pending:
@@ -363,6 +371,10 @@ class LossTracker:
         values = torch.stack([value for value, _ in pending])
         values = values.to(torch.promote_types(values.dtype, torch.float32))
         sizes = [size for _, size in pending]
+        if not all(type(size) is int for size in sizes):  # counts on the device: keep the least
+            least = _as_device_tensor(sizes, values).amin()  # NaN if any is NaN
+            smallest = self._smallest_weight
+            self._smallest_weight = least if smallest is None else torch.minimum(smallest, least)
         self._total = self._folded(values, sizes)
         self._folded_count = sum(sizes, self._folded_count)
         self._last_folded, self._pending = pending[-1][0], []
@@ -421,13 +433,39 @@ class LoggedValues:
     Each name keeps an on-device tracker of its reduction: a ``LossTracker`` (a weighted sum
     and the sum of the weights) for ``"mean"`` and ``"sum"``, the running extreme for
     ``"max"`` and ``"min"``; nothing is read on the host until the span is reduced.
+
+    Args:
+        capacity: The logged parts an exchange has room for (``read_with_logged``), in a list
+            shared by the spans of one series (the step logging's intervals) and grown at the
+            same exchange on every process; by default a list of its own.
+
+    Attributes:
+        capacity: That list.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: list[int] | None = None) -> None:
         self._trackers: dict[str, tuple[str, LossTracker]] = {}
+        self.capacity = [DEFAULT_LOGGED_CAPACITY] if capacity is None else capacity
 
     def __len__(self) -> int:
         return len(self._trackers)
+
+    def names(self) -> list[str]:
+        """The names logged in this span, each with its reduction (``"a (mean)"``), sorted."""
+        return [
+            f"{name!r} ({reduction})" for name, (reduction, _) in sorted(self._trackers.items())
+        ]
+
+    def fingerprint(self) -> int:
+        """A number that tells the names and reductions of this span apart (0: nothing logged).
+
+        The same on every process that logged the same names with the same reductions (below
+        2**48, so exact in a float64 exchange).
+        """
+        if not self._trackers:
+            return 0
+        digest = hashlib.blake2b("\n".join(self.names()).encode(), digest_size=6).digest()
+        return int.from_bytes(digest, "big") | 1
 
     @property
     def num_parts(self) -> int:
@@ -463,7 +501,7 @@ class LoggedValues:
 
     def take(self) -> LoggedValues:
         """Return the values logged so far and start the span afresh."""
-        taken = LoggedValues()
+        taken = LoggedValues(self.capacity)
         taken._trackers, self._trackers = self._trackers, {}
         return taken
 
@@ -531,6 +569,7 @@ class LoggedMetrics:
     def __init__(self) -> None:
         self._intervals: list[LoggedValues] = []
         self._epochs: list[tuple[str, LoggedValues]] = []
+        self._interval_capacity = [DEFAULT_LOGGED_CAPACITY]  # shared by the intervals
 
     def reset(self) -> None:
         """Forget every span (at the start of a training run)."""
@@ -552,7 +591,7 @@ class LoggedMetrics:
 
     def open_interval(self) -> LoggedValues:
         """Return a span that receives every training value from now on (``take`` reads it)."""
-        interval = LoggedValues()
+        interval = LoggedValues(self._interval_capacity)
         self._intervals.append(interval)
         return interval
 
@@ -560,10 +599,41 @@ class LoggedMetrics:
         """Start collecting the values of an epoch whose mean loss is recorded as ``loss_name``."""
         self._epochs.append((loss_name, LoggedValues()))
 
-    def end_epoch(self, history: RunHistory, device: torch.device) -> None:
-        """Record the epoch's values under their ``logged_name`` (one collective if any)."""
+    def end_epoch(self, history: RunHistory, device: torch.device, loss: LossTracker) -> None:
+        """Record the epoch's mean loss, then its logged values under their ``logged_name``.
+
+        The loss's exchange (one collective, as every epoch has) also carries each process's
+        fingerprint of the names it logged (``LoggedValues.fingerprint``), so that the
+        processes agree on whether anything was logged and on what, before the values'
+        exchange (one collective, only if something was): names logged on some processes
+        only, or other names on each, raise ``ValueError`` on every process
+        (``refuse_different_names``) instead of waiting or combining by position.
+
+        Args:
+            history: Where the values are recorded.
+            device: Where they are combined.
+            loss: The epoch's loss tracker; its mean is recorded under the epoch's loss name.
+        """
         loss_name, values = self._epochs.pop()
-        if len(values):
+        kind = "train" if loss_name == TRAIN_LOSS_NAME else "eval"
+        total = loss.total_loss
+        smallest = loss.smallest_weight
+        # one slot per process for what is checked: their sum is every process's value
+        size = group_size()
+        rank = process_rank()
+        fingerprints: list[Any] = [0] * size
+        fingerprints[rank] = values.fingerprint()
+        weights: list[Any] = [0.0] * size
+        weights[rank] = math.inf if smallest is None else smallest
+        parts = [0.0 if total is None else total, loss.running_count, *fingerprints, *weights]
+        combined = read_reduced(parts, ["sum"] * len(parts), device)
+        refuse_negative_weights(combined[2 + size :], kind, loss_name)
+        loss_sum, count = combined[:2]
+        history.update_metric(loss_name, loss_sum / count if count else math.nan)
+        fingerprints = [int(value) for value in combined[2 : 2 + size]]
+        if len(set(fingerprints)) > 1:
+            refuse_different_names(values, fingerprints, f"{kind} epoch ({loss_name})")
+        if fingerprints[0]:
             for name, value in values.reduce(device).items():
                 history.update_metric(logged_name(loss_name, name), value)
 
@@ -588,8 +658,7 @@ class LoggedMetrics:
             fail(TypeError, where, "metrics", metrics, "a dict", "Pass e.g. {'aux_loss': aux}.")
         if reduce not in REDUCTIONS:
             fail(ValueError, where, "reduce", reduce, f"one of {REDUCTIONS}", "Pass reduce='mean'.")
-        if type(weight) is not int and not isinstance(weight, (numbers.Real, torch.Tensor)):
-            fail(TypeError, where, "weight", weight, "a number", "Pass e.g. weight=batch_size.")
+        _check_weight(where, weight)
         values = self._epochs[-1][1] if self._epochs else LoggedValues()
         for name, value in metrics.items():
             checked = _checked_value(where, name, value, device)
@@ -635,6 +704,21 @@ class LoggedMetrics:
         """Add a value to ``values`` and, in a training epoch, to each open interval."""
         for span in [values, *(self._intervals if self.in_training_epoch else ())]:
             span.update(name, value, reduce, weight)
+
+
+def _check_weight(where: str, weight: object) -> None:
+    """Refuse a weight that is not a number at least 0 (a tensor's value is not read)."""
+    fix = "Pass e.g. weight=batch_size (weight=0 for a process with nothing to report)."
+    if isinstance(weight, torch.Tensor):
+        if weight.numel() != 1 or weight.is_complex():
+            fail(ValueError, where, "weight", weight, "a one-element tensor or a number", fix)
+        return
+    if type(weight) is not int and (
+        isinstance(weight, bool) or not isinstance(weight, numbers.Real)
+    ):
+        fail(TypeError, where, "weight", weight, "a number", fix)
+    if not float(weight) >= 0 or not math.isfinite(weight):  # NaN fails both
+        fail(ValueError, where, "weight", weight, "a finite number at least 0", fix)
 
 
 def _checked_value(where: str, name: object, value: object, device: torch.device) -> Any:

@@ -1,7 +1,7 @@
 """The ``Trainer``: the facade of the training loop, customised by step methods and callbacks.
 
 ``docs/architecture.md`` maps the layers below it; its pytorch-accelerated names come from
-``_compat``.
+``pytorch_accel.compat``.
 """
 
 from __future__ import annotations
@@ -20,24 +20,26 @@ from torch.utils.data import DataLoader
 
 from pytorch_accel import _entry_checks as checks
 from pytorch_accel._batches import dict_batch_loss, inputs_and_targets, predictions_of
-from pytorch_accel._compat import DefaultCallbacks, with_ported_attributes
-from pytorch_accel._compat import trainer_module_attribute as __getattr__  # noqa: F401
-from pytorch_accel._dry_run import run_dry_or_overfit
 from pytorch_accel._loop import Loop
 from pytorch_accel._state import Preparation, TrainerState
-from pytorch_accel.batch_size_search import find_batch_size
 from pytorch_accel.callback import CallbackHandler, CallbackLike, announces_exceptions
+from pytorch_accel.compat import DefaultCallbacks, warn_assigned_num_updates, with_ported_attributes
+from pytorch_accel.compat import trainer_module_attribute as __getattr__  # noqa: F401
 from pytorch_accel.dataloaders import merge_dataloader_kwargs
 from pytorch_accel.distributed import apply_fsdp_request, create_accelerator
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.failing_batches import SkipFailingBatches
-from pytorch_accel.lr_finder import find_lr
 from pytorch_accel.placeholders import (
     TrainerPlaceholderValues,
     check_resolved,
     replace_trainer_placeholder_values,
 )
-from pytorch_accel.run_config import ResumeParts, RunSetup, TrainerRunConfig, create_run_config
+from pytorch_accel.run_config import (
+    TrainArguments,
+    TrainerRunConfig,
+    apply_randomness,
+    create_run_config,
+)
 from pytorch_accel.run_directory import RunDirectory
 from pytorch_accel.tracking import (
     InMemoryRunHistory,
@@ -48,8 +50,9 @@ from pytorch_accel.tracking import (
 
 if TYPE_CHECKING:
     from pytorch_accel._checkpointing.training_state import TrainingStateIO
+    from pytorch_accel.tools.lr_finder import LRFinderResult
 
-__all__ = [  # DEFAULT_CALLBACKS and the other ported names: served by __getattr__ (_compat)
+__all__ = [  # DEFAULT_CALLBACKS and the other ported names: served by __getattr__ (compat)
     "Trainer",
     "TrainerPlaceholderValues",
     "replace_trainer_placeholder_values",
@@ -85,7 +88,7 @@ class Trainer:
             the epoch starts.
         dry_run_dir: During ``train(dry_run=...)``, the temporary directory the dry run writes
             to (``None`` otherwise). Callbacks declare their files with
-            ``TrainerCallback.redirect_outputs``; one that does not may write under it then.
+            ``outputs.RedirectsOutputs``; one that does not may write under it then.
         progress_interval: Seconds below which the progress events (``on_train_progress``,
             ``on_eval_progress``) double the steps between them, 0.05 by default; 0 fires them
             after every step. Read when each epoch starts.
@@ -137,6 +140,7 @@ class Trainer:
         self.progress_interval: float = 0.05
         self.dry_run_dir: Path | None = None
         self._state = TrainerState()
+        self._assigned_num_updates: int | None = None  # see num_updates
         self._preparation = Preparation(self._accelerator, self._state)
         self._loop = Loop(self, self._state, self._preparation)
         self.callback_handler.call_event("on_init_end", self)
@@ -205,13 +209,17 @@ class Trainer:
 
         It counts the update in progress from ``on_optimizer_step_end`` on, so the scheduler
         step of the k-th update sees ``k`` (1-based). Assigning it (as pytorch-accelerated's
-        timm examples do) sets what it reads; the loop keeps its own count.
+        timm examples do) sets what it reads (``None``: the count again); the loop keeps
+        counting.
         """
-        return self._state.visible_num_updates
+        assigned = self._assigned_num_updates
+        return self._state.num_updates if assigned is None else assigned
 
     @num_updates.setter
     def num_updates(self, value: int | None) -> None:
-        self._state.assign_num_updates(value)
+        if value is not None and self._assigned_num_updates is None:
+            warn_assigned_num_updates()
+        self._assigned_num_updates = value
 
     @property
     def global_num_updates(self) -> int:
@@ -220,7 +228,7 @@ class Trainer:
         ``num_updates`` plus those of the earlier ``train()`` calls the run continues
         (``reset_run_history=False``); 0 when a call starts a new run. Saved in training states.
         """
-        return self._state.global_num_updates
+        return self._state.updates_before + self._state.num_updates
 
     @property
     def is_training(self) -> bool:
@@ -287,106 +295,115 @@ class Trainer:
     ) -> None:
         """Train for ``num_epochs`` (or ``max_num_train_steps`` updates, whichever ends first).
 
+        This signature and the Args below are the one declaration of ``train()``'s arguments:
+        the checks (``_entry_checks.TRAIN_CHECKS``), the run config and the table of the
+        Trainer page are derived from them.
+
         Args:
-            train_dataset: A map-style dataset (with ``__len__``) or an ``IterableDataset``
-                (then ``max_num_train_steps`` is required), or a ``DataLoader`` you built over
-                one (accelerate shards it; then leave ``per_device_batch_size``,
-                ``train_dataloader_kwargs`` and ``collate_fn`` out).
-            num_epochs: Epochs (passes through the data) to train for in this call; ``None``:
-                as many as ``max_num_train_steps`` needs.
-            eval_dataset: Evaluated after training epochs, if given: a dataset or a
-                ``DataLoader``, or a mapping of set names to them, ``{"val": ..., "ood": ...}``,
-                each evaluated in turn with its metrics named ``<name>_...``
-                (``val_eval_loss_epoch``, ``ood_accuracy``).
-            per_device_batch_size: Batch size on each process (train and eval), for datasets;
-                8 if not given.
-            max_num_train_steps: Stop after this many optimizer updates (per process); required
-                without ``num_epochs`` or when the train data has no length.
-            gradient_accumulation_steps: Micro-batches per optimizer update.
-            gradient_clip_value: Clip each gradient element to ``[-value, value]``.
+            train_dataset: A map-style dataset (with ``__len__``), at least one batch per
+                process, or an ``IterableDataset`` ([with ``max_num_train_steps``](
+                training-loop.md#runs-counted-in-updates-and-iterabledatasets)); or a
+                ``DataLoader`` you built over one (its sampler, batch sampler and collate
+                function are kept; accelerate shards it). With a ``DataLoader``, leave
+                ``per_device_batch_size``, ``train_dataloader_kwargs`` and ``collate_fn`` out
+                (a ``ValueError`` otherwise, before anything is reset).
+            num_epochs: Epochs (passes through the data) to train for in this call. May be left
+                out with ``max_num_train_steps``: as many passes as the updates need ([runs
+                counted in updates](
+                training-loop.md#runs-counted-in-updates-and-iterabledatasets)).
+            eval_dataset: If given, evaluated after training epochs: a dataset or a
+                ``DataLoader``, or a mapping of [named eval sets](trainer.md#several-eval-sets)
+                ``{"val": ..., "ood": ...}``, each evaluated in turn with its metrics named
+                ``<name>_...`` (``val_eval_loss_epoch``, ``ood_accuracy``).
+            per_device_batch_size: Batch size on each process, for both dataloaders built from
+                datasets (8 when not given).
+            max_num_train_steps: Stop after this many optimizer updates on each process
+                ([details](training-loop.md#limiting-the-number-of-updates)). Required without
+                ``num_epochs``, and for an ``IterableDataset``.
+            gradient_accumulation_steps: Micro-batches per optimizer update ([details](
+                training-loop.md#gradient-accumulation)).
+            gradient_clip_value: Clip each gradient element to ``[-value, value]`` before each
+                update.
             create_scheduler_fn: ``optimizer -> scheduler``, usually a ``functools.partial``
-                whose arguments may hold ``TrainerPlaceholderValues``.
-            train_dataloader_kwargs: Override the train ``DataLoader`` arguments.
-            eval_dataloader_kwargs: Override the eval ``DataLoader`` arguments.
-            reset_run_history: Start a fresh run history; ``False`` continues the metrics and
-                the epoch count of earlier calls.
+                with [placeholders](trainer.md#placeholders) (``TrainerPlaceholderValues``).
+            train_dataloader_kwargs: Override the train ``DataLoader``'s [defaults](
+                trainer.md#dataloader-defaults).
+            eval_dataloader_kwargs: Override the eval ``DataLoader``'s [defaults](
+                trainer.md#dataloader-defaults).
+            reset_run_history: ``True``: a new run, with a fresh run history. ``False``:
+                continue the run of the earlier calls: their metrics, epoch count and update
+                count ([several ``train()`` calls](
+                trainer.md#several-train-calls-stages-of-one-run)).
             collate_fn: The collate function of both dataloaders.
-            max_grad_norm: Clip the global gradient norm to this value.
-            resume_from: A directory written by ``save_training_state`` (or
-                ``SaveTrainingStateCallback``) to continue exactly where it was saved, with the
-                same arguments as the saved run; or ``"latest"``: the newest complete state in
-                the ``save_dir`` of the trainer's ``SaveTrainingStateCallback``, starting
-                afresh if there is none yet.
-            eval_every_n_epochs: Evaluate after every this many epochs, and after the last.
-            sanity_eval_batches: Before the first epoch, evaluate this many batches of each
-                eval set through the eval step and every callback, so a broken evaluation
-                fails in seconds; the run's results and history are unchanged. 0 (the
-                default) skips it.
-            seed: Seed ``random``, NumPy and torch before anything draws (see the Run set-up
-                page); recorded in the run config and training states.
-            seed_per_rank: Seed each process with ``seed + process_index``.
-            deterministic: Use deterministic algorithms (torch, cuDNN, cuBLAS); ``False``
-                leaves torch's settings as they are.
-            cudnn_benchmark: Set ``torch.backends.cudnn.benchmark``; ``None`` leaves it.
-            auto_scale_lr: A base batch size: scale the optimizer's learning rates by the
-                global batch size (processes x per-device batch x accumulation) over it, once
-                per run (mmengine's ``auto_scale_lr``).
-            resume_optimizer: With ``resume_from``: load the optimizer's saved state;
-                ``False`` keeps this trainer's optimizer (fine-tuning from a training state).
-            resume_scheduler: With ``resume_from``: load the scheduler's saved state;
-                ``False`` starts the scheduler afresh.
-            skip_failing_batches: Skip training batches whose ``calculate_train_batch_loss``
-                raises out-of-memory, or which are empty, up to this many (an int), or as a
-                ``SkipFailingBatches`` says; agreed across processes. ``None``: fail at once.
+            max_grad_norm: Clip the global gradient norm before each update. Not together with
+                ``gradient_clip_value``.
+            resume_from: A training state directory (written by ``save_training_state`` or
+                ``SaveTrainingStateCallback``), or ``"latest"`` (the newest complete state in
+                the ``save_dir`` of the trainer's ``SaveTrainingStateCallback``, starting afresh
+                if there is none yet), to continue a saved run exactly; pass the saved run's
+                other arguments unchanged ([resuming a run](
+                checkpointing.md#resuming-a-run)).
+            eval_every_n_epochs: Evaluate after every this many epochs of the run, and always
+                after its last ([details](
+                trainer.md#how-often-to-evaluate-and-the-sanity-evaluation)). 1 by default.
+            sanity_eval_batches: Before the first epoch, evaluate this many batches of every
+                eval set through the eval step and every callback, so that a broken evaluation
+                fails in seconds rather than after an epoch; the run's weights and history are
+                unchanged. 0 (off) by default.
+            seed: Seed ``random``, NumPy and torch (all devices) before anything draws
+                ([details](run-setup.md#seeding-and-determinism)); recorded in the run config
+                and training states.
+            seed_per_rank: Seed each process with ``seed + process_index``, so each draws
+                differently ([details](run-setup.md#seeding-and-determinism)).
+            deterministic: Use deterministic algorithms (torch, cuDNN, cuBLAS); ``False`` leaves
+                torch's settings as they are ([details](run-setup.md#seeding-and-determinism)).
+            cudnn_benchmark: Set ``torch.backends.cudnn.benchmark``; ``None`` leaves it
+                ([details](run-setup.md#seeding-and-determinism)).
+            auto_scale_lr: A base batch size: scale the learning rates by the global batch size
+                (processes x per-device batch x accumulation) over it, once per run ([details](
+                run-setup.md#scaling-the-learning-rate-to-the-batch-size)).
+            resume_optimizer: With ``resume_from``: ``False`` resumes without the optimizer's
+                saved state, keeping this trainer's optimizer ([selective resume](
+                run-setup.md#selective-resume)).
+            resume_scheduler: With ``resume_from``: ``False`` resumes without the scheduler's
+                saved state; the scheduler starts afresh ([selective resume](
+                run-setup.md#selective-resume)).
+            skip_failing_batches: Skip training batches whose forward pass runs out of memory,
+                or which are empty, up to this many (an int), or as a ``SkipFailingBatches``
+                says; agreed across processes. ``None``: fail at once ([failing batches](
+                run-setup.md#failing-batches)).
             on_oom: ``"split"``: a step that runs out of memory runs again in twice as many
-                micro-batches, the same total (kept to the run's end; the results do not change).
+                micro-batches of the same total, to the run's end; the results do not change
+                ([details](
+                tuning-and-diagnosis.md#out-of-memory-more-micro-batches-same-results)).
+                ``"raise"`` (the default): the error ends the run.
             dry_run: Check the whole set-up instead of training: ``True`` (2) or N batches of
                 training and evaluation through every callback, with a save and a load of the
-                training state, in a temporary directory; weights, optimizer, scheduler, run
-                history and callback files are left as they were.
-            overfit_batches: Train (and evaluate) on the first N batches only, in order.
-            run_name: With ``Trainer(output_dir=...)``: the run's directory under it, for this
-                call and later ones (default: the time the trainer was created, or with
-                ``resume_from="latest"`` the run holding the newest state).
+                training state; weights, optimizer, scheduler, run history and callbacks' files
+                are left as they were ([dry runs](
+                run-setup.md#dry-runs-and-overfitting-a-few-batches)): callbacks' files go to a
+                temporary directory, through each callback's [``redirect_outputs``](
+                callbacks.md#callbacks-that-write-files).
+            overfit_batches: Train (and evaluate) on the first N batches only, in order
+                ([overfitting a few batches](
+                run-setup.md#dry-runs-and-overfitting-a-few-batches)).
+            run_name: Needs ``Trainer(output_dir=...)``. The run's directory under it (one name,
+                no ``/``), for this call and the trainer's later ones. A directory holding
+                another run's files is refused unless the call resumes. Left out: the trainer's
+                run (named by the time it was created), or with ``resume_from="latest"`` the run
+                under ``output_dir`` that holds the newest training state ([details](
+                tuning-and-diagnosis.md#one-output-directory-per-run)).
         """
-        arguments = checks.TrainArguments(
-            train_dataset=train_dataset,
-            num_epochs=num_epochs,
-            eval_dataset=eval_dataset,
-            per_device_batch_size=per_device_batch_size,
-            max_num_train_steps=max_num_train_steps,
-            gradient_accumulation_steps=gradient_accumulation_steps,
-            gradient_clip_value=gradient_clip_value,
-            create_scheduler_fn=create_scheduler_fn,
-            train_dataloader_kwargs=train_dataloader_kwargs,
-            eval_dataloader_kwargs=eval_dataloader_kwargs,
-            reset_run_history=reset_run_history,
-            collate_fn=collate_fn,
-            max_grad_norm=max_grad_norm,
-            resume_from=resume_from,
-            eval_every_n_epochs=eval_every_n_epochs,
-            sanity_eval_batches=sanity_eval_batches,
-            seed=seed,
-            seed_per_rank=seed_per_rank,
-            deterministic=deterministic,
-            cudnn_benchmark=cudnn_benchmark,
-            auto_scale_lr=auto_scale_lr,
-            resume_optimizer=resume_optimizer,
-            resume_scheduler=resume_scheduler,
-            skip_failing_batches=skip_failing_batches,
-            on_oom=on_oom,
-            dry_run=dry_run,
-            overfit_batches=overfit_batches,
-            run_name=run_name,
-        )
+        arguments = TrainArguments.bind(Trainer.train, locals())
         checks.check_train_arguments(self, Trainer, arguments)
         if arguments.dry_run or arguments.overfit_batches is not None:
+            from pytorch_accel.tools._dry_run import run_dry_or_overfit
+
             run_dry_or_overfit(self, arguments)  # train() again, with the run's settings
             return
         if (run_directory := self._run_directory).output_dir is not None:
             run_directory.start_training(self.callback_handler.callbacks, run_name, resume_from)
-        setup = RunSetup.from_arguments(arguments)
-        setup.apply_randomness(self._accelerator)
+        apply_randomness(arguments, self._accelerator)
         self.create_scheduler_fn, self.collate_fn = create_scheduler_fn, collate_fn
         if reset_run_history:
             self.run_history.reset()
@@ -399,12 +416,15 @@ class Trainer:
                 train_dataloader_kwargs=self._train_dl_kwargs,
                 eval_dataloader_kwargs=self._eval_dl_kwargs,
             )
-            self.run_config = self._preparation.training_run_config(self, arguments, setup)
+            self.run_config = self._preparation.training_run_config(self, arguments)
+            self._state.eval_batch_size = self.run_config.train_per_device_batch_size or 8
             self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
             self._state.start_counting(continue_run=not reset_run_history)
             self.optimizer.zero_grad()  # a stop inside an accumulation window leaves gradients
-            parts = ResumeParts(optimizer=resume_optimizer, scheduler=resume_scheduler)
-            resume = None if resume_from is None else self._states.resume_point(resume_from, parts)
+            parts = {"optimizer": resume_optimizer, "scheduler": resume_scheduler}
+            resume = None  # the training-state code is imported only when a state is resumed
+            if resume_from is not None:
+                resume = self._states.resume_point(resume_from, **parts)
             self._loop.train(resume)
 
     @announces_exceptions
@@ -430,7 +450,9 @@ class Trainer:
             dataset: A dataset or a ``DataLoader`` you built, or a mapping of set names to
                 them (each set's metrics named ``<metric_prefix><name>_...``); defaults to the
                 ``eval_dataset`` of the last ``train()``.
-            per_device_batch_size: Batch size on each process, for datasets (default 8).
+            per_device_batch_size: Batch size on each process, for datasets; default: the
+                per-device batch size of the last ``train()`` (its dataloader's, if it was
+                given one; 8 before any, or for a dataloader without a batch size).
             dataloader_kwargs: Override the ``DataLoader`` arguments.
             collate_fn: The collate function of the dataloader.
             metric_prefix: Prepended to the names of everything recorded (``"test_"``: the
@@ -448,14 +470,15 @@ class Trainer:
         if self._run_directory.output_dir is not None:
             self._run_directory.place(self.callback_handler.callbacks)
         loaders = self._preparation.build_eval_dataloaders(
-            self, dataset, batch_size or 8, dataloader_kwargs
+            self, dataset, batch_size or self._state.eval_batch_size, dataloader_kwargs
         )
         with self._preparation.prepared(self, None, loaders):
             checks.check_has_batches(
                 "Trainer.evaluate", self._state, dataloader_kwargs=self._eval_dl_kwargs
             )
             kwargs: tuple[dict[str, Any], dict[str, Any]] = ({}, self._eval_dl_kwargs)
-            self.run_config = create_run_config(self._accelerator, None, None, kwargs, num_epochs=1)
+            config = create_run_config(self._accelerator, None, None, kwargs, {"num_epochs": 1})
+            self.run_config = config
             return self._loop.evaluate(metric_prefix, skip_failing_batches)
 
     @announces_exceptions
@@ -481,7 +504,9 @@ class Trainer:
         Args:
             data: A map-style dataset, or a ``DataLoader`` you built (not shuffled; accelerate
                 shards it across processes).
-            per_device_batch_size: Batch size on each process, for a dataset (default 8).
+            per_device_batch_size: Batch size on each process, for a dataset; default: the
+                per-device batch size of the last ``train()`` (its dataloader's, if it was
+                given one; 8 before any, or for a dataloader without a batch size).
             dataloader_kwargs: Override the ``DataLoader`` arguments, for a dataset.
             collate_fn: The collate function, for a dataset.
             output_device: Where each gathered batch is moved; ``None`` leaves it on the device.
@@ -505,6 +530,7 @@ class Trainer:
             collate_fn,
             self._preparation,
             keep_outputs,
+            default_batch_size=self._state.eval_batch_size,
         )
         self._preparation.prepare_model_and_optimizer(self)
         with self._preparation.prepared_for_prediction(loader) as prepared:
@@ -512,10 +538,9 @@ class Trainer:
 
     @announces_exceptions
     def find_batch_size(self, train_dataset: Any, **kwargs: Any) -> int:
-        """Return the largest per-device batch size that trains, leaving everything as it was.
+        """The largest per-device batch size that trains: ``tools.batch_size_search``'s."""
+        from pytorch_accel.tools.batch_size_search import find_batch_size
 
-        The arguments: ``pytorch_accel.batch_size_search.find_batch_size``.
-        """
         return find_batch_size(self, train_dataset, **kwargs)
 
     def create_scheduler(self) -> Any:
@@ -743,7 +768,12 @@ class Trainer:
             self.model, keep_torch_compile=keep_torch_compile
         )
 
-    find_lr = announces_exceptions(find_lr)  # the learning-rate range test (lr_finder)
+    @announces_exceptions
+    def find_lr(self, train_dataset: Any, **kwargs: Any) -> LRFinderResult:
+        """The learning-rate range test: ``tools.lr_finder.find_lr`` (arguments, result)."""
+        from pytorch_accel.tools.lr_finder import find_lr
+
+        return find_lr(self, train_dataset, **kwargs)
 
     # ------------------------------------------------------------------------ dataloaders
 
@@ -804,6 +834,18 @@ class Trainer:
         from pytorch_accel._checkpointing.checkpoint import write_checkpoint
 
         write_checkpoint(accelerator, save_path, model, optimizer, scheduler, checkpoint_kwargs)
+
+    def save_model(self, directory: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
+        """Export the unwrapped model to ``directory``, as the ecosystem loads it back.
+
+        A model with ``save_pretrained`` (``transformers``; PEFT: the adapter only) is written
+        by it, for ``from_pretrained``; another module as ``model.safetensors``. Written beside
+        ``directory`` and renamed into place by the main process. Every process must call it.
+        Details: ``pytorch_accel.export.save_model``.
+        """
+        from pytorch_accel.export import save_model
+
+        return save_model(self._accelerator, self.model, directory, overwrite=overwrite)
 
     def load_checkpoint(
         self,

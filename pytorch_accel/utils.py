@@ -17,7 +17,7 @@ import torch
 from accelerate.state import PartialState
 from torch import nn
 
-from pytorch_accel._batch_limits import LIMIT_BATCHES_ENV_VAR, LimitBatches
+from pytorch_accel.callbacks.limit_batches import LIMIT_BATCHES_ENV_VAR, LimitBatches
 from pytorch_accel.dataloaders import worker_init_fn
 from pytorch_accel.distributed import remove_padding
 

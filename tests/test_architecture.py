@@ -19,8 +19,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "pytorch_accel"
 ARCHITECTURE_PAGE = PACKAGE.parent / "docs" / "architecture.md"
 MAX_LINES = 900
 
-# Lower layers never import higher ones at run time. Type-only imports (under
-# ``if TYPE_CHECKING:``) may name ``Trainer`` from below, for annotations.
+# Lower layers never import higher ones, not even for type hints (under ``if TYPE_CHECKING:``):
+# below the facade, the trainer is typed against ``pytorch_accel.protocols``.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "core",
@@ -30,17 +30,22 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.errors",
             "pytorch_accel.events",
             "pytorch_accel.callback",
+            "pytorch_accel.protocols",
+            "pytorch_accel.outputs",
+            "pytorch_accel.checks",
+            "pytorch_accel.files",
             "pytorch_accel.distributed",
             "pytorch_accel.tracking",
+            "pytorch_accel._logged_exchange",
             "pytorch_accel.placeholders",
             "pytorch_accel._checkpointing",
             "pytorch_accel.dataloaders",
             "pytorch_accel.training_state",
             "pytorch_accel.finetuning",
             "pytorch_accel.schedulers",
-            "pytorch_accel._batch_limits",
-            "pytorch_accel.utils",
-            "pytorch_accel.logging_setup",
+            "pytorch_accel.failing_batches",
+            "pytorch_accel.micro_batches",
+            "pytorch_accel.run_config",
         ),
     ),
     (
@@ -51,10 +56,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel._state",
             "pytorch_accel._loop",
             "pytorch_accel._checkpointing.training_state",
-            "pytorch_accel.failing_batches",
-            "pytorch_accel.micro_batches",
-            "pytorch_accel.run_config",
-            "pytorch_accel.run_setup",
+            "pytorch_accel.plugins",
             "pytorch_accel.run_directory",
         ),
     ),
@@ -62,60 +64,77 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "facade",
         (
             "pytorch_accel",
-            "pytorch_accel._compat",
+            "pytorch_accel.compat",
             "pytorch_accel._entry_checks",
-            "pytorch_accel._dry_run",
-            "pytorch_accel.batch_size_search",
-            "pytorch_accel.lr_finder",
             "pytorch_accel.trainer",
             "pytorch_accel.timm_trainer",
+            "pytorch_accel.export",
         ),
     ),
-    ("catalogue", ("pytorch_accel.callbacks",)),
+    ("tools", ("pytorch_accel.tools",)),
+    ("catalogue", ("pytorch_accel.callbacks", "pytorch_accel.utils")),
 )
 
 LAYER_ROLES = {
     "catalogue": (
-        "The built-in callbacks. They use only the trainer's public surface. `callbacks.base` "
-        "and `callbacks.handler` re-export the core's classes under the import paths "
-        "pytorch-accelerated users know."
+        "The built-in callbacks. They use only the public surface: a trainer typed as "
+        "`protocols.TrainerLike`, and public modules (`checks` for their arguments, `files` "
+        "for atomic writes, `outputs` for where their files go), so a third party could write "
+        "them; the few exceptions are listed in the test. `utils` holds pytorch-accelerated's "
+        "`utils` names."
+    ),
+    "tools": (
+        "Functions over a trainer, beside the facade, which reaches them only inside the "
+        "methods that call them: dry and overfit runs (`tools._dry_run`, redirecting each "
+        "callback's files through its `redirect_outputs`); the batch-size search, trials in a "
+        "dry run's surroundings (`tools.batch_size_search`); the learning-rate range test, "
+        "`Trainer.find_lr` (`tools.lr_finder`, leaving the trainer's states as they were)."
     ),
     "facade": (
         "`Trainer`, one class: the constructor, `train`/`evaluate`/`predict`, the public "
         "properties, the overridable step methods and hooks (the dataloader hooks among them), "
         "and saving and loading checkpoints and training states. The checks of the entry "
-        "points' arguments and data (`_entry_checks`, with `train()`'s arguments as one typed "
-        "`TrainArguments`); dry and overfit runs (`_dry_run`, redirecting each callback's files "
-        "through its `redirect_outputs`); the batch-size search, trials in a dry run's "
-        "surroundings (`batch_size_search`); the learning-rate range test, `Trainer.find_lr` "
-        "(`lr_finder`, leaving the trainer's states as they were); every pytorch-accelerated "
-        "name of the trainer module and of `Trainer` (`_compat`)."
+        "points' arguments and data (`_entry_checks`, `train()`'s in a table with one entry "
+        "per argument); every pytorch-accelerated name that is not the project's own "
+        "(`compat`: the trainer module's extra names, `Trainer`'s private attributes); "
+        "exporting a model in the ecosystem's formats, `Trainer.save_model` (`export`, "
+        "imported by the method)."
     ),
     "loop": (
         "The loop in one module, level by level (training, evaluation, prediction), with the "
-        "one helper that fires each level's start and end events and the stop agreement "
-        "(`_loop`); what a trainer holds for its runs (`_state`): what changes during a run, in "
+        "one helper that fires each level's start and end events, the stop agreement and one "
+        "around-step hook (`_loop`); the step guards on that hook (`plugins`: skipping failing "
+        "batches, more micro-batches on out-of-memory), imported only when a run asks for "
+        "them; what a trainer holds for its runs (`_state`): what changes during a run, in "
         "one `TrainerState`, and what accelerate prepares (`Preparation`: the model, the "
         "optimizer and each run's dataloaders, built through the trainer's hooks); saving, "
         "loading and resuming training states "
         "(`_checkpointing.training_state`, `_checkpointing.resume`, imported only when a state is "
         "saved or resumed; every run's train dataloader that can restart mid-epoch, and each "
-        "epoch's entry: `_resumable`); the run's configuration "
-        "(`run_config`: the `TrainerRunConfig`, and the set-up `train()` applies before the "
-        "loop: seeding, determinism, scaling the learning rate; `run_setup` keeps its import "
-        "path); more micro-batches of the same total on out-of-memory (`micro_batches`); the "
-        "run directory under `Trainer(output_dir=...)`, its name agreed across "
-        "processes, and where callbacks put their default files (`run_directory`)."
+        "epoch's entry: `_resumable`); the run directory under "
+        "`Trainer(output_dir=...)`, its name agreed across processes, and where callbacks put "
+        "their default files (`run_directory`)."
     ),
     "core": (
         "The concepts everything else is built from: `StopTrainingError`, the event names, the "
         "callback interface (`TrainerCallback`) and its dispatch (`CallbackHandler`), both in "
-        "`callback`; the value checks and their one message format (`_checks`); what a batch "
-        "holds and how it is weighted (`_batches`: `(inputs, targets)` or a dict of the "
-        "model's keyword arguments, and the token-exact weighting of accumulation windows); "
-        "the one agreement between processes (`distributed.AgreedFlag`); what a run reports "
-        "(`tracking`: run history, loss tracking, logged values and the package's rank-aware "
-        "logger; `logging_setup` keeps its import path); placeholders, checkpoint and "
+        "`callback`; the public re-exports callbacks written outside the package use "
+        "(`checks`: the argument checks; `files`: atomic writes); where callbacks write "
+        "files, an interface of its own (`outputs`: "
+        "`RedirectsOutputs` for dry runs, `PlacesOutputs` for the run directory); what the "
+        "layers above and callbacks see of a trainer (`protocols`: "
+        "`TrainerLike`, `StepMethods`, `DataHooks`); the value checks and their one message "
+        "format (`_checks`); what a batch holds and how it is weighted (`_batches`: "
+        "`(inputs, targets)` or a dict of the model's keyword arguments, and the token-exact "
+        "weighting of accumulation windows); the one agreement between processes "
+        "(`distributed.AgreedFlag`); what a run reports (`tracking`: run history, loss "
+        "tracking, logged values and the package's rank-aware logger; `_logged_exchange`: how "
+        "logged values cross processes, and names or weights that differ refused); the run's "
+        "configuration (`run_config`: `train()`'s arguments bound once to its signature, "
+        "`TrainArguments`, the `TrainerRunConfig` built from them, and the set-up `train()` "
+        "applies before the loop: seeding, determinism, scaling the learning rate); the step "
+        "guards' "
+        "policies (`failing_batches`, `micro_batches`); placeholders, checkpoint and "
         "training-state files (`_checkpointing`: the one atomic writer, safe loader and "
         "model/optimizer fit check), schedulers. None of it knows the loop or the trainer."
     ),
@@ -153,12 +172,14 @@ CONCEPT_HOMES: tuple[tuple[str, str, frozenset[str]], ...] = (
 )
 _DESERIALISERS = {"torch", "pickle", "safetensors", "accelerate_safe_load", "safe_torch"}
 
-# The one place the facade reaches into the catalogue: the default callbacks, imported when a
-# trainer is created, never at import time (also served, for ported code, from the trainer
-# module by _compat).
+# The places the facade reaches up, each inside a function, never at import time: the default
+# callbacks (imported when a trainer is created) and the tools behind ``Trainer.find_lr``,
+# ``Trainer.find_batch_size`` and ``train(dry_run=...)`` (imported when called).
 WIRING = {
     ("pytorch_accel.trainer", "pytorch_accel.callbacks.defaults"),
-    ("pytorch_accel._compat", "pytorch_accel.callbacks.defaults"),
+    ("pytorch_accel.trainer", "pytorch_accel.tools._dry_run"),
+    ("pytorch_accel.trainer", "pytorch_accel.tools.batch_size_search"),
+    ("pytorch_accel.trainer", "pytorch_accel.tools.lr_finder"),
 }
 
 
@@ -225,7 +246,7 @@ def layer_violations(imports: list[Import]) -> list[str]:
         assert source is not None, item.importer
         assert target is not None, item.target
         into_catalogue = target == len(LAYERS) - 1 and source != target
-        if into_catalogue or (target > source and not item.type_only):
+        if into_catalogue or target > source:
             problems.append(
                 f"{item.importer} (line {item.line}, {LAYERS[source][0]}) imports "
                 f"{item.target} ({LAYERS[target][0]})"
@@ -249,14 +270,96 @@ def test_imports_point_down_the_layers() -> None:
     assert layer_violations(imports) == []
 
 
+def import_circles(imports: list[Import]) -> list[list[str]]:
+    """The circles of modules importing each other, counting every import (type-only, lazy)."""
+    graph: dict[str, set[str]] = {}
+    for item in imports:
+        graph.setdefault(item.importer, set()).add(item.target)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(module: str) -> None:  # Tarjan's strongly connected components
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in graph.get(module, ()):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            members = []
+            while True:
+                member = stack.pop()
+                members.append(member)
+                if member == module:
+                    break
+            if len(members) > 1:
+                circles.append(sorted(members))
+
+    for module in list(graph):
+        if module not in index:
+            visit(module)
+    return circles
+
+
+def test_no_import_circle_even_counting_type_only_imports() -> None:
+    modules = all_modules()
+    imports = [
+        item
+        for name, path in modules.items()
+        for item in imports_of(name, path.read_text(), set(modules))
+    ]
+    assert import_circles(imports) == []
+
+
+# Catalogue modules that still import a private module outside the catalogue, and why.
+PRIVATE_IMPORTS_OF_THE_CATALOGUE = {
+    # on every Trainer(): the public re-exports would add modules to a plain run
+    "pytorch_accel.callbacks.defaults": {"pytorch_accel._checks"},
+    "pytorch_accel.callbacks.save_state": {"pytorch_accel._checkpointing.store"},
+}
+
+
+def test_the_catalogue_imports_public_modules() -> None:
+    """A third party could write the built-in callbacks: they import the public surface."""
+    modules = all_modules()
+    found: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        if not name.startswith("pytorch_accel.callbacks."):
+            continue
+        for item in imports_of(name, path.read_text(), set(modules)):
+            inside = item.target.startswith("pytorch_accel.callbacks")
+            if not inside and any(part.startswith("_") for part in item.target.split(".")):
+                found.setdefault(name, set()).add(item.target)
+    assert found == PRIVATE_IMPORTS_OF_THE_CATALOGUE
+
+
+def test_the_circle_rule() -> None:
+    circle = [
+        Import("pytorch_accel._loop", "pytorch_accel.plugins.micro_batches", 1, True),
+        Import("pytorch_accel.plugins.micro_batches", "pytorch_accel._loop", 1, True),
+        Import("pytorch_accel._loop", "pytorch_accel.errors", 1, False),
+    ]
+    circles = import_circles(circle)
+    assert circles == [["pytorch_accel._loop", "pytorch_accel.plugins.micro_batches"]]
+    assert import_circles(circle[1:]) == []
+
+
 @pytest.mark.parametrize(
     ("importer", "target", "type_only", "allowed"),
     [
         ("pytorch_accel._loop", "pytorch_accel.trainer", False, False),
-        ("pytorch_accel._loop", "pytorch_accel.trainer", True, True),
-        ("pytorch_accel._checkpointing.resume", "pytorch_accel.callbacks.base", True, False),
+        ("pytorch_accel._loop", "pytorch_accel.trainer", True, False),
+        ("pytorch_accel._loop", "pytorch_accel.protocols", True, True),
+        ("pytorch_accel._checkpointing.resume", "pytorch_accel.callbacks.defaults", True, False),
         ("pytorch_accel.trainer", "pytorch_accel.callbacks.save_state", False, False),
         ("pytorch_accel.trainer", "pytorch_accel.callbacks.defaults", False, True),
+        ("pytorch_accel.trainer", "pytorch_accel.tools.lr_finder", False, True),
+        ("pytorch_accel._state", "pytorch_accel._entry_checks", True, False),
+        ("pytorch_accel.tools.lr_finder", "pytorch_accel.trainer", True, True),
         ("pytorch_accel.callbacks.ema", "pytorch_accel.trainer", False, True),
         ("pytorch_accel._loop", "pytorch_accel.errors", False, True),
     ],
@@ -364,8 +467,9 @@ def test_the_concept_rule(module: str, source: str, flagged: bool) -> None:
 
 def _callback_interface() -> set[str]:
     from pytorch_accel.callback import TrainerCallback
+    from pytorch_accel.outputs import PlacesOutputs, RedirectsOutputs
 
-    return set(dir(TrainerCallback))
+    return set(dir(TrainerCallback)) | set(dir(PlacesOutputs)) | set(dir(RedirectsOutputs))
 
 
 def callback_attribute_reads(module: str, source: str, interface: set[str]) -> list[str]:

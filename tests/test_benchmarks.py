@@ -128,3 +128,96 @@ def test_the_saving_suite_times_every_save(tmp_path: Path) -> None:
     for key in ("baseline_s", "blocking_s", "background_stall_s"):
         assert figures[key]["median"] > 0, key
     assert "| 100k" in saving.markdown({"100k": figures})
+
+
+def test_the_report_rewrites_only_the_blocks_it_has_figures_for() -> None:
+    from benchmarks import report
+
+    text = (
+        "intro\n<!-- bench:tiny -->\nold tiny\n<!-- /bench:tiny -->\nmiddle\n"
+        "<!-- bench:fresh -->\nold fresh\n<!-- /bench:fresh -->\nend\n"
+    )
+    new, replaced, kept = report.update_document(text, {"tiny": "new tiny"})
+    assert new == (
+        "intro\n<!-- bench:tiny -->\nnew tiny\n<!-- /bench:tiny -->\nmiddle\n"
+        "<!-- bench:fresh -->\nold fresh\n<!-- /bench:fresh -->\nend\n"
+    )
+    assert (replaced, kept) == (["tiny"], ["fresh"])
+    assert report.update_document(new, {"tiny": "new tiny"})[0] == new  # idempotent
+
+
+def test_every_marked_block_of_the_performance_page_is_one_the_report_renders() -> None:
+    import re
+
+    from benchmarks import report
+
+    names = re.findall(r"<!-- bench:([\w.-]+) -->\n", report.DOCS.read_text())
+    assert set(names) <= report.BLOCK_NAMES
+    assert {"tiny", "calls", "step-logging"} <= set(names)
+    assert all(f"<!-- /bench:{name} -->" in report.DOCS.read_text() for name in names)
+
+
+def test_the_report_renders_the_calls_per_step_from_the_measurement() -> None:
+    from benchmarks import report, run
+
+    samples = {
+        name: run.Samples([1e-3, 2e-3], [1e-3, 1e-3]) for name in run.build_loops(loops.make_mlp)
+    }
+    calls = {"hand-written": 320.0, "pytorch-accel, no callbacks": 331.0}
+    calls["pytorch-accel, default callbacks"] = 336.0
+    results = {
+        "machine": {"python": "3", "torch": "2", "processor": "x", "threads": 1},
+        "tiny": {
+            "name": "tiny",
+            "rows": run.summarise(samples, calls),
+            "logging_overhead": run.paired_overhead(samples, run.LOGGING_ROW, run.DEFAULT_ROW),
+            "logging_every_update_overhead": run.paired_overhead(
+                samples, run.EVERY_UPDATE_ROW, run.DEFAULT_ROW
+            ),
+        },
+    }
+    texts = report.blocks(results)
+    assert set(texts) <= report.BLOCK_NAMES
+    assert "16 with the default ones (336)" in texts["calls"]
+    assert "| 336 |" in texts["tiny"]
+    assert "| every update | 1.000" in texts["step-logging"]
+
+
+def test_a_failed_suite_keeps_the_results_measured_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each part is written as it finishes; a failing one is recorded, the run exits 1."""
+    import json
+
+    from benchmarks import resume_position, suites
+
+    def measure_one(suite: str, quick: bool) -> object:
+        if suite == "saving":
+            raise OSError("disk full")
+        return resume_position.measure(quick=True, length=200, rounds=1)
+
+    monkeypatch.setenv("GLIBC_TUNABLES", run.MALLOC_TUNABLES)  # no re-exec for the tunables
+    monkeypatch.setattr(suites, "measure_one", measure_one)
+    with pytest.raises(SystemExit, match=r"failed: suites\.saving"):
+        run.main(
+            ["--workloads", "--no-fresh", "--suites", "resume", "saving", "--out", str(tmp_path)]
+        )
+    written = json.loads((tmp_path / "overhead.json").read_text())
+    assert "resume" in written["suites"]
+    assert "disk full" in written["failed"]["suites.saving"]
+    assert "| stateful | 90% |" in (tmp_path / "overhead.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_loaders_suite_pairs_the_default_against_fixed_worker_counts() -> None:
+    from benchmarks import loaders, report
+
+    results = loaders.measure(quick=True, rounds=1, chosen=("text",))
+    settings = [row["setting"] for row in results["rows"]]
+    assert settings[0] == "trainer default (0 workers)"  # tokenised text: loaded in the process
+    assert {"num_workers=0", "num_workers=1", "num_workers=2"} <= {
+        setting.removesuffix(" (best fixed)") for setting in settings
+    }
+    assert "| text | trainer default (0 workers) |" in "\n".join(
+        report.suites_markdown({"loaders": results})
+    )

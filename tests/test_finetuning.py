@@ -308,6 +308,35 @@ class NotATensor:
     pass
 
 
+def test_reads_safetensors_files(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    source = make_net(seed=1)
+    save_file(source.state_dict(), tmp_path / "model.safetensors")
+    target = make_net(seed=2)
+    result = load_pretrained_weights(target, tmp_path / "model.safetensors", strict=True)
+    assert len(result.loaded_keys) == len(source.state_dict())
+    assert torch.equal(target.head.weight, source.head.weight)
+
+
+@pytest.mark.bad_input
+def test_a_broken_safetensors_file_and_a_url_are_named_with_the_fix(tmp_path: Path) -> None:
+    net = make_net()
+    (tmp_path / "broken.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{")
+    with pytest.raises(ValueError, match=r"'.*broken\.safetensors' could not be read as a safet"):
+        load_pretrained_weights(net, tmp_path / "broken.safetensors")
+    with pytest.raises(FileNotFoundError, match=r"no weights file at '.*gone\.safetensors'"):
+        load_pretrained_weights(net, tmp_path / "gone.safetensors")
+    url = "https://example.com/models/resnet18.pth?download=1"
+    with pytest.raises(
+        ValueError,
+        match=r"source must be a local file, got the URL 'https://example\.com/models/"
+        r"resnet18\.pth\?download=1': nothing is downloaded here\. Download it first .*"
+        r"load_pretrained_weights\(model, 'resnet18\.pth'\)",
+    ):
+        load_pretrained_weights(net, url)
+
+
 def test_unreadable_sources_are_named_in_the_error(tmp_path: Path) -> None:
     net = make_net()
     with pytest.raises(FileNotFoundError, match=r"no weights file at '.*missing\.pt'"):

@@ -18,7 +18,7 @@ from torch import nn
 from torch.optim.lr_scheduler import StepLR
 
 from pytorch_accel import Trainer
-from pytorch_accel.lr_finder import LRFinderResult, steepest_index, valley_index
+from pytorch_accel.tools.lr_finder import LRFinderResult, steepest_index, valley_index
 
 
 def make_model(seed: int = 0) -> nn.Module:
@@ -89,7 +89,7 @@ def test_a_sweep_leaves_model_optimizer_scheduler_and_random_states_bitwise_as_t
 
 def test_the_sweep_changes_what_it_restores() -> None:
     """Without the restore, the weights and random states would differ (the test can fail)."""
-    from pytorch_accel.lr_finder import Snapshot
+    from pytorch_accel.tools.lr_finder import Snapshot
 
     trainer = make_trainer()
     before = everything(trainer)
@@ -268,7 +268,7 @@ def test_bad_arguments_are_refused_before_anything_runs(
 
 
 def test_steepest_ignores_a_descent_after_a_spike_and_minimum_is_a_tenth_of_the_lowest() -> None:
-    from pytorch_accel.lr_finder import _Sweep
+    from pytorch_accel.tools.lr_finder import _Sweep
 
     # flat, a descent to the lowest loss at index 29, a spike, then a long fall from it
     curve = (

@@ -40,7 +40,8 @@ def test_fp16_is_ignored_on_cpu(
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
     model = make_model()
     reference = hand_written_loop(model, regression_dataset, batch_size=8, num_epochs=1)
-    trainer = make_trainer(model)
+    with pytest.warns(UserWarning, match=r"'fp16' has no effect on the CPU"):
+        trainer = make_trainer(model)
     trainer.train(regression_dataset, num_epochs=1, train_dataloader_kwargs=UNSHUFFLED)
     assert trainer.accelerator.mixed_precision == "fp16"
     assert (

@@ -288,3 +288,65 @@ def test_output_dir_must_be_a_directory_path(tmp_path: Path) -> None:
         trainer_with(output_dir=3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"Trainer.*output_dir.*existing file"):
         trainer_with(output_dir=tmp_path / "file")
+
+
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    return {name: (directory / name).read_bytes() for name in files_under(directory)}
+
+
+@pytest.mark.bad_input
+def test_a_second_trainer_never_overwrites_a_run_of_the_same_name(tmp_path: Path) -> None:
+    first = trainer_with(SaveTrainingStateCallback(save_every_n_epochs=1), output_dir=tmp_path)
+    train(first, num_epochs=2, run_name="baseline")
+    run_dir = tmp_path / "baseline"
+    before = _snapshot(run_dir)
+    assert {"training_states/epoch-0001", "training_states/final"} <= {
+        str(Path(name).parent) for name in before
+    }
+
+    second = trainer_with(SaveTrainingStateCallback(save_every_n_epochs=1), output_dir=tmp_path)
+    with pytest.raises(
+        ValueError,
+        match=r"Trainer.train: run_name='baseline'.*"
+        + re.escape(repr(str(run_dir)))
+        + r" already holds another run's files.*another run_name.*resume_from='latest'.*"
+        r"move or delete that directory",
+    ):
+        train(second, num_epochs=1, run_name="baseline")
+    assert _snapshot(run_dir) == before  # not a byte changed
+
+    # The ways on: another name, or continuing that run; and a trainer's own later stages.
+    train(second, num_epochs=1, run_name="baseline-2")
+    train(second, num_epochs=1, run_name="baseline-2", reset_run_history=False)
+    third = trainer_with(SaveTrainingStateCallback(save_every_n_epochs=1), output_dir=tmp_path)
+    train(third, num_epochs=3, run_name="baseline", resume_from="latest")
+    assert third.resumed_from == run_dir / "training_states" / "final"
+
+
+def test_an_empty_run_directory_made_beforehand_is_used(tmp_path: Path) -> None:
+    (tmp_path / "prepared").mkdir()
+    trainer = trainer_with(TrackingCallback(log_with=()), output_dir=tmp_path)
+    train(trainer, run_name="prepared")
+    assert "metrics.csv" in files_under(tmp_path / "prepared")
+
+
+@pytest.mark.bad_input
+def test_a_run_directory_linking_out_of_the_output_dir_is_refused(tmp_path: Path) -> None:
+    output_dir, elsewhere = tmp_path / "runs", tmp_path / "elsewhere"
+    output_dir.mkdir()
+    elsewhere.mkdir()
+    (output_dir / "linked").symlink_to(elsewhere, target_is_directory=True)
+    trainer = trainer_with(TrackingCallback(log_with=()), output_dir=output_dir)
+    with pytest.raises(
+        ValueError,
+        match=r"Trainer.train: run_name='linked'.*is a link to "
+        + re.escape(repr(str(elsewhere)))
+        + r", outside the output directory.*another run_name, or remove the link",
+    ):
+        train(trainer, run_name="linked")
+    assert list(elsewhere.iterdir()) == []
+    # A link to a directory inside the output root is not "out of" it.
+    (output_dir / "inside").mkdir()
+    (output_dir / "alias").symlink_to(output_dir / "inside", target_is_directory=True)
+    train(trainer, run_name="alias")
+    assert "metrics.csv" in files_under(output_dir / "inside")

@@ -94,7 +94,7 @@ def test_a_three_stage_run_is_one_step_series_and_ends_with_the_last_stage_model
     assert step_column(tmp_path / "metrics_steps.csv") == expected
     run_dir = tmp_path / "runs" / "stages"
     assert scalar_steps(run_dir, "train_loss_step") == expected
-    assert scalar_steps(run_dir, "train_loss_epoch") == [1, 2, 3, 4, 5, 6]
+    assert scalar_steps(run_dir, "train_loss_epoch") == [4, 8, 12, 16, 20, 24]  # updates
     assert len(list(run_dir.glob("events.out.tfevents.*"))) == 1  # one tracker run
     assert len(list(run_dir.rglob("hparams.yml"))) == 1
 

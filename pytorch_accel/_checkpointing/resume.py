@@ -28,7 +28,7 @@ from pytorch_accel.tracking import LossTracker
 
 if TYPE_CHECKING:
     from pytorch_accel.callback import CallbackHandler
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike as Trainer
 
 __all__ = [
     "PER_PROCESS",
@@ -94,6 +94,12 @@ class ResumePoint:
             self.restore_callbacks(handler)
         return self.position.epoch_index
 
+    def enter_epoch(
+        self, resumable: ResumableLoader | None, trainer: Trainer, loss_tracker: LossTracker
+    ) -> EpochEntry:
+        """Apply this state at the start of its epoch (``_resumable.enter_epoch``'s seam)."""
+        return enter_resumed_epoch(self, resumable, trainer, loss_tracker)
+
     def restore_callbacks(self, callbacks: Iterable[TrainerCallback]) -> None:
         """Load the callbacks' shared states, then this process's own ones."""
         restore_callback_states(callbacks, self.callbacks, self.directory)
@@ -108,7 +114,7 @@ def enter_resumed_epoch(
     trainer: Trainer,
     loss_tracker: LossTracker,
 ) -> EpochEntry:
-    """Apply a pending resume at the start of an epoch; return how it starts."""
+    """Apply a pending resume at the start of its epoch; return how the epoch starts."""
     loader: Any = trainer.train_dataloader if resumable is None else resumable.dataloader
     if hasattr(loader, "iteration"):  # accelerate's epoch count, for set_epoch
         loader.iteration = resume.rank_state["loader"]["iteration"]

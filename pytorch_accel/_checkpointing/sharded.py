@@ -25,7 +25,6 @@ __all__ = [
     "full_optimizer_state",
     "is_sharded",
     "load_full_states",
-    "refuse_fsdp1",
     "saved_sharded",
     "sharded_model_tensors",
     "weights_across_layouts",
@@ -45,17 +44,6 @@ def fsdp_version(accelerator: Accelerator) -> int | None:
     if not is_sharded(accelerator):
         return None
     return int(accelerator.state.fsdp_plugin.fsdp_version)
-
-
-def refuse_fsdp1(accelerator: Any, where: str) -> None:
-    """Refuse training states under FSDP version 1: resuming from one is not exact (FSDP2's is)."""
-    if fsdp_version(accelerator) == 1:
-        raise RuntimeError(
-            f"{where}: training states are not supported under FSDP version 1 (a run resumed "
-            "from one does not continue exactly). Use FSDP version 2: "
-            "FullyShardedDataParallelPlugin(fsdp_version=2) (or FSDP_VERSION=2); "
-            "save_checkpoint and load_checkpoint work under both."
-        )
 
 
 def sharded_model_tensors(model: nn.Module) -> dict[str, Any]:

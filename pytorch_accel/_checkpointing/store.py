@@ -33,6 +33,7 @@ from pytorch_accel._checkpointing.files import (
     load_safely,
     read_verified,
 )
+from pytorch_accel._checkpointing.sharded import fsdp_version
 from pytorch_accel.tracking import get_logger
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "publish",
     "rank_state_name",
     "read_manifest",
+    "refuse_fsdp1",
     "remove_training_state",
     "resumes_on",
     "tidy_save_dir",
@@ -63,6 +65,17 @@ _VERSION = 1
 _PICKLED_SUFFIXES = (".bin", ".pkl", ".pt")
 _LOADED_BY_THE_TRAINER = ("custom_checkpoint_", "trainer_rank_", "random_states_")
 _PER_RANK = (("random_states", ".pkl"), ("trainer_rank", ".pt"))
+
+
+def refuse_fsdp1(accelerator: Any, where: str) -> None:
+    """Refuse training states under FSDP version 1: resuming from one is not exact (FSDP2's is)."""
+    if fsdp_version(accelerator) == 1:
+        raise RuntimeError(
+            f"{where}: training states are not supported under FSDP version 1 (a run resumed "
+            "from one does not continue exactly). Use FSDP version 2: "
+            "FullyShardedDataParallelPlugin(fsdp_version=2) (or FSDP_VERSION=2); "
+            "save_checkpoint and load_checkpoint work under both."
+        )
 
 
 def rank_state_name(rank: int) -> str:

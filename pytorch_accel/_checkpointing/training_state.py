@@ -38,7 +38,6 @@ from pytorch_accel._checkpointing.resume import (
 )
 from pytorch_accel._checkpointing.sharded import (
     is_sharded,
-    refuse_fsdp1,
     sharded_model_tensors,
     weights_across_layouts,
 )
@@ -57,6 +56,7 @@ from pytorch_accel._checkpointing.store import (
     newest_resumable,
     publish,
     rank_state_name,
+    refuse_fsdp1,
     verify_training_state,
     write_manifest,
 )
@@ -67,7 +67,6 @@ from pytorch_accel._state import Preparation
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.distributed import AgreedFlag
 from pytorch_accel.run_config import (
-    ResumeParts,
     TrainerRunConfig,
     bare_compiled_models,
     optimizer_not_loaded,
@@ -77,7 +76,7 @@ from pytorch_accel.tracking import setup_logging
 
 if TYPE_CHECKING:
     from pytorch_accel._state import TrainerState
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike as Trainer
 
 __all__ = ["TrainingStateIO"]
 
@@ -317,15 +316,22 @@ class TrainingStateIO:
         return shared, loaded[rank_state_name(accelerator.process_index % saved_world)], saved_world
 
     def resume_point(
-        self, resume_from: str | os.PathLike[str] | None, parts: ResumeParts | None = None
+        self,
+        resume_from: str | os.PathLike[str] | None,
+        *,
+        optimizer: bool = True,
+        scheduler: bool = True,
     ) -> ResumePoint | None:
-        """Load the state to resume from (if any, with ``parts``); check that it fits this run."""
+        """Load the state to resume from (if any); check that it fits this run.
+
+        ``optimizer``, ``scheduler``: load their saved states (``train(resume_optimizer=...,
+        resume_scheduler=...)``).
+        """
         directory = None if resume_from is None else self._resume_directory(resume_from)
         if directory is None:
             return None
-        parts = parts or ResumeParts()
-        check = functools.partial(self._check_resumable, directory, parts.scheduler)
-        with optimizer_not_loaded(self._trainer.accelerator, skip=not parts.optimizer):
+        check = functools.partial(self._check_resumable, directory, scheduler)
+        with optimizer_not_loaded(self._trainer.accelerator, skip=not optimizer):
             shared, rank_state, saved_world = self.load(directory, "Trainer.train", check)
         # the samplers' generators of another number of processes are others: not replayed
         same_world = saved_world == self._trainer.accelerator.num_processes
@@ -334,15 +340,15 @@ class TrainingStateIO:
         trainer = self._trainer
         trainer.run_history.load_state_dict(shared["history"])
         self._loop.restore_counts(shared)
-        if trainer.scheduler is not None and parts.scheduler:
+        if trainer.scheduler is not None and scheduler:
             kept = getattr(trainer.scheduler, "base_lrs", None)
             trainer.scheduler.load_state_dict(shared["scheduler"])
-            if kept is not None and not parts.optimizer:
+            if kept is not None and not optimizer:
                 _rebase_schedule(trainer.scheduler, trainer.optimizer, kept)
         epoch = trainer.run_history.current_epoch
         # said before any callback's run start sets the logger up, so set it up here
         setup_logging().info(f"Resuming from {str(directory)!r} (epoch {epoch}).")
-        if trainer.scheduler is not None and parts.scheduler:
+        if trainer.scheduler is not None and scheduler:
             self._lengthen_schedule(directory, int(shared["num_updates"]))
         position = Position.from_dict(shared["position"])
         return ResumePoint(directory, position, shared["callbacks"], rank_state, random_states)

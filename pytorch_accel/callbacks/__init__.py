@@ -10,13 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pytorch_accel.callback import (
-        CallbackHandler,
-        DefaultPath,
-        RunPaths,
-        TrainerCallback,
-        redirected_paths,
-    )
+    from pytorch_accel.callback import CallbackHandler, TrainerCallback
     from pytorch_accel.callbacks.defaults import (
         DEFAULT_CALLBACKS,
         LogMetricsCallback,
@@ -53,6 +47,7 @@ if TYPE_CHECKING:
     from pytorch_accel.callbacks.trackers import TrackingCallback
     from pytorch_accel.callbacks.wsd_checkpoint import WSDCheckpointCallback
     from pytorch_accel.errors import CallbackMethodNotImplementedError, StopTrainingError
+    from pytorch_accel.outputs import DefaultPath, RunPaths, redirected_paths
 
 __all__ = [
     "DEFAULT_CALLBACKS",
@@ -96,8 +91,8 @@ __all__ = [
 ]
 
 _HOMES = {
-    "pytorch_accel.callback": "CallbackHandler DefaultPath RunPaths TrainerCallback "
-    "redirected_paths",
+    "pytorch_accel.callback": "CallbackHandler TrainerCallback",
+    "pytorch_accel.outputs": "DefaultPath RunPaths redirected_paths",
     "pytorch_accel.errors": "CallbackMethodNotImplementedError StopTrainingError",
     ".defaults": "DEFAULT_CALLBACKS LogMetricsCallback MoveModulesToDeviceCallback "
     "PrintProgressCallback ProgressBarCallback TerminateOnNaNCallback get_default_callbacks",

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytorch_accel._checkpointing.files import atomic_write
+from pytorch_accel.files import atomic_write
 
 __all__ = [
     "EPOCH_COLUMN",

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from pytorch_accel._checks import callable_name
+from pytorch_accel.checks import callable_name
 
 if TYPE_CHECKING:
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike
 
 __all__ = ["environment", "jsonable", "model_summary", "model_summary_text", "run_configuration"]
 
@@ -48,7 +48,7 @@ def described(value: object) -> Any:
     return type(value).__qualname__ if " at 0x" in text else text
 
 
-def environment(trainer: Trainer) -> dict[str, Any]:
+def environment(trainer: TrainerLike) -> dict[str, Any]:
     """Versions, devices, the accelerate config, the git commit and the command line."""
     import accelerate
 
@@ -71,7 +71,7 @@ def environment(trainer: Trainer) -> dict[str, Any]:
     }
 
 
-def _devices(trainer: Trainer) -> dict[str, Any]:
+def _devices(trainer: TrainerLike) -> dict[str, Any]:
     accelerator = trainer.accelerator
     devices: dict[str, Any] = {
         "device": str(accelerator.device),
@@ -173,7 +173,7 @@ def model_summary_text(summary: Mapping[str, Any], model: nn.Module) -> str:
     return "\n".join([*lines, "", repr(model), ""])
 
 
-def run_configuration(trainer: Trainer) -> dict[str, Any]:
+def run_configuration(trainer: TrainerLike) -> dict[str, Any]:
     """``{"run_config", "train", "trainer"}``: the run config and the trainer's parts."""
     run_config = {} if trainer.run_config is None else trainer.run_config.to_dict()
     optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)  # accelerate's wrapper

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pytorch_accel._checks import check_bool, check_metric_name, fail
+from pytorch_accel.checks import check_bool, check_metric_name, fail
 from pytorch_accel.distributed import AgreedFlag
 from pytorch_accel.tracking import MetricNotFoundError, get_logger
 
 if TYPE_CHECKING:
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike
 
 __all__ = ["MetricWatch"]
 
@@ -58,7 +58,7 @@ class MetricWatch:
         self._seen = 0
         self._agreement: AgreedFlag | None = None
 
-    def start_run(self, trainer: Trainer) -> None:
+    def start_run(self, trainer: TrainerLike) -> None:
         """Note the values already recorded; fail now if an eval loss is watched without evals.
 
         With several processes it makes, once, the ``AgreedFlag`` that ``read_main`` uses.
@@ -84,7 +84,7 @@ class MetricWatch:
             expected = "a metric this run records"
             fail(ValueError, self.where, "watch_metric", self.metric_name, expected, fix)
 
-    def read_main(self, trainer: Trainer, evaluated: bool = True) -> float:
+    def read_main(self, trainer: TrainerLike, evaluated: bool = True) -> float:
         """Return the main process's ``read`` on every process (NaN for none), one exchange.
 
         For callbacks that call collectives (``save_checkpoint``) depending on a metric.
@@ -93,7 +93,7 @@ class MetricWatch:
         value = float("nan") if local is None else local
         return value if self._agreement is None else self._agreement.main_value(value)
 
-    def read(self, trainer: Trainer, evaluated: bool = True) -> float | None:
+    def read(self, trainer: TrainerLike, evaluated: bool = True) -> float | None:
         """Return the value recorded this epoch, or ``None`` (with a message) if there is none.
 
         In an epoch between evaluations (``evaluated=False``) a metric not recorded yet is not

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+import os
 import time
 import warnings
 from collections.abc import Iterable, Mapping
@@ -25,19 +26,18 @@ from tqdm.auto import tqdm
 
 from pytorch_accel._checks import check_bool, check_positive_int
 from pytorch_accel.callback import CallbackLike, TrainerCallback
-from pytorch_accel.callbacks._nan_origin import RandomState, nan_origin_report
-from pytorch_accel.callbacks.limit_batches import (
-    LimitBatchesCallback,
-    limit_batches_from_environment,
-)
+from pytorch_accel.compat import DefaultCallbacks
+from pytorch_accel.dataloaders import LIMIT_BATCHES_ENV_VAR, OLD_LIMIT_BATCHES_ENV_VAR
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.tracking import MetricCursor, get_logger, setup_logging
 
 if TYPE_CHECKING:
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.plugins.nan_origin import RandomState
+    from pytorch_accel.protocols import TrainerLike
 
 __all__ = [
     "DEFAULT_CALLBACKS",
+    "LIMIT_BATCHES_ENV_VAR",
     "LogMetricsCallback",
     "MoveModulesToDeviceCallback",
     "PrintProgressCallback",
@@ -108,7 +108,7 @@ class MoveModulesToDeviceCallback(TrainerCallback):
     order = -100
     may_stop_training = False
 
-    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Move the modules before the run (training or evaluation) starts."""
         for name, value in vars(trainer).items():
             public = not name.startswith("_")
@@ -176,17 +176,19 @@ class TerminateOnNaNCallback(TrainerCallback):
             self.on_train_step_start = None  # type: ignore[assignment]
             self.on_backward_start = None  # type: ignore[assignment]
 
-    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Forget the origin reported in an earlier run."""
         self.origin = None
 
-    def on_train_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_step_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Keep the step's random state, for a re-run that draws the same (``report_origin``)."""
         if self.origin is None:
+            from pytorch_accel.plugins.nan_origin import RandomState
+
             self._random_state = RandomState.capture(trainer.device)
 
     def on_backward_start(
-        self, trainer: Trainer, batch: Any = None, batch_output: Any = None, **kwargs: Any
+        self, trainer: TrainerLike, batch: Any = None, batch_output: Any = None, **kwargs: Any
     ) -> None:
         """Report where the first non-finite loss of the run started (``report_origin``)."""
         if self.origin is not None or batch_output is None:
@@ -198,11 +200,13 @@ class TerminateOnNaNCallback(TrainerCallback):
             f"the loss was {_loss_text(loss)} in epoch {trainer.run_history.current_epoch} "
             f"after {trainer.num_updates} updates, on process {trainer.accelerator.process_index}"
         )
+        from pytorch_accel.plugins.nan_origin import nan_origin_report
+
         self.origin = f"{where}: {nan_origin_report(trainer, batch, self._random_state)}"
         warnings.warn(f"TerminateOnNaNCallback: {self.origin}", RuntimeWarning, stacklevel=2)
 
     def on_train_step_end(
-        self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
+        self, trainer: TrainerLike, batch: Any, batch_output: dict[str, Any], **kwargs: Any
     ) -> None:
         """Check the running loss sum every ``check_every_n_steps`` steps."""
         every = self.check_every_n_steps
@@ -215,7 +219,7 @@ class TerminateOnNaNCallback(TrainerCallback):
                 f"steps (epoch {trainer.run_history.current_epoch}).{self._origin_text()}"
             )
 
-    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_epoch_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Check the epoch's mean training loss."""
         value = trainer.run_history.get_latest_metric("train_loss_epoch")
         if not math.isfinite(value):
@@ -284,15 +288,17 @@ class PrintProgressCallback(TrainerCallback):
         self._started = time.perf_counter()
         self._epoch_offset = 0
         self._announced = True
+        self._run_started = time.perf_counter()
+        self._epochs_done = 0
 
-    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Start collecting metrics."""
         self._start(trainer)
         resumed = trainer.resumed_from is not None
         self._epoch_offset = 0 if resumed else trainer.run_history.current_epoch - 1
         self._announced = False
 
-    def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_epoch_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Start the epoch's clock; before the run's first epoch, log what the run will do.
 
         The announcement waits for the first epoch so that handlers added when the run
@@ -303,70 +309,112 @@ class PrintProgressCallback(TrainerCallback):
             self._announced = True
             epochs = "" if config.num_epochs is None else _plural(config.num_epochs, "epoch") + ", "
             get_logger().info(
-                "training: %s%s, %d samples per update",
+                "training: %s%s, %d samples per update (%s, %s)",
                 epochs,
                 _plural(config.total_num_update_steps, "update"),
                 config.train_total_batch_size,
+                _plural(trainer.accelerator.num_processes, "process"),
+                precision_text(trainer),
             )
+            self._run_started = time.perf_counter()
+            self._epochs_done = 0
         self._started = time.perf_counter()
 
-    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_epoch_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Collect the training epoch's metrics."""
         self._collect(trainer)
 
     def on_eval_epoch_end(
-        self, trainer: Trainer, sanity_check: bool = False, **kwargs: Any
+        self, trainer: TrainerLike, sanity_check: bool = False, **kwargs: Any
     ) -> None:
         """Collect the evaluation epoch's metrics (a sanity evaluation's are removed again)."""
         if not sanity_check:
             self._collect(trainer)
 
-    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_epoch_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Log the epoch's line."""
         self._collect(trainer)
         config = trainer.run_config
         epochs = None if config is None else config.num_epochs
         total = "" if epochs is None else f"/{self._epoch_offset + epochs}"  # None: a stream
-        self._emit(trainer, f"epoch {trainer.run_history.current_epoch}{total}")
+        self._epochs_done += 1
+        left = (
+            None
+            if epochs is None
+            else epochs - (trainer.run_history.current_epoch - self._epoch_offset)
+        )
+        eta = None
+        if left:  # the run's mean epoch time so far, times the epochs left
+            eta = (time.perf_counter() - self._run_started) / self._epochs_done * left
+        self._emit(trainer, f"epoch {trainer.run_history.current_epoch}{total}", eta)
 
-    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Log what an epoch stopped early recorded."""
         self._collect(trainer)
         if self._pending:
             epoch = trainer.run_history.current_epoch
             self._emit(trainer, f"epoch {epoch} (stopped)")
 
-    def on_evaluation_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_evaluation_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Start collecting the evaluation's metrics."""
         self._start(trainer)
 
-    def on_evaluation_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_evaluation_run_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Log the evaluation's line."""
         self._collect(trainer)
         self._emit(trainer, "evaluation")
 
-    def _start(self, trainer: Trainer) -> None:
+    def _start(self, trainer: TrainerLike) -> None:
         setup_logging()
         self._cursor.skip_to_end(trainer.run_history)
         self._pending = {}
         self._started = time.perf_counter()
 
-    def _collect(self, trainer: Trainer) -> None:
+    def _collect(self, trainer: TrainerLike) -> None:
         new = self._cursor.read_new(trainer.run_history)
         for name in loss_first(new):
             self._pending[name] = new[name]
 
-    def _emit(self, trainer: Trainer, head: str) -> None:
+    def _emit(self, trainer: TrainerLike, head: str, eta: float | None = None) -> None:
         pending, self._pending = self._pending, {}
         if not trainer.accelerator.is_main_process:
             return
         seconds = time.perf_counter() - self._started
-        parts = [head, format_metrics(pending), f"({seconds:.1f} s)"]
+        to_go = "" if eta is None else f", {format_duration(eta)} to go"
+        parts = [head, format_metrics(pending), f"({seconds:.1f} s{to_go})"]
         get_logger().info(SEPARATOR.join(part for part in parts if part))
 
 
 def _plural(count: int, noun: str) -> str:
-    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+    suffix = "es" if noun.endswith("s") else "s"
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}{suffix}"
+
+
+def format_duration(seconds: float) -> str:
+    """A duration for the console: ``9.6 s``, ``2 min 05 s``, ``1 h 02 min 05 s``."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes:02d} min {secs:02d} s"
+    return f"{minutes} min {secs:02d} s"
+
+
+def precision_text(trainer: TrainerLike) -> str:
+    """The precision in effect: the mixed precision accelerate applies and the weights' dtype.
+
+    E.g. ``float32`` (no mixed precision) or ``bf16 mixed precision, float32 weights``, read
+    from the prepared accelerator and model, so a setting made through ``accelerator_kwargs``
+    or the ``accelerate`` config is confirmed as it is applied.
+    """
+    weights = next((p.dtype for p in trainer.model.parameters()), None)
+    dtype = "no weights" if weights is None else f"{str(weights).removeprefix('torch.')} weights"
+    mixed = str(trainer.accelerator.mixed_precision)
+    if mixed == "no":
+        return dtype.removesuffix(" weights")
+    return f"{mixed} mixed precision, {dtype}"
 
 
 class ProgressBarCallback(TrainerCallback):
@@ -378,12 +426,15 @@ class ProgressBarCallback(TrainerCallback):
     loop nothing on most steps and shows the exact count when the epoch ends.
 
     The training bar shows the epoch's mean loss so far on the local main process (not
-    reduced across processes). By default it is shown once per epoch, at its end, from the
-    ``train_loss_epoch`` already on the host, so the steps stay free of host reads. With
-    ``loss_update_interval=N`` it is also refreshed at the first progress event after each
-    multiple of N steps: on CUDA without waiting (copied into pinned memory with
-    ``non_blocking=True`` and shown one refresh later, once a CUDA event says the copy is
-    done); on the CPU read directly; on other devices (MPS, XPU) with one sync per refresh.
+    reduced across processes), and the run's epoch (``train 3/10``). By default the running
+    loss is read when the bar redraws (at a progress event, at most every 0.1 s, tqdm's
+    ``mininterval``), so a step that does not redraw the bar reads nothing; with
+    ``loss_update_interval=N`` it is read at the first progress event after each multiple of
+    N steps instead; with ``running_loss=False`` only at the end of each epoch, from the
+    ``train_loss_epoch`` already on the host. A read is made on CUDA without waiting (copied
+    into pinned memory with ``non_blocking=True`` and shown one read later, once a CUDA event
+    says the copy is done); on the CPU directly; on other devices (MPS, XPU) with one sync per
+    read. Where the bar is not drawn (not a terminal), nothing is read.
 
     The bars are drawn on the main process, by default only when standard error is a
     terminal (or in a notebook), and disappear when their epoch ends (``leave=False``),
@@ -391,12 +442,14 @@ class ProgressBarCallback(TrainerCallback):
 
     Args:
         loss_update_interval: Refresh the running loss at most once every this many training
-            steps, or ``None`` (the default) to show it only at the end of each epoch.
+            steps, or ``None`` (the default) to refresh it whenever the bar redraws.
         show: ``None`` (the default): show the bars only on a terminal (tqdm's
             ``disable=None``); ``True``: always; ``False``: never.
+        running_loss: ``False``: show the loss only at the end of each epoch (no read of the
+            running loss during the epoch).
 
     Raises:
-        TypeError: If ``show`` is not ``None`` or a bool.
+        TypeError: If ``show`` or ``running_loss`` is not a bool (``show`` may be ``None``).
 
     Example:
         ```python
@@ -407,7 +460,13 @@ class ProgressBarCallback(TrainerCallback):
 
     may_stop_training = False
 
-    def __init__(self, loss_update_interval: int | None = None, show: bool | None = None) -> None:
+    def __init__(
+        self,
+        loss_update_interval: int | None = None,
+        show: bool | None = None,
+        *,
+        running_loss: bool = True,
+    ) -> None:
         check_positive_int(
             "ProgressBarCallback", "loss_update_interval", loss_update_interval, allow_none=True
         )
@@ -420,29 +479,48 @@ class ProgressBarCallback(TrainerCallback):
             expected="None, True or False",
             fix=fix,
         )
+        check_bool("ProgressBarCallback", "running_loss", running_loss)
         self.loss_update_interval = loss_update_interval
         self.show = show
+        self.running_loss = running_loss
         self.pbar: Any = None
         self.eval_pbar: Any = None
         self._pending: tuple[torch.Tensor, Any] | None = None  # (pinned copy, CUDA event)
         self._loss_refreshed_at = 0  # steps done at the last refresh of the running loss
+        self._epoch_offset = 0
 
-    def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
+        """Note where the run's epochs start (for the bar's ``epoch/epochs``)."""
+        resumed = trainer.resumed_from is not None  # as PrintProgressCallback numbers them
+        self._epoch_offset = 0 if resumed else trainer.run_history.current_epoch - 1
+
+    def on_train_epoch_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Open the training bar."""
-        total = trainer.run_config.train_dataloader_len if trainer.run_config else 0
-        self.pbar = self._open(trainer, total, "train")
+        config = trainer.run_config
+        total = config.train_dataloader_len if config else 0
+        epochs = None if config is None else config.num_epochs  # None: a stream
+        last = "" if epochs is None else f"/{self._epoch_offset + epochs}"
+        desc = f"train {trainer.run_history.current_epoch}{last}"
+        self.pbar = self._open(trainer, total, desc)
         self._pending = None
         self._loss_refreshed_at = 0
 
-    def on_train_progress(self, trainer: Trainer, steps_done: int, **kwargs: Any) -> None:
-        """Move the bar to ``steps_done``; refresh the running loss if an interval has passed."""
+    def on_train_progress(self, trainer: TrainerLike, steps_done: int, **kwargs: Any) -> None:
+        """Move the bar to ``steps_done``; read the running loss if the bar redrew (or N steps)."""
+        drawn_at = getattr(self.pbar, "last_print_t", None)
         _advance(self.pbar, steps_done)
+        if not self.running_loss or self.pbar.disable:
+            return
         interval = self.loss_update_interval
-        if interval is not None and steps_done // interval > self._loss_refreshed_at // interval:
+        if interval is None:
+            refresh = self.pbar.last_print_t != drawn_at  # the bar redrew: read for the next
+        else:
+            refresh = steps_done // interval > self._loss_refreshed_at // interval
+        if refresh:
             self._loss_refreshed_at = steps_done
             self._refresh_loss(trainer)
 
-    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_epoch_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Show the epoch's loss and close the training bar."""
         name = trainer.run_history.metric_name_prefix + "train_loss_epoch"
         if not self.pbar.disable and name in trainer.run_history.get_metric_names():
@@ -450,29 +528,29 @@ class ProgressBarCallback(TrainerCallback):
         self.pbar.close()
         self._pending = None
 
-    def on_eval_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_eval_epoch_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Open the evaluation bar."""
         total = len(trainer.eval_dataloader or ())
         if trainer.limit_eval_batches is not None:
             total = min(total, trainer.limit_eval_batches)
         self.eval_pbar = self._open(trainer, total, "eval")
 
-    def on_eval_progress(self, trainer: Trainer, steps_done: int, **kwargs: Any) -> None:
+    def on_eval_progress(self, trainer: TrainerLike, steps_done: int, **kwargs: Any) -> None:
         """Move the evaluation bar to ``steps_done``."""
         _advance(self.eval_pbar, steps_done)
 
-    def on_eval_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_eval_epoch_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Close the evaluation bar."""
         self.eval_pbar.close()
 
-    def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
+    def on_exception(self, trainer: TrainerLike, exception: BaseException, **kwargs: Any) -> None:
         """Close the bars a failed or interrupted run left open."""
         for bar in (self.pbar, self.eval_pbar):
             if bar is not None:
                 bar.close()
         self._pending = None
 
-    def _refresh_loss(self, trainer: Trainer) -> None:
+    def _refresh_loss(self, trainer: TrainerLike) -> None:
         """Show the running mean loss: read directly on the CPU, without waiting on CUDA."""
         tracker = trainer.train_loss_tracker
         total = tracker.total_loss
@@ -497,7 +575,7 @@ class ProgressBarCallback(TrainerCallback):
     def _show_loss(self, value: float) -> None:
         self.pbar.set_postfix(loss=f"{value:.4g}", refresh=False)
 
-    def _open(self, trainer: Trainer, total: int | None, desc: str) -> Any:
+    def _open(self, trainer: TrainerLike, total: int | None, desc: str) -> Any:
         disable = None if self.show is None else not self.show  # None: tqdm checks for a TTY
         if not trainer.accelerator.is_local_main_process:
             disable = True
@@ -533,27 +611,27 @@ class LogMetricsCallback(TrainerCallback):
     def __init__(self) -> None:
         self._cursor = MetricCursor()
 
-    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Mark everything already recorded as logged."""
         setup_logging()
         self._cursor.skip_to_end(trainer.run_history)
 
     on_evaluation_run_start = on_training_run_start
 
-    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_epoch_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Log the metrics recorded since the last logging (training, run and evaluation ends)."""
         self._log_new(trainer)
 
     on_training_run_epoch_end = on_evaluation_run_end = on_train_epoch_end
 
     def on_eval_epoch_end(
-        self, trainer: Trainer, sanity_check: bool = False, **kwargs: Any
+        self, trainer: TrainerLike, sanity_check: bool = False, **kwargs: Any
     ) -> None:
         """Log the metrics of the evaluation epoch (not those of a sanity evaluation)."""
         if not sanity_check:
             self._log_new(trainer)
 
-    def log_metrics(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+    def log_metrics(self, trainer: TrainerLike, metrics: dict[str, Any]) -> None:
         """Log a dict of metric values; override to send them elsewhere.
 
         Args:
@@ -564,7 +642,7 @@ class LogMetricsCallback(TrainerCallback):
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("metrics: %s", format_metrics(metrics))
 
-    def _log_new(self, trainer: Trainer) -> None:
+    def _log_new(self, trainer: TrainerLike) -> None:
         new = self._cursor.read_new(trainer.run_history)
         if new:
             self.log_metrics(trainer, new)
@@ -600,12 +678,18 @@ def with_environment_callbacks(callbacks: Iterable[CallbackLike]) -> list[Callba
     Raises:
         ValueError: If ``PYTORCH_ACCEL_LIMIT_BATCHES`` holds something other than a count.
     """
-    callbacks = list(callbacks)
+    callbacks = list(DEFAULT_CALLBACKS if isinstance(callbacks, DefaultCallbacks) else callbacks)
     kinds = [callback if isinstance(callback, type) else type(callback) for callback in callbacks]
-    limit = limit_batches_from_environment()
-    if limit is not None and not any(issubclass(kind, LimitBatchesCallback) for kind in kinds):
-        callbacks.append(LimitBatchesCallback(limit))
-        kinds.append(LimitBatchesCallback)
+    if os.environ.get(LIMIT_BATCHES_ENV_VAR) or os.environ.get(OLD_LIMIT_BATCHES_ENV_VAR):
+        from pytorch_accel.callbacks.limit_batches import (  # only then: a plain run reads less
+            LimitBatchesCallback,
+            limit_batches_from_environment,
+        )
+
+        limit = limit_batches_from_environment()
+        if limit is not None and not any(issubclass(k, LimitBatchesCallback) for k in kinds):
+            callbacks.append(LimitBatchesCallback(limit))
+            kinds.append(LimitBatchesCallback)
     _say_once_if_silent(kinds)
     return callbacks
 

@@ -5,14 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._checks import check_bool, check_number, check_positive_int
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks._watch import MetricWatch
+from pytorch_accel.callbacks.defaults import format_value
+from pytorch_accel.checks import check_bool, check_number, check_positive_int
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.tracking import get_logger
 
 if TYPE_CHECKING:
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike
 
 __all__ = ["EarlyStoppingCallback"]
 
@@ -108,14 +109,14 @@ class EarlyStoppingCallback(TrainerCallback):
         self.best_metric_epoch = state_dict["best_metric_epoch"]
         self.early_stopping_patience_counter = int(state_dict["early_stopping_patience_counter"])
 
-    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Reset (if ``reset_on_train``) and check that the metric can be recorded."""
         if self.reset_on_train:
             self.reset()
         self._watch.start_run(trainer)
 
     def on_training_run_epoch_end(
-        self, trainer: Trainer, evaluated: bool = True, **kwargs: Any
+        self, trainer: TrainerLike, evaluated: bool = True, **kwargs: Any
     ) -> None:
         """Compare the epoch's value with the best; stop once patience is exhausted."""
         value = self._watch.read(trainer, evaluated)
@@ -128,8 +129,9 @@ class EarlyStoppingCallback(TrainerCallback):
             return
         self.early_stopping_patience_counter += 1
         get_logger().info(
-            f"EarlyStoppingCallback: {self.watch_metric} = {value} is no improvement on "
-            f"{self.best_metric} (epoch {self.best_metric_epoch}) by more than "
+            f"EarlyStoppingCallback: {self.watch_metric} = {format_value(value)} is no "
+            f"improvement on {format_value(self.best_metric)} "
+            f"(epoch {self.best_metric_epoch}) by more than "
             f"{self.early_stopping_threshold}: {self.early_stopping_patience_counter}/"
             f"{self.early_stopping_patience} epochs without improvement."
         )
@@ -137,5 +139,5 @@ class EarlyStoppingCallback(TrainerCallback):
             raise StopTrainingError(
                 f"Stopping training early: {self.watch_metric} has not improved by more than "
                 f"{self.early_stopping_threshold} for {self.early_stopping_patience} epoch(s) "
-                f"(best {self.best_metric} in epoch {self.best_metric_epoch})."
+                f"(best {format_value(self.best_metric)} in epoch {self.best_metric_epoch})."
             )

@@ -11,15 +11,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.utils import DistributedType
 
-from pytorch_accel._checks import check_bool, check_path, fail
-from pytorch_accel.callback import DefaultPath, RunPaths, TrainerCallback, redirected_paths
+from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks._watch import MetricWatch
+from pytorch_accel.checks import check_bool, check_path, fail
+from pytorch_accel.outputs import DefaultPath, RunPaths, redirected_paths
 from pytorch_accel.utils import EmaPairs, ModelEma
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike
 
 __all__ = ["EMA_METRIC_PREFIX", "ModelEmaCallback"]
 
@@ -36,6 +37,15 @@ class ModelEmaCallback(TrainerCallback):
     ``on_optimizer_step_end`` after each update the gradient scaler did not skip, and starts
     from the model's weights at the first ``train()``; later runs continue it unless
     ``reset_on_train=True``.
+
+    The decay is warmed up by default, as timm's ``ModelEmaV3(use_warmup=True)`` does: the
+    ``n``-th update (counted from 0 since the EMA started) uses
+    ``min(decay, 1 - (1 + n) ** (-2 / 3))``: the first copies the weights, the tenth averages
+    with 0.80, the hundredth with 0.95, and ``decay=0.99`` is reached after about 1000 updates.
+    A short run's EMA then follows the model instead of staying near its initial weights
+    (``decay`` 0.99 without warm-up keeps 0.99**72 = 48% of the initial weights after 72
+    updates). ``warmup=False`` uses ``decay`` from the first update. The count is kept in
+    the callback's state, so a resumed run continues the warm-up where it was.
 
     With ``evaluate_during_training``, each epoch with an eval set ends with one more
     evaluation epoch of the EMA weights, swapped into ``trainer.get_model()``: every metric
@@ -54,7 +64,7 @@ class ModelEmaCallback(TrainerCallback):
 
     Args:
         decay: The weight of the old average, in ``(0, 1)``; ``0.999`` averages over roughly
-            the last 1000 updates.
+            the last 1000 updates (once warmed up).
         evaluate_during_training: Evaluate the EMA weights after each epoch with an eval set.
         save_path: Where to save the EMA weights at the end of each run; ``None``: not saved
             (in ``trainer.run_dir`` when left out and the trainer has an ``output_dir``).
@@ -68,6 +78,8 @@ class ModelEmaCallback(TrainerCallback):
             ``None``) is accepted: the callback keeps its own average.
         callbacks: Not supported (must be empty): the EMA evaluation runs the trainer's own
             callbacks, whose metrics get the ``ema_model_`` prefix.
+        warmup: Warm the decay up over the first updates (see above); ``False``: ``decay``
+            from the first update (this callback's behaviour before the warm-up).
 
     Example:
         ```python
@@ -93,6 +105,8 @@ class ModelEmaCallback(TrainerCallback):
         greater_is_better: bool | None = None,
         model_ema: Any = None,
         callbacks: Iterable[Any] = (),
+        *,
+        warmup: bool = True,
     ) -> None:
         where = "ModelEmaCallback"
         _check_ported_arguments(model_ema, callbacks)
@@ -100,7 +114,9 @@ class ModelEmaCallback(TrainerCallback):
         check_bool(where, "evaluate_during_training", evaluate_during_training)
         check_path(where, "save_path", save_path, allow_none=True)
         check_bool(where, "reset_on_train", reset_on_train)
+        check_bool(where, "warmup", warmup)
         self.decay = float(decay)
+        self.warmup = warmup
         self.evaluate_during_training = evaluate_during_training
         self.save_path = save_path
         self._run_paths = RunPaths(save_path=save_path)
@@ -171,7 +187,7 @@ class ModelEmaCallback(TrainerCallback):
         self.num_ema_updates = int(state_dict.get("num_ema_updates", 0))
         self.best_metric = state_dict.get("best_metric")
 
-    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Start the EMA from the model's weights (first run, or ``reset_on_train``); bind it."""
         sharded_by = _check_not_sharded(trainer)
         if self._ema is None or self.reset_on_train:
@@ -181,15 +197,22 @@ class ModelEmaCallback(TrainerCallback):
         if self._watch is not None:
             self._watch.start_run(trainer)
 
-    def on_optimizer_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_optimizer_step_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Move the average towards the updated weights (skipped updates are ignored)."""
         if trainer.accelerator.optimizer_step_was_skipped:
             return
-        (self._binding or self._bind(trainer)).update(self.decay)
+        (self._binding or self._bind(trainer)).update(self.current_decay())
         self.num_ema_updates += 1
 
+    def current_decay(self) -> float:
+        """Return the decay the next update uses (warmed up unless ``warmup=False``)."""
+        if not self.warmup:
+            return self.decay
+        warmed: float = 1.0 - (1.0 + self.num_ema_updates) ** (-2.0 / 3.0)
+        return min(self.decay, warmed)
+
     def on_training_run_epoch_end(
-        self, trainer: Trainer, evaluated: bool = True, **kwargs: Any
+        self, trainer: TrainerLike, evaluated: bool = True, **kwargs: Any
     ) -> None:
         """Evaluate the EMA weights (in the epochs the eval sets are); save them if improved."""
         if self.evaluate_during_training and evaluated and trainer.eval_dataloader is not None:
@@ -201,12 +224,12 @@ class ModelEmaCallback(TrainerCallback):
             self.best_metric = value
             self._save(trainer)
 
-    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Save the EMA weights to ``save_path``, unless the best are kept (``watch_metric``)."""
         if self._watch is None:
             self._save(trainer)
 
-    def _save(self, trainer: Trainer) -> None:
+    def _save(self, trainer: TrainerLike) -> None:
         """Save the EMA weights to ``save_path`` (every process takes part)."""
         if self.save_path is None or self._ema is None:
             return
@@ -218,7 +241,7 @@ class ModelEmaCallback(TrainerCallback):
                 save_scheduler=False,
             )
 
-    def evaluate(self, trainer: Trainer) -> None:
+    def evaluate(self, trainer: TrainerLike) -> None:
         """Evaluate the EMA weights inside ``train()``, with metrics prefixed ``ema_model_``.
 
         Call it on every process. The model's weights and the run history's prefix are
@@ -229,7 +252,7 @@ class ModelEmaCallback(TrainerCallback):
             trainer.run_eval_epoch(metric_name="eval_loss_epoch", is_intermediate=False)
 
     @contextlib.contextmanager
-    def swapped_into(self, trainer: Trainer) -> Iterator[None]:
+    def swapped_into(self, trainer: TrainerLike) -> Iterator[None]:
         """Put the EMA weights into ``trainer.get_model()`` for the duration of the block.
 
         The tensors are exchanged in place (the parameters stay the same objects, so the
@@ -254,7 +277,7 @@ class ModelEmaCallback(TrainerCallback):
         self._sharded_by = sharded_by
         self._binding = None
 
-    def _bind(self, trainer: Trainer) -> EmaPairs:
+    def _bind(self, trainer: TrainerLike) -> EmaPairs:
         """Pair each EMA tensor with the model's tensor of the same name, on its device."""
         if self._ema is None:
             fail(
@@ -276,7 +299,7 @@ class ModelEmaCallback(TrainerCallback):
         return self._binding
 
 
-def _model_state(trainer: Trainer) -> dict[str, torch.Tensor]:
+def _model_state(trainer: TrainerLike) -> dict[str, torch.Tensor]:
     """The unwrapped model's state dict, sharing its storage; an FSDP2 ``DTensor`` as its shard.
 
     A sharded parameter is given as this process's local tensor (``DTensor.to_local``, a view
@@ -291,7 +314,7 @@ def _local_shard(tensor: torch.Tensor) -> torch.Tensor:
     return to_local() if callable(to_local) else tensor
 
 
-def _drop_gathered(trainer: Trainer) -> None:
+def _drop_gathered(trainer: TrainerLike) -> None:
     """Free the full parameters FSDP2 keeps gathered, so the next forward gathers the shards.
 
     FSDP2 keeps the root module's parameters gathered after a forward; swapping the shards
@@ -356,7 +379,7 @@ def _check_decay(decay: object) -> None:
         )
 
 
-def _check_not_sharded(trainer: Trainer) -> int | None:
+def _check_not_sharded(trainer: TrainerLike) -> int | None:
     """Refuse DeepSpeed and FSDP1; return the number of FSDP2 processes (``None``: unsharded)."""
     kind = trainer.accelerator.distributed_type
     version = getattr(getattr(trainer.accelerator.state, "fsdp_plugin", None), "fsdp_version", 2)

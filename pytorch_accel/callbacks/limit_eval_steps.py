@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._checks import check_bool, check_positive_int
 from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.checks import check_bool, check_positive_int
 
 if TYPE_CHECKING:
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike
 
 __all__ = ["LimitEvalStepsCallback"]
 
@@ -46,13 +46,13 @@ class LimitEvalStepsCallback(TrainerCallback):
         self._saved_limits: list[int | None] = []
         self._limited: list[bool] = []
 
-    def steps_per_process(self, trainer: Trainer) -> int:
+    def steps_per_process(self, trainer: TrainerLike) -> int:
         """Return how many steps each process runs in a limited epoch."""
         num_processes = int(trainer.accelerator.num_processes)
         return math.ceil(self.num_eval_steps / num_processes)
 
     def on_eval_epoch_start(
-        self, trainer: Trainer, is_intermediate: bool = False, **kwargs: Any
+        self, trainer: TrainerLike, is_intermediate: bool = False, **kwargs: Any
     ) -> None:
         """Lower the eval limit for this epoch, if it is one to limit."""
         applies = is_intermediate or not self.limit_intermediate_only
@@ -64,7 +64,7 @@ class LimitEvalStepsCallback(TrainerCallback):
         steps = self.steps_per_process(trainer)
         trainer.limit_eval_batches = steps if previous is None else min(previous, steps)
 
-    def on_eval_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_eval_epoch_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Restore the limit that was in place before the epoch."""
         if self._limited and self._limited.pop():
             trainer.limit_eval_batches = self._saved_limits.pop()

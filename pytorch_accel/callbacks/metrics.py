@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.utils import send_to_device
 
-from pytorch_accel._checks import check_bool, check_callable, fail
 from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.checks import check_bool, check_callable, fail
 
 if TYPE_CHECKING:
     from torchmetrics import Metric, MetricCollection
 
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike
 
 __all__ = ["MetricsCallback", "Prepare", "default_prepare", "metric_name_of"]
 
@@ -126,7 +126,7 @@ class MetricsCallback(TrainerCallback):
         _load_metric_states(self.train_metrics, state_dict["train"], self._device)
         self._updated["train"] = bool(state_dict["updated"])
 
-    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Move the metrics to the trainer's device."""
         self._device = trainer.device
         for metrics in (self.eval_metrics, self.train_metrics):
@@ -135,32 +135,32 @@ class MetricsCallback(TrainerCallback):
 
     on_evaluation_run_start = on_training_run_start
 
-    def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_epoch_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Start the training metrics afresh."""
         self._reset("train")
 
     def on_train_step_end(
-        self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
+        self, trainer: TrainerLike, batch: Any, batch_output: dict[str, Any], **kwargs: Any
     ) -> None:
         """Update the training metrics with the step's gathered predictions."""
         self._update(trainer, "train", batch, batch_output)
 
-    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_epoch_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Record the training metrics of the epoch and reset them."""
         self._record(trainer, "train", self.train_prefix)
 
-    def on_eval_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_eval_epoch_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Start the evaluation metrics afresh."""
         self._reset("eval")
 
     def on_eval_step_end(
-        self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
+        self, trainer: TrainerLike, batch: Any, batch_output: dict[str, Any], **kwargs: Any
     ) -> None:
         """Update the evaluation metrics with the step's gathered predictions."""
         self._update(trainer, "eval", batch, batch_output)
 
     def on_eval_epoch_end(
-        self, trainer: Trainer, is_intermediate: bool = False, **kwargs: Any
+        self, trainer: TrainerLike, is_intermediate: bool = False, **kwargs: Any
     ) -> None:
         """Record the evaluation metrics of the epoch and reset them."""
         prefix = f"{INTERMEDIATE_PREFIX}{self.prefix}" if is_intermediate else self.prefix
@@ -175,7 +175,7 @@ class MetricsCallback(TrainerCallback):
         self._metrics(phase).reset()
         self._updated[phase] = False
 
-    def _update(self, trainer: Trainer, phase: str, batch: Any, batch_output: Any) -> None:
+    def _update(self, trainer: TrainerLike, phase: str, batch: Any, batch_output: Any) -> None:
         if batch_output.get("skipped"):  # skip_failing_batches: skipped on every process
             return
         with torch.no_grad():
@@ -184,7 +184,7 @@ class MetricsCallback(TrainerCallback):
             self._metrics(phase).update(predictions, targets)
         self._updated[phase] = True
 
-    def _record(self, trainer: Trainer, phase: str, prefix: str) -> None:
+    def _record(self, trainer: TrainerLike, phase: str, prefix: str) -> None:
         """Compute, record and reset; an epoch without updates (stopped early) records nothing."""
         metrics = self._metrics(phase)
         if self._updated[phase]:

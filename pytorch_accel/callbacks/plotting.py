@@ -9,16 +9,17 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._checkpointing.files import atomic_write
-from pytorch_accel._checks import check_bool
-from pytorch_accel.callback import DefaultPath, RunPaths, TrainerCallback, redirected_paths
+from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks._metrics_csv import STEP_COLUMN, metrics_csv_index, read_metrics_csv
+from pytorch_accel.checks import check_bool
+from pytorch_accel.files import atomic_write
+from pytorch_accel.outputs import DefaultPath, RunPaths, redirected_paths
 from pytorch_accel.tracking import RunHistory, reported_float
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike
 
 __all__ = ["PlotMetricsCallback", "plot_metrics"]
 
@@ -126,17 +127,17 @@ class PlotMetricsCallback(TrainerCallback):
         """Put the plot under ``run_dir`` if ``path`` was left at its default."""
         self._run_paths.place(self, run_dir)
 
-    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_epoch_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Draw the curves so far, if ``every_epoch``."""
         if self.every_epoch:
             with contextlib.suppress(ValueError):  # metric_names not recorded yet: later
                 self._draw(trainer)
 
-    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Draw the curves, if any metric was recorded."""
         self._draw(trainer)
 
-    def _draw(self, trainer: Trainer) -> None:
+    def _draw(self, trainer: TrainerLike) -> None:
         if trainer.accelerator.is_main_process and trainer.run_history.get_metric_names():
             plot_metrics(trainer.run_history, self.path, self.metric_names)
 

@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.utils import ProfileKwargs
 
-from pytorch_accel._checks import check_bool, check_count, check_path, check_positive_int, fail
-from pytorch_accel.callback import DefaultPath, RunPaths, TrainerCallback, redirected_paths
+from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.checks import check_bool, check_count, check_path, check_positive_int, fail
+from pytorch_accel.outputs import DefaultPath, RunPaths, redirected_paths
 from pytorch_accel.tracking import get_logger
 
 if TYPE_CHECKING:
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike
 
 __all__ = ["ProfilerCallback"]
 
@@ -124,7 +125,7 @@ class ProfilerCallback(TrainerCallback):
         """Put the traces under ``run_dir`` if ``directory`` was left at its default."""
         self._run_paths.place(self, run_dir)
 
-    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Start a new profiler for this run."""
         self.stop_profiler()
         available = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
@@ -143,14 +144,14 @@ class ProfilerCallback(TrainerCallback):
         self._running = True
 
     def on_train_step_end(
-        self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
+        self, trainer: TrainerLike, batch: Any, batch_output: dict[str, Any], **kwargs: Any
     ) -> None:
         """Advance the profiler's schedule by one step."""
         if self._running and self.profiler is not None:
             self.profiler.step()
             self._steps += 1
 
-    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Stop the profiler (a cycle still recording is written), then log the summary."""
         was_running = self._running
         self.stop_profiler()
@@ -170,7 +171,7 @@ class ProfilerCallback(TrainerCallback):
                 "ProfilerCallback: operators of the last recorded steps\n%s", self.summary()
             )
 
-    def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
+    def on_exception(self, trainer: TrainerLike, exception: BaseException, **kwargs: Any) -> None:
         """Stop the profiler of a run that failed (or was interrupted); the trace is written."""
         self.stop_profiler()
 

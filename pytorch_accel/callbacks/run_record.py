@@ -12,9 +12,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._checkpointing.files import atomic_write
-from pytorch_accel._checks import check_bool, check_mapping, fail
-from pytorch_accel.callback import DefaultPath, RunPaths
 from pytorch_accel.callbacks._run_info import (
     environment,
     jsonable,
@@ -24,12 +21,15 @@ from pytorch_accel.callbacks._run_info import (
 )
 from pytorch_accel.callbacks.step_logging import DEFAULT_LOG_EVERY_N_UPDATES
 from pytorch_accel.callbacks.trackers import TrackingCallback, available_trackers
+from pytorch_accel.checks import check_bool, check_mapping, fail
+from pytorch_accel.files import atomic_write
+from pytorch_accel.outputs import DefaultPath, RunPaths
 from pytorch_accel.tracking import get_logger, setup_logging
 
 if TYPE_CHECKING:
     from accelerate.tracking import GeneralTracker
 
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike
 
 __all__ = ["RUN_RECORD_FILES", "RunRecordCallback"]
 
@@ -171,7 +171,7 @@ class RunRecordCallback(TrackingCallback):
         """The path of one of the record's files (a key of ``RUN_RECORD_FILES``)."""
         return self.directory / RUN_RECORD_FILES[role]
 
-    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Write the record's description of the run; open the log file."""
         self._check_directory(trainer)
         if trainer.accelerator.is_main_process:
@@ -182,12 +182,12 @@ class RunRecordCallback(TrackingCallback):
         self._in_run = True
         super().on_training_run_start(trainer)
 
-    def on_evaluation_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_evaluation_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Continue the run's trackers, or start them and store the run config."""
         self._check_directory(trainer)
         super().on_evaluation_run_start(trainer)
 
-    def _check_directory(self, trainer: Trainer) -> None:
+    def _check_directory(self, trainer: TrainerLike) -> None:
         """Raise if ``directory`` was left out and the trainer has no run directory."""
         if self._record_paths.follows_run_dir("directory") and trainer.run_dir is None:
             fail(
@@ -200,13 +200,13 @@ class RunRecordCallback(TrackingCallback):
                 "Trainer(..., output_dir='runs') to keep the record in the run's directory.",
             )
 
-    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_epoch_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Send the epoch's metrics; redraw the curves."""
         self._check_log()
         super().on_training_run_epoch_end(trainer)
         self._draw(trainer)
 
-    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Send the last metrics, redraw the curves and close the log file."""
         self._check_log()
         super().on_training_run_end(trainer)
@@ -221,7 +221,7 @@ class RunRecordCallback(TrackingCallback):
         with self._writing(self.path("log"), "directory"):
             self._close_log()
 
-    def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
+    def on_exception(self, trainer: TrainerLike, exception: BaseException, **kwargs: Any) -> None:
         """Record the run as interrupted (Ctrl-C) or failed; close the trackers and the log."""
         try:
             if self._in_run and trainer.accelerator.is_main_process:
@@ -236,12 +236,12 @@ class RunRecordCallback(TrackingCallback):
                 self._close_log()
             super().on_exception(trainer, exception, **kwargs)
 
-    def log_step(self, trainer: Trainer, metrics: dict[str, float], step: int) -> None:
+    def log_step(self, trainer: TrainerLike, metrics: dict[str, float], step: int) -> None:
         """Send one step-level logging point (see ``TrackingCallback.log_step``)."""
         self._check_log()
         super().log_step(trainer, metrics, step)
 
-    def _write_description(self, trainer: Trainer) -> None:
+    def _write_description(self, trainer: TrainerLike) -> None:
         model = trainer.get_model()
         summary = model_summary(model)
         self._write_json("config", run_configuration(trainer))
@@ -256,7 +256,7 @@ class RunRecordCallback(TrackingCallback):
         with self._writing(self.path(role), "directory"):
             atomic_write(self.path(role), json.dumps(value, indent=2, sort_keys=False) + "\n")
 
-    def _write_outcome(self, trainer: Trainer, status: str, error: str | None) -> None:
+    def _write_outcome(self, trainer: TrainerLike, status: str, error: str | None) -> None:
         """Write ``outcome.json`` and the log's last line: how the run ended (main process)."""
         if not trainer.accelerator.is_main_process:
             return
@@ -267,7 +267,7 @@ class RunRecordCallback(TrackingCallback):
             because = "" if error is None else f": {error}"
             self._log_handler.write_last(f"run {status} at update {updates}{because}")
 
-    def _open_log(self, trainer: Trainer) -> None:
+    def _open_log(self, trainer: TrainerLike) -> None:
         self._close_log()
         logger = setup_logging()
         with self._writing(self.path("log"), "directory"):
@@ -298,7 +298,7 @@ class RunRecordCallback(TrackingCallback):
     def _elsewhere(self, setting: str) -> str:
         return "give RunRecordCallback a directory elsewhere"
 
-    def _draw(self, trainer: Trainer) -> None:
+    def _draw(self, trainer: TrainerLike) -> None:
         from pytorch_accel.callbacks.plotting import plot_metrics
 
         if not self.plot or not trainer.accelerator.is_main_process:
@@ -333,7 +333,7 @@ class _RunLogHandler(logging.FileHandler):
     sees a handler's errors).
     """
 
-    def __init__(self, path: Path, trainer: weakref.ReferenceType[Trainer]) -> None:
+    def __init__(self, path: Path, trainer: weakref.ReferenceType[TrainerLike]) -> None:
         super().__init__(path, encoding="utf-8")
         self._trainer = trainer
         self.failure: OSError | None = None

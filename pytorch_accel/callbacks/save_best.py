@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._checks import check_bool, check_path, check_positive_int, fail
-from pytorch_accel.callback import DefaultPath, RunPaths, TrainerCallback, redirected_paths
+from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks._watch import MetricWatch
+from pytorch_accel.callbacks.defaults import format_value
+from pytorch_accel.checks import check_bool, check_path, check_positive_int, fail
+from pytorch_accel.outputs import DefaultPath, RunPaths, redirected_paths
 from pytorch_accel.tracking import get_logger
 
 if TYPE_CHECKING:
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike
 
 __all__ = ["SaveBestModelCallback"]
 
@@ -63,7 +66,12 @@ class SaveBestModelCallback(TrainerCallback):
         save_optimizer: Include the optimizer state in the checkpoints.
         save_scheduler: Include the scheduler state, if there is a scheduler.
         load_saved_checkpoint: Load the best checkpoint at the end of each ``train()`` call,
-            if that call saved it.
+            if that call saved it: the weights and the optimizer's state (moments) of the best
+            epoch, while the learning-rate schedule stays where the run ended (the
+            scheduler's state and the optimizer's hyper-parameters, such as ``lr``, are those
+            of the run's end), so a next stage continues the schedule rather than repeat it
+            from the best epoch. For the checkpoint's schedule too, call
+            ``trainer.load_checkpoint(save_path)``.
         save_top_k: How many of the best epochs to keep as files.
 
     Attributes:
@@ -162,7 +170,7 @@ class SaveBestModelCallback(TrainerCallback):
         self._ranking = [(float(value), int(epoch)) for value, epoch in state_dict["ranking"]]
         self._best_in_call = bool(state_dict.get("best_in_call", True))
 
-    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Start a new ranking (if ``reset_on_train``); check that the metric can be recorded."""
         if self.reset_on_train:
             self._forget(trainer)
@@ -170,7 +178,7 @@ class SaveBestModelCallback(TrainerCallback):
         self._watch.start_run(trainer)
 
     def on_training_run_epoch_end(
-        self, trainer: Trainer, evaluated: bool = True, **kwargs: Any
+        self, trainer: TrainerLike, evaluated: bool = True, **kwargs: Any
     ) -> None:
         """Save the epoch if it is a new best or, with ``save_top_k > 1``, in the top ``k``."""
         value = self._watch.read_main(trainer, evaluated)
@@ -178,7 +186,7 @@ class SaveBestModelCallback(TrainerCallback):
         if self._watch.is_better(value, self._ranking[-1][0] if full else None):
             self._save(trainer, value, trainer.run_history.current_epoch)
 
-    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Load the best checkpoint, if asked for and one was saved."""
         if not self.load_saved_checkpoint:
             return
@@ -191,7 +199,8 @@ class SaveBestModelCallback(TrainerCallback):
         if not self._best_in_call:
             get_logger().info(
                 f"SaveBestModelCallback: the best checkpoint {str(self.save_path)!r} "
-                f"({self.watch_metric} = {self.best_metric} in epoch {self.best_metric_epoch}) "
+                f"({self.watch_metric} = {format_value(self.best_metric)} "
+                f"in epoch {self.best_metric_epoch}) "
                 "is from an earlier train() call: the model keeps this call's last weights "
                 "rather than go back to an earlier stage. To use the best, call "
                 f"trainer.load_checkpoint({str(self.save_path)!r})."
@@ -199,13 +208,15 @@ class SaveBestModelCallback(TrainerCallback):
             return
         get_logger().info(
             f"Loading the best checkpoint {str(self.save_path)!r}: {self.watch_metric} = "
-            f"{self.best_metric} in epoch {self.best_metric_epoch}."
+            f"{format_value(self.best_metric)} in epoch {self.best_metric_epoch}."
         )
+        schedule = _Schedule.of(trainer)
         trainer.load_checkpoint(
             self.save_path, load_optimizer=self.save_optimizer, load_scheduler=self.save_scheduler
         )
+        schedule.restore(trainer)
 
-    def _save(self, trainer: Trainer, value: float, epoch: int) -> None:
+    def _save(self, trainer: TrainerLike, value: float, epoch: int) -> None:
         """Write the epoch's file(s), then delete the file that left the top ``k``."""
         contents = {self.watch_metric: value, "epoch": epoch}
         options = {"save_optimizer": self.save_optimizer, "save_scheduler": self.save_scheduler}
@@ -223,14 +234,43 @@ class SaveBestModelCallback(TrainerCallback):
         evicted, self._ranking = self._ranking[self.save_top_k :], self._ranking[: self.save_top_k]
         self._delete(trainer, [epoch for _, epoch in evicted])
 
-    def _forget(self, trainer: Trainer) -> None:
+    def _forget(self, trainer: TrainerLike) -> None:
         self._delete(trainer, [epoch for _, epoch in self._ranking])
         self._ranking = []
         self.best_metric = None
         self.best_metric_epoch = None
 
-    def _delete(self, trainer: Trainer, epochs: list[int]) -> None:
+    def _delete(self, trainer: TrainerLike, epochs: list[int]) -> None:
         if self.save_top_k == 1 or not trainer.accelerator.is_main_process:
             return
         for epoch in epochs:
             self.checkpoint_path(epoch).unlink(missing_ok=True)
+
+
+class _Schedule:
+    """The learning-rate schedule's position: the scheduler's state, the optimizer's settings.
+
+    Taken before the best checkpoint is loaded and put back after it, so that the schedule
+    goes on from the run's end: the settings are every param-group entry but ``params``
+    (``lr``, and what schedules such as ``OneCycleLR`` move: ``momentum``, ``betas``).
+    """
+
+    def __init__(self, scheduler: dict[str, Any] | None, groups: list[dict[str, Any]]) -> None:
+        self.scheduler = scheduler
+        self.groups = groups
+
+    @classmethod
+    def of(cls, trainer: TrainerLike) -> _Schedule:
+        scheduler = trainer.scheduler
+        state = None if scheduler is None else copy.deepcopy(scheduler.state_dict())
+        groups = [
+            {key: copy.deepcopy(value) for key, value in group.items() if key != "params"}
+            for group in trainer.optimizer.param_groups
+        ]
+        return cls(state, groups)
+
+    def restore(self, trainer: TrainerLike) -> None:
+        if self.scheduler is not None and trainer.scheduler is not None:
+            trainer.scheduler.load_state_dict(self.scheduler)
+        for group, settings in zip(trainer.optimizer.param_groups, self.groups, strict=True):
+            group.update(settings)

@@ -14,20 +14,21 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._checkpointing.sharded import refuse_fsdp1
 from pytorch_accel._checkpointing.store import (
     find_training_states,
+    refuse_fsdp1,
     remove_training_state,
     tidy_save_dir,
 )
-from pytorch_accel._checks import check_bool, check_number, check_path, check_positive_int, fail
-from pytorch_accel.callback import DefaultPath, RunPaths, TrainerCallback, redirected_paths
+from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.checks import check_bool, check_number, check_path, check_positive_int, fail
 from pytorch_accel.distributed import AgreedFlag, agreement_group
 from pytorch_accel.errors import StopTrainingError
+from pytorch_accel.outputs import DefaultPath, RunPaths, redirected_paths
 from pytorch_accel.tracking import get_logger
 
 if TYPE_CHECKING:
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike as Trainer
 
 __all__ = ["SaveTrainingStateCallback"]
 

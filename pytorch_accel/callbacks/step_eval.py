@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._checks import check_positive_int, fail
 from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.checks import check_positive_int, fail
 from pytorch_accel.tracking import get_logger
 
 if TYPE_CHECKING:
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike
 
 __all__ = ["StepBasedEvaluationCallback"]
 
@@ -49,7 +49,7 @@ class StepBasedEvaluationCallback(TrainerCallback):
         self.eval_every_n_steps = eval_every_n_steps
         self._last_evaluated = 0
 
-    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Check that the run has an eval set; restart the count."""
         if trainer.eval_dataloader is None:
             fail(
@@ -63,7 +63,7 @@ class StepBasedEvaluationCallback(TrainerCallback):
         self._last_evaluated = 0
 
     def on_train_step_end(
-        self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
+        self, trainer: TrainerLike, batch: Any, batch_output: dict[str, Any], **kwargs: Any
     ) -> None:
         """Evaluate if this step's update completed a multiple of ``eval_every_n_steps``."""
         updates = trainer.num_updates

@@ -14,19 +14,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.utils import send_to_device
 
-from pytorch_accel._checks import check_bool, check_positive_int
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks.defaults import SEPARATOR, format_metrics
+from pytorch_accel.checks import check_bool, check_positive_int
 from pytorch_accel.tracking import (
     LoggedValues,
     get_logger,
     logged_name,
-    read_reduced,
+    read_with_logged,
     setup_logging,
 )
 
 if TYPE_CHECKING:
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike as Trainer
 
 __all__ = ["DEFAULT_LOG_EVERY_N_UPDATES", "StepLoggingCallback", "StepMetrics"]
 
@@ -215,9 +215,9 @@ class StepMetrics:
             parts.append(self._grad_norm)
         parts += [lr for lr in lrs if isinstance(lr, torch.Tensor)]
         reductions = ["sum", "sum"] + ["mean"] * (len(parts) - 2)
-        logged_parts, logged_reductions = logged.parts()
-        # the one host read of the interval
-        return read_reduced(parts + logged_parts, reductions + logged_reductions, trainer.device)
+        # the one exchange and host read of the interval (names that differ between processes
+        # raise on every process)
+        return read_with_logged(parts, reductions, logged, trainer.device)
 
 
 def _total_norm(model: torch.nn.Module) -> torch.Tensor | None:

@@ -10,7 +10,7 @@ from torch import nn
 from pytorch_accel.callback import TrainerCallback
 
 if TYPE_CHECKING:
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike
 
 __all__ = ["ConvertSyncBatchNormCallback"]
 
@@ -35,7 +35,7 @@ class ConvertSyncBatchNormCallback(TrainerCallback):
     order = -200
     may_stop_training = False
 
-    def on_init_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_init_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Convert the still unwrapped model, if several GPU processes take part."""
         if trainer.accelerator.num_processes == 1:
             return

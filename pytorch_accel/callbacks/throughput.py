@@ -13,7 +13,7 @@ from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.tracking import reduction_dtype
 
 if TYPE_CHECKING:
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike
 
 __all__ = ["EpochThroughput", "ThroughputCallback"]
 
@@ -111,19 +111,19 @@ class ThroughputCallback(TrainerCallback):
         self._steps = int(state_dict["steps"])
         self._samples = int(state_dict["samples"])
 
-    def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_epoch_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Start the clocks and counters."""
         self._reset(time.perf_counter(), trainer.num_updates)
         self._in_epoch = True
 
-    def on_train_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_step_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """End the wait for this batch."""
         if self._waiting_since is not None:
             self._wait += time.perf_counter() - self._waiting_since
             self._waiting_since = None
 
     def on_train_step_end(
-        self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
+        self, trainer: TrainerLike, batch: Any, batch_output: dict[str, Any], **kwargs: Any
     ) -> None:
         """Count the batch's samples and start waiting for the next batch."""
         size = batch_output["batch_size"]
@@ -135,12 +135,12 @@ class ThroughputCallback(TrainerCallback):
         self._steps += 1
         self._waiting_since = time.perf_counter()
 
-    def on_eval_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_eval_epoch_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Pause the clocks for an evaluation inside the training epoch."""
         if self._in_epoch:
             self._pause_start = time.perf_counter()
 
-    def on_eval_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_eval_epoch_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Resume the clocks after an evaluation inside the training epoch."""
         if self._in_epoch and self._pause_start is not None:
             paused = time.perf_counter() - self._pause_start
@@ -149,7 +149,7 @@ class ThroughputCallback(TrainerCallback):
                 self._waiting_since += paused
             self._pause_start = None
 
-    def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_train_epoch_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Record the epoch's rates in the run history."""
         seconds = time.perf_counter() - self._epoch_start - self._paused
         self._in_epoch = False
@@ -164,7 +164,7 @@ class ThroughputCallback(TrainerCallback):
         history.update_metric("train_data_wait_fraction", wait_fraction)
 
     def _combine(
-        self, trainer: Trainer, seconds: float, wait_fraction: float
+        self, trainer: TrainerLike, seconds: float, wait_fraction: float
     ) -> tuple[int, float, float]:
         """Total the samples and take the slowest process's time and wait (one collective)."""
         local = self._tensor_samples

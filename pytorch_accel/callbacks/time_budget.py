@@ -8,14 +8,14 @@ import numbers
 import time
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._checks import check_positive_int, fail
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks.save_state import SaveTrainingStateCallback
+from pytorch_accel.checks import check_positive_int, fail
 from pytorch_accel.distributed import AgreedFlag, agreement_group
 from pytorch_accel.errors import StopTrainingError
 
 if TYPE_CHECKING:
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike
 
 __all__ = ["TimeBudgetCallback"]
 
@@ -63,7 +63,7 @@ class TimeBudgetCallback(TrainerCallback):
         self._group: Any = None
         self._over: AgreedFlag | None = None
 
-    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Start the clock (and, with several processes, the group that agrees on it)."""
         self._steps, self.elapsed, self.stopped = 0, 0.0, False
         self._over = None
@@ -74,7 +74,7 @@ class TimeBudgetCallback(TrainerCallback):
         self._started = time.monotonic()
 
     def on_train_step_end(
-        self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
+        self, trainer: TrainerLike, batch: Any, batch_output: dict[str, Any], **kwargs: Any
     ) -> None:
         """Stop if the budget is over, every ``check_every_n_steps`` steps."""
         self._steps += 1
@@ -84,14 +84,14 @@ class TimeBudgetCallback(TrainerCallback):
         if flag is not None and (self._steps + 1) % every == 0:
             flag.start(int(self._read_clock()))
 
-    def on_training_run_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_epoch_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Stop if the budget is over (the epoch and its evaluation are done)."""
         over = self._read_clock()
         if self._over is not None:
             over = bool(self._over.settle(int(over)))
         self._stop_if(trainer, over)
 
-    def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Finish an exchange a stop left open (it was started on every process)."""
         if self._over is not None:
             self._over.finish()
@@ -101,7 +101,7 @@ class TimeBudgetCallback(TrainerCallback):
         self.elapsed = time.monotonic() - self._started
         return self.elapsed >= self.max_time
 
-    def _stop_if(self, trainer: Trainer, over: bool) -> None:
+    def _stop_if(self, trainer: TrainerLike, over: bool) -> None:
         if not over:
             return
         self.stopped = True
@@ -116,7 +116,7 @@ class TimeBudgetCallback(TrainerCallback):
         )
 
 
-def _saver(trainer: Trainer) -> SaveTrainingStateCallback | None:
+def _saver(trainer: TrainerLike) -> SaveTrainingStateCallback | None:
     """The trainer's ``SaveTrainingStateCallback``, unless it is already saving a preemption."""
     for callback in trainer.callback_handler.callbacks:
         if isinstance(callback, SaveTrainingStateCallback):

@@ -9,9 +9,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._checkpointing.files import write_error
-from pytorch_accel._checks import check_choice, check_mapping, fail
-from pytorch_accel.callback import DefaultPath, RunPaths, redirected_paths
 from pytorch_accel.callbacks._metrics_csv import (
     STEP_COLUMN,
     UPDATE_COLUMN,
@@ -22,12 +19,15 @@ from pytorch_accel.callbacks._metrics_csv import (
 from pytorch_accel.callbacks._run_info import described
 from pytorch_accel.callbacks.defaults import format_metrics
 from pytorch_accel.callbacks.step_logging import DEFAULT_LOG_EVERY_N_UPDATES, StepLoggingCallback
+from pytorch_accel.checks import check_choice, check_mapping, fail
+from pytorch_accel.files import write_error
+from pytorch_accel.outputs import DefaultPath, RunPaths, redirected_paths
 from pytorch_accel.tracking import MetricCursor, get_logger, reported_float
 
 if TYPE_CHECKING:
     from accelerate.tracking import GeneralTracker
 
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike as Trainer
 
 __all__ = ["TrackingCallback", "hparams_of"]
 
@@ -50,11 +50,16 @@ class TrackingCallback(StepLoggingCallback):
     ``TrackingCallback`` starts its run (W&B and MLflow have one run at a time), by
     ``finish()``, or at exit.
 
-    Epoch-level metrics are sent as in ``LogMetricsCallback``: each newly recorded one, with
-    its latest value, at the end of each training-run epoch (step = the epoch number) and of
-    each evaluation run (step = the epochs trained so far); with ``epoch_x_axis="update"`` at
-    step = the run's update count (``trainer.global_num_updates``), in an ``update`` column
-    of the CSV file too. Trackers get the numeric values; the CSV file gets every value.
+    Every tracker gets one increasing step axis, the run's update count
+    (``trainer.global_num_updates``), across the stages of a run and ``evaluate()``: W&B drops
+    the values of a step lower than one it has seen. Epoch-level metrics are sent as in
+    ``LogMetricsCallback``, each newly recorded one with its latest value, at the end of each
+    training-run epoch and of each evaluation run, at step = the update count then, with the
+    epoch number as the value ``epoch`` at the training epochs' ends; the CSV file has an
+    ``update`` column beside its ``epoch`` one. With ``epoch_x_axis="epoch"`` they go at
+    step = the epoch number instead (pytorch-accelerated's axis; not for W&B, nor with
+    step-level metrics in one tracker). Trackers get the numeric values; the CSV file gets
+    every value.
 
     Step-level metrics (a ``StepLoggingCallback``, see ``StepMetrics``) go every
     ``log_every_n_updates`` updates and at the run's end to every tracker, at step = the
@@ -86,9 +91,9 @@ class TrackingCallback(StepLoggingCallback):
         log_every_n_updates: The step-level logging interval, in optimizer updates; ``None``
             for epoch-level metrics only.
         log_grad_norm: Also log the gradient norm at each step-level logging point.
-        epoch_x_axis: The trackers' x-axis of the epoch-level metrics: ``"epoch"`` (the
-            epoch number) or ``"update"`` (the run's update count at the epoch's end, to
-            overlay them on the step-level curves).
+        epoch_x_axis: The trackers' x-axis of the epoch-level metrics: ``"update"`` (the
+            run's update count at the epoch's end, the step-level metrics' axis, with the
+            epoch as a value) or ``"epoch"`` (the epoch number, an axis of their own).
 
     Raises:
         ValueError: If a tracker name is unknown, ``log_every_n_updates`` is not a
@@ -121,10 +126,10 @@ class TrackingCallback(StepLoggingCallback):
         config: Mapping[str, Any] | None = None,
         log_every_n_updates: int | None = DEFAULT_LOG_EVERY_N_UPDATES,
         log_grad_norm: bool = False,
-        epoch_x_axis: str = "epoch",
+        epoch_x_axis: str = "update",
     ) -> None:
         super().__init__(log_every_n_updates, log_grad_norm)
-        fix = "Pass 'update' to draw the epoch metrics on the step metrics' axis."
+        fix = "Leave it out to draw the epoch metrics on the step metrics' axis (the update count)."
         check_choice("TrackingCallback", "epoch_x_axis", epoch_x_axis, ("epoch", "update"), fix)
         self.epoch_x_axis = epoch_x_axis
         self.log_with = _check_trackers(log_with)
@@ -206,7 +211,7 @@ class TrackingCallback(StepLoggingCallback):
 
     def on_evaluation_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
         """Send the evaluation's metrics, at step = the epochs trained so far; flush."""
-        self._log_new(trainer, trainer.run_history.current_epoch - 1)
+        self._log_new(trainer, trainer.run_history.current_epoch - 1, training=False)
         self._flush()
 
     def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
@@ -374,7 +379,7 @@ class TrackingCallback(StepLoggingCallback):
             self._finalizer.detach()
             self._finalizer = None
 
-    def _log_new(self, trainer: Trainer, step: int) -> None:
+    def _log_new(self, trainer: Trainer, step: int, training: bool = True) -> None:
         if not trainer.accelerator.is_main_process:
             return
         new = self._cursor.read_new(trainer.run_history)
@@ -382,10 +387,12 @@ class TrackingCallback(StepLoggingCallback):
             return
         row = self._rows.setdefault(step, {})
         row.update(new)
-        if self.epoch_x_axis == "update":
-            step = row[UPDATE_COLUMN] = trainer.global_num_updates
         numbers_only = {name: reported_float(value) for name, value in new.items()}
         scalars = {name: value for name, value in numbers_only.items() if value is not None}
+        if self.epoch_x_axis == "update":
+            if scalars and training:  # the epoch, as a value on the update axis
+                scalars.setdefault("epoch", step)
+            step = row[UPDATE_COLUMN] = trainer.global_num_updates
         if scalars:
             for tracker in self.trackers:
                 with self._writing_tracker(tracker):

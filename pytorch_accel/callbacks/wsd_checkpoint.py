@@ -7,12 +7,13 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._checks import fail
-from pytorch_accel.callback import DefaultPath, RunPaths, TrainerCallback, redirected_paths
+from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.checks import fail
+from pytorch_accel.outputs import DefaultPath, RunPaths, redirected_paths
 from pytorch_accel.tracking import get_logger
 
 if TYPE_CHECKING:
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike
 
 __all__ = ["WSDCheckpointCallback"]
 
@@ -86,7 +87,7 @@ class WSDCheckpointCallback(TrainerCallback):
         """Return the file of the `checkpoint_type` checkpoint saved after update `step`."""
         return self.save_dir / f"checkpoint_{step}_{checkpoint_type}.pt"
 
-    def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
+    def on_training_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Plan the checkpoints of this run, and load `initial_checkpoint` if given."""
         scheduler = _wsd_scheduler(trainer)
         self._pending = {}
@@ -100,14 +101,14 @@ class WSDCheckpointCallback(TrainerCallback):
             get_logger().info(f"Loaded WSD checkpoint {str(self.initial_checkpoint)!r}")
 
     def on_train_step_end(
-        self, trainer: Trainer, batch: Any, batch_output: dict[str, Any], **kwargs: Any
+        self, trainer: TrainerLike, batch: Any, batch_output: dict[str, Any], **kwargs: Any
     ) -> None:
         """Save the checkpoints due after the update the scheduler has just counted."""
         step = trainer.scheduler.get_current_step()
         for checkpoint_type in self._pending.pop(step, ()):
             self._save(trainer, step, checkpoint_type)
 
-    def _save(self, trainer: Trainer, step: int, checkpoint_type: str) -> None:
+    def _save(self, trainer: TrainerLike, step: int, checkpoint_type: str) -> None:
         scheduler = trainer.scheduler
         pre_decay = checkpoint_type == PRE_DECAY
         path = self.checkpoint_path(step, checkpoint_type)
@@ -139,7 +140,7 @@ def _check_path(name: str, path: object) -> None:
         )
 
 
-def _wsd_scheduler(trainer: Trainer) -> Any:
+def _wsd_scheduler(trainer: TrainerLike) -> Any:
     scheduler = trainer.scheduler
     if not all(hasattr(scheduler, name) for name in ("get_decay_info", "get_current_step")):
         fail(

@@ -21,7 +21,7 @@ def arguments(callback: type) -> str:
 
     A path default that follows the trainer's run directory (a ``DefaultPath``) says so.
     """
-    from pytorch_accel.callback import DefaultPath
+    from pytorch_accel.outputs import DefaultPath
 
     if "__init__" not in {name for klass in callback.__mro__[:-1] for name in vars(klass)}:
         return "(none)"

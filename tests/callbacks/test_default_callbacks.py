@@ -56,14 +56,16 @@ def test_default_callbacks_survive_two_train_calls_and_evaluate(
     train_losses = history.get_metric_values("train_loss_epoch")
     eval_losses = history.get_metric_values("eval_loss_epoch")
     assert [line.rsplit("  (", 1)[0] for line in lines] == [
-        "training: 2 epochs, 4 updates, 8 samples per update",
+        "training: 2 epochs, 4 updates, 8 samples per update (1 process, float32)",
         f"epoch 1/2  train_loss {train_losses[0]:.4g}  eval_loss {eval_losses[0]:.4g}",
         f"epoch 2/2  train_loss {train_losses[1]:.4g}  eval_loss {eval_losses[1]:.4g}",
-        "training: 1 epoch, 2 updates, 8 samples per update",  # epochs continue the history
+        # epochs continue the history:
+        "training: 1 epoch, 2 updates, 8 samples per update (1 process, float32)",
         f"epoch 3/3  train_loss {train_losses[2]:.4g}",
         f"evaluation  evaluation_loss {history.get_latest_metric('evaluation_loss'):.4g}",
     ]
-    assert all(line.endswith(" s)") for line in lines if line.startswith(("epoch", "eval")))
+    ends = (" s)", " s to go)")
+    assert all(line.endswith(ends) for line in lines if line.startswith(("epoch", "eval")))
     assert capsys.readouterr().err == ""  # no progress bar where stderr is not a terminal
 
 
@@ -155,7 +157,7 @@ def test_progress_bar_counts_steps_on_the_main_process(capsys: pytest.CaptureFix
     )
     assert (bar.pbar.n, bar.pbar.total, bar.eval_pbar.n, bar.eval_pbar.total) == (3, 3, 1, 1)
     err = capsys.readouterr().err
-    assert "train:" in err
+    assert "train 1/1:" in err  # the run's epoch, of its epochs
     assert "eval:" in err
     assert err.endswith("\r")  # the bars are cleared when their epoch ends (leave=False)
 

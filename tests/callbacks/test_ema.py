@@ -60,12 +60,21 @@ class Around(TrainerCallback):
         self.states.append(snapshot(trainer))
 
 
-def hand_computed_ema(start: State, updates: list[State], decay: float) -> State:
+def hand_computed_ema(
+    start: State, updates: list[State], decay: float, warmup_from: int | None = 0
+) -> State:
+    """The EMA of ``updates``, warmed up as timm's ModelEmaV3 from update ``warmup_from``.
+
+    ``warmup_from=None``: the constant ``decay``.
+    """
     ema = {name: tensor.clone() for name, tensor in start.items()}
-    for weights in updates:
+    for index, weights in enumerate(updates):
+        rate = decay
+        if warmup_from is not None:
+            rate = min(decay, 1 - (1 + warmup_from + index) ** (-2 / 3))
         for name, tensor in weights.items():
             if tensor.is_floating_point():
-                ema[name] = decay * ema[name] + (1 - decay) * tensor
+                ema[name] = rate * ema[name] + (1 - rate) * tensor
             else:
                 ema[name] = tensor.clone()
     return ema
@@ -118,6 +127,28 @@ def test_ema_equals_a_hand_computed_average_after_each_update(tmp_path: Path) ->
     tracked = "1.num_batches_tracked"
     assert actual[tracked].dtype == torch.long
     assert int(actual[tracked]) == int(log.updates[-1][tracked]) == 8  # copied, not averaged
+
+
+def test_the_decay_warms_up_by_default_as_timm_model_ema_v3() -> None:
+    log = WeightLog()
+    ema = ModelEmaCallback(evaluate_during_training=False, save_path=None)  # decay 0.99
+    train_with_ema(ema, log, epochs=1)
+    first = hand_computed_ema(log.start, log.updates[:1], 0.99)
+    assert_states_equal(first, log.updates[0])  # the first update copies the weights
+    expected = hand_computed_ema(log.start, log.updates, 0.99)
+    for name, tensor in ema.state_dict()["ema_state_dict"].items():
+        torch.testing.assert_close(tensor, expected[name])
+    assert ema.current_decay() == pytest.approx(1 - 5 ** (-2 / 3))  # after 4 updates
+
+
+def test_warmup_false_uses_the_decay_from_the_first_update() -> None:
+    log = WeightLog()
+    ema = ModelEmaCallback(evaluate_during_training=False, save_path=None, warmup=False)
+    train_with_ema(ema, log, epochs=1)
+    expected = hand_computed_ema(log.start, log.updates, 0.99, warmup_from=None)
+    for name, tensor in ema.state_dict()["ema_state_dict"].items():
+        torch.testing.assert_close(tensor, expected[name])
+    assert ema.current_decay() == 0.99
 
 
 def test_ema_evaluation_records_its_metric_and_restores_the_weights_exactly() -> None:
@@ -222,7 +253,7 @@ def test_state_dict_round_trip_continues_the_average() -> None:
     resumed = make_trainer(make_bn_model(), callbacks=(second, log))
     resumed.get_model().load_state_dict(trainer.get_model().state_dict())
     resumed.train(TRAIN, num_epochs=1, per_device_batch_size=8)
-    expected = hand_computed_ema(saved, log.updates, 0.7)
+    expected = hand_computed_ema(saved, log.updates, 0.7, warmup_from=4)  # continued
     for name, tensor in second.state_dict()["ema_state_dict"].items():
         torch.testing.assert_close(tensor, expected[name])
     assert second.num_ema_updates == 8

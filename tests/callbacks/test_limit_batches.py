@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 from helpers import RecordingCallback, make_regression_dataset, make_trainer
 
+from pytorch_accel.callbacks import TrainerCallback
 from pytorch_accel.callbacks.limit_batches import (
     LIMIT_BATCHES_ENV_VAR,
     LimitBatches,
@@ -121,3 +123,35 @@ def test_the_callback_added_after_construction_is_an_error() -> None:
         trainer.train(TRAIN, num_epochs=1)
     with pytest.raises(ValueError, match=r"trainer\.limit_eval_batches = 2"):
         trainer.evaluate(EVAL)
+
+
+class EvalLimits(TrainerCallback):
+    """Records ``trainer.limit_eval_batches`` and the batches of each eval epoch."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[bool, int | None]] = []
+        self.steps: list[int] = []
+
+    def on_eval_epoch_start(self, trainer: Any, sanity_check: bool = False, **kwargs: Any) -> None:
+        self.seen.append((sanity_check, trainer.limit_eval_batches))
+        self.steps.append(0)
+
+    def on_eval_step_end(self, trainer: Any, **kwargs: Any) -> None:
+        self.steps[-1] += 1
+
+
+@pytest.mark.parametrize(("user_limit", "during_sanity"), [(None, 2), (1, 1), (4, 2)])
+def test_the_sanity_evaluation_and_dry_runs_use_the_one_limit(
+    user_limit: int | None, during_sanity: int
+) -> None:
+    recorder = EvalLimits()
+    trainer = make_trainer(callbacks=(recorder,))
+    trainer.limit_eval_batches = user_limit
+    trainer.train(TRAIN, num_epochs=1, eval_dataset=EVAL, sanity_eval_batches=2)
+    after = 5 if user_limit is None else user_limit  # EVAL: 5 batches
+    assert recorder.seen == [(True, during_sanity), (False, user_limit)]
+    assert recorder.steps == [during_sanity, after]
+    assert trainer.limit_eval_batches == user_limit
+    trainer.train(TRAIN, num_epochs=1, eval_dataset=EVAL, dry_run=3)
+    assert recorder.seen[-1] == (False, 3 if user_limit is None else min(user_limit, 3))
+    assert (trainer.limit_train_batches, trainer.limit_eval_batches) == (None, user_limit)

@@ -1,4 +1,4 @@
-"""ProgressBarCallback: moved by progress events; the running loss at epoch ends or every N."""
+"""ProgressBarCallback: moved by progress events; the running loss at redraws or every N."""
 
 from __future__ import annotations
 
@@ -44,10 +44,10 @@ def reporting_every_step(trainer: Trainer) -> Trainer:
     return trainer
 
 
-def test_by_default_the_loss_is_shown_at_epoch_ends_only(
+def test_with_running_loss_off_the_loss_is_shown_at_epoch_ends_only(
     host_reads: HostReads, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    bar = ProgressBarCallback(show=True)
+    bar = ProgressBarCallback(show=True, running_loss=False)
     log = PostfixLog(bar)
     trainer = reporting_every_step(make_trainer(callbacks=(bar, log, *host_reads.callbacks)))
     trainer.train(make_regression_dataset(32), num_epochs=2, per_device_batch_size=4)
@@ -56,6 +56,42 @@ def test_by_default_the_loss_is_shown_at_epoch_ends_only(
     assert log.at_epoch_end == [
         f"loss={loss:.4g}" for loss in trainer.run_history.get_metric_values("train_loss_epoch")
     ]
+
+
+class RedrawLog(PostfixLog):
+    """Also records whether the bar redrew at each progress event, and the bar's title."""
+
+    def __init__(self, bar: ProgressBarCallback, sleep: float) -> None:
+        super().__init__(bar)
+        self.sleep = sleep
+        self.redraws = 0
+        self.titles: list[str] = []
+        self._drawn_at = 0.0
+
+    def on_train_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
+        self._drawn_at = self.bar.pbar.last_print_t  # the bar opened first (a lower order)
+
+    def on_train_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        time.sleep(self.sleep)
+
+    def on_train_progress(self, trainer: Trainer, **kwargs: Any) -> None:
+        super().on_train_progress(trainer, **kwargs)
+        if self.bar.pbar.last_print_t != self._drawn_at:
+            self.redraws += 1
+        self._drawn_at = self.bar.pbar.last_print_t
+        self.titles.append(self.bar.pbar.desc)
+
+
+def test_by_default_the_running_loss_is_read_when_the_bar_redraws_only(
+    host_reads: HostReads, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bar = ProgressBarCallback(show=True)
+    log = RedrawLog(bar, sleep=0.02)  # 5 steps per redraw (tqdm redraws at most every 0.1 s)
+    trainer = reporting_every_step(make_trainer(callbacks=(bar, log, *host_reads.callbacks)))
+    trainer.train(make_regression_dataset(96), num_epochs=2, per_device_batch_size=4)
+    assert 0 < len(host_reads.calls) == log.redraws < 24  # 48 steps; one read per redraw
+    assert any(postfix and postfix.startswith("loss=") for postfix in log.postfixes[:24])
+    assert {title.split(":")[0] for title in log.titles} == {"train 1/2", "train 2/2"}
 
 
 def test_an_interval_reads_the_running_loss_once_per_interval_only(

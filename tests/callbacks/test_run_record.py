@@ -83,7 +83,9 @@ def test_the_log_file_holds_the_console_lines(
     lines = record.path("log").read_text().splitlines()
     messages = [line.split(" INFO ", 1)[1] for line in lines]
     assert messages[0] == f"run record: {record.directory}"
-    assert messages[1] == "training: 2 epochs, 16 updates, 4 samples per update"
+    assert (
+        messages[1] == "training: 2 epochs, 16 updates, 4 samples per update (1 process, float32)"
+    )
     assert [m.split("  ")[0] for m in messages[2:-1]] == ["epoch 1/2", "epoch 2/2"]
     assert messages[-1] == "run completed at update 16"  # and outcome.json says the same
     outcome = {"status": "completed", "epochs": 2, "updates": 16, "error": None}
@@ -103,7 +105,7 @@ def test_the_trackers_get_the_hyperparameters_and_step_series(
     events = EventAccumulator(str(record.directory / "tensorboard"))
     events.Reload()
     assert [event.step for event in events.Scalars("train_loss_step")] == [3, 6, 9, 12, 15, 16]
-    assert [event.step for event in events.Scalars("eval_loss_epoch")] == [1, 2]
+    assert [event.step for event in events.Scalars("eval_loss_epoch")] == [8, 16]  # updates
 
 
 @pytest.mark.parametrize(

@@ -103,6 +103,24 @@ def test_saves_the_best_epoch_with_consistent_keys_and_loads_it_at_the_end(
     assert not torch.equal(scripted.weights[2]["0.weight"], scripted.weights[3]["0.weight"])
 
 
+def test_after_the_reload_the_learning_rate_follows_the_schedule(tmp_path: Path) -> None:
+    scripted = ScriptedMetric([1.0, 3.0, 4.0])  # the best, epoch 1, at update 2 of 6
+    saver = SaveBestModelCallback(tmp_path / "best.pt", watch_metric="score")
+    trainer = make_trainer(callbacks=(scripted, saver), optimizer_class=MOMENTUM_SGD, lr=1.0)
+    trainer.train(
+        TRAIN,
+        num_epochs=3,
+        per_device_batch_size=8,
+        create_scheduler_fn=functools.partial(torch.optim.lr_scheduler.StepLR, step_size=2),
+    )
+    assert_state_equal(trainer.get_model().state_dict(), scripted.weights[1])  # reloaded
+    buffers = [state["momentum_buffer"] for state in trainer.optimizer.state.values()]
+    assert all(map(torch.equal, buffers, scripted.momentum[1]))  # the best epoch's moments
+    assert trainer.scheduler.state_dict()["last_epoch"] == 6  # the schedule at the run's end
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)  # not epoch 1's 0.1
+    assert trainer.scheduler.get_last_lr() == [pytest.approx(1e-3)]
+
+
 def test_the_first_value_of_the_watched_eval_loss_is_saved_under_its_name(tmp_path: Path) -> None:
     saver = SaveBestModelCallback(tmp_path / "model.pt", save_optimizer=False)
     trainer = make_trainer(callbacks=(saver,))
@@ -204,7 +222,7 @@ def test_reset_on_train_false_loads_a_best_only_from_the_call_that_saved_it(
         trainer.train(TRAIN, num_epochs=1, per_device_batch_size=8, reset_run_history=False)
     assert_state_equal(trainer.get_model().state_dict(), scripted.weights[4])  # not epoch 2's
     assert (saver.best_metric, saver.best_metric_epoch) == (1.0, 2)
-    assert "(score = 1.0 in epoch 2) is from an earlier train() call" in caplog.text
+    assert "(score = 1 in epoch 2) is from an earlier train() call" in caplog.text
     assert "trainer.load_checkpoint(" in caplog.text
 
 

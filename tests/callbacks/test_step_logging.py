@@ -87,7 +87,8 @@ def test_tensorboard_gets_per_step_loss_and_lr_at_the_update_counts(tmp_path: Pa
     assert [step for step, _ in scalars["samples_per_second"]] == points
     assert all(value > 0 for _, value in scalars["samples_per_second"])
     assert "grad_norm" not in scalars  # only when asked for
-    assert [step for step, _ in scalars["train_loss_epoch"]] == [1, 2]  # epochs stay per epoch
+    # the epoch metrics on the same axis, at the update of each epoch's end (issue 41)
+    assert [step for step, _ in scalars["train_loss_epoch"]] == [8, 16]
 
     rows = read_csv(tmp_path / "metrics_steps.csv")
     assert [int(row["step"]) for row in rows] == points

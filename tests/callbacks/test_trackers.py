@@ -54,12 +54,13 @@ def test_tensorboard_scalars_and_hparams_match_the_run_history(tmp_path: Path) -
 
     scalars = read_scalars(tmp_path / "runs" / "demo")
     for name in ("train_loss_epoch", "eval_loss_epoch"):
-        assert [step for step, _ in scalars[name]] == [1, 2, 3]
+        assert [step for step, _ in scalars[name]] == [4, 8, 12]  # the updates at epoch ends
         assert [value for _, value in scalars[name]] == pytest.approx(
             history.get_metric_values(name), rel=1e-6
         )  # TensorBoard stores float32
+    assert scalars["epoch"] == [(4, 1), (8, 2), (12, 3)]
     assert scalars["evaluation_loss"] == [
-        (3, pytest.approx(history.get_latest_metric("evaluation_loss"), rel=1e-6))
+        (12, pytest.approx(history.get_latest_metric("evaluation_loss"), rel=1e-6))
     ]
     files = sorted(tmp_path.rglob("hparams.yml"), key=lambda path: float(path.parent.name))
     stored = [yaml.safe_load(path.read_text()) for path in files]
@@ -86,7 +87,7 @@ def test_csv_has_one_row_per_epoch_with_exact_values(tmp_path: Path) -> None:
     history = trainer.run_history
     with open(path, newline="") as handle:
         header = next(csv.reader(handle))
-    assert header == ["epoch", "eval_loss_epoch", "evaluation_loss", "train_loss_epoch"]
+    assert header == ["epoch", "eval_loss_epoch", "evaluation_loss", "train_loss_epoch", "update"]
     rows = read_csv(path)
     assert [row["epoch"] for row in rows] == ["1", "2"]
     for name in ("train_loss_epoch", "eval_loss_epoch"):
@@ -158,8 +159,8 @@ def test_a_custom_tracker_gets_config_metrics_per_epoch_and_a_stopped_epoch(
     assert config["num_epochs"] == 3
     assert all(isinstance(value, bool | int | float | str) for value in config.values())
     losses = trainer.run_history.get_metric_values("train_loss_epoch")
-    assert tracker.calls[2][1] == (1, {"train_loss_epoch": losses[0]})
-    assert tracker.calls[3][1] == (2, {"train_loss_epoch": losses[1]})  # the stopped epoch
+    assert tracker.calls[2][1] == (4, {"train_loss_epoch": losses[0], "epoch": 1})
+    assert tracker.calls[3][1] == (6, {"train_loss_epoch": losses[1], "epoch": 2})  # stopped
     step, step_metrics = tracker.calls[4][1]  # the step-level point at the end of the run
     assert step == trainer.num_updates == 6  # 4 updates, then 2 in the stopped epoch
     assert step_metrics["train_loss_step"] == pytest.approx((4 * losses[0] + 2 * losses[1]) / 6)
@@ -179,7 +180,7 @@ def test_non_numeric_metrics_go_to_the_csv_only(tmp_path: Path) -> None:
     trainer = make_trainer(callbacks=(RecordsAList(), tracking))
     trainer.train(make_regression_dataset(16), num_epochs=1)
     _, logged = tracker.calls[2][1]
-    assert set(logged) == {"train_loss_epoch", "as_tensor"}
+    assert set(logged) == {"train_loss_epoch", "as_tensor", "epoch"}
     assert logged["as_tensor"] == 2.0
     assert read_csv(tmp_path / "m.csv")[0]["per_class"] == "[0.5, 0.25]"
 

@@ -12,7 +12,7 @@ from helpers import LearningRateRecorder, make_regression_dataset, make_trainer
 from torch.optim.lr_scheduler import StepLR
 
 from pytorch_accel import Trainer
-from pytorch_accel.callbacks.base import TrainerCallback
+from pytorch_accel.callbacks import TrainerCallback
 from pytorch_accel.callbacks.wsd_checkpoint import WSDCheckpointCallback
 from pytorch_accel.schedulers import WSDLrScheduler
 

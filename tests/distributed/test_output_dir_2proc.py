@@ -29,3 +29,7 @@ def test_both_processes_write_in_one_run_directory(tmp_path: Path) -> None:
     }
     assert (first / "best_model.pt").is_file()
     assert (first / "metrics.csv").read_text().count("\n") == 3  # header, epochs 1 and 2
+    # a third trainer with the first run's name, not resuming, is refused on both processes
+    for rank in (rank0, rank1):
+        assert "already holds another run's files" in rank["refused"], rank["refused"]
+        assert repr(str(first)) in rank["refused"]

@@ -44,7 +44,7 @@ def test_written_once_by_the_main_process(run: tuple[Launch, Path]) -> None:
     log = (record / "train.log").read_text().splitlines()
     assert [line.split(" INFO ", 1)[1].split("  ")[0] for line in log] == [
         f"run record: {record}",
-        "training: 2 epochs, 8 updates, 8 samples per update",
+        "training: 2 epochs, 8 updates, 8 samples per update (2 processes, float32)",
         "epoch 1/2",
         "epoch 2/2",
         "run completed at update 8",  # the outcome, last (outcome.json says the same)

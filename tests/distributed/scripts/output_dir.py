@@ -55,6 +55,12 @@ def main() -> None:
     relaunched = make(output_dir)  # a second launch of the job, resuming the first
     drawn_again = str(relaunched.run_dir)
     train(relaunched, num_epochs=2, resume_from="latest")
+    # a new run given the first run's name, not resuming: refused on every process
+    refused = ""
+    try:
+        train(make(output_dir), num_epochs=1, run_name=first.run_dir.name)  # type: ignore[union-attr]
+    except ValueError as error:
+        refused = str(error)
     print("AFTER-TRAINING", flush=True)
     report_and_exit(
         {
@@ -64,6 +70,7 @@ def main() -> None:
             "drawn_again": drawn_again,
             "after_resume": str(relaunched.run_dir),
             "resumed_from": str(relaunched.resumed_from),
+            "refused": refused,
         }
     )
 

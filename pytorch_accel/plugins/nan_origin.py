@@ -1,6 +1,8 @@
 """Where a non-finite loss starts: the first module whose output was not finite.
 
-For ``TerminateOnNaNCallback(report_origin=True)``. The batch whose loss is not finite is run
+A plugin of ``TerminateOnNaNCallback(report_origin=True)``, imported only when it is asked for
+(the callback keeps each step's random state and reads the loss before the backward pass,
+through its step events). The batch whose loss is not finite is run
 through the model again, in training mode, before the backward pass has changed any weight,
 under forward hooks that count the NaN and infinite values of every module's output; the
 first module to finish with one (an inner module before the module around it) is where it
@@ -21,7 +23,7 @@ from torch import nn
 from pytorch_accel._batches import dict_batch_loss, inputs_and_targets, predictions_of
 
 if TYPE_CHECKING:
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.protocols import TrainerLike
 
 __all__ = ["RandomState", "nan_origin_report"]
 
@@ -46,7 +48,7 @@ class RandomState:
             torch.cuda.set_rng_state(self.device, device)
 
 
-def nan_origin_report(trainer: Trainer, batch: Any, random_state: RandomState | None) -> str:
+def nan_origin_report(trainer: TrainerLike, batch: Any, random_state: RandomState | None) -> str:
     """Say where the non-finite loss of ``batch`` starts, re-running its forward pass.
 
     Args:
@@ -94,7 +96,7 @@ def nan_origin_report(trainer: Trainer, batch: Any, random_state: RandomState | 
 
 
 def _rerun(
-    trainer: Trainer, model: nn.Module, batch: Any, random_state: RandomState | None
+    trainer: TrainerLike, model: nn.Module, batch: Any, random_state: RandomState | None
 ) -> tuple[str | None, Any]:
     """Run ``batch`` through the unwrapped model under hooks; the first bad module, the loss.
 

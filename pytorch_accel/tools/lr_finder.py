@@ -27,7 +27,6 @@ from pytorch_accel._checks import (
     check_positive_int,
     fail,
 )
-from pytorch_accel._dry_run import Snapshot
 from pytorch_accel._entry_checks import (
     check_data,
     check_dataloader_settings,
@@ -35,11 +34,12 @@ from pytorch_accel._entry_checks import (
 )
 from pytorch_accel.dataloaders import epoch_batches
 from pytorch_accel.distributed import reduce_across_processes
+from pytorch_accel.tools._dry_run import Snapshot
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.tools._dry_run import ToolTrainer
 
 __all__ = ["LRFinderResult", "SuggestionMethod", "find_lr", "steepest_index", "valley_index"]
 
@@ -139,7 +139,7 @@ class LRFinderResult:
 
 
 def find_lr(
-    trainer: Trainer,
+    trainer: ToolTrainer,
     train_dataset: Any,
     *,
     start_lr: float = 1e-7,
@@ -265,7 +265,7 @@ def find_lr(
 
 
 def _dataloader(
-    trainer: Trainer,
+    trainer: ToolTrainer,
     data: Any,
     batch_size: int | None,
     collate_fn: Callable[..., Any] | None,
@@ -283,7 +283,7 @@ def _dataloader(
 
 
 def _clipping(
-    trainer: Trainer, max_grad_norm: float | None, clip_value: float | None
+    trainer: ToolTrainer, max_grad_norm: float | None, clip_value: float | None
 ) -> Callable[[], None]:
     """The gradient clipping before each update, as ``train()`` clips (value first)."""
     accelerator = trainer.accelerator
@@ -295,7 +295,7 @@ def _clipping(
 
 
 def _run(
-    trainer: Trainer,
+    trainer: ToolTrainer,
     sweep: _Sweep,
     loader: DataLoader[Any],
     accumulation: int,

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 from accelerate.utils.memory import clear_device_cache
 
 from pytorch_accel._checks import check_choice, check_positive_int, fail
-from pytorch_accel._dry_run import trial_run
-from pytorch_accel.logging_setup import get_logger
 from pytorch_accel.micro_batches import is_out_of_memory
+from pytorch_accel.tools._dry_run import trial_run
+from pytorch_accel.tracking import get_logger
 
 if TYPE_CHECKING:
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel.tools._dry_run import ToolTrainer
 
 __all__ = ["SEARCH_MODES", "find_batch_size"]
 
@@ -47,7 +47,7 @@ _NOT_SEARCHED = (
 
 
 def find_batch_size(
-    trainer: Trainer,
+    trainer: ToolTrainer,
     train_dataset: Any,
     *,
     mode: str = "power",
@@ -141,10 +141,11 @@ def find_batch_size(
 
 
 def _trial(
-    trainer: Trainer, train_dataset: Any, size: int, steps: int, train_kwargs: dict[str, Any]
+    trainer: ToolTrainer, train_dataset: Any, size: int, steps: int, train_kwargs: dict[str, Any]
 ) -> bool:
     """Whether ``steps`` training steps at batch size ``size`` fit; everything put back."""
     state = trainer._state
+    eval_batch_size = state.eval_batch_size
     # a trial's out-of-memory error is the search's to handle: no on_exception for it
     with trial_run(trainer, steps), trainer.callback_handler.exceptions_handled_by_caller():
         state.probing = True
@@ -158,6 +159,7 @@ def _trial(
             fitted = True
         finally:
             state.probing = False
+            state.eval_batch_size = eval_batch_size  # evaluate()'s default: not a trial's
     if not fitted:
         clear_device_cache(garbage_collection=True)
     return fitted

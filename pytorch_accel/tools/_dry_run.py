@@ -2,7 +2,7 @@
 
 A dry run calls ``train()`` again for one short epoch (a few batches of training and
 evaluation, every callback enabled) inside ``trial_run``, then saves a training state and
-loads it back. Each callback's files go where its ``TrainerCallback.redirect_outputs`` says
+loads it back. Each callback's files go where its ``outputs.RedirectsOutputs.redirect_outputs`` says
 (with ``Trainer(output_dir=...)``, ``trainer.run_dir`` is a temporary directory meanwhile),
 so nothing of the user's (checkpoints, states, records, history, weights) changes.
 
@@ -22,23 +22,27 @@ import tempfile
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 from torch.utils.data import Subset
 
+from pytorch_accel._state import PreparedTrainer, fewer_batches
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.distributed import main_process_object
+from pytorch_accel.outputs import redirect_outputs
 from pytorch_accel.tracking import InMemoryRunHistory, get_logger
 
 if TYPE_CHECKING:
-    from pytorch_accel._entry_checks import TrainArguments
-    from pytorch_accel.trainer import Trainer
+    from pytorch_accel._state import Preparation, TrainerState
+    from pytorch_accel.run_config import TrainArguments
+    from pytorch_accel.run_directory import RunDirectory
 
 __all__ = [
     "DRY_RUN_BATCHES",
     "Snapshot",
+    "ToolTrainer",
     "run_dry_or_overfit",
     "trial_run",
 ]
@@ -47,7 +51,15 @@ DRY_RUN_BATCHES = 2
 """The batches of training and of evaluation that ``train(dry_run=True)`` runs."""
 
 
-def run_dry_or_overfit(trainer: Trainer, arguments: TrainArguments) -> bool:
+class ToolTrainer(PreparedTrainer, Protocol):
+    """A trainer as the tools see it: its public surface and the run state they set aside."""
+
+    _state: TrainerState
+    _preparation: Preparation
+    _run_directory: RunDirectory
+
+
+def run_dry_or_overfit(trainer: ToolTrainer, arguments: TrainArguments) -> bool:
     """Run ``train()`` as a dry or overfit run if its (checked) arguments ask; say if it did.
 
     A dry run leaves nothing of the user's changed; an overfit run trains and evaluates on
@@ -56,8 +68,7 @@ def run_dry_or_overfit(trainer: Trainer, arguments: TrainArguments) -> bool:
     if arguments.dry_run:
         num_batches = DRY_RUN_BATCHES if arguments.dry_run is True else int(arguments.dry_run)
         with trial_run(trainer, num_batches) as directory:
-            settings = dataclasses.replace(
-                arguments,
+            settings = arguments.replace(
                 num_epochs=1,
                 resume_from=None,
                 dry_run=False,
@@ -79,8 +90,7 @@ def run_dry_or_overfit(trainer: Trainer, arguments: TrainArguments) -> bool:
         dataset, range(min(len(dataset), arguments.overfit_batches * batch_size * processes))
     )
     loader_kwargs = {**(arguments.train_dataloader_kwargs or {}), "shuffle": False}
-    settings = dataclasses.replace(
-        arguments,
+    settings = arguments.replace(
         train_dataset=subset,
         eval_dataset=subset,
         train_dataloader_kwargs=loader_kwargs,
@@ -91,7 +101,7 @@ def run_dry_or_overfit(trainer: Trainer, arguments: TrainArguments) -> bool:
 
 
 @contextlib.contextmanager
-def trial_run(trainer: Trainer, num_batches: int) -> Iterator[Path]:
+def trial_run(trainer: ToolTrainer, num_batches: int) -> Iterator[Path]:
     """Run what is inside on a few batches, then put everything of the user's back.
 
     Inside, at most ``num_batches`` batches per epoch, a fresh run history and every
@@ -100,28 +110,27 @@ def trial_run(trainer: Trainer, num_batches: int) -> Iterator[Path]:
     trainer is as it was (``Snapshot``, the history and the limits).
     """
     callbacks = trainer.callback_handler.callbacks
-    kept = (trainer.run_history, trainer.limit_train_batches, trainer.limit_eval_batches)
+    history = trainer.run_history
     chosen_rates = trainer._state.chosen_rates
-    run_updates = trainer._state.global_num_updates
+    run_updates = trainer.global_num_updates
     try:
         with Snapshot.taken(trainer), contextlib.ExitStack() as stack:
+            stack.enter_context(fewer_batches(trainer, num_batches))
             directory = stack.enter_context(_temporary_directory(trainer))
             stack.enter_context(trainer._run_directory.set_aside(directory / "run", callbacks))
             for index, callback in enumerate(callbacks):
                 if isinstance(callback, TrainerCallback):
                     own = directory / "callbacks" / f"{index}-{type(callback).__name__}"
-                    stack.enter_context(callback.redirect_outputs(own))
+                    stack.enter_context(redirect_outputs(callback, own))
             trainer.dry_run_dir = directory
             trainer.run_history = InMemoryRunHistory()
-            trainer.limit_train_batches = _lowest(trainer.limit_train_batches, num_batches)
-            trainer.limit_eval_batches = _lowest(trainer.limit_eval_batches, num_batches)
             yield directory
     finally:
         trainer.dry_run_dir = None
         trainer._state.chosen_rates = chosen_rates.moved_to(trainer.optimizer)
         # num_updates tells the dry run's updates, as before; the run's count is as it was
         trainer._state.updates_before = run_updates - trainer._state.num_updates
-        trainer.run_history, trainer.limit_train_batches, trainer.limit_eval_batches = kept
+        trainer.run_history = history
 
 
 @dataclasses.dataclass
@@ -144,7 +153,7 @@ class Snapshot:
     random: tuple[Any, ...]
 
     @classmethod
-    def take(cls, trainer: Trainer) -> Snapshot:
+    def take(cls, trainer: ToolTrainer) -> Snapshot:
         """Copy what a trial may change in ``trainer``."""
         model, scheduler, scaler = (
             _bare_model(trainer),
@@ -163,7 +172,7 @@ class Snapshot:
             random=_random_states(),
         )
 
-    def restore(self, trainer: Trainer) -> None:
+    def restore(self, trainer: ToolTrainer) -> None:
         """Put everything back in ``trainer``, in place."""
         model = _bare_model(trainer)
         with torch.no_grad():
@@ -182,7 +191,7 @@ class Snapshot:
 
     @classmethod
     @contextlib.contextmanager
-    def taken(cls, trainer: Trainer) -> Iterator[Snapshot]:
+    def taken(cls, trainer: ToolTrainer) -> Iterator[Snapshot]:
         """Take a snapshot of ``trainer``; put it back when the block ends, however it ends."""
         snapshot = cls.take(trainer)
         try:
@@ -192,7 +201,7 @@ class Snapshot:
 
 
 @contextlib.contextmanager
-def _temporary_directory(trainer: Trainer) -> Iterator[Path]:
+def _temporary_directory(trainer: ToolTrainer) -> Iterator[Path]:
     """A new directory under the system's temporary one, the same path on every process."""
     name = main_process_object(f"pytorch-accel-dry-run-{uuid.uuid4().hex}")
     directory = Path(tempfile.gettempdir()) / name
@@ -204,13 +213,9 @@ def _temporary_directory(trainer: Trainer) -> Iterator[Path]:
             shutil.rmtree(directory, ignore_errors=True)
 
 
-def _bare_model(trainer: Trainer) -> torch.nn.Module:
+def _bare_model(trainer: ToolTrainer) -> torch.nn.Module:
     """The model without distributed or ``torch.compile`` wrappers (its keys do not change)."""
     return trainer.accelerator.unwrap_model(trainer.model, keep_torch_compile=False)  # type: ignore[no-any-return]
-
-
-def _lowest(limit: int | None, num_batches: int) -> int:
-    return num_batches if limit is None else min(limit, num_batches)
 
 
 def _copied_to_cpu(value: Any) -> Any:
