@@ -28,6 +28,7 @@ import dataclasses
 import functools
 import itertools
 import json
+import math
 import os
 import random
 import statistics
@@ -74,6 +75,7 @@ class Samples:
 
     per_step: list[float] = field(default_factory=list)
     fixed: list[float] = field(default_factory=list)
+    whole: list[float] = field(default_factory=list)  # the epoch's CPU time, steps and all
 
 
 def build_loops(make_model: Callable[[], nn.Module]) -> dict[str, loops.Loop]:
@@ -116,6 +118,7 @@ def measure(workload: Workload) -> dict[str, Samples]:
             if round_index > 0:
                 samples[name].per_step.append(per_step)
                 samples[name].fixed.append(fixed)
+                samples[name].whole.append(fixed + per_step * workload.steps)
     return samples
 
 
@@ -174,17 +177,23 @@ def paired_overhead(samples: dict[str, Samples], name: str, reference: str) -> d
     """The per-step and per-run cost of ``name`` over ``reference``, paired within rounds.
 
     Returns:
-        The median ratio of per-step times (with its min-max), and the median extra fixed
-        cost per run in ms (where the logging points, a few steps each run, land).
+        The median ratio of per-step times (with its min-max), the median extra fixed
+        cost per run in ms (where the logging points, a few steps each run, land), and the
+        median ratio of whole epochs (steps and fixed costs: what reading logging points in
+        bursts costs, amortised), with its min-max.
     """
     own, ref = samples[name], samples[reference]
     ratios = [a / b for a, b in zip(own.per_step, ref.per_step, strict=True)]
     fixed = [(a - b) * 1e3 for a, b in zip(own.fixed, ref.fixed, strict=True)]
+    whole = [a / b for a, b in zip(own.whole, ref.whole, strict=True)]
     return {
         "per_step_ratio": statistics.median(ratios),
         "per_step_ratio_min": min(ratios),
         "per_step_ratio_max": max(ratios),
         "extra_fixed_ms": statistics.median(fixed),
+        "whole_ratio": statistics.median(whole) if whole else math.nan,
+        "whole_ratio_min": min(whole, default=math.nan),
+        "whole_ratio_max": max(whole, default=math.nan),
     }
 
 

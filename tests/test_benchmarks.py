@@ -161,7 +161,8 @@ def test_the_report_renders_the_calls_per_step_from_the_measurement() -> None:
     from benchmarks import report, run
 
     samples = {
-        name: run.Samples([1e-3, 2e-3], [1e-3, 1e-3]) for name in run.build_loops(loops.make_mlp)
+        name: run.Samples([1e-3, 2e-3], [1e-3, 1e-3], [0.1, 0.2])
+        for name in run.build_loops(loops.make_mlp)
     }
     calls = {"hand-written": 320.0, "pytorch-accel, no callbacks": 331.0}
     calls["pytorch-accel, default callbacks"] = 336.0
@@ -180,7 +181,10 @@ def test_the_report_renders_the_calls_per_step_from_the_measurement() -> None:
     assert set(texts) <= report.BLOCK_NAMES
     assert "16 with the default ones (336)" in texts["calls"]
     assert "| 336 |" in texts["tiny"]
-    assert "| every update | 1.000" in texts["step-logging"]
+    assert (
+        "| every update | 1.000 (1.000-1.000) | +0.0 | 1.000 (1.000-1.000) |"
+        in texts["step-logging"]
+    )
 
 
 def test_a_failed_suite_keeps_the_results_measured_before_it(

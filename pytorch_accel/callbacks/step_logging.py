@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -17,22 +19,51 @@ from accelerate.utils import send_to_device
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.callbacks.defaults import SEPARATOR, format_metrics
 from pytorch_accel.checks import check_bool, check_positive_int
+from pytorch_accel.distributed import group_size
 from pytorch_accel.tracking import (
     LoggedValues,
     get_logger,
     logged_name,
     read_with_logged,
+    reduction_dtype,
     setup_logging,
 )
 
 if TYPE_CHECKING:
     from pytorch_accel.protocols import TrainerLike as Trainer
 
-__all__ = ["DEFAULT_LOG_EVERY_N_UPDATES", "StepLoggingCallback", "StepMetrics"]
+__all__ = [
+    "DEFAULT_LOG_EVERY_N_UPDATES",
+    "FLUSH_EVERY_N_UPDATES",
+    "StepLoggingCallback",
+    "StepMetrics",
+]
 
 DEFAULT_LOG_EVERY_N_UPDATES = 50
 """The default logging interval, in optimizer updates (HF's ``logging_steps`` and Lightning's
 ``log_every_n_steps`` default to 500 and 50)."""
+
+FLUSH_EVERY_N_UPDATES = 32
+"""Logging points are read on the host together once they span this many updates.
+
+At the default interval (50) every point is read at once; logging every update reads once
+every 32 updates. The points are also read at each epoch's end, at the run's end, when a
+training state is saved, and (in one process) on an exception.
+"""
+
+
+@dataclass
+class _Point:
+    """One logging point whose values are still on the device."""
+
+    step: int
+    parts: list[Any]  # loss sum, count, [grad norm], tensor lrs: tensors or numbers
+    reductions: list[str]
+    lrs: list[Any]  # as the update used them: floats, or tensors (their values are in packed)
+    grad_norm: bool
+    logged: LoggedValues
+    seconds: float
+    memory: float | None
 
 
 class StepMetrics:
@@ -40,9 +71,9 @@ class StepMetrics:
 
     Nothing is read on the host between logging points: the interval's loss is the difference
     of the trainer's on-device running sum (``trainer.train_loss_tracker``) between two points,
-    carried over epoch ends. At each logging point everything is stacked into one tensor,
-    combined across processes with one collective (``reduce_across_processes``) and read
-    with one ``tolist()``.
+    carried over epoch ends. Each logging point keeps its values on the device (``snapshot``);
+    ``flush`` reads one or more points at one place: in one process with one ``tolist()``, with
+    several each point's values and logged names exchanged as ``read_with_logged`` does.
 
     The metrics, by name:
 
@@ -179,45 +210,94 @@ class StepMetrics:
         Returns:
             The metrics, or ``None`` if no update was made since the last read.
         """
+        point = self.snapshot(trainer)
+        return None if point is None else self.flush([point])[0][1]
+
+    def snapshot(self, trainer: Trainer) -> _Point | None:
+        """Close the interval at this update, keeping its values on the device; start the next.
+
+        Nothing is read on the host: ``flush`` reads one or more snapshots at once.
+
+        Returns:
+            The logging point, or ``None`` if no update was made since the last one.
+        """
         if trainer.global_num_updates == self._logged_at:
             return None
         self.end_epoch(trainer)
         lrs = self._update_lrs or [group["lr"] for group in trainer.optimizer.param_groups]
         logged = self._logged.take()
-        values = self._read_on_host(trainer, lrs, logged)
-        seconds = time.perf_counter() - self._clock - self._paused
-        loss_sum, count = values[0], values[1]
-        metrics = {"train_loss_step": loss_sum / count if count else math.nan}
-        tensor_lrs = iter(values[3 if self._grad_norm is not None else 2 :])
-        host_lrs = [next(tensor_lrs) if isinstance(lr, torch.Tensor) else lr for lr in lrs]
-        metrics.update(_lr_names(host_lrs))
-        if self._grad_norm is not None:
-            metrics["grad_norm"] = values[2]
-        metrics["samples_per_second"] = count / seconds if seconds > 0 else math.nan
-        memory = _max_memory_allocated_gb(trainer.device)
-        if memory is not None:
-            metrics["max_memory_allocated_gb"] = memory
-        user = logged.results(values[len(values) - logged.num_parts :])
-        metrics.update(
-            {logged_name("train_loss_step", name): value for name, value in user.items()}
-        )
-        self._reset_interval(time.perf_counter(), trainer.global_num_updates)
-        return metrics
-
-    def _read_on_host(self, trainer: Trainer, lrs: list[Any], logged: LoggedValues) -> list[float]:
-        """Stack the interval's device values, combine them across processes, read them once.
-
-        The loss and sample count are summed, the gradient norm and learning rates averaged
-        (the same on every process), the logged values reduced as they were logged.
-        """
         parts: list[Any] = [0.0 if self._loss is None else self._loss, self._count]
         if self._grad_norm is not None:
             parts.append(self._grad_norm)
         parts += [lr for lr in lrs if isinstance(lr, torch.Tensor)]
+        # the loss and sample count summed, the gradient norm and learning rates averaged
+        # (the same on every process); the logged values are reduced as they were logged
+        # (the trainer's running sums are replaced, never changed in place: kept as they are)
         reductions = ["sum", "sum"] + ["mean"] * (len(parts) - 2)
-        # the one exchange and host read of the interval (names that differ between processes
-        # raise on every process)
-        return read_with_logged(parts, reductions, logged, trainer.device)
+        point = _Point(
+            step=trainer.global_num_updates,
+            parts=parts,
+            reductions=reductions,
+            lrs=lrs,
+            grad_norm=self._grad_norm is not None,
+            logged=logged,
+            seconds=time.perf_counter() - self._clock - self._paused,
+            memory=_max_memory_allocated_gb(trainer.device),
+        )
+        self._reset_interval(time.perf_counter(), trainer.global_num_updates)
+        return point
+
+    def flush(
+        self, points: list[_Point], across_processes: bool = True
+    ) -> list[tuple[int, dict[str, float]]]:
+        """Read logging points on the host, all at this one place.
+
+        In one process (or with ``across_processes=False``: this process's values, for an
+        exception), one host read for all of them. With several, each point's values and
+        logged names are exchanged as ``read_with_logged`` does (every process must call it
+        with the same points).
+
+        Returns:
+            ``(step, metrics)`` of each point, in order.
+        """
+        if not points:
+            return []
+        device = self._device or torch.device("cpu")
+        if across_processes and group_size() > 1:
+            rows = [read_with_logged(p.parts, p.reductions, p.logged, device) for p in points]
+        else:
+            flat: list[Any] = []
+            sizes: list[int] = []
+            for point in points:
+                logged_parts, _ = point.logged.parts()
+                flat += [*point.parts, *logged_parts]
+                sizes.append(len(point.parts) + len(logged_parts))
+            dtype = reduction_dtype(device)
+            values = torch.stack(
+                [torch.as_tensor(part).to(device, dtype) for part in flat]
+            ).tolist()  # the one host read
+            starts = [sum(sizes[:index]) for index in range(len(sizes))]
+            rows = [values[start : start + size] for start, size in zip(starts, sizes, strict=True)]
+        return [(point.step, _metrics(point, row)) for point, row in zip(points, rows, strict=True)]
+
+
+def _metrics(point: _Point, values: list[float]) -> dict[str, float]:
+    """A logging point's metrics by name, from its values read on the host."""
+    loss_sum, count = values[0], values[1]
+    metrics = {"train_loss_step": loss_sum / count if count else math.nan}
+    tensor_lrs = iter(values[3 if point.grad_norm else 2 :])
+    host_lrs = [next(tensor_lrs) if isinstance(lr, torch.Tensor) else lr for lr in point.lrs]
+    metrics.update(_lr_names(host_lrs))
+    if point.grad_norm:
+        metrics["grad_norm"] = values[2]
+    seconds = point.seconds
+    metrics["samples_per_second"] = count / seconds if seconds > 0 else math.nan
+    if point.memory is not None:
+        metrics["max_memory_allocated_gb"] = point.memory
+    logged = point.logged
+    user = logged.results(values[len(values) - logged.num_parts :])
+    metrics.update({logged_name("train_loss_step", name): value for name, value in user.items()})
+    return metrics
 
 
 def _total_norm(model: torch.nn.Module) -> torch.Tensor | None:
@@ -255,8 +335,15 @@ class StepLoggingCallback(TrainerCallback):
     0.4121  lr 0.001 ...``); override ``log_step`` to send the metrics elsewhere, as
     ``TrackingCallback`` does.
 
-    Between logging points it reads nothing on the host; at each, one host read and, with
-    several processes, one collective (every process must run the callback). Order ``100``.
+    Nothing is read on the host between reads: each logging point closes its interval on the
+    device, and the points are read together (one host read in one process; with several, each
+    point's exchange, all at that place: every process must run the callback), once they span
+    ``FLUSH_EVERY_N_UPDATES`` (32) updates, at each epoch's end, at the run's end and when a
+    training state is saved; ``log_step`` is then called for each point in order, with the
+    values it would have had if read at once. At the default interval every point is read at
+    once; logging every update, ``log_step`` runs in bursts of 32. On an exception the points
+    not yet read are logged in one process; with several they would need a collective, and
+    are dropped with a warning. Order ``100``.
 
     Args:
         log_every_n_updates: The logging interval in optimizer updates (default 50); ``None``
@@ -289,9 +376,17 @@ class StepLoggingCallback(TrainerCallback):
         self.step_metrics = (
             None if log_every_n_updates is None else StepMetrics(log_every_n_updates, log_grad_norm)
         )
+        self._pending: list[_Point] = []
+        self._run_trainer: weakref.ref[Trainer] | None = None  # for saves between points
 
     def rank_state_dict(self) -> dict[str, Any]:
-        """Return this process's part of the logging interval (saved in training states)."""
+        """Return this process's part of the logging interval (saved in training states).
+
+        Logging points not yet read are logged first (every process saves at the same update).
+        """
+        trainer = None if self._run_trainer is None else self._run_trainer()
+        if trainer is not None:
+            self._log_pending(trainer)
         return {} if self.step_metrics is None else self.step_metrics.state_dict()
 
     def load_rank_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -302,6 +397,7 @@ class StepLoggingCallback(TrainerCallback):
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Start the first interval."""
         setup_logging()
+        self._pending, self._run_trainer = [], weakref.ref(trainer)
         if self.step_metrics is not None:
             self.step_metrics.start_run(trainer)
 
@@ -311,9 +407,10 @@ class StepLoggingCallback(TrainerCallback):
             self.step_metrics.start_epoch()
 
     def on_train_epoch_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Carry the epoch's part of the interval over."""
+        """Carry the epoch's part of the interval over; log the points not yet read."""
         if self.step_metrics is not None:
             self.step_metrics.end_epoch(trainer)
+            self._log_pending(trainer)
 
     def on_eval_epoch_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Stop the interval's clock during evaluations."""
@@ -331,7 +428,10 @@ class StepLoggingCallback(TrainerCallback):
             self.step_metrics.before_update(trainer)
 
     def on_optimizer_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Keep the update's learning rates; log the interval's metrics at each logging point."""
+        """Keep the update's learning rates; close the interval at each logging point.
+
+        The points are read and logged once they span ``FLUSH_EVERY_N_UPDATES`` updates.
+        """
         steps = self.step_metrics
         if steps is not None:
             steps.after_update(trainer)
@@ -339,9 +439,37 @@ class StepLoggingCallback(TrainerCallback):
                 self._log(trainer, steps)
 
     def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Log the updates since the last logging point."""
+        """Log the updates since the last logging point, and every point not yet read."""
         if self.step_metrics is not None:
-            self._log(trainer, self.step_metrics)
+            point = self.step_metrics.snapshot(trainer)
+            if point is not None:
+                self._pending.append(point)
+            self._log_pending(trainer)
+
+    def on_exception(self, trainer: Trainer, exception: BaseException, **kwargs: Any) -> None:
+        """Log the points not yet read, in one process (with several: no collective, dropped)."""
+        self._log_pending_on_exception(trainer)
+
+    def _log_pending_on_exception(self, trainer: Trainer) -> None:
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        if trainer.accelerator.num_processes > 1:  # their values need a collective
+            get_logger().warning(
+                "%s: %d step logging point(s) up to update %d were not logged: the run failed "
+                "before they were combined across processes.",
+                type(self).__name__,
+                len(pending),
+                pending[-1].step,
+            )
+            return
+        try:
+            steps = self.step_metrics
+            assert steps is not None  # points are only taken with an interval
+            for step, metrics in steps.flush(pending, across_processes=False):
+                self.log_step(trainer, metrics, step)
+        except Exception as error:  # the run has failed already: that error is the one to see
+            get_logger().warning("%s: could not log step metrics: %s", type(self).__name__, error)
 
     def log_step(self, trainer: Trainer, metrics: dict[str, float], step: int) -> None:
         """Log one logging point's metrics; override to send them elsewhere.
@@ -355,6 +483,17 @@ class StepLoggingCallback(TrainerCallback):
         get_logger().info(SEPARATOR.join([f"update {step}/{total}", format_metrics(metrics)]))
 
     def _log(self, trainer: Trainer, steps: StepMetrics) -> None:
-        metrics = steps.read(trainer)
-        if metrics is not None:
-            self.log_step(trainer, metrics, trainer.global_num_updates)
+        point = steps.snapshot(trainer)
+        if point is None:
+            return
+        self._pending.append(point)
+        first = self._pending[0].step - steps.every_n_updates
+        if point.step - first >= FLUSH_EVERY_N_UPDATES:
+            self._log_pending(trainer)
+
+    def _log_pending(self, trainer: Trainer) -> None:
+        """Read the pending points together and log each, in order."""
+        pending, self._pending = self._pending, []
+        if self.step_metrics is not None:
+            for step, metrics in self.step_metrics.flush(pending):
+                self.log_step(trainer, metrics, step)

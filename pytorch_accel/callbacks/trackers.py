@@ -219,6 +219,7 @@ class TrackingCallback(StepLoggingCallback):
 
         What was sent stays; no collective is called (other processes may not have failed).
         """
+        super().on_exception(trainer, exception)  # the step logging points not yet logged
         _finish_trackers(self.trackers, quietly=True)  # it may fail on the same full disk
         self._drop_finalizer()
 

@@ -205,7 +205,10 @@ def test_a_resumed_run_continues_its_metrics_files_without_gaps_or_repeats(
 
 
 class PointAtFullDevice(TrainerCallback):
-    """After update 2, make ``path`` a link to ``/dev/full``: its next write finds no space."""
+    """Once ``path`` is written, make it a link to ``/dev/full``: its next write finds no space.
+
+    (The step rows are written when the logging points are read: at the first epoch's end.)
+    """
 
     order = 2000
 
@@ -213,7 +216,7 @@ class PointAtFullDevice(TrainerCallback):
         self.path = path
 
     def on_optimizer_step_end(self, trainer: pytorch_accel.Trainer, **kwargs: object) -> None:
-        if trainer.num_updates == 2:
+        if self.path.exists() and not self.path.is_symlink():
             self.path.unlink()
             self.path.symlink_to("/dev/full")
 
@@ -248,9 +251,9 @@ def test_a_full_disk_during_the_run_names_the_file_and_closes_the_record(
         "free some space, or give RunRecordCallback a directory elsewhere"
     )
     with pytest.raises(OSError, match=message) as info:
-        trainer.train(make_regression_dataset(16), num_epochs=2, per_device_batch_size=4)
+        trainer.train(make_regression_dataset(16), num_epochs=3, per_device_batch_size=4)
     assert info.value.errno == errno.ENOSPC
-    assert trainer.num_updates < 8  # it stopped there, at the first write that failed
+    assert trainer.num_updates < 12  # it stopped there, at the first write that failed
     assert_record_closed(record)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 import logging
 import math
 from pathlib import Path
@@ -213,11 +214,11 @@ def test_steps_between_logging_points_read_nothing_on_the_host(
     )
     trainer.progress_interval = 0
     trainer.train(make_regression_dataset(64), num_epochs=2, per_device_batch_size=4)
-    logging_points = {update: count for update, count in per_update.per_step if update % 4 == 0}
-    between = [count for update, count in per_update.per_step if update % 4]
-    assert between == [0] * 24  # 32 steps, 8 of them at a logging point
-    assert logging_points == dict.fromkeys(range(4, 33, 4), 1)  # one read per interval
-    assert reads.calls == ["tolist"] * 8
+    # the 4 logging points of each 16-update epoch are read together at the epoch's end
+    assert [count for _, count in per_update.per_step] == [0] * 32  # no step reads anything
+    assert reads.calls == []
+    assert tracking.step_csv_path is not None
+    assert len(read_csv(tracking.step_csv_path)) == 8
 
 
 def test_step_logging_callback_logs_one_line_per_interval(
@@ -272,3 +273,85 @@ def test_no_interval_means_epoch_metrics_only(tmp_path: Path) -> None:
     make_trainer(callbacks=(tracking,)).train(make_regression_dataset(16), num_epochs=1)
     assert tracking.step_csv_path is None
     assert sorted(path.name for path in tmp_path.iterdir()) == ["m.csv"]
+
+
+class LogsValues(TrainerCallback):
+    """Logs a value of every step, with several reductions, through ``trainer.log``."""
+
+    def on_train_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
+        loss = kwargs["batch_output"]["loss"]
+        trainer.log("scaled", loss.detach() * 2)
+        trainer.log("peak", loss.detach(), reduce="max")
+
+
+def _step_logging_run(tmp_path: Path, every: int) -> tuple[list[dict[str, str]], Any]:
+    tracking = TrackingCallback(
+        log_with="tensorboard",
+        logging_dir=tmp_path / "tb",
+        csv_path=tmp_path / "m.csv",
+        log_every_n_updates=every,
+        log_grad_norm=True,
+    )
+    model = make_model()
+    trainer = Trainer(
+        model,
+        nn.MSELoss(),
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        callbacks=(*DEFAULT_CALLBACKS, tracking, LogsValues()),
+    )
+    scheduler = functools.partial(torch.optim.lr_scheduler.StepLR, step_size=5, gamma=0.5)
+    trainer.train(
+        make_regression_dataset(72),
+        num_epochs=2,
+        per_device_batch_size=4,
+        eval_dataset=make_regression_dataset(16),
+        create_scheduler_fn=scheduler,
+    )
+    tracking.finish()
+    assert tracking.step_csv_path is not None
+    rows = read_csv(tracking.step_csv_path)
+    scalars = {
+        tag: values
+        for run_dir in (tmp_path / "tb").rglob("events.out.tfevents.*")
+        for tag, values in read_scalars(run_dir.parent).items()
+    }
+    return rows, scalars
+
+
+@pytest.mark.parametrize("every", [1, 3])
+def test_points_read_together_give_the_rows_and_values_of_points_read_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, every: int
+) -> None:
+    """Issue 44: the buffered points log exactly what reading each point at once logged."""
+    from pytorch_accel.callbacks import step_logging
+
+    buffered_rows, buffered_scalars = _step_logging_run(tmp_path / "buffered", every)
+    monkeypatch.setattr(step_logging, "FLUSH_EVERY_N_UPDATES", 1)  # each point read at once
+    rows, scalars = _step_logging_run(tmp_path / "at-once", every)
+
+    def timeless(row: dict[str, str]) -> dict[str, str]:
+        return {key: value for key, value in row.items() if key != "samples_per_second"}
+
+    assert len(rows) == len(range(every, 37, every)) + (36 % every != 0)  # 36 updates
+    assert [timeless(row) for row in buffered_rows] == [timeless(row) for row in rows]
+    assert all(float(row["samples_per_second"]) > 0 for row in buffered_rows)
+    assert {"train_loss_step", "grad_norm", "lr", "train_scaled_step"} <= set(rows[0])
+    del buffered_scalars["samples_per_second"], scalars["samples_per_second"]
+    assert buffered_scalars == scalars
+
+
+def test_the_points_not_yet_read_are_logged_when_the_run_fails(tmp_path: Path) -> None:
+    tracking = TrackingCallback(log_with=(), csv_path=tmp_path / "m.csv", log_every_n_updates=1)
+
+    class Fails(TrainerCallback):
+        def on_train_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
+            if trainer.num_updates == 7:
+                raise RuntimeError("the batch is broken")
+
+    trainer = make_trainer(callbacks=(tracking, Fails()))
+    with pytest.raises(RuntimeError, match="the batch is broken"):
+        trainer.train(make_regression_dataset(64), num_epochs=1, per_device_batch_size=4)
+    assert tracking.step_csv_path is not None
+    assert [row["step"] for row in read_csv(tracking.step_csv_path)] == [
+        str(step) for step in range(1, 8)
+    ]
