@@ -223,6 +223,7 @@ class Preparation:
         self._prepared: tuple[object, object] = (None, None)
         self._trainable_when_wrapped: tuple[bool, ...] = ()
         self.direct_optimizer: torch.optim.Optimizer | None = None
+        self._building: dict[str, Any] = {}  # the overrides of the dataloader being built
 
     @property
     def has_model(self) -> bool:
@@ -267,7 +268,8 @@ class Preparation:
         trainer._train_dl_kwargs = {}
         train_dl = _adopt(trainer, "train", a.train_dataset)
         if train_dl is None:
-            train_dl = trainer.create_train_dataloader(batch_size, a.train_dataloader_kwargs)
+            with self._overrides(a.train_dataloader_kwargs):
+                train_dl = trainer.create_train_dataloader(batch_size, a.train_dataloader_kwargs)
         evals = self.build_eval_dataloaders(
             trainer, a.eval_dataset, batch_size, a.eval_dataloader_kwargs
         )
@@ -293,7 +295,8 @@ class Preparation:
         for name, data in named_eval_sets("Trainer", "eval_dataset", evaluation).items():
             loader = _adopt(trainer, "eval", data)
             if loader is None:
-                loader = trainer.create_eval_dataloader(batch_size, eval_kwargs)
+                with self._overrides(eval_kwargs):
+                    loader = trainer.create_eval_dataloader(batch_size, eval_kwargs)
             loaders[name] = loader
             first_kwargs = trainer._eval_dl_kwargs if first_kwargs is None else first_kwargs
         trainer._eval_dl_kwargs = first_kwargs or {}
@@ -309,7 +312,12 @@ class Preparation:
         shuffle: bool,
         collate_fn: Callable[..., Any] | None,
     ) -> dict[str, Any]:
-        """Return the default ``DataLoader`` arguments for this machine's processes and device."""
+        """Return the default ``DataLoader`` arguments for this machine's processes and device.
+
+        While ``build_dataloaders`` builds a loader whose overrides name ``num_workers``, the
+        dataset is not read to choose a default that would be overridden anyway.
+        """
+        given = self._building.get("num_workers")
         return default_dataloader_kwargs(
             dataset,
             batch_size,
@@ -320,7 +328,17 @@ class Preparation:
             ),
             device=self._accelerator.device,
             collate_fn=collate_fn,
+            num_workers=given if isinstance(given, int) else None,
         )
+
+    @contextlib.contextmanager
+    def _overrides(self, kwargs: Mapping[str, Any] | None) -> Iterator[None]:
+        """Make ``kwargs`` the overrides of the loader being built, inside the block."""
+        self._building = dict(kwargs or {})
+        try:
+            yield
+        finally:
+            self._building = {}
 
     def training_run_config(
         self, trainer: PreparedTrainer, arguments: TrainArguments
