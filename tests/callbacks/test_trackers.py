@@ -276,7 +276,8 @@ def test_a_flush_of_several_rows_writes_the_csv_of_one_call_per_row(
         together.log_steps(trainer, rows[:2])  # the file starts
         together.log_steps(trainer, rows[2:5])  # a column appears: written whole
         together.log_steps(trainer, rows[5:])  # appended
-    assert one_by_one.step_csv_path is not None and together.step_csv_path is not None
+    assert one_by_one.step_csv_path is not None
+    assert together.step_csv_path is not None
     expected = one_by_one.step_csv_path.read_bytes()
     assert together.step_csv_path.read_bytes() == expected
     assert [row["step"] for row in read_csv(together.step_csv_path)] == [str(s) for s, _ in rows]
