@@ -6,7 +6,7 @@ export OMP_NUM_THREADS ?= 1
 # mkdocs-material prints an end-of-life banner on every build unless this is set.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: demo test bad-inputs bench lint typecheck docs docs-build clean
+.PHONY: demo test bad-inputs bench lint typecheck docs docs-build pictures clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,10 @@ docs-build: $(VENV)/.dev-installed
 
 docs: $(VENV)/.dev-installed
 	$(BIN)/mkdocs serve
+
+# The documentation's pictures, from a real run (needs chromium: apt-get install -y chromium).
+pictures: $(VENV)/.dev-installed
+	$(BIN)/python scripts/generate_pictures.py
 
 test: lint typecheck docs-build
 	$(BIN)/python -m pytest

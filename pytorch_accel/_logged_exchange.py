@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -23,8 +23,21 @@ from pytorch_accel.distributed import (
     reduce_across_processes,
 )
 
-if TYPE_CHECKING:
-    from pytorch_accel.tracking import LoggedValues
+
+class LoggedValues(Protocol):
+    """What an exchange reads of a span's logged values (a ``tracking.LoggedValues``)."""
+
+    capacity: list[int]
+
+    def names(self) -> list[str]:
+        """The names logged, with their reductions."""
+
+    def fingerprint(self) -> int:
+        """The same number on every process that logged the same names."""
+
+    def parts(self) -> tuple[list[Any], list[str]]:
+        """The values to exchange and the reduction of each."""
+
 
 __all__ = [
     "DEFAULT_LOGGED_CAPACITY",

@@ -491,6 +491,7 @@ class Trainer:
         output_device: str | torch.device | None = "cpu",
         keep_outputs: bool = True,
         skip_failing_batches: int | SkipFailingBatches | None = None,
+        pad_value: float | None = None,
     ) -> Any:
         """Return the model's outputs for every sample of ``data``, in order, from all processes.
 
@@ -513,14 +514,22 @@ class Trainer:
                 gathered batch (``predictions``) to write out.
             skip_failing_batches: As in ``train()``; the outputs lack the skipped batches,
                 whose indices ``run_history`` records as ``predict_skipped_batches``.
+            pad_value: Pad outputs of varying lengths along their second (sequence) dimension
+                with this value, to the longest over every batch and process (a causal
+                language model's ``(batch, length, vocab)`` logits). ``None``: no padding.
 
         Returns:
             The outputs concatenated on the first dimension (a tensor, or the structure of one
             batch's outputs), or ``None`` with ``keep_outputs=False``. Outputs that cannot be
             concatenated are refused after the first batch (a 0-d tensor, a string), or raise
-            ``PredictOutputsError`` after the last, holding every batch's (varying lengths).
+            ``PredictOutputsError`` after the last, holding every batch's (varying lengths:
+            pass ``pad_value``).
         """
         checks.check_trainer_settings("Trainer.predict", self)
+        if pad_value is not None:
+            from pytorch_accel._padding import check_pad_value
+
+            check_pad_value(pad_value)
         loader = checks.predict_dataloader(
             data,
             per_device_batch_size,
@@ -532,7 +541,9 @@ class Trainer:
         )
         self._preparation.prepare_model_and_optimizer(self)
         with self._preparation.prepared_for_prediction(loader) as prepared:
-            return self._loop.predict(prepared, output_device, keep_outputs, skip_failing_batches)
+            return self._loop.predict(
+                prepared, output_device, keep_outputs, skip_failing_batches, pad_value
+            )
 
     @announces_exceptions
     def find_batch_size(self, train_dataset: Any, **kwargs: Any) -> int:

@@ -46,6 +46,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.failing_batches",
             "pytorch_accel.micro_batches",
             "pytorch_accel.run_config",
+            "pytorch_accel._padding",
         ),
     ),
     (
@@ -68,6 +69,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.trainer",
             "pytorch_accel.timm_trainer",
             "pytorch_accel.export",
+            "pytorch_accel.memory",
+            "pytorch_accel.packing",
         ),
     ),
     ("tools", ("pytorch_accel.tools",)),
@@ -97,7 +100,9 @@ LAYER_ROLES = {
         "per argument); every pytorch-accelerated name that is not the project's own "
         "(`compat`: the trainer module's extra names, `Trainer`'s private attributes); "
         "exporting a model in the ecosystem's formats, `Trainer.save_model` (`export`, "
-        "imported by the method)."
+        "imported by the method); activation checkpointing as one switch, called on a model "
+        "before the trainer is made (`memory`); padding-free batches for causal language "
+        "models, a collate function (`packing`)."
     ),
     "loop": (
         "The loop in one module, level by level (training, evaluation, prediction), with the "

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     )
     from pytorch_accel.callbacks.early_stopping import EarlyStoppingCallback
     from pytorch_accel.callbacks.ema import EMA_METRIC_PREFIX, ModelEmaCallback
+    from pytorch_accel.callbacks.health import GradientHealthCallback
     from pytorch_accel.callbacks.limit_batches import (
         LIMIT_BATCHES_ENV_VAR,
         LimitBatches,
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from pytorch_accel.callbacks.plotting import PlotMetricsCallback, plot_metrics
     from pytorch_accel.callbacks.profiler import ProfilerCallback
     from pytorch_accel.callbacks.run_record import RunRecordCallback
+    from pytorch_accel.callbacks.run_report import RunReportCallback
     from pytorch_accel.callbacks.save_best import SaveBestModelCallback
     from pytorch_accel.callbacks.save_state import SaveTrainingStateCallback
     from pytorch_accel.callbacks.step_eval import StepBasedEvaluationCallback
@@ -59,6 +61,7 @@ __all__ = [
     "ConvertSyncBatchNormCallback",
     "DefaultPath",
     "EarlyStoppingCallback",
+    "GradientHealthCallback",
     "LimitBatches",
     "LimitBatchesCallback",
     "LimitEvalStepsCallback",
@@ -72,6 +75,7 @@ __all__ = [
     "ProgressBarCallback",
     "RunPaths",
     "RunRecordCallback",
+    "RunReportCallback",
     "SaveBestModelCallback",
     "SaveTrainingStateCallback",
     "StepBasedEvaluationCallback",
@@ -98,6 +102,7 @@ _HOMES = {
     "PrintProgressCallback ProgressBarCallback TerminateOnNaNCallback get_default_callbacks",
     ".early_stopping": "EarlyStoppingCallback",
     ".ema": "EMA_METRIC_PREFIX ModelEmaCallback",
+    ".health": "GradientHealthCallback",
     ".limit_batches": "LIMIT_BATCHES_ENV_VAR LimitBatches LimitBatchesCallback "
     "limit_batches_from_environment",
     ".limit_eval_steps": "LimitEvalStepsCallback",
@@ -105,6 +110,7 @@ _HOMES = {
     ".plotting": "PlotMetricsCallback plot_metrics",
     ".profiler": "ProfilerCallback",
     ".run_record": "RunRecordCallback",
+    ".run_report": "RunReportCallback",
     ".save_best": "SaveBestModelCallback",
     ".save_state": "SaveTrainingStateCallback",
     ".step_eval": "StepBasedEvaluationCallback",

@@ -33,6 +33,8 @@ def factories() -> dict[str, Callable[[], Any]]:
         "StepLoggingCallback": lambda: cb.StepLoggingCallback(log_every_n_updates=3),
         "RunRecordCallback": lambda: cb.RunRecordCallback("record", {"lr": 0.05}),
         "PlotMetricsCallback": cb.PlotMetricsCallback,
+        "RunReportCallback": cb.RunReportCallback,
+        "GradientHealthCallback": lambda: cb.GradientHealthCallback(log_every_n_updates=2),
         "ThroughputCallback": cb.ThroughputCallback,
         "ProfilerCallback": lambda: cb.ProfilerCallback(wait=1, warmup=0, active=1),
         "SaveTrainingStateCallback": lambda: cb.SaveTrainingStateCallback(save_every_n_steps=3),

@@ -87,8 +87,9 @@ def ema_and_step_evaluation(out_dir: Path) -> dict[str, Any]:
         per_device_batch_size=4,
     )
     expected = torch.tensor(log.weights[0])
-    for weights in log.weights[1:]:
-        expected = 0.9 * expected + 0.1 * torch.tensor(weights)
+    for index, weights in enumerate(log.weights[1:]):
+        rate = min(0.9, 1 - (1 + index) ** (-2 / 3))  # warmed up, as timm's ModelEmaV3
+        expected = rate * expected + (1 - rate) * torch.tensor(weights)
     averaged = torch.cat([t.flatten() for t in ema.state_dict()["ema_state_dict"].values()])
     history = trainer.run_history
     return {
