@@ -46,7 +46,6 @@ import torch
 from accelerate.utils import concatenate, send_to_device, slice_tensors
 
 from pytorch_accel._batches import AccumulationPlan, without_count
-from pytorch_accel._checkpointing.resume import ResumePoint, enter_epoch
 from pytorch_accel._checks import (
     check_batch_output,
     check_predict_outputs,
@@ -55,6 +54,7 @@ from pytorch_accel._checks import (
     fail,
     shape_mismatches_raise,
 )
+from pytorch_accel._resumable import enter_epoch
 from pytorch_accel._state import Preparation, PreparedTrainer, TrainerState, fewer_batches
 from pytorch_accel.callback import ProgressEvents
 from pytorch_accel.dataloaders import epoch_batches, eval_set_prefix
@@ -80,6 +80,7 @@ if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
     from pytorch_accel._batches import ItemWeighting
+    from pytorch_accel._checkpointing.resume import ResumePoint
     from pytorch_accel.plugins import StepGuard
     from pytorch_accel.plugins.failing_batches import FailingBatchGuard
 

@@ -25,13 +25,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from pytorch_accel._batches import ItemWeighting
-from pytorch_accel._checkpointing.resume import (
-    Position,
-    ResumableLoader,
-    ResumePoint,
-    make_resumable,
-)
-from pytorch_accel._checkpointing.streams import track_stream_position
+from pytorch_accel._resumable import ResumableLoader, make_resumable
 from pytorch_accel.dataloaders import default_dataloader_kwargs, loader_settings, named_eval_sets
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.failing_batches import skip_policy
@@ -47,6 +41,7 @@ from pytorch_accel.schedulers.stepping import SchedulerStepping
 from pytorch_accel.tracking import LoggedMetrics, LossTracker
 
 if TYPE_CHECKING:
+    from pytorch_accel._checkpointing.resume import Position, ResumePoint
     from pytorch_accel._checkpointing.staging import PendingSave
     from pytorch_accel.plugins.failing_batches import FailingBatchGuard
     from pytorch_accel.plugins.micro_batches import MicroBatchSplitter
@@ -173,6 +168,8 @@ class TrainerState:
         Raises:
             RuntimeError: Inside ``train()`` anywhere but between steps or between epochs.
         """
+        from pytorch_accel._checkpointing.resume import Position
+
         if not self.running or self.savable == "end":
             return Position(self.finished_epochs, 0, in_run=False)
         if self.savable == "step":
@@ -376,6 +373,8 @@ class Preparation:
         prepared = self._prepare(dataloader)
         resumable = self._state.resumable = make_resumable(prepared)
         if resumable is None:
+            from pytorch_accel._checkpointing.streams import track_stream_position
+
             track_stream_position(prepared)
             return prepared
         registered = getattr(self._accelerator, "_dataloaders", None)

@@ -52,6 +52,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "loop",
         (
+            "pytorch_accel._resumable",
             "pytorch_accel._checkpointing.resume",
             "pytorch_accel._state",
             "pytorch_accel._loop",
@@ -113,7 +114,9 @@ LAYER_ROLES = {
         "one `TrainerState`, and what accelerate prepares (`Preparation`: the model, the "
         "optimizer and each run's dataloaders, built through the trainer's hooks); saving, "
         "loading and resuming training states "
-        "(`_checkpointing.training_state`, `_checkpointing.resume`); the run directory under "
+        "(`_checkpointing.training_state`, `_checkpointing.resume`, imported only when a state is "
+        "saved or resumed; every run's train dataloader that can restart mid-epoch, and each "
+        "epoch's entry: `_resumable`); the run directory under "
         "`Trainer(output_dir=...)`, its name agreed across processes, and where callbacks put "
         "their default files (`run_directory`)."
     ),
