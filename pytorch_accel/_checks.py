@@ -240,7 +240,8 @@ def explain_unconcatenated_outputs(
             path, shape, first_shape = differing[0]
             detail = (
                 f"{path} has shape {shape} in batch {index} and {first_shape} in batch 0: its "
-                "dimensions after the first differ between batches (sequences of varying length?)"
+                "dimensions after the first differ between batches (sequences of varying length? "
+                "pass pad_value=... to pad their second dimension)"
             )
             break
     raise PredictOutputsError(

@@ -23,7 +23,6 @@ from accelerate.utils import DistributedType, parse_flag_from_env
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
-from pytorch_accel._checkpointing.streams import check_stateful_dataloader_request
 from pytorch_accel._checks import (
     check_bool,
     check_callable,
@@ -136,7 +135,10 @@ def _check_accelerator_kwargs(where: str, accelerator_kwargs: object) -> None:
                 "kwargs_handlers, fsdp_plugin, ...).",
             )
     _check_deepspeed_request(where, kwargs)
-    check_stateful_dataloader_request(where, kwargs)
+    if getattr(kwargs.get("dataloader_config"), "use_stateful_dataloader", False):
+        from pytorch_accel._checkpointing.streams import check_stateful_dataloader_request
+
+        check_stateful_dataloader_request(where, kwargs)
     _refuse_accelerate_trackers(where, kwargs)
 
 

@@ -46,7 +46,6 @@ import torch
 from accelerate.utils import concatenate, send_to_device, slice_tensors
 
 from pytorch_accel._batches import AccumulationPlan, without_count
-from pytorch_accel._checkpointing.resume import ResumePoint, enter_epoch
 from pytorch_accel._checks import (
     check_batch_output,
     check_predict_outputs,
@@ -55,6 +54,7 @@ from pytorch_accel._checks import (
     fail,
     shape_mismatches_raise,
 )
+from pytorch_accel._resumable import enter_epoch
 from pytorch_accel._state import Preparation, PreparedTrainer, TrainerState, fewer_batches
 from pytorch_accel.callback import ProgressEvents
 from pytorch_accel.dataloaders import epoch_batches, eval_set_prefix
@@ -80,6 +80,7 @@ if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
     from pytorch_accel._batches import ItemWeighting
+    from pytorch_accel._checkpointing.resume import ResumePoint
     from pytorch_accel.plugins import StepGuard
     from pytorch_accel.plugins.failing_batches import FailingBatchGuard
 
@@ -133,6 +134,7 @@ class Loop:
         self._agreement = AgreedFlag() if multiple else None  # the trainer's stop agreement
         self._train_progress = self._eval_progress = self._progress("on_train_progress")
         self._outputs: list[Any] | None = None
+        self._pad_value: float | None = None  # predict(pad_value=...)
         self._eval_guard: FailingBatchGuard | None = None  # the current eval epoch's
         self._step_parts = _StepParts(self)  # what a step guard (plugins/) runs
 
@@ -565,6 +567,7 @@ class Loop:
         output_device: str | torch.device | None,
         keep: bool,
         policy: object = None,
+        pad_value: float | None = None,
     ) -> Any:
         """Predict every batch of a prepared ``dataloader`` (see ``Trainer.predict``).
 
@@ -573,8 +576,9 @@ class Loop:
             output_device: Where each gathered batch is moved (``None``: where it is).
             keep: Keep and return the outputs concatenated; ``False`` returns ``None``.
             policy: ``skip_failing_batches``.
+            pad_value: Pad outputs along their second dimension to one length (``_padding``).
         """
-        self._outputs = [] if keep else None
+        self._outputs, self._pad_value = ([] if keep else None), pad_value
         model = self._trainer.model
         was_training = model.training
         model.eval()
@@ -592,6 +596,10 @@ class Loop:
         if not outputs:
             return None
         try:
+            if pad_value is not None:
+                from pytorch_accel._padding import pad_to_longest
+
+                outputs = pad_to_longest(outputs, pad_value)
             return concatenate(outputs)
         except Exception as error:  # every batch is computed: keep them all in the error
             explain_unconcatenated_outputs(outputs, error)
@@ -616,6 +624,8 @@ class Loop:
         if self._outputs is not None and not self._outputs:  # kept; the first batch
             check_predict_outputs(outputs)  # refuse what could never be concatenated
         accelerator = self._trainer.accelerator
+        if self._pad_value is not None and accelerator.num_processes > 1:  # sizes gathered
+            outputs = accelerator.pad_across_processes(outputs, dim=1, pad_index=self._pad_value)
         # one process has nothing to gather (accelerate would still all-gather over a group of
         # one under a launcher), and no repeated samples to drop
         gathered = (
@@ -641,14 +651,16 @@ class Loop:
         """Run a whole run level (``train``, ``evaluate``, ``predict``) with its events.
 
         ``stopped_by`` is cleared first; a loss that broadcasts targets of another shape raises
-        (``shape_mismatches_raise``).
+        (``shape_mismatches_raise``). With several processes an error is left in the process
+        group's store (``announce_failure``), and a collective that failed because another
+        process ended raises an error naming that process's (``lost_peer_error``).
         """
         self.state.stopped_by = None
         setup_logging()  # the loop's and the callbacks' messages go through the package's logger
         try:
             with shape_mismatches_raise(where):
                 self._with_events(level, body)
-        except BaseException as error:
+        except Exception as error:
             if self._agreement is not None and not isinstance(error, StopTrainingError):
                 # failed on one process: the others learn it when their next collective fails
                 lost = lost_peer_error(where, error)

@@ -25,13 +25,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from pytorch_accel._batches import ItemWeighting
-from pytorch_accel._checkpointing.resume import (
-    Position,
-    ResumableLoader,
-    ResumePoint,
-    make_resumable,
-)
-from pytorch_accel._checkpointing.streams import track_stream_position
+from pytorch_accel._resumable import ResumableLoader, make_resumable
 from pytorch_accel.dataloaders import default_dataloader_kwargs, loader_settings, named_eval_sets
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.failing_batches import skip_policy
@@ -47,6 +41,7 @@ from pytorch_accel.schedulers.stepping import SchedulerStepping
 from pytorch_accel.tracking import LoggedMetrics, LossTracker
 
 if TYPE_CHECKING:
+    from pytorch_accel._checkpointing.resume import Position, ResumePoint
     from pytorch_accel._checkpointing.staging import PendingSave
     from pytorch_accel.plugins.failing_batches import FailingBatchGuard
     from pytorch_accel.plugins.micro_batches import MicroBatchSplitter
@@ -173,6 +168,8 @@ class TrainerState:
         Raises:
             RuntimeError: Inside ``train()`` anywhere but between steps or between epochs.
         """
+        from pytorch_accel._checkpointing.resume import Position
+
         if not self.running or self.savable == "end":
             return Position(self.finished_epochs, 0, in_run=False)
         if self.savable == "step":
@@ -226,6 +223,7 @@ class Preparation:
         self._prepared: tuple[object, object] = (None, None)
         self._trainable_when_wrapped: tuple[bool, ...] = ()
         self.direct_optimizer: torch.optim.Optimizer | None = None
+        self._building: dict[str, Any] = {}  # the overrides of the dataloader being built
 
     @property
     def has_model(self) -> bool:
@@ -270,7 +268,8 @@ class Preparation:
         trainer._train_dl_kwargs = {}
         train_dl = _adopt(trainer, "train", a.train_dataset)
         if train_dl is None:
-            train_dl = trainer.create_train_dataloader(batch_size, a.train_dataloader_kwargs)
+            with self._overrides(a.train_dataloader_kwargs):
+                train_dl = trainer.create_train_dataloader(batch_size, a.train_dataloader_kwargs)
         evals = self.build_eval_dataloaders(
             trainer, a.eval_dataset, batch_size, a.eval_dataloader_kwargs
         )
@@ -296,7 +295,8 @@ class Preparation:
         for name, data in named_eval_sets("Trainer", "eval_dataset", evaluation).items():
             loader = _adopt(trainer, "eval", data)
             if loader is None:
-                loader = trainer.create_eval_dataloader(batch_size, eval_kwargs)
+                with self._overrides(eval_kwargs):
+                    loader = trainer.create_eval_dataloader(batch_size, eval_kwargs)
             loaders[name] = loader
             first_kwargs = trainer._eval_dl_kwargs if first_kwargs is None else first_kwargs
         trainer._eval_dl_kwargs = first_kwargs or {}
@@ -312,7 +312,12 @@ class Preparation:
         shuffle: bool,
         collate_fn: Callable[..., Any] | None,
     ) -> dict[str, Any]:
-        """Return the default ``DataLoader`` arguments for this machine's processes and device."""
+        """Return the default ``DataLoader`` arguments for this machine's processes and device.
+
+        While ``build_dataloaders`` builds a loader whose overrides name ``num_workers``, the
+        dataset is not read to choose a default that would be overridden anyway.
+        """
+        given = self._building.get("num_workers")
         return default_dataloader_kwargs(
             dataset,
             batch_size,
@@ -323,7 +328,17 @@ class Preparation:
             ),
             device=self._accelerator.device,
             collate_fn=collate_fn,
+            num_workers=given if isinstance(given, int) else None,
         )
+
+    @contextlib.contextmanager
+    def _overrides(self, kwargs: Mapping[str, Any] | None) -> Iterator[None]:
+        """Make ``kwargs`` the overrides of the loader being built, inside the block."""
+        self._building = dict(kwargs or {})
+        try:
+            yield
+        finally:
+            self._building = {}
 
     def training_run_config(
         self, trainer: PreparedTrainer, arguments: TrainArguments
@@ -376,6 +391,8 @@ class Preparation:
         prepared = self._prepare(dataloader)
         resumable = self._state.resumable = make_resumable(prepared)
         if resumable is None:
+            from pytorch_accel._checkpointing.streams import track_stream_position
+
             track_stream_position(prepared)
             return prepared
         registered = getattr(self._accelerator, "_dataloaders", None)

@@ -201,6 +201,7 @@ def default_dataloader_kwargs(
     num_local_processes: int,
     device: torch.device | None = None,
     collate_fn: Callable[..., Any] | None = None,
+    num_workers: int | None = None,
 ) -> dict[str, Any]:
     """Return the default keyword arguments of a train or eval dataloader.
 
@@ -213,12 +214,15 @@ def default_dataloader_kwargs(
             a CPU run it would cost time and pinned memory for nothing); without a device,
             whenever CUDA is available.
         collate_fn: The collate function, if not the default.
+        num_workers: The workers the user asked for, if any: then the dataset is not read
+            to choose them (``default_num_workers``).
 
     Returns:
         ``shuffle``, ``batch_size``, ``pin_memory``, ``num_workers``, and, with workers,
         ``persistent_workers`` and ``worker_init_fn``; ``collate_fn`` if given.
     """
-    num_workers = default_num_workers(dataset, num_local_processes)
+    if num_workers is None:
+        num_workers = default_num_workers(dataset, num_local_processes)
     pin_memory = torch.cuda.is_available() if device is None else device.type == "cuda"
     kwargs: dict[str, Any] = {
         "shuffle": shuffle and not isinstance(dataset, IterableDataset),  # a stream has no order

@@ -53,28 +53,38 @@ def save_model(
         RuntimeError: On the other processes, if the main process failed to write.
     """
     final = Path(directory)
-    check_destination(final, overwrite)
-    accelerator.wait_for_everyone()
+    flag = AgreedFlag() if accelerator.num_processes > 1 else None  # on every process
+    refusal: FileExistsError | None = None
+    if accelerator.is_main_process:  # the one process that writes decides, for every process
+        try:
+            check_destination(final, overwrite)
+        except FileExistsError as error:
+            refusal = error
+    _raise_if_any(flag, refusal, final, "refused to replace")
     bare = accelerator.unwrap_model(model, keep_torch_compile=False)
     sharded = accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
     state_dict = accelerator.get_state_dict(model) if sharded else None  # on every process
-    failure: BaseException | None = None
+    failure: Exception | None = None
     if accelerator.is_main_process:
         try:
             _write(bare, state_dict, final)
         except Exception as error:  # raised below, once the processes agree
             failure = error
-    failed = int(failure is not None)
-    if accelerator.num_processes > 1:
-        failed = AgreedFlag().settle(failed)
-    if failure is not None:
-        raise failure
+    _raise_if_any(flag, failure, final, "failed to write")
+    return final
+
+
+def _raise_if_any(flag: AgreedFlag | None, error: Exception | None, final: Path, what: str) -> None:
+    """Raise ``error`` on the main process, and an error naming it on the others."""
+    failed = int(error is not None)
+    if flag is not None:
+        failed = flag.settle(failed)  # every process waits here for the main one
+    if error is not None:
+        raise error
     if failed:
         raise RuntimeError(
-            f"save_model: the main process failed to write {str(final)!r}; its error is in its "
-            "output."
+            f"save_model: the main process {what} {str(final)!r}; its error is in its output."
         )
-    return final
 
 
 def check_destination(final: Path, overwrite: bool) -> None:

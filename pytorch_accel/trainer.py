@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -19,8 +20,6 @@ from torch.utils.data import DataLoader
 
 from pytorch_accel import _entry_checks as checks
 from pytorch_accel._batches import dict_batch_loss, inputs_and_targets, predictions_of
-from pytorch_accel._checkpointing.checkpoint import restore_checkpoint, write_checkpoint
-from pytorch_accel._checkpointing.training_state import TrainingStateIO
 from pytorch_accel._loop import Loop
 from pytorch_accel._state import Preparation, TrainerState
 from pytorch_accel.callback import CallbackHandler, CallbackLike, announces_exceptions
@@ -50,6 +49,7 @@ from pytorch_accel.tracking import (
 )
 
 if TYPE_CHECKING:
+    from pytorch_accel._checkpointing.training_state import TrainingStateIO
     from pytorch_accel.tools.lr_finder import LRFinderResult
 
 __all__ = [  # DEFAULT_CALLBACKS and the other ported names: served by __getattr__ (compat)
@@ -143,7 +143,6 @@ class Trainer:
         self._assigned_num_updates: int | None = None  # see num_updates
         self._preparation = Preparation(self._accelerator, self._state)
         self._loop = Loop(self, self._state, self._preparation)
-        self._states = TrainingStateIO(self, self._preparation, self._state)
         self.callback_handler.call_event("on_init_end", self)
 
     def _create_callback_handler(self, callbacks: Iterable[CallbackLike]) -> CallbackHandler:
@@ -397,7 +396,10 @@ class Trainer:
             self._state.start_counting(continue_run=not reset_run_history)
             self.optimizer.zero_grad()  # a stop inside an accumulation window leaves gradients
             parts = {"optimizer": resume_optimizer, "scheduler": resume_scheduler}
-            self._loop.train(self._states.resume_point(resume_from, **parts))
+            resume = None  # the training-state code is imported only when a state is resumed
+            if resume_from is not None:
+                resume = self._states.resume_point(resume_from, **parts)
+            self._loop.train(resume)
 
     @announces_exceptions
     @checks.suggest_arguments
@@ -465,6 +467,7 @@ class Trainer:
         output_device: str | torch.device | None = "cpu",
         keep_outputs: bool = True,
         skip_failing_batches: int | SkipFailingBatches | None = None,
+        pad_value: float | None = None,
     ) -> Any:
         """Return the model's outputs for every sample of ``data``, in order, from all processes.
 
@@ -487,14 +490,22 @@ class Trainer:
                 gathered batch (``predictions``) to write out.
             skip_failing_batches: As in ``train()``; the outputs lack the skipped batches,
                 whose indices ``run_history`` records as ``predict_skipped_batches``.
+            pad_value: Pad outputs of varying lengths along their second (sequence) dimension
+                with this value, to the longest over every batch and process (a causal
+                language model's ``(batch, length, vocab)`` logits). ``None``: no padding.
 
         Returns:
             The outputs concatenated on the first dimension (a tensor, or the structure of one
             batch's outputs), or ``None`` with ``keep_outputs=False``. Outputs that cannot be
             concatenated are refused after the first batch (a 0-d tensor, a string), or raise
-            ``PredictOutputsError`` after the last, holding every batch's (varying lengths).
+            ``PredictOutputsError`` after the last, holding every batch's (varying lengths:
+            pass ``pad_value``).
         """
         checks.check_trainer_settings("Trainer.predict", self)
+        if pad_value is not None:
+            from pytorch_accel._padding import check_pad_value
+
+            check_pad_value(pad_value)
         loader = checks.predict_dataloader(
             data,
             per_device_batch_size,
@@ -506,7 +517,9 @@ class Trainer:
         )
         self._preparation.prepare_model_and_optimizer(self)
         with self._preparation.prepared_for_prediction(loader) as prepared:
-            return self._loop.predict(prepared, output_device, keep_outputs, skip_failing_batches)
+            return self._loop.predict(
+                prepared, output_device, keep_outputs, skip_failing_batches, pad_value
+            )
 
     @announces_exceptions
     def find_batch_size(self, train_dataset: Any, **kwargs: Any) -> int:
@@ -803,6 +816,8 @@ class Trainer:
         optimizer = self.optimizer if save_optimizer else None
         scheduler = self.scheduler if save_scheduler else None
         accelerator, model = self._accelerator, self.model
+        from pytorch_accel._checkpointing.checkpoint import write_checkpoint
+
         write_checkpoint(accelerator, save_path, model, optimizer, scheduler, checkpoint_kwargs)
 
     def save_model(self, directory: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
@@ -835,9 +850,18 @@ class Trainer:
         """
         optimizer = self.optimizer if load_optimizer else None
         scheduler = self.scheduler if load_scheduler else None
+        from pytorch_accel._checkpointing.checkpoint import restore_checkpoint
+
         return restore_checkpoint(
             self._accelerator, checkpoint_path, self.model, optimizer, scheduler
         )
+
+    @functools.cached_property
+    def _states(self) -> TrainingStateIO:
+        """Saves and loads this trainer's training states (built at the first save or load)."""
+        from pytorch_accel._checkpointing.training_state import TrainingStateIO
+
+        return TrainingStateIO(self, self._preparation, self._state)
 
     def save_training_state(
         self, output_dir: str | os.PathLike[str], blocking: bool = True
@@ -883,7 +907,7 @@ class Trainer:
             FileNotFoundError: If there is no such directory.
             TrainingStateError: If it is incomplete, corrupt or does not fit this trainer.
         """
-        shared, _ = self._states.load(Path(input_dir), "Trainer.load_training_state")
+        shared, *_ = self._states.load(Path(input_dir), "Trainer.load_training_state")
         self.run_history.load_state_dict(shared["history"])
         self._state.restore_counts(shared)  # a later call continues them
         return shared

@@ -46,11 +46,13 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.failing_batches",
             "pytorch_accel.micro_batches",
             "pytorch_accel.run_config",
+            "pytorch_accel._padding",
         ),
     ),
     (
         "loop",
         (
+            "pytorch_accel._resumable",
             "pytorch_accel._checkpointing.resume",
             "pytorch_accel._state",
             "pytorch_accel._loop",
@@ -68,6 +70,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.trainer",
             "pytorch_accel.timm_trainer",
             "pytorch_accel.export",
+            "pytorch_accel.memory",
+            "pytorch_accel.packing",
         ),
     ),
     ("tools", ("pytorch_accel.tools",)),
@@ -97,7 +101,9 @@ LAYER_ROLES = {
         "per argument); every pytorch-accelerated name that is not the project's own "
         "(`compat`: the trainer module's extra names, `Trainer`'s private attributes); "
         "exporting a model in the ecosystem's formats, `Trainer.save_model` (`export`, "
-        "imported by the method)."
+        "imported by the method); activation checkpointing as one switch, called on a model "
+        "before the trainer is made (`memory`); padding-free batches for causal language "
+        "models, a collate function (`packing`)."
     ),
     "loop": (
         "The loop in one module, level by level (training, evaluation, prediction), with the "
@@ -108,7 +114,9 @@ LAYER_ROLES = {
         "one `TrainerState`, and what accelerate prepares (`Preparation`: the model, the "
         "optimizer and each run's dataloaders, built through the trainer's hooks); saving, "
         "loading and resuming training states "
-        "(`_checkpointing.training_state`, `_checkpointing.resume`); the run directory under "
+        "(`_checkpointing.training_state`, `_checkpointing.resume`, imported only when a state is "
+        "saved or resumed; every run's train dataloader that can restart mid-epoch, and each "
+        "epoch's entry: `_resumable`); the run directory under "
         "`Trainer(output_dir=...)`, its name agreed across processes, and where callbacks put "
         "their default files (`run_directory`)."
     ),

@@ -12,7 +12,7 @@ from accelerate.data_loader import DataLoaderShard, skip_first_batches
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, TensorDataset
 
 from pytorch_accel import Trainer
-from pytorch_accel._checkpointing.resume import make_resumable
+from pytorch_accel._resumable import make_resumable
 from pytorch_accel.dataloaders import epoch_batches, iterate, passes_batches_through
 
 Observation = tuple[list[torch.Tensor], bool, bool, bool]

@@ -22,7 +22,7 @@ import os
 import re
 import shutil
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from pytorch_accel._checkpointing.files import (
@@ -33,6 +33,7 @@ from pytorch_accel._checkpointing.files import (
     load_safely,
     read_verified,
 )
+from pytorch_accel._checkpointing.sharded import fsdp_version
 from pytorch_accel.tracking import get_logger
 
 __all__ = [
@@ -43,11 +44,14 @@ __all__ = [
     "find_training_states",
     "hidden",
     "latest_training_state",
+    "newest_resumable",
     "newest_training_state",
     "publish",
     "rank_state_name",
     "read_manifest",
+    "refuse_fsdp1",
     "remove_training_state",
+    "resumes_on",
     "tidy_save_dir",
     "verify_training_state",
     "write_manifest",
@@ -59,8 +63,19 @@ MANIFEST_NAME = "pytorch_accel_state.json"
 _FORMAT = "pytorch-accel-training-state"
 _VERSION = 1
 _PICKLED_SUFFIXES = (".bin", ".pkl", ".pt")
-_LOADED_BY_THE_TRAINER = ("custom_checkpoint_", "trainer_rank_")
+_LOADED_BY_THE_TRAINER = ("custom_checkpoint_", "trainer_rank_", "random_states_")
 _PER_RANK = (("random_states", ".pkl"), ("trainer_rank", ".pt"))
+
+
+def refuse_fsdp1(accelerator: Any, where: str) -> None:
+    """Refuse training states under FSDP version 1: resuming from one is not exact (FSDP2's is)."""
+    if fsdp_version(accelerator) == 1:
+        raise RuntimeError(
+            f"{where}: training states are not supported under FSDP version 1 (a run resumed "
+            "from one does not continue exactly). Use FSDP version 2: "
+            "FullyShardedDataParallelPlugin(fsdp_version=2) (or FSDP_VERSION=2); "
+            "save_checkpoint and load_checkpoint work under both."
+        )
 
 
 def rank_state_name(rank: int) -> str:
@@ -150,18 +165,27 @@ def verify_training_state(directory: Path, world_size: int, where: str) -> dict[
     """
     manifest = read_manifest(directory, where)
     saved_world = manifest.get("world_size")
-    position = manifest.get("position") or {}
-    between_epochs = position.get("batches_done", 1) == 0
-    if saved_world != world_size and not (between_epochs and isinstance(saved_world, int)):
+    if not resumes_on(manifest, world_size):
+        newest, _ = newest_resumable(directory.parent, world_size)
+        instead = (
+            f"the newest state beside it that does is {str(newest)!r}"
+            if newest is not None
+            else f"there is none beside it in {str(directory.parent)!r}"
+        )
         raise TrainingStateError(
             f"{where}: {str(directory)!r} was saved by {saved_world} processes in the middle "
-            f"of an epoch, but this run has {world_size}. Resume with the same number of "
-            f"processes (e.g. `accelerate launch --num_processes {saved_world}`), or from a "
-            "state saved between epochs, which resumes on any number of processes."
+            f"of an epoch, but this run has {world_size}: only a state saved between epochs "
+            f"resumes on another number of processes, and {instead}. Resume with "
+            f"{saved_world} processes (e.g. `accelerate launch --num_processes {saved_world}`), "
+            "or from a state saved between epochs."
         )
-    world_size = saved_world
+    world_size = saved_world if isinstance(saved_world, int) else world_size
     listed = manifest["files"]
-    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+    if not isinstance(listed, dict):
+        raise TrainingStateError(f"{where}: the manifest of {str(directory)!r} lists no files.")
+    for name in listed:
+        _refuse_outside(directory, name, where)
+    for path in sorted(p for p in directory.rglob("*") if p.is_file() or p.is_symlink()):
         name = path.relative_to(directory).as_posix()
         if name != MANIFEST_NAME and name not in listed:
             raise TrainingStateError(
@@ -191,6 +215,25 @@ def verify_training_state(directory: Path, world_size: int, where: str) -> dict[
     return {**manifest, "loaded": loaded}
 
 
+def _refuse_outside(directory: Path, name: str, where: str) -> None:
+    """Refuse a manifest entry that is not a plain file inside ``directory``, before reading.
+
+    An absolute name, a ``..`` part or a symbolic link on the way would read outside the state.
+    """
+    parts = PurePosixPath(name).parts
+    outside = not parts or PurePosixPath(name).is_absolute() or ".." in parts or "\\" in name
+    path = directory
+    for part in () if outside else parts:
+        path = path / part
+        outside = outside or path.is_symlink()
+    if outside:
+        raise TrainingStateError(
+            f"{where}: the manifest of {str(directory)!r} lists {name!r}, which is not a file "
+            "inside the state (an absolute path, a '..' part or a symbolic link): nothing is "
+            "read outside a training state. Resume from another state."
+        )
+
+
 def complete_state(final: Path) -> Path:
     """Return ``final``, or the hidden state standing in for it after an interrupted replace.
 
@@ -213,30 +256,61 @@ def find_training_states(save_dir: Path) -> list[Path]:
     replacement was interrupted is found under its hidden stand-in (``.NAME.incomplete`` or
     ``.NAME.previous``).
     """
-    return [path for *_, path in sorted(_timed_states(save_dir))]
+    return [path for *_, path, _ in sorted(_timed_states(save_dir))]
 
 
 def newest_training_state(save_dirs: Iterable[Path]) -> Path | None:
-    """Return the newest complete training state in any of ``save_dirs`` (``None``: none)."""
-    found = [state for save_dir in save_dirs for state in _timed_states(save_dir)]
-    return max(found)[-1] if found else None
+    """Return the newest complete training state in any of ``save_dirs`` (``None``: none).
+
+    A symbolic link is never picked: it may point at another run's state.
+    """
+    found = [state for save_dir in save_dirs for state in _timed_states(save_dir, links=False)]
+    return max(found)[2] if found else None
 
 
-def _timed_states(save_dir: Path) -> list[tuple[int, tuple[Any, ...], Path]]:
+def resumes_on(manifest: Mapping[str, Any], world_size: int) -> bool:
+    """Whether the state of ``manifest`` resumes on ``world_size`` processes.
+
+    On as many processes as saved it always; on another number only between epochs.
+    """
+    saved_world = manifest.get("world_size")
+    between_epochs = (manifest.get("position") or {}).get("batches_done", 1) == 0
+    return saved_world == world_size or (between_epochs and isinstance(saved_world, int))
+
+
+def newest_resumable(save_dir: Path, world_size: int) -> tuple[Path | None, list[Path]]:
+    """The newest state in ``save_dir`` that resumes on ``world_size`` processes (not a link).
+
+    Returns it (``None``: none) and the newer states passed over, newest first.
+    """
+    passed: list[Path] = []
+    for *_, path, manifest in sorted(_timed_states(save_dir, links=False), reverse=True):
+        if resumes_on(manifest, world_size):
+            return path, passed
+        passed.append(path)
+    return None, passed
+
+
+def _timed_states(
+    save_dir: Path, links: bool = True
+) -> list[tuple[int, tuple[Any, ...], Path, dict[str, Any]]]:
     if not save_dir.is_dir():
         return []
-    names = {path.name for path in save_dir.iterdir() if path.is_dir() and not _alias(path)}
-    names |= {name for path in save_dir.iterdir() if (name := _stood_in_for(path.name))}
+    entries = [path for path in save_dir.iterdir() if links or not path.is_symlink()]
+    names = {path.name for path in entries if path.is_dir() and not _alias(path)}
+    names |= {name for path in entries if (name := _stood_in_for(path.name))}
     found = []
     for name in names:
         if name.startswith("."):
             continue
         path = complete_state(save_dir / name)
+        if not links and path.is_symlink():
+            continue
         try:
             manifest = read_manifest(path, "find_training_states")
         except (OSError, TrainingStateError):
             continue
-        found.append((int(manifest.get("saved_at_ns", 0)), _natural_key(name), path))
+        found.append((int(manifest.get("saved_at_ns", 0)), _natural_key(name), path, manifest))
     return found
 
 

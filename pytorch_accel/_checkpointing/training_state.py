@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import random
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import accelerate.accelerator
+import numpy
 import torch
 from accelerate.utils import DistributedType
 
@@ -30,13 +32,11 @@ from pytorch_accel._checkpointing.fit import model_misfit
 from pytorch_accel._checkpointing.resume import (
     PER_PROCESS,
     Position,
-    RandomStates,
     ResumePoint,
     callback_states,
     gradients,
 )
 from pytorch_accel._checkpointing.sharded import (
-    fsdp_version,
     is_sharded,
     sharded_model_tensors,
     weights_across_layouts,
@@ -53,14 +53,16 @@ from pytorch_accel._checkpointing.store import (
     complete_state,
     discard,
     hidden,
-    latest_training_state,
+    newest_resumable,
     publish,
     rank_state_name,
+    refuse_fsdp1,
     verify_training_state,
     write_manifest,
 )
 from pytorch_accel._checkpointing.streams import stream_position
 from pytorch_accel._checks import fail
+from pytorch_accel._resumable import RandomStates
 from pytorch_accel._state import Preparation
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.distributed import AgreedFlag
@@ -211,6 +213,7 @@ class TrainingStateIO:
             "scheduler": None if trainer.scheduler is None else trainer.scheduler.state_dict(),
             "callbacks": callback_states(trainer.callback_handler.callbacks),
             "run_setup": recorded(config),
+            "loss_func": _loss_state(trainer.loss_func),
         }
 
     def _rank_state(self, position: Position) -> dict[str, Any]:
@@ -261,8 +264,11 @@ class TrainingStateIO:
         directory: Path,
         where: str,
         check: Callable[[dict[str, Any]], None] | None = None,
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Verify a training state, then load it; return its shared and this process's state.
+    ) -> tuple[dict[str, Any], dict[str, Any], int]:
+        """Verify a training state, then load it.
+
+        Returns its shared state, this process's state and the number of processes that saved
+        it.
 
         ``where`` is the entry point, for messages; ``check`` sees the shared state before
         anything is loaded.
@@ -299,9 +305,15 @@ class TrainingStateIO:
                 f"{where}: {str(directory)!r} does not fit this trainer's model or optimizer: "
                 f"{error}"
             ) from error
+        rank = accelerator.process_index
+        if rank < saved_world:  # accelerate read the file again: its verified bytes count
+            _restore_random_states(accelerator, loaded[f"random_states_{rank}.pkl"])
+        loss_state, loss_func = shared.get("loss_func"), self._trainer.loss_func
+        if loss_state is not None and isinstance(loss_func, torch.nn.Module):  # (older lack it)
+            loss_func.load_state_dict(loss_state)
         # another number of processes (between epochs): process i takes saved process i's
         # own state, or (beyond them) process i modulo their number's
-        return shared, loaded[rank_state_name(accelerator.process_index % saved_world)]
+        return shared, loaded[rank_state_name(accelerator.process_index % saved_world)], saved_world
 
     def resume_point(
         self,
@@ -320,10 +332,11 @@ class TrainingStateIO:
             return None
         check = functools.partial(self._check_resumable, directory, scheduler)
         with optimizer_not_loaded(self._trainer.accelerator, skip=not optimizer):
-            shared, rank_state = self.load(directory, "Trainer.train", check)
-        random_states = RandomStates(
-            torch.get_rng_state(), tuple(rank_state["loader"]["generators"])
-        )
+            shared, rank_state, saved_world = self.load(directory, "Trainer.train", check)
+        # the samplers' generators of another number of processes are others: not replayed
+        same_world = saved_world == self._trainer.accelerator.num_processes
+        generators = tuple(rank_state["loader"]["generators"]) if same_world else ()
+        random_states = RandomStates(torch.get_rng_state(), generators)
         trainer = self._trainer
         trainer.run_history.load_state_dict(shared["history"])
         self._loop.restore_counts(shared)
@@ -384,10 +397,20 @@ class TrainingStateIO:
                 "Add SaveTrainingStateCallback(save_dir=...) (its save_dir is searched), or pass "
                 "the directory of a training state.",
             )
-        latest = latest_training_state(save_dirs[0])
+        world_size = trainer.accelerator.num_processes
+        latest, passed = newest_resumable(save_dirs[0], world_size)
+        if passed:
+            names = ", ".join(repr(path.name) for path in passed)
+            message = (
+                f'resume_from="latest": passed over {names} in {str(save_dirs[0])!r}, saved '
+                f"in the middle of an epoch by another number of processes than this run's "
+                f"{world_size}; only a state saved between epochs resumes on another number."
+            )
+            warnings.warn(message, stacklevel=4)
         if latest is None:
             setup_logging().info(
-                f"No training state in {str(save_dirs[0])!r} yet: starting afresh."
+                f"No training state in {str(save_dirs[0])!r} that resumes on {world_size} "
+                "process(es) yet: starting afresh."
             )
         return latest
 
@@ -491,15 +514,22 @@ def _check_saved_states_load_safely(directory: Path) -> None:
             raise unsafe_state_error(error) from error
 
 
-def refuse_fsdp1(accelerator: Any, where: str) -> None:
-    """Refuse training states under FSDP version 1: resuming from one is not exact (FSDP2's is)."""
-    if fsdp_version(accelerator) == 1:
-        raise RuntimeError(
-            f"{where}: training states are not supported under FSDP version 1 (a run resumed "
-            "from one does not continue exactly). Use FSDP version 2: "
-            "FullyShardedDataParallelPlugin(fsdp_version=2) (or FSDP_VERSION=2); "
-            "save_checkpoint and load_checkpoint work under both."
-        )
+def _restore_random_states(accelerator: Any, states: Mapping[str, Any]) -> None:
+    """Set the random states accelerate saved (``random_states_<rank>.pkl``), as verified."""
+    random.setstate(states["random_state"])
+    numpy.random.set_state(states["numpy_random_seed"])
+    torch.set_rng_state(states["torch_manual_seed"])
+    if "torch_cuda_manual_seed" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["torch_cuda_manual_seed"])
+    if "step" in states:
+        accelerator.step = states["step"]
+
+
+def _loss_state(loss_func: Any) -> dict[str, Any] | None:
+    """The parameters and buffers of a loss module (``None``: not a module, or none)."""
+    if not isinstance(loss_func, torch.nn.Module):
+        return None
+    return loss_func.state_dict() or None
 
 
 def _check_model_fits(

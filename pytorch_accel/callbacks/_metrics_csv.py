@@ -24,6 +24,7 @@ __all__ = [
     "STEP_COLUMN",
     "UPDATE_COLUMN",
     "append_metrics_row",
+    "append_metrics_rows",
     "metrics_csv_index",
     "read_metrics_csv",
     "read_metrics_rows",
@@ -60,8 +61,26 @@ def append_metrics_row(
     path: str | os.PathLike[str], index: int, row: Mapping[str, Any], names: list[str]
 ) -> None:
     """Append the row of step ``index`` to a file written with the metric columns ``names``."""
+    append_metrics_rows(path, [(index, row)], names)
+
+
+def append_metrics_rows(
+    path: str | os.PathLike[str],
+    rows: Sequence[tuple[int, Mapping[str, Any]]],
+    names: list[str],
+) -> None:
+    """Append ``(step, row)`` pairs, in order, to a file written with the metric columns ``names``.
+
+    The file is opened once and the rows written in one write, each a complete line: a
+    process killed during it leaves at most the last row cut short, which
+    ``read_metrics_rows`` stops at.
+    """
+    table = io.StringIO(newline="")
+    writer = csv.writer(table)
+    for index, row in rows:
+        writer.writerow([index, *(_cell(row.get(name)) for name in names)])
     with open(path, "a", newline="", encoding="utf-8") as handle:
-        csv.writer(handle).writerow([index, *(_cell(row.get(name)) for name in names)])
+        handle.write(table.getvalue())
 
 
 def read_metrics_csv(path: str | os.PathLike[str]) -> dict[str, list[tuple[int, float]]]:

@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -236,10 +236,10 @@ class RunRecordCallback(TrackingCallback):
                 self._close_log()
             super().on_exception(trainer, exception, **kwargs)
 
-    def log_step(self, trainer: TrainerLike, metrics: dict[str, float], step: int) -> None:
-        """Send one step-level logging point (see ``TrackingCallback.log_step``)."""
+    def log_steps(self, trainer: TrainerLike, rows: Sequence[tuple[int, dict[str, float]]]) -> None:
+        """Send step-level logging points (see ``TrackingCallback.log_steps``)."""
         self._check_log()
-        super().log_step(trainer, metrics, step)
+        super().log_steps(trainer, rows)
 
     def _write_description(self, trainer: TrainerLike) -> None:
         model = trainer.get_model()

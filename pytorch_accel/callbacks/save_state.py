@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytorch_accel._checkpointing.store import (
     find_training_states,
+    refuse_fsdp1,
     remove_training_state,
     tidy_save_dir,
 )
@@ -158,7 +159,8 @@ class SaveTrainingStateCallback(TrainerCallback):
         self._run_paths.place(self, run_dir)
 
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
-        """Repair and clear what killed saves left, and install the signal handlers."""
+        """Refuse FSDP1; repair and clear what killed saves left; install the signal handlers."""
+        refuse_fsdp1(trainer.accelerator, "SaveTrainingStateCallback")  # before any epoch
         self.preempted_by, self._received, self._interrupted = None, None, False
         self._updates_seen = trainer.global_num_updates
         if trainer.resumed_from is not None:  # (a run that resumed nothing reads nothing here)

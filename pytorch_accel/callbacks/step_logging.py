@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -339,8 +339,9 @@ class StepLoggingCallback(TrainerCallback):
     device, and the points are read together (one host read in one process; with several, each
     point's exchange, all at that place: every process must run the callback), once they span
     ``FLUSH_EVERY_N_UPDATES`` (32) updates, at each epoch's end, at the run's end and when a
-    training state is saved; ``log_step`` is then called for each point in order, with the
-    values it would have had if read at once. At the default interval every point is read at
+    training state is saved; ``log_steps`` is then called once with the points in order
+    (by default it calls ``log_step`` for each), with the values they would have had if read
+    at once. At the default interval every point is read at
     once; logging every update, ``log_step`` runs in bursts of 32. On an exception the points
     not yet read are logged in one process; with several they would need a collective, and
     are dropped with a warning. Order ``100``.
@@ -466,8 +467,7 @@ class StepLoggingCallback(TrainerCallback):
         try:
             steps = self.step_metrics
             assert steps is not None  # points are only taken with an interval
-            for step, metrics in steps.flush(pending, across_processes=False):
-                self.log_step(trainer, metrics, step)
+            self._log_rows(trainer, steps.flush(pending, across_processes=False))
         except Exception as error:  # the run has failed already: that error is the one to see
             get_logger().warning("%s: could not log step metrics: %s", type(self).__name__, error)
 
@@ -482,6 +482,30 @@ class StepLoggingCallback(TrainerCallback):
         total = before + config.total_num_update_steps if config else step
         get_logger().info(SEPARATOR.join([f"update {step}/{total}", format_metrics(metrics)]))
 
+    def log_steps(self, trainer: Trainer, rows: Sequence[tuple[int, dict[str, float]]]) -> None:
+        """Log several logging points, ``(step, metrics)`` in order, read at one flush.
+
+        The default calls ``log_step`` for each; override it to handle them together (as
+        ``TrackingCallback`` does, with one write of its CSV file). A subclass that overrides
+        ``log_step`` below the class that defines ``log_steps`` gets ``log_step`` per row.
+        """
+        for step, metrics in rows:
+            self.log_step(trainer, metrics, step)
+
+    def _log_rows(self, trainer: Trainer, rows: Sequence[tuple[int, dict[str, float]]]) -> None:
+        """Log a flush's rows with ``log_steps``, or per row with an override of ``log_step``.
+
+        ``log_step`` per row where a subclass of the class that defines ``log_steps``
+        overrides it, so that override sees every row.
+        """
+        if not rows:
+            return
+        if _defined_later(type(self), "log_step", "log_steps"):
+            for step, metrics in rows:
+                self.log_step(trainer, metrics, step)
+        else:
+            self.log_steps(trainer, rows)
+
     def _log(self, trainer: Trainer, steps: StepMetrics) -> None:
         point = steps.snapshot(trainer)
         if point is None:
@@ -495,5 +519,13 @@ class StepLoggingCallback(TrainerCallback):
         """Read the pending points together and log each, in order."""
         pending, self._pending = self._pending, []
         if self.step_metrics is not None:
-            for step, metrics in self.step_metrics.flush(pending):
-                self.log_step(trainer, metrics, step)
+            self._log_rows(trainer, self.step_metrics.flush(pending))
+
+
+def _defined_later(cls: type, name: str, other: str) -> bool:
+    """Whether ``cls`` gets method ``name`` from a class before the one ``other`` comes from."""
+    owners = [
+        next(index for index, owner in enumerate(cls.__mro__) if attribute in vars(owner))
+        for attribute in (name, other)
+    ]
+    return owners[0] < owners[1]

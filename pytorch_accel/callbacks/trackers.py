@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytorch_accel.callbacks._metrics_csv import (
     STEP_COLUMN,
     UPDATE_COLUMN,
-    append_metrics_row,
+    append_metrics_rows,
     read_metrics_rows,
     write_metrics_csv,
 )
@@ -232,17 +233,32 @@ class TrackingCallback(StepLoggingCallback):
         _finish_trackers(self.trackers)
 
     def log_step(self, trainer: Trainer, metrics: dict[str, float], step: int) -> None:
-        """Send one step-level logging point to the trackers and the step CSV (main process)."""
-        if not trainer.accelerator.is_main_process:
+        """Send one step-level logging point to the trackers and the step CSV (main process).
+
+        A one-row ``log_steps``.
+        """
+        self.log_steps(trainer, [(step, metrics)])
+
+    def log_steps(self, trainer: Trainer, rows: Sequence[tuple[int, dict[str, float]]]) -> None:
+        """Send several step-level logging points, in order, to the trackers and the step CSV.
+
+        On the main process: each row goes to every tracker, then the step CSV is opened once
+        for all of them (see ``log_step``; the same rows and values as one call per row).
+        """
+        if not rows or not trainer.accelerator.is_main_process:
             return
-        for tracker in self.trackers:
-            with self._writing_tracker(tracker):
-                tracker.log(metrics, step=step)
+        for step, metrics in rows:
+            for tracker in self.trackers:
+                with self._writing_tracker(tracker):
+                    tracker.log(metrics, step=step)
         path = self.step_csv_path
         if path is not None:
             with self._writing(path, "csv_path"):
-                self._write_step_row(path, step, metrics)
-        get_logger().debug("update %d: %s", step, format_metrics(metrics))
+                self._write_step_rows(path, rows)
+        logger = get_logger()
+        if logger.isEnabledFor(logging.DEBUG):
+            for step, metrics in rows:
+                logger.debug("update %d: %s", step, format_metrics(metrics))
 
     def log_images(self, images: Mapping[str, Any], step: int, **kwargs: Any) -> None:
         """Send images to the trackers that take them (TensorBoard, W&B, Aim, ...).
@@ -312,11 +328,17 @@ class TrackingCallback(StepLoggingCallback):
         """Close every file this callback holds open (after a failed write: quietly)."""
         _finish_trackers(self.trackers, quietly=True)
 
-    def _write_step_row(self, path: Path, step: int, metrics: dict[str, float]) -> None:
-        """Append the row; start the file afresh when the run starts or a column appears."""
-        self._step_rows[step] = metrics
-        if self._step_columns and set(metrics) <= set(self._step_columns) and path.exists():
-            append_metrics_row(path, step, metrics, self._step_columns)
+    def _write_step_rows(self, path: Path, rows: Sequence[tuple[int, dict[str, float]]]) -> None:
+        """Append the rows, with one open; start the file afresh at need (atomically).
+
+        The file is written whole (replaced atomically, with every row so far) when the run
+        starts or a row has a column the file has not; else the rows are appended.
+        """
+        columns = set(self._step_columns)
+        for step, metrics in rows:
+            self._step_rows[step] = metrics
+        if columns and all(set(metrics) <= columns for _, metrics in rows) and path.exists():
+            append_metrics_rows(path, rows, self._step_columns)
             return
         self._step_columns = sorted({name for row in self._step_rows.values() for name in row})
         write_metrics_csv(self._step_rows, path, index_column=STEP_COLUMN)

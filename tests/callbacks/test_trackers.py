@@ -246,3 +246,66 @@ def test_a_full_disk_for_the_step_csv_names_it(tmp_path: Path) -> None:
         trainer.train(make_regression_dataset(16), num_epochs=2, per_device_batch_size=4)
     assert info.value.errno == errno.ENOSPC
     assert isinstance(info.value.__cause__, OSError)
+
+
+def step_rows() -> list[tuple[int, dict[str, float]]]:
+    """Logging points as a flush reads them: a column (grad_norm) appears at the third."""
+    rows: list[tuple[int, dict[str, float]]] = []
+    for step in range(1, 8):
+        metrics = {"train_loss_step": 1.0 / step, "lr": 0.05, "samples_per_second": 100.0 + step}
+        if step >= 3:
+            metrics["grad_norm"] = 0.1 * step
+        rows.append((step, metrics))
+    return rows
+
+
+def test_a_flush_of_several_rows_writes_the_csv_of_one_call_per_row(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # issue 44: a flush writes its rows with one open of the step CSV (log_steps)
+    trainer = make_trainer()
+    rows = step_rows()
+    one_by_one = TrackingCallback(log_with=(), csv_path=tmp_path / "single" / "m.csv")
+    together = TrackingCallback(log_with=(), csv_path=tmp_path / "together" / "m.csv")
+    for callback in (one_by_one, together):
+        assert callback.step_csv_path is not None
+        callback.step_csv_path.parent.mkdir()
+    for step, metrics in rows:
+        one_by_one.log_step(trainer, metrics, step)
+    with caplog.at_level("DEBUG", logger="pytorch_accel"):
+        together.log_steps(trainer, rows[:2])  # the file starts
+        together.log_steps(trainer, rows[2:5])  # a column appears: written whole
+        together.log_steps(trainer, rows[5:])  # appended
+    assert one_by_one.step_csv_path is not None
+    assert together.step_csv_path is not None
+    expected = one_by_one.step_csv_path.read_bytes()
+    assert together.step_csv_path.read_bytes() == expected
+    assert [row["step"] for row in read_csv(together.step_csv_path)] == [str(s) for s, _ in rows]
+    assert [record.getMessage().split(":")[0] for record in caplog.records] == [
+        f"update {step}" for step, _ in rows
+    ]
+
+
+class EveryRow(TrackingCallback):
+    def __init__(self, csv_path: Path) -> None:
+        super().__init__(log_with=(), csv_path=csv_path, log_every_n_updates=1)
+        self.steps: list[int] = []
+
+    def log_step(self, trainer: Trainer, metrics: dict[str, float], step: int) -> None:
+        self.steps.append(step)
+        super().log_step(trainer, metrics, step)
+
+
+def test_an_override_of_log_step_still_gets_each_row_of_a_flush(tmp_path: Path) -> None:
+    tracking = EveryRow(tmp_path / "m.csv")
+    trainer = make_trainer(callbacks=(tracking,))
+    trainer.train(make_regression_dataset(24), num_epochs=2, per_device_batch_size=8)
+    assert tracking.steps == [1, 2, 3, 4, 5, 6]
+    assert [row["step"] for row in read_csv(tmp_path / "m_steps.csv")] == [
+        "1",
+        "2",
+        "3",
+        "4",
+        "5",
+        "6",
+    ]

@@ -35,3 +35,14 @@ def test_outputs_that_cannot_be_concatenated_are_kept_or_refused_on_every_rank(
         assert report["kept"] == [[8, 2], [8, 4], [5, 6]]  # 21 samples, 4 per process
         assert report["equal"]
         assert report["refused"] == [1, True]  # a mean: refused after the first batch
+
+
+def test_outputs_of_varying_width_across_processes_are_padded_to_the_widest(
+    ranks: list[dict[str, Any]],
+) -> None:
+    # issue 42: predict(pad_value=...) pads each batch across processes, then across batches
+    for rank in ranks:
+        report = rank["padded"]
+        assert report["shape"] == [21, 6]  # 3 repeats of 2 outputs at the widest
+        assert report["rows"] == 21  # every sample: its outputs, then the padding
+        assert report["repeats"] == [1, 2, 3]  # widths of both processes' batches

@@ -53,6 +53,31 @@ def unconcatenated(model: nn.Module, inputs: torch.Tensor) -> dict[str, Any]:
     return {"kept": kept, "equal": equal, "refused": refused}
 
 
+class Ragged(Trainer):
+    """Outputs repeated 1 to 3 times: widths differ between batches and between processes."""
+
+    calls = 0
+
+    def calculate_predict_batch(self, batch: Any) -> Any:
+        self.calls += 1
+        repeats = 1 + self.accelerator.process_index + self.calls % 2
+        return super().calculate_predict_batch(batch).repeat(1, repeats)
+
+
+def padded(model: nn.Module, inputs: torch.Tensor) -> dict[str, Any]:
+    """predict(pad_value=...) of outputs whose widths differ across batches and processes."""
+    trainer = Ragged(model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.1), ())
+    outputs = trainer.predict(TensorDataset(inputs), per_device_batch_size=4, pad_value=-1000.0)
+    with torch.no_grad():
+        reference = model(inputs)
+    repeats = []
+    for row, own in zip(outputs, reference, strict=True):
+        count = int((row != -1000.0).sum()) // 2
+        if torch.allclose(row[: 2 * count], own.repeat(count), atol=1e-6):
+            repeats.append(count)
+    return {"shape": list(outputs.shape), "repeats": sorted(set(repeats)), "rows": len(repeats)}
+
+
 def main() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
@@ -74,6 +99,7 @@ def main() -> None:
             "streamed": streamed,
         }
     results["unconcatenated"] = unconcatenated(model, torch.randn(21, 4))
+    results["padded"] = padded(model, torch.randn(21, 4))
     report_and_exit(results)
 
 

@@ -7,6 +7,7 @@ process group again (a failed run leaves it unusable).
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import sys
@@ -19,7 +20,12 @@ from helpers import make_model, make_regression_dataset
 from torch import nn
 
 from pytorch_accel import Trainer
-from pytorch_accel.callbacks import DEFAULT_CALLBACKS, StepLoggingCallback, StopTrainingError
+from pytorch_accel.callbacks import (
+    DEFAULT_CALLBACKS,
+    StepLoggingCallback,
+    StopTrainingError,
+    TrackingCallback,
+)
 
 RANK = int(os.environ["RANK"])
 SCENARIO = sys.argv[2]
@@ -35,6 +41,8 @@ class Faulty(Trainer):
             self.log("a" if RANK == 0 else "b", 1.0 if RANK == 0 else 3.0)
         if SCENARIO == "log_one_rank_steps" and RANK == 0 and step == 1:
             self.log("rare_event", 1.0)
+        if SCENARIO == "log_many_names":  # more than an interval's exchange has room for
+            self.log_dict({f"n{index}": float(RANK + index) for index in range(10)})
         if SCENARIO == "stop_in_step" and RANK == 1 and step == 3:
             raise StopTrainingError("rank 1 has seen enough")
         if SCENARIO == "raise_in_step" and RANK == 1 and step == 3:
@@ -54,6 +62,12 @@ def main() -> None:
     callbacks: tuple[Any, ...] = DEFAULT_CALLBACKS
     if SCENARIO == "log_one_rank_steps":
         callbacks = (*callbacks, StepLoggingCallback(log_every_n_updates=2))
+    if SCENARIO == "log_many_names":
+        csv_path = out_dir / "metrics.csv"
+        callbacks = (
+            *callbacks,
+            TrackingCallback(log_with=(), csv_path=csv_path, log_every_n_updates=2),
+        )
     trainer = Faulty(
         model, nn.MSELoss(), torch.optim.SGD(model.parameters(), lr=0.05), callbacks=callbacks
     )
@@ -71,6 +85,9 @@ def main() -> None:
         report["error"] = type(error).__name__
         report["message"] = str(error)
     report["seconds"] = time.monotonic() - started
+    steps_csv = out_dir / "metrics_steps.csv"
+    if RANK == 0 and steps_csv.exists():
+        report["steps"] = list(csv.DictReader(steps_csv.open()))
     report["history"] = {
         name: trainer.run_history.get_metric_values(name)
         for name in trainer.run_history.get_metric_names()
