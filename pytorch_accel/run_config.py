@@ -226,14 +226,14 @@ def create_run_config(
     train_dataloader: Sized | None,
     limit_train_batches: int | None,
     dl_kwargs: tuple[Mapping[str, Any], Mapping[str, Any]],
-    arguments: Mapping[str, Any],
+    arguments: Mapping[str, Any] = MappingProxyType({"num_epochs": 1}),
 ) -> TrainerRunConfig:
     """Describe a run from its prepared dataloaders and the arguments of ``train()``.
 
     ``train_dataloader`` is this process's (``None`` in ``evaluate()``), ``dl_kwargs`` the
     arguments the train and eval dataloaders were built with (``{}`` for one not built).
     The fields named as ``train()`` arguments are copied from ``arguments`` (a
-    ``TrainArguments``; ``evaluate()`` passes ``num_epochs`` only), the others derived.
+    ``TrainArguments``; by default ``evaluate()``'s: one epoch), the others derived.
     """
     given = {f.name: arguments[f.name] for f in fields(TrainerRunConfig) if f.name in arguments}
     accumulation = given.setdefault("gradient_accumulation_steps", 1)

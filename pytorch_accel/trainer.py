@@ -295,8 +295,7 @@ class Trainer:
     ) -> None:
         """Train for ``num_epochs`` (or ``max_num_train_steps`` updates, whichever ends first).
 
-        This signature and its Args are the one declaration of the arguments: the checks
-        (``_entry_checks.TRAIN_CHECKS``), the run config and the Trainer page derive from them.
+        The one declaration of the arguments (checks, run config and docs derive from it).
 
         Args:
             train_dataset: A map-style dataset (with ``__len__``), at least one batch per
@@ -308,55 +307,46 @@ class Trainer:
             num_epochs: Epochs (passes through the data) to train for in this call; ``None``
                 with ``max_num_train_steps``: as many as its updates need ([details](
                 training-loop.md#runs-counted-in-updates-and-iterabledatasets)).
-            eval_dataset: Evaluated after training epochs, if given: a dataset or a
-                ``DataLoader``, or a mapping of [named eval sets](trainer.md#several-eval-sets)
-                ``{"val": ..., "ood": ...}`` (metrics ``val_eval_loss_epoch``, ...).
-            per_device_batch_size: Batch size on each process of the dataloaders built from
-                datasets (8 when not given).
+            eval_dataset: Evaluated after training epochs: a dataset or a ``DataLoader``, or
+                [named eval sets](trainer.md#several-eval-sets) ``{"val": ..., "ood": ...}``.
+            per_device_batch_size: Batch size on each process, for datasets (default 8).
             max_num_train_steps: Stop after this many optimizer updates on each process
                 ([details](training-loop.md#limiting-the-number-of-updates)); required without
                 ``num_epochs``, and for an ``IterableDataset``.
-            gradient_accumulation_steps: Micro-batches per optimizer update ([details](
-                training-loop.md#gradient-accumulation)).
+            gradient_accumulation_steps: Micro-batches per optimizer update.
             gradient_clip_value: Clip each gradient element to ``[-value, value]``.
             create_scheduler_fn: ``optimizer -> scheduler``, usually a ``functools.partial``
                 with [placeholders](trainer.md#placeholders) (``TrainerPlaceholderValues``).
-            train_dataloader_kwargs: Override the train ``DataLoader``'s [defaults](
-                trainer.md#dataloader-defaults).
+            train_dataloader_kwargs: Override the train ``DataLoader``'s defaults.
             eval_dataloader_kwargs: Override the eval ``DataLoader``'s [defaults](
-                trainer.md#dataloader-defaults).
+                trainer.md#dataloader-defaults), as ``train_dataloader_kwargs`` the train one's.
             reset_run_history: ``False``: continue the run of the earlier calls (metrics, epoch
                 and update counts; [details](trainer.md#several-train-calls-stages-of-one-run)).
             collate_fn: The collate function of both dataloaders.
             max_grad_norm: Clip the global gradient norm (not with ``gradient_clip_value``).
-            resume_from: A training state's directory (``save_training_state``,
-                ``SaveTrainingStateCallback``), or ``"latest"`` (the newest in the callback's
-                ``save_dir``; none yet: start afresh), to continue a saved run exactly, with its
-                other arguments ([resuming a run](checkpointing.md#resuming-a-run)).
+            resume_from: A training state's directory, or ``"latest"`` (the newest in
+                ``SaveTrainingStateCallback``'s ``save_dir``; none: start afresh), to continue a
+                saved run exactly ([resuming a run](checkpointing.md#resuming-a-run)).
             eval_every_n_epochs: Evaluate after every this many epochs, and after the last
                 ([details](trainer.md#how-often-to-evaluate-and-the-sanity-evaluation)).
             sanity_eval_batches: Before the first epoch, evaluate this many batches of every
-                eval set through the eval step and every callback, so that a broken evaluation
-                fails in seconds; weights and history are unchanged. 0: off.
+                eval set (every callback too): a broken evaluation fails in seconds. 0: off.
             seed: Seed ``random``, NumPy and torch (all devices) before anything draws
                 ([details](run-setup.md#seeding-and-determinism)); recorded in the run config.
             seed_per_rank: Seed each process with ``seed + process_index``.
-            deterministic: Use deterministic algorithms (torch, cuDNN, cuBLAS); ``False`` leaves
-                torch's settings as they are.
+            deterministic: Use deterministic algorithms (torch, cuDNN, cuBLAS).
             cudnn_benchmark: Set ``torch.backends.cudnn.benchmark``; ``None`` leaves it.
             auto_scale_lr: A base batch size: scale the learning rates by the global batch size
                 (processes x per-device batch x accumulation) over it, once per run ([details](
                 run-setup.md#scaling-the-learning-rate-to-the-batch-size)).
-            resume_optimizer: ``False``: resume without the optimizer's saved state ([selective
-                resume](run-setup.md#selective-resume)).
-            resume_scheduler: ``False``: resume without the scheduler's saved state, which
-                starts afresh ([selective resume](run-setup.md#selective-resume)).
+            resume_optimizer: ``False``: resume without the optimizer's saved state.
+            resume_scheduler: ``False``: resume without the scheduler's saved state
+                ([selective resume](run-setup.md#selective-resume)).
             skip_failing_batches: Skip training batches whose forward pass runs out of memory,
                 or which are empty: up to this many, or as a ``SkipFailingBatches`` says
                 ([failing batches](run-setup.md#failing-batches)). ``None``: fail at once.
-            on_oom: ``"split"``: a step that runs out of memory runs again in twice as many
-                micro-batches of the same total, to the run's end, with the same results
-                ([details](
+            on_oom: ``"split"``: a step out of memory runs again in twice as many micro-batches
+                of the same total, to the run's end, with the same results ([details](
                 tuning-and-diagnosis.md#out-of-memory-more-micro-batches-same-results)).
             dry_run: Check the set-up instead of training: ``True`` (2) or N batches of training
                 and evaluation through every callback, a save and a load of the training state,
@@ -395,10 +385,8 @@ class Trainer:
             self.scheduler = self.create_scheduler() if create_scheduler_fn is not None else None
             self._state.start_counting(continue_run=not reset_run_history)
             self.optimizer.zero_grad()  # a stop inside an accumulation window leaves gradients
-            parts = {"optimizer": resume_optimizer, "scheduler": resume_scheduler}
-            resume = None  # the training-state code is imported only when a state is resumed
-            if resume_from is not None:
-                resume = self._states.resume_point(resume_from, **parts)
+            load = {"optimizer": resume_optimizer, "scheduler": resume_scheduler}
+            resume = None if resume_from is None else self._states.resume_point(resume_from, **load)
             self._loop.train(resume)
 
     @announces_exceptions
@@ -450,9 +438,8 @@ class Trainer:
             checks.check_has_batches(
                 "Trainer.evaluate", self._state, dataloader_kwargs=self._eval_dl_kwargs
             )
-            kwargs: tuple[dict[str, Any], dict[str, Any]] = ({}, self._eval_dl_kwargs)
-            config = create_run_config(self._accelerator, None, None, kwargs, {"num_epochs": 1})
-            self.run_config = config
+            dl: tuple[dict[str, Any], dict[str, Any]] = ({}, self._eval_dl_kwargs)
+            self.run_config = create_run_config(self._accelerator, None, None, dl)  # one epoch
             return self._loop.evaluate(metric_prefix, skip_failing_batches)
 
     @announces_exceptions
