@@ -317,7 +317,6 @@ class Preparation:
         While ``build_dataloaders`` builds a loader whose overrides name ``num_workers``, the
         dataset is not read to choose a default that would be overridden anyway.
         """
-        given = self._building.get("num_workers")
         return default_dataloader_kwargs(
             dataset,
             batch_size,
@@ -328,7 +327,7 @@ class Preparation:
             ),
             device=self._accelerator.device,
             collate_fn=collate_fn,
-            num_workers=given if isinstance(given, int) else None,
+            read_items="num_workers" not in self._building,
         )
 
     @contextlib.contextmanager

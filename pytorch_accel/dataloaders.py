@@ -55,7 +55,9 @@ __all__ = [
 ]
 
 
-def default_num_workers(dataset: object, num_local_processes: int) -> int:
+def default_num_workers(
+    dataset: object, num_local_processes: int, *, read_items: bool = True
+) -> int:
     """Return a sensible number of loader workers for one process.
 
     0 where the items are already in memory: a ``TensorDataset``, or a dataset whose first
@@ -74,11 +76,14 @@ def default_num_workers(dataset: object, num_local_processes: int) -> int:
     Args:
         dataset: The dataset to load.
         num_local_processes: Processes sharing this machine's CPUs.
+        read_items: Whether the first item may be read (``items_are_stored``); without it
+            only a ``TensorDataset`` or a stream counts as in memory.
 
     Returns:
         The number of workers.
     """
-    if isinstance(dataset, (TensorDataset, IterableDataset)) or items_are_stored(dataset):
+    in_memory = isinstance(dataset, (TensorDataset, IterableDataset))
+    if in_memory or (read_items and items_are_stored(dataset)):
         return 0
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(0, min(4, (cpus or 1) // max(1, num_local_processes) - 1))
@@ -201,7 +206,7 @@ def default_dataloader_kwargs(
     num_local_processes: int,
     device: torch.device | None = None,
     collate_fn: Callable[..., Any] | None = None,
-    num_workers: int | None = None,
+    read_items: bool = True,
 ) -> dict[str, Any]:
     """Return the default keyword arguments of a train or eval dataloader.
 
@@ -214,15 +219,14 @@ def default_dataloader_kwargs(
             a CPU run it would cost time and pinned memory for nothing); without a device,
             whenever CUDA is available.
         collate_fn: The collate function, if not the default.
-        num_workers: The workers the user asked for, if any: then the dataset is not read
-            to choose them (``default_num_workers``).
+        read_items: Whether ``default_num_workers`` may read the dataset's first item;
+            ``False`` where the user's ``num_workers`` overrides the default anyway.
 
     Returns:
         ``shuffle``, ``batch_size``, ``pin_memory``, ``num_workers``, and, with workers,
         ``persistent_workers`` and ``worker_init_fn``; ``collate_fn`` if given.
     """
-    if num_workers is None:
-        num_workers = default_num_workers(dataset, num_local_processes)
+    num_workers = default_num_workers(dataset, num_local_processes, read_items=read_items)
     pin_memory = torch.cuda.is_available() if device is None else device.type == "cuda"
     kwargs: dict[str, Any] = {
         "shuffle": shuffle and not isinstance(dataset, IterableDataset),  # a stream has no order
