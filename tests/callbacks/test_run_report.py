@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import html
+import importlib.util
 import re
 import shutil
-import subprocess
 import threading
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from pytorch_accel.callbacks import RunRecordCallback, RunReportCallback, Traine
 from pytorch_accel.callbacks import run_report as run_report_module
 
 CHROMIUM = Path("/usr/bin/chromium")
+PICTURES_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "generate_pictures.py"
 
 
 class ReadsPageAtEpochEnd(TrainerCallback):
@@ -119,7 +120,7 @@ def test_the_page_shows_the_curves_in_a_browser(
 
     _, report, _, _ = train_with_report(tmp_path, monkeypatch)
     screenshot = tmp_path / "report.png"
-    screenshot_page(report.path, screenshot, tmp_path / "profile")
+    screenshot_page(report.path, screenshot)
     image = image_module.open(screenshot).convert("RGB")
     counts = {colour: count for count, colour in image.getcolors(maxcolors=1 << 24) or []}
     total = image.width * image.height
@@ -129,26 +130,14 @@ def test_the_page_shows_the_curves_in_a_browser(
     assert counts.get((214, 39, 40), 0) > 200
 
 
-def screenshot_page(page: Path, screenshot: Path, profile: Path) -> None:
-    """Open ``page`` in headless Chromium and save a 1200x1600 screenshot."""
-    chromium = shutil.which("chromium") or str(CHROMIUM)
-    subprocess.run(
-        [
-            chromium,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            f"--user-data-dir={profile}",
-            f"--screenshot={screenshot}",
-            "--window-size=1200,1600",
-            page.resolve().as_uri(),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+def screenshot_page(page: Path, screenshot: Path) -> None:
+    """Open ``page`` in headless Chromium and save a 1200x1600 screenshot.
+
+    The same command as the docs' pictures: ``scripts/generate_pictures.screenshot``.
+    """
+    spec = importlib.util.spec_from_file_location("generate_pictures", PICTURES_SCRIPT)
+    assert spec is not None
+    assert spec.loader is not None
+    pictures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pictures)
+    pictures.screenshot(page, screenshot, shutil.which("chromium") or str(CHROMIUM))
