@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         limit_batches_from_environment,
     )
     from pytorch_accel.callbacks.limit_eval_steps import LimitEvalStepsCallback
+    from pytorch_accel.callbacks.loss_spikes import LossSpikeCallback
     from pytorch_accel.callbacks.metrics import MetricsCallback
     from pytorch_accel.callbacks.plotting import PlotMetricsCallback, plot_metrics
     from pytorch_accel.callbacks.profiler import ProfilerCallback
@@ -66,6 +67,7 @@ __all__ = [
     "LimitBatchesCallback",
     "LimitEvalStepsCallback",
     "LogMetricsCallback",
+    "LossSpikeCallback",
     "MetricsCallback",
     "ModelEmaCallback",
     "MoveModulesToDeviceCallback",
@@ -106,6 +108,7 @@ _HOMES = {
     ".limit_batches": "LIMIT_BATCHES_ENV_VAR LimitBatches LimitBatchesCallback "
     "limit_batches_from_environment",
     ".limit_eval_steps": "LimitEvalStepsCallback",
+    ".loss_spikes": "LossSpikeCallback",
     ".metrics": "MetricsCallback",
     ".plotting": "PlotMetricsCallback plot_metrics",
     ".profiler": "ProfilerCallback",

@@ -35,6 +35,7 @@ def factories() -> dict[str, Callable[[], Any]]:
         "PlotMetricsCallback": cb.PlotMetricsCallback,
         "RunReportCallback": cb.RunReportCallback,
         "GradientHealthCallback": lambda: cb.GradientHealthCallback(log_every_n_updates=2),
+        "LossSpikeCallback": lambda: cb.LossSpikeCallback("rollback", check_every_n_updates=3),
         "ThroughputCallback": cb.ThroughputCallback,
         "ProfilerCallback": lambda: cb.ProfilerCallback(wait=1, warmup=0, active=1),
         "SaveTrainingStateCallback": lambda: cb.SaveTrainingStateCallback(save_every_n_steps=3),
