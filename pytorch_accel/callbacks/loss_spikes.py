@@ -86,6 +86,7 @@ class LossSpikeCallback(TrainerCallback):
     """
 
     may_stop_training = False
+    order = 10  # before ModelEmaCallback (40) and saves (1000): they see the weights put back
 
     def __init__(
         self,
@@ -150,7 +151,7 @@ class LossSpikeCallback(TrainerCallback):
         """Start a history of losses; for a rollback, check the model and take the first state."""
         self._history = self._known = self._flag = None
         self._slot = 0
-        if group_size() > 1 and self.action == "rollback":
+        if group_size() > 1 and self.action == "rollback" and self._agreement is None:
             self._agreement = AgreedFlag()  # every process, at the same point
         if self.action == "rollback":
             if "FSDP" in str(trainer.accelerator.distributed_type):
@@ -251,7 +252,7 @@ class LossSpikeCallback(TrainerCallback):
                 skipped.append(f"a {tensor.device.type} tensor")
                 return
             flag = flag.to(tensor.device)  # host to device: no wait
-        tensor.copy_(torch.where(flag, saved, tensor))
+        torch.where(flag, saved, tensor, out=tensor)
 
     # ----------------------------------------------------------------------- rollback
 
