@@ -53,9 +53,7 @@ def reference(skipped: set[int]) -> list[float]:
 
 def run(action: str) -> dict[str, Any]:
     model = make_model()
-    spikes = LossSpikeCallback(
-        action, factor=5.0, window=8, min_history=3, check_every_n_updates=2
-    )
+    spikes = LossSpikeCallback(action, factor=5.0, window=8, min_history=3, check_every_n_updates=2)
     trainer = SpikeOnRankOne(
         model, nn.MSELoss(), torch.optim.Adam(model.parameters(), lr=0.01), callbacks=(spikes,)
     )
