@@ -159,3 +159,26 @@ def test_skip_reads_nothing_on_the_host_in_a_step(monkeypatch: pytest.MonkeyPatc
 def test_bad_arguments_are_refused(kwargs: dict[str, Any], error: type, match: str) -> None:
     with pytest.raises(error, match=match):
         LossSpikeCallback(**kwargs)
+
+
+def schedule(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 0.9**update)
+
+
+@pytest.mark.parametrize(("action", "steps"), [("skip", 8), ("rollback", 6)])
+def test_the_schedule_counts_a_skipped_update_and_goes_back_with_a_rollback(
+    action: str, steps: int
+) -> None:
+    spikes = LossSpikeCallback(action, factor=5.0, window=8, min_history=3, check_every_n_updates=2)
+    model = make_model()
+    trainer = Trainer(model, nn.MSELoss(), adam(model), callbacks=(spikes,))
+    with pytest.warns(RuntimeWarning, match="skipped 1 update|restored the state"):
+        trainer.train(
+            spiked_dataset(),
+            num_epochs=1,
+            per_device_batch_size=BATCH,
+            train_dataloader_kwargs=UNSHUFFLED,
+            create_scheduler_fn=schedule,
+        )
+    assert trainer.num_updates == 8  # the loop's count goes on either way
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * 0.9**steps)
