@@ -172,11 +172,11 @@ class LossSpikeCallback(TrainerCallback):
         loss = kwargs["batch_output"]["loss"].detach().float()
         if loss.dim():
             loss = loss.mean()
-        if self._history is None or self._known is None or self._flag is None:
-            device = loss.device
-            self._history = torch.full((self.window,), math.nan, device=device)
-            self._known = torch.zeros((), dtype=torch.long, device=device)
-            self._flag = torch.zeros((), dtype=torch.bool, device=device)
+        if self._history is None or self._known is None:
+            self._history = torch.full((self.window,), math.nan, device=loss.device)
+            self._known = torch.zeros((), dtype=torch.long, device=loss.device)
+        if self._flag is None:
+            self._flag = torch.zeros((), dtype=torch.bool, device=loss.device)
         history = self._history
         typical = torch.nanmedian(history) if self.statistic == "median" else history.nanmean()
         warm = self._known >= self.min_history
@@ -191,8 +191,10 @@ class LossSpikeCallback(TrainerCallback):
 
     def on_optimizer_step_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """``skip``: agree on the window's flag, and copy the parameters and optimizer state."""
-        if self.action != "skip" or self._flag is None:
+        if self.action != "skip":
             return
+        if self._flag is None:  # no loss seen: no spike, and the same collective as the others
+            self._flag = torch.zeros((), dtype=torch.bool, device=trainer.device)
         if group_size() > 1:  # one all-reduce of one number, on the device's stream
             self._flag = reduce_across_processes(self._flag.float().view(1))[0] > 0
         self._saved = [
