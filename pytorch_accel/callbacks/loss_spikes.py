@@ -137,7 +137,7 @@ class LossSpikeCallback(TrainerCallback):
         self._slot = 0
         self._flag: torch.Tensor | None = None  # a spike in the open window (or since a check)
         self._skipped: torch.Tensor | None = None  # updates skipped in the epoch
-        self._saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._saved: list[tuple[str, torch.Tensor, torch.Tensor]] = []  # name, tensor, copy
         self._before: dict[int, set[str]] = {}  # the optimizer state's keys before an update
         self._warned = False
         self._agreement: AgreedFlag | None = None
@@ -198,13 +198,16 @@ class LossSpikeCallback(TrainerCallback):
         if group_size() > 1:  # one all-reduce of one number, on the device's stream
             self._flag = reduce_across_processes(self._flag.float().view(1))[0] > 0
         self._saved = [
-            (parameter, parameter.detach().clone())
+            ("parameters", parameter, parameter.detach().clone())
             for parameter in trainer.get_model().parameters()
         ]
         for owner, state in trainer.optimizer.state.items():
             if owner.grad is not None:  # the optimizer skips parameters without gradients
-                tensors = [value for value in state.values() if isinstance(value, torch.Tensor)]
-                self._saved.extend((value, value.clone()) for value in tensors)
+                self._saved.extend(
+                    (str(key), value, value.clone())
+                    for key, value in state.items()
+                    if isinstance(value, torch.Tensor)
+                )
         self._before = {id(state): set(state) for state in trainer.optimizer.state.values()}
 
     def on_optimizer_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
@@ -214,15 +217,16 @@ class LossSpikeCallback(TrainerCallback):
         flag = self._flag
         skipped_here: list[str] = []
         with torch.no_grad():
-            for tensor, saved in self._saved:
-                self._put_back(tensor, saved, flag, skipped_here)
+            for name, tensor, saved in self._saved:
+                self._put_back(name, tensor, saved, flag, skipped_here)
             for state in trainer.optimizer.state.values():
                 before = self._before.get(id(state), set())
                 for key, value in state.items():
                     if key in before:
                         continue  # saved above (or not a tensor)
                     if isinstance(value, torch.Tensor):  # created by this update: as new
-                        self._put_back(value, torch.zeros_like(value), flag, skipped_here)
+                        zeros = torch.zeros_like(value)
+                        self._put_back(str(key), value, zeros, flag, skipped_here)
             for state in trainer.optimizer.state.values():
                 skipped_here.extend(
                     str(key)
@@ -246,12 +250,15 @@ class LossSpikeCallback(TrainerCallback):
 
     @staticmethod
     def _put_back(
-        tensor: torch.Tensor, saved: torch.Tensor, flag: torch.Tensor, skipped: list[str]
+        name: str, tensor: torch.Tensor, saved: torch.Tensor, flag: torch.Tensor, left: list[str]
     ) -> None:
-        """``tensor`` becomes ``saved`` where ``flag`` is set, on the device (no host read)."""
+        """``tensor`` becomes ``saved`` where ``flag`` is set, on the device (no host read).
+
+        A tensor on the host while the flag is on a device is left as it is (named in ``left``).
+        """
         if tensor.device != flag.device:
             if flag.device.type != "cpu":  # moving the flag to the host would wait for it
-                skipped.append(f"a {tensor.device.type} tensor")
+                left.append(name)
                 return
             flag = flag.to(tensor.device)  # host to device: no wait
         torch.where(flag, saved, tensor, out=tensor)

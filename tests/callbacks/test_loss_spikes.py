@@ -182,3 +182,32 @@ def test_the_schedule_counts_a_skipped_update_and_goes_back_with_a_rollback(
         )
     assert trainer.num_updates == 8  # the loop's count goes on either way
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * 0.9**steps)
+
+
+class CountingSGD(torch.optim.SGD):
+    """SGD that also counts its steps in a Python int (state a skip cannot put back)."""
+
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            for parameter in group["params"]:
+                state = self.state[parameter]
+                state["count"] = state.get("count", 0) + 1
+        return super().step(closure)
+
+
+def test_skip_warns_of_optimizer_state_it_cannot_put_back() -> None:
+    spikes = LossSpikeCallback("skip", factor=5.0, window=8, min_history=3)
+    model = make_model()
+    optimizer = CountingSGD(model.parameters(), lr=0.01)
+    trainer = Trainer(model, nn.MSELoss(), optimizer, callbacks=(spikes,))
+    with (
+        pytest.warns(RuntimeWarning, match=r"optimizer state \['count'\] is held apart"),
+        pytest.warns(RuntimeWarning, match="skipped 1 update"),
+    ):
+        trainer.train(
+            spiked_dataset(),
+            num_epochs=1,
+            per_device_batch_size=BATCH,
+            train_dataloader_kwargs=UNSHUFFLED,
+        )
+    assert spikes.skipped_updates == 1
