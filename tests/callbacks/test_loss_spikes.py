@@ -82,24 +82,33 @@ def test_skip_with_no_spike_changes_nothing() -> None:
     assert spikes.skipped_updates == 0
 
 
-def test_skip_undoes_the_whole_accumulation_window() -> None:
-    dataset = spiked_dataset()
-    spikes = LossSpikeCallback("skip", factor=5.0, window=8, min_history=3)
-    with pytest.warns(RuntimeWarning, match="skipped 1 update"):
-        model = train(spikes, dataset, gradient_accumulation_steps=2)
-    # the window of batches 4 and 5 is omitted; the other windows average their two losses
-    expected = copy.deepcopy(make_model())
-    optimizer = adam(expected)
+def reference_windows(dataset: TensorDataset, skipped: int) -> nn.Module:
+    """Plain PyTorch, Adam, windows of 2 batches (their mean loss), omitting window ``skipped``."""
+    model = copy.deepcopy(make_model())
+    optimizer = adam(model)
     inputs, targets = dataset.tensors
     for window in range(4):
-        if window == 2:
+        if window == skipped:
             continue
         for index in (2 * window, 2 * window + 1):
             part = slice(index * BATCH, (index + 1) * BATCH)
-            (nn.MSELoss()(expected(inputs[part]), targets[part]) / 2).backward()
+            (nn.MSELoss()(model(inputs[part]), targets[part]) / 2).backward()
         optimizer.step()
         optimizer.zero_grad()
-    assert_same(model, expected)
+    return model
+
+
+@pytest.mark.parametrize(
+    ("action", "warning"), [("skip", "skipped 1 update"), ("rollback", "restored the state")]
+)
+def test_the_whole_accumulation_window_of_a_spike_is_omitted(action: str, warning: str) -> None:
+    dataset = spiked_dataset()
+    spikes = LossSpikeCallback(action, factor=5.0, window=8, min_history=3, check_every_n_updates=1)
+    with pytest.warns(RuntimeWarning, match=warning):
+        model = train(spikes, dataset, gradient_accumulation_steps=2)
+    # the window of batches 4 and 5 (update 3) is omitted
+    assert_same(model, reference_windows(dataset, skipped=2))
+    assert spikes.rollbacks == ([(2, 3)] if action == "rollback" else [])
 
 
 @pytest.mark.parametrize(("every", "skipped"), [(2, {4, 5}), (1, {5})])
