@@ -123,10 +123,10 @@ class Trainer:
         self.optimizer = optimizer
         self.callback_handler = self._create_callback_handler(callbacks)
         self.run_history: RunHistory = run_history or InMemoryRunHistory()
-        self._accelerator = self._create_accelerator()
+        self._accelerator = accelerator = self._create_accelerator()
         apply_fsdp_request(self._accelerator, self._accelerator_kwargs.get("fsdp_plugin"))
         checks.check_accelerator(self._accelerator)
-        self._run_directory = RunDirectory(output_dir, self._accelerator)
+        self._run_directory = None if output_dir is None else RunDirectory(output_dir, accelerator)
         self.scheduler: Any = None
         self.create_scheduler_fn: Callable[[torch.optim.Optimizer], Any] | None = None
         self.collate_fn: Callable[..., Any] | None = None
@@ -168,7 +168,7 @@ class Trainer:
     @property
     def run_dir(self) -> Path | None:
         """``<output_dir>/<run name>``, where callbacks keep their default files; ``None``: none."""
-        return self._run_directory.path
+        return None if self._run_directory is None else self._run_directory.path
 
     @property
     def train_dataloader(self) -> DataLoader[Any] | None:
@@ -365,7 +365,7 @@ class Trainer:
 
             run_dry_or_overfit(self, arguments)  # train() again, with the run's settings
             return
-        if (run_directory := self._run_directory).output_dir is not None:
+        if (run_directory := self._run_directory) is not None:
             run_directory.start_training(self.callback_handler.callbacks, run_name, resume_from)
         apply_randomness(arguments, self._accelerator)
         self.create_scheduler_fn, self.collate_fn = create_scheduler_fn, collate_fn
@@ -429,7 +429,7 @@ class Trainer:
         arguments = (dataset, per_device_batch_size, dataloader_kwargs, collate_fn, metric_prefix)
         checks.check_evaluate_arguments(self, Trainer, *arguments)
         self.collate_fn, self._train_dl_kwargs, batch_size = collate_fn, {}, per_device_batch_size
-        if self._run_directory.output_dir is not None:
+        if self._run_directory is not None:
             self._run_directory.place(self.callback_handler.callbacks)
         loaders = self._preparation.build_eval_dataloaders(
             self, dataset, batch_size or self._state.eval_batch_size, dataloader_kwargs
