@@ -53,7 +53,9 @@ __all__ = [
     "main_process_object",
     "needs_cpu_distributed",
     "process_rank",
+    "read_reduced",
     "reduce_across_processes",
+    "reduction_dtype",
     "remove_padding",
     "synchronise_replicas",
 ]
@@ -457,6 +459,20 @@ def reduce_across_processes(
 def _mask(reductions: Sequence[str], name: str, like: torch.Tensor) -> torch.Tensor:
     """Where ``reductions`` is ``name``, as a bool tensor on ``like``'s device."""
     return torch.tensor([reduction == name for reduction in reductions]).to(like.device)
+
+
+def reduction_dtype(device: torch.device) -> torch.dtype:
+    """The dtype to sum metrics in on ``device``: float64, or float32 on MPS (which has none)."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+def read_reduced(
+    parts: Sequence[Any], reductions: Sequence[str], device: torch.device
+) -> list[float]:
+    """Stack ``parts`` on ``device``, combine them across processes and read them: once each."""
+    dtype = reduction_dtype(device)
+    packed = torch.stack([torch.as_tensor(part).to(device, dtype) for part in parts])
+    return reduce_across_processes(packed, reductions).tolist()
 
 
 def synchronise_replicas(model: torch.nn.Module) -> None:
