@@ -147,7 +147,7 @@ class Trainer:
 
     def _create_callback_handler(self, callbacks: Iterable[CallbackLike]) -> CallbackHandler:
         """Create the ``CallbackHandler`` (with ``PYTORCH_ACCEL_LIMIT_BATCHES``'s callback)."""
-        from pytorch_accel.callbacks.defaults import with_environment_callbacks
+        from pytorch_accel.default_callbacks import with_environment_callbacks
 
         return CallbackHandler(with_environment_callbacks(callbacks), events=self.custom_events)
 

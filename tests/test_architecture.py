@@ -75,7 +75,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     ("tools", ("pytorch_accel.tools",)),
-    ("catalogue", ("pytorch_accel.callbacks", "pytorch_accel.utils")),
+    (
+        "catalogue",
+        ("pytorch_accel.callbacks", "pytorch_accel.default_callbacks", "pytorch_accel.utils"),
+    ),
 )
 
 LAYER_ROLES = {
@@ -182,7 +185,7 @@ _DESERIALISERS = {"torch", "pickle", "safetensors", "accelerate_safe_load", "saf
 # callbacks (imported when a trainer is created) and the tools behind ``Trainer.find_lr``,
 # ``Trainer.find_batch_size`` and ``train(dry_run=...)`` (imported when called).
 WIRING = {
-    ("pytorch_accel.trainer", "pytorch_accel.callbacks.defaults"),
+    ("pytorch_accel.trainer", "pytorch_accel.default_callbacks"),
     ("pytorch_accel.trainer", "pytorch_accel.tools._dry_run"),
     ("pytorch_accel.trainer", "pytorch_accel.tools.batch_size_search"),
     ("pytorch_accel.trainer", "pytorch_accel.tools.lr_finder"),
@@ -324,7 +327,7 @@ def test_no_import_circle_even_counting_type_only_imports() -> None:
 # Catalogue modules that still import a private module outside the catalogue, and why.
 PRIVATE_IMPORTS_OF_THE_CATALOGUE = {
     # on every Trainer(): the public re-exports would add modules to a plain run
-    "pytorch_accel.callbacks.defaults": {"pytorch_accel._checks"},
+    "pytorch_accel.default_callbacks": {"pytorch_accel._checks"},
     "pytorch_accel.callbacks.save_state": {"pytorch_accel._checkpointing.store"},
 }
 
@@ -334,7 +337,10 @@ def test_the_catalogue_imports_public_modules() -> None:
     modules = all_modules()
     found: dict[str, set[str]] = {}
     for name, path in modules.items():
-        if not name.startswith("pytorch_accel.callbacks."):
+        if (
+            not name.startswith("pytorch_accel.callbacks.")
+            and name != "pytorch_accel.default_callbacks"
+        ):
             continue
         for item in imports_of(name, path.read_text(), set(modules)):
             inside = item.target.startswith("pytorch_accel.callbacks")
@@ -360,9 +366,9 @@ def test_the_circle_rule() -> None:
         ("pytorch_accel._loop", "pytorch_accel.trainer", False, False),
         ("pytorch_accel._loop", "pytorch_accel.trainer", True, False),
         ("pytorch_accel._loop", "pytorch_accel.protocols", True, True),
-        ("pytorch_accel._checkpointing.resume", "pytorch_accel.callbacks.defaults", True, False),
+        ("pytorch_accel._checkpointing.resume", "pytorch_accel.default_callbacks", True, False),
         ("pytorch_accel.trainer", "pytorch_accel.callbacks.save_state", False, False),
-        ("pytorch_accel.trainer", "pytorch_accel.callbacks.defaults", False, True),
+        ("pytorch_accel.trainer", "pytorch_accel.default_callbacks", False, True),
         ("pytorch_accel.trainer", "pytorch_accel.tools.lr_finder", False, True),
         ("pytorch_accel._state", "pytorch_accel._entry_checks", True, False),
         ("pytorch_accel.tools.lr_finder", "pytorch_accel.trainer", True, True),

@@ -36,12 +36,12 @@ __all__ = [
 ]
 
 TRAINER_MODULE_NAMES = {
-    "DEFAULT_CALLBACKS": "pytorch_accel.callbacks.defaults",
-    "LogMetricsCallback": "pytorch_accel.callbacks.defaults",
-    "MoveModulesToDeviceCallback": "pytorch_accel.callbacks.defaults",
-    "PrintProgressCallback": "pytorch_accel.callbacks.defaults",
-    "ProgressBarCallback": "pytorch_accel.callbacks.defaults",
-    "TerminateOnNaNCallback": "pytorch_accel.callbacks.defaults",
+    "DEFAULT_CALLBACKS": "pytorch_accel.default_callbacks",
+    "LogMetricsCallback": "pytorch_accel.default_callbacks",
+    "MoveModulesToDeviceCallback": "pytorch_accel.default_callbacks",
+    "PrintProgressCallback": "pytorch_accel.default_callbacks",
+    "ProgressBarCallback": "pytorch_accel.default_callbacks",
+    "TerminateOnNaNCallback": "pytorch_accel.default_callbacks",
     "TrainerWithTimmScheduler": "pytorch_accel.timm_trainer",
     "remove_padding": "pytorch_accel.distributed",
     "set_seed": "accelerate.utils",
