@@ -490,7 +490,7 @@ class Trainer:
         """
         checks.check_trainer_settings("Trainer.predict", self)
         if pad_value is not None:
-            from pytorch_accel._padding import check_pad_value
+            from pytorch_accel._predictions import check_pad_value
 
             check_pad_value(pad_value)
         loader = checks.predict_dataloader(

@@ -46,7 +46,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.failing_batches",
             "pytorch_accel.micro_batches",
             "pytorch_accel.run_config",
-            "pytorch_accel._padding",
+            "pytorch_accel._predictions",
         ),
     ),
     (
@@ -145,7 +145,9 @@ LAYER_ROLES = {
         "guards' "
         "policies (`failing_batches`, `micro_batches`); placeholders, checkpoint and "
         "training-state files (`_checkpointing`: the one atomic writer, safe loader and "
-        "model/optimizer fit check), schedulers. None of it knows the loop or the trainer."
+        "model/optimizer fit check), schedulers; what `predict()` returns (`_predictions`: "
+        "outputs checked, padded to one length, concatenated). None of it knows the loop or "
+        "the trainer."
     ),
 }
 """What each layer holds: the last column of the generated table in docs/architecture.md."""
