@@ -45,13 +45,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from accelerate.utils import concatenate, send_to_device, slice_tensors
 
-from pytorch_accel._batches import AccumulationPlan, without_count
+from pytorch_accel._batches import AccumulationPlan
 from pytorch_accel._checks import (
     check_batch_output,
     explain_backward_failure,
     fail,
     shape_mismatches_raise,
 )
+from pytorch_accel._dict_batches import without_count
 from pytorch_accel._predictions import (
     check_predict_outputs,
     explain_unconcatenated_outputs,

@@ -19,7 +19,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from pytorch_accel import _entry_checks as checks
-from pytorch_accel._batches import dict_batch_loss, inputs_and_targets, predictions_of
+from pytorch_accel._batches import inputs_and_targets
+from pytorch_accel._dict_batches import dict_batch_loss, predictions_of
 from pytorch_accel._loop import Loop
 from pytorch_accel._state import Preparation, TrainerState
 from pytorch_accel.callback import CallbackHandler, CallbackLike, announces_exceptions
@@ -209,8 +210,7 @@ class Trainer:
 
         It counts the update in progress from ``on_optimizer_step_end`` on, so the scheduler
         step of the k-th update sees ``k`` (1-based). Assigning it (as pytorch-accelerated's
-        timm examples do) sets what it reads (``None``: the count again); the loop keeps
-        counting.
+        timm examples do) sets what it reads (``None``: the count); the loop keeps counting.
         """
         assigned = self._assigned_num_updates
         return self._state.num_updates if assigned is None else assigned

@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "pytorch_accel._checks",
             "pytorch_accel._batches",
+            "pytorch_accel._dict_batches",
             "pytorch_accel.errors",
             "pytorch_accel.events",
             "pytorch_accel.callback",
@@ -133,8 +134,9 @@ LAYER_ROLES = {
         "layers above and callbacks see of a trainer (`protocols`: "
         "`TrainerLike`, `StepMethods`, `DataHooks`); the value checks and their one message "
         "format (`_checks`); what a batch holds and how it is weighted (`_batches`: "
-        "`(inputs, targets)` or a dict of the model's keyword arguments, and the token-exact "
-        "weighting of accumulation windows); the one agreement between processes "
+        "`(inputs, targets)`, and the token-exact weighting of accumulation windows; "
+        "`_dict_batches`: a dict of the model's keyword arguments, whose output may carry its "
+        "loss); the one agreement between processes "
         "(`distributed.AgreedFlag`); what a run reports (`tracking`: run history, loss "
         "tracking, logged values and the package's rank-aware logger; `_logged_exchange`, used "
         "once something is logged: what `Trainer.log` takes, and how logged values cross "
