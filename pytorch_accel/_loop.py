@@ -53,6 +53,7 @@ from pytorch_accel._checks import (
     shape_mismatches_raise,
 )
 from pytorch_accel._dict_batches import without_count
+from pytorch_accel._peer_failures import announce_failure, lost_peer_error
 from pytorch_accel._predictions import (
     check_predict_outputs,
     explain_unconcatenated_outputs,
@@ -62,12 +63,7 @@ from pytorch_accel._resumable import enter_epoch
 from pytorch_accel._state import Preparation, PreparedTrainer, TrainerState, fewer_batches
 from pytorch_accel.callback import ProgressEvents
 from pytorch_accel.dataloaders import epoch_batches, eval_set_prefix
-from pytorch_accel.distributed import (
-    AgreedFlag,
-    announce_failure,
-    lost_peer_error,
-    synchronise_replicas,
-)
+from pytorch_accel.distributed import AgreedFlag, synchronise_replicas
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.failing_batches import SKIPPED, SKIPPED_OUTPUT, is_empty_batch
 from pytorch_accel.run_config import TrainerRunConfig

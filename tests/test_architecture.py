@@ -36,6 +36,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.checks",
             "pytorch_accel.files",
             "pytorch_accel.distributed",
+            "pytorch_accel._peer_failures",
             "pytorch_accel.tracking",
             "pytorch_accel._logged_exchange",
             "pytorch_accel.placeholders",
@@ -137,7 +138,8 @@ LAYER_ROLES = {
         "`(inputs, targets)`, and the token-exact weighting of accumulation windows; "
         "`_dict_batches`: a dict of the model's keyword arguments, whose output may carry its "
         "loss); the one agreement between processes "
-        "(`distributed.AgreedFlag`); what a run reports (`tracking`: run history, loss "
+        "(`distributed.AgreedFlag`), and a failure on one process named on the others "
+        "(`_peer_failures`); what a run reports (`tracking`: run history, loss "
         "tracking, logged values and the package's rank-aware logger; `_logged_exchange`, used "
         "once something is logged: what `Trainer.log` takes, and how logged values cross "
         "processes, names that differ refused); the run's "
