@@ -1,9 +1,9 @@
 """Checks of the arguments of the trainer's entry points, and of the data they take.
 
-The entry points are ``Trainer(...)``, ``train`` (its arguments bound once, a
-``TrainArguments``, and checked by the table ``TRAIN_CHECKS``, one entry per argument),
-``evaluate`` and ``predict``. Each failure comes before anything is
-prepared or trained, built from the value checks of ``_checks``.
+The entry points are ``Trainer(...)`` and ``train`` (its arguments bound once, a
+``TrainArguments``, and checked by the table ``TRAIN_CHECKS``, one entry per argument);
+``evaluate``'s and ``predict``'s are in ``_inference_checks``. Each failure comes before
+anything is prepared or trained, built from the value checks of ``_checks``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, parse_flag_from_env
 from torch import nn
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler
+from torch.utils.data import DataLoader, IterableDataset
 
 from pytorch_accel._checks import (
     check_bool,
@@ -35,14 +35,14 @@ from pytorch_accel._checks import (
     check_sized_dataset,
     fail,
 )
-from pytorch_accel.dataloaders import merge_dataloader_kwargs, named_eval_sets, num_batches
+from pytorch_accel.dataloaders import named_eval_sets, num_batches
 from pytorch_accel.distributed import check_world_size, needs_cpu_distributed
 from pytorch_accel.failing_batches import skip_policy
 from pytorch_accel.micro_batches import ON_OOM, ON_OOM_FIX
 from pytorch_accel.tracking import RunHistory
 
 if TYPE_CHECKING:
-    from pytorch_accel._state import Preparation, TrainerState
+    from pytorch_accel._state import TrainerState
     from pytorch_accel.protocols import TrainerLike as Trainer
     from pytorch_accel.run_config import TrainArguments, TrainerRunConfig
 
@@ -55,13 +55,13 @@ __all__ = [
     "check_constructor_arguments",
     "check_data",
     "check_dataloader_settings",
-    "check_evaluate_arguments",
+    "check_eval_data",
     "check_has_batches",
+    "check_loss_func",
     "check_train_arguments",
     "check_train_dataloader",
     "check_trainer_settings",
     "created_scheduler",
-    "predict_dataloader",
     "suggest_arguments",
 ]
 
@@ -228,7 +228,7 @@ def check_train_arguments(trainer: Trainer, base: type, arguments: TrainArgument
     with_eval = a.eval_dataset is not None
     eval_sets = named_eval_sets(where, "eval_dataset", a.eval_dataset) if with_eval else {}
     data = [a.train_dataset, *eval_sets.values()]
-    _check_loss_func(where, trainer, base, data, a.collate_fn, with_train=True, with_eval=with_eval)
+    check_loss_func(where, trainer, base, data, a.collate_fn, with_train=True, with_eval=with_eval)
 
 
 def _check_clipping(where: str, arguments: TrainArguments, trainer: Trainer) -> None:
@@ -277,7 +277,7 @@ def check_trainer_settings(where: str, trainer: Trainer) -> None:
         check_positive_int(where, f"trainer.{name}", getattr(trainer, name), allow_none=True)
 
 
-def _check_loss_func(
+def check_loss_func(
     where: str,
     trainer: Trainer,
     base: type,
@@ -342,52 +342,6 @@ def _dict_batches(data: Any, collate_fn: object) -> bool:
     except Exception:  # the layout is unknown; the step checks it
         return True
     return isinstance(batch, Mapping)
-
-
-def check_evaluate_arguments(
-    trainer: Trainer,
-    base: type,
-    dataset: object,
-    per_device_batch_size: object,
-    dataloader_kwargs: object,
-    collate_fn: object,
-    metric_prefix: object,
-) -> None:
-    """Check ``Trainer.evaluate``'s arguments (``dataset`` defaulted) and the trainer's settings.
-
-    ``base``: the ``Trainer`` class, whose default eval step needs a usable ``loss_func``.
-    """
-    where = "Trainer.evaluate"
-    if dataset is None:
-        fail(
-            ValueError,
-            where,
-            "dataset",
-            None,
-            "a dataset",
-            "Pass evaluate(dataset=...), or call train(..., eval_dataset=...) first.",
-        )
-    sets = _check_eval_data(
-        where,
-        "dataset",
-        dataset,
-        per_device_batch_size=per_device_batch_size,
-        dataloader_kwargs=dataloader_kwargs,
-        collate_fn=collate_fn,
-    )
-    check_positive_int(where, "per_device_batch_size", per_device_batch_size, allow_none=True)
-    check_mapping(where, "dataloader_kwargs", dataloader_kwargs)
-    if not isinstance(metric_prefix, str):
-        fail(
-            TypeError,
-            where,
-            "metric_prefix",
-            metric_prefix,
-            "a string",
-            "Pass e.g. metric_prefix='test_' (the loss is then recorded as 'test_loss').",
-        )
-    _check_loss_func(where, trainer, base, sets, collate_fn, with_train=False, with_eval=True)
-    check_trainer_settings(where, trainer)
 
 
 def _check_run_setup(where: str, arguments: TrainArguments, trainer: Trainer) -> None:
@@ -512,7 +466,7 @@ def _check_train_data(where: str, arguments: TrainArguments, trainer: Trainer) -
         **common,
     )
     if arguments.eval_dataset is not None:
-        _check_eval_data(
+        check_eval_data(
             where,
             "eval_dataset",
             arguments.eval_dataset,
@@ -521,7 +475,7 @@ def _check_train_data(where: str, arguments: TrainArguments, trainer: Trainer) -
         )
 
 
-def _check_eval_data(where: str, name: str, data: object, **settings: object) -> list[Any]:
+def check_eval_data(where: str, name: str, data: object, **settings: object) -> list[Any]:
     """Check one eval set, or a mapping of named ones, and their loader ``settings``; list them."""
     sets = named_eval_sets(where, name, data)
     for set_name, one in sets.items():
@@ -657,64 +611,6 @@ def check_dataloader_settings(
                 f"None when {data_name} is a DataLoader",
                 "Build the DataLoader with it, or pass the dataset instead of a DataLoader.",
             )
-
-
-_PREDICT_REFUSED = {
-    "shuffle": "Predictions come back in the dataset's order; leave shuffle out.",
-    "drop_last": "predict() returns an output for every sample; leave drop_last out.",
-}
-"""``DataLoader`` arguments ``predict`` refuses, with the fix of each."""
-
-
-def predict_dataloader(
-    data: Any,
-    per_device_batch_size: int | None,
-    dataloader_kwargs: Mapping[str, Any] | None,
-    collate_fn: Callable[..., Any] | None,
-    preparation: Preparation,
-    keep_outputs: object = True,
-    default_batch_size: int = 8,
-) -> DataLoader[Any]:
-    """Check ``Trainer.predict``'s arguments; return the user's dataloader or build one."""
-    where = "Trainer.predict"
-    check_bool(where, "keep_outputs", keep_outputs)
-    check_dataloader_settings(
-        where,
-        data,
-        data_name="data",
-        per_device_batch_size=per_device_batch_size,
-        dataloader_kwargs=dataloader_kwargs,
-        collate_fn=collate_fn,
-    )
-    if isinstance(data, DataLoader):
-        if isinstance(data.sampler, RandomSampler):
-            fail(
-                ValueError,
-                where,
-                "data",
-                "a shuffled DataLoader",
-                "a DataLoader that is not shuffled",
-                "Predictions come back in the dataloader's order: build it with shuffle=False.",
-            )
-        if data.drop_last:
-            fail(
-                ValueError,
-                where,
-                "data",
-                "a DataLoader with drop_last=True",
-                "a DataLoader that keeps every sample",
-                "predict() returns an output for every sample: build it with drop_last=False.",
-            )
-        return data
-    check_sized_dataset(where, "data", data)
-    batch_size = default_batch_size if per_device_batch_size is None else per_device_batch_size
-    check_positive_int(where, "per_device_batch_size", batch_size)
-    check_mapping(where, "dataloader_kwargs", dataloader_kwargs)
-    for key, why in _PREDICT_REFUSED.items():
-        if (dataloader_kwargs or {}).get(key):
-            fail(ValueError, where, f"dataloader_kwargs[{key!r}]", True, "False", why)
-    defaults = preparation.default_dl_kwargs(data, batch_size, shuffle=False, collate_fn=collate_fn)
-    return DataLoader(data, **merge_dataloader_kwargs(defaults, dataloader_kwargs))
 
 
 def _check_optimizer_fits(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:

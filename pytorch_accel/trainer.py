@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from pytorch_accel import _entry_checks as checks
+from pytorch_accel import _inference_checks as inference_checks
 from pytorch_accel._batches import inputs_and_targets
 from pytorch_accel._dict_batches import dict_batch_loss, predictions_of
 from pytorch_accel._loop import Loop
@@ -427,7 +428,7 @@ class Trainer:
         """
         dataset = self.eval_dataset if dataset is None else dataset
         arguments = (dataset, per_device_batch_size, dataloader_kwargs, collate_fn, metric_prefix)
-        checks.check_evaluate_arguments(self, Trainer, *arguments)
+        inference_checks.check_evaluate_arguments(self, Trainer, *arguments)
         self.collate_fn, self._train_dl_kwargs, batch_size = collate_fn, {}, per_device_batch_size
         if self._run_directory is not None:
             self._run_directory.place(self.callback_handler.callbacks)
@@ -493,7 +494,7 @@ class Trainer:
             from pytorch_accel._predictions import check_pad_value
 
             check_pad_value(pad_value)
-        loader = checks.predict_dataloader(
+        loader = inference_checks.predict_dataloader(
             data,
             per_device_batch_size,
             dataloader_kwargs,
@@ -602,8 +603,7 @@ class Trainer:
     def backward_step(self, loss: torch.Tensor) -> None:
         """Run the backward pass of an already scaled loss (through ``accelerator.backward``).
 
-        Where ``accelerator.backward`` would only call ``loss.backward()``, that is called
-        directly.
+        Where ``accelerator.backward`` would only call ``loss.backward()``, that is called.
         """
         if self._preparation.direct_optimizer is None:
             self._accelerator.backward(loss)

@@ -69,6 +69,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel",
             "pytorch_accel.compat",
             "pytorch_accel._entry_checks",
+            "pytorch_accel._inference_checks",
             "pytorch_accel.trainer",
             "pytorch_accel.timm_trainer",
             "pytorch_accel.export",
@@ -103,7 +104,8 @@ LAYER_ROLES = {
         "properties, the overridable step methods and hooks (the dataloader hooks among them), "
         "and saving and loading checkpoints and training states. The checks of the entry "
         "points' arguments and data (`_entry_checks`, `train()`'s in a table with one entry "
-        "per argument); every pytorch-accelerated name that is not the project's own "
+        "per argument; `_inference_checks`: `evaluate()`'s and `predict()`'s); every "
+        "pytorch-accelerated name that is not the project's own "
         "(`compat`: the trainer module's extra names, `Trainer`'s private attributes); "
         "exporting a model in the ecosystem's formats, `Trainer.save_model` (`export`, "
         "imported by the method); activation checkpointing as one switch, called on a model "
