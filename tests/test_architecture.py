@@ -42,6 +42,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.placeholders",
             "pytorch_accel._checkpointing",
             "pytorch_accel.dataloaders",
+            "pytorch_accel._stored_items",
             "pytorch_accel.training_state",
             "pytorch_accel.finetuning",
             "pytorch_accel.schedulers",
