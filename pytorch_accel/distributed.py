@@ -50,7 +50,6 @@ __all__ = [
     "read_reduced",
     "reduce_across_processes",
     "reduction_dtype",
-    "remove_padding",
     "synchronise_replicas",
 ]
 
@@ -452,22 +451,3 @@ def broadcast_buffers(model: torch.nn.Module) -> None:
                 size = buffer.numel()
                 buffer.copy_(flat[offset : offset + size].view_as(buffer))
                 offset += size
-
-
-def remove_padding(padded_tensor: torch.Tensor, pad_value: float) -> torch.Tensor:
-    """Drop the rows of a gathered tensor that consist of padding only.
-
-    After ``Trainer.gather(..., padding_value=pad_value)``, the rows that are ``pad_value``
-    everywhere are the padding.
-
-    Args:
-        padded_tensor: The tensor, padded along its first dimension.
-        pad_value: The padding value.
-
-    Returns:
-        The rows that hold anything but padding.
-    """
-    padding = padded_tensor == pad_value
-    while padding.ndim > 1:
-        padding = padding.all(dim=-1)
-    return padded_tensor[~padding]
