@@ -70,6 +70,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel",
             "pytorch_accel.compat",
             "pytorch_accel._entry_checks",
+            "pytorch_accel._option_checks",
             "pytorch_accel._inference_checks",
             "pytorch_accel.trainer",
             "pytorch_accel.timm_trainer",
@@ -105,7 +106,8 @@ LAYER_ROLES = {
         "properties, the overridable step methods and hooks (the dataloader hooks among them), "
         "and saving and loading checkpoints and training states. The checks of the entry "
         "points' arguments and data (`_entry_checks`, `train()`'s in a table with one entry "
-        "per argument; `_inference_checks`: `evaluate()`'s and `predict()`'s); every "
+        "per argument, those of optional features in `_option_checks`, run only for arguments "
+        "not at their defaults; `_inference_checks`: `evaluate()`'s and `predict()`'s); every "
         "pytorch-accelerated name that is not the project's own "
         "(`compat`: the trainer module's extra names, `Trainer`'s private attributes); "
         "exporting a model in the ecosystem's formats, `Trainer.save_model` (`export`, "
