@@ -792,7 +792,8 @@ class Trainer:
 
         The file holds ``model_state_dict`` (unwrapped model), ``optimizer_state_dict`` and
         ``scheduler_state_dict`` when asked for and present, and ``checkpoint_kwargs``; a
-        failed save leaves the previous file intact. Every process must call this.
+        failed save leaves the previous file intact. Every process must call this; callbacks'
+        ``on_save_checkpoint`` may add entries first.
 
         Args:
             save_path: The file to write (e.g. ``"model.pt"``).
@@ -802,10 +803,9 @@ class Trainer:
         """
         optimizer = self.optimizer if save_optimizer else None
         scheduler = self.scheduler if save_scheduler else None
-        accelerator, model = self._accelerator, self.model
         from pytorch_accel._checkpointing.checkpoint import write_checkpoint
 
-        write_checkpoint(accelerator, save_path, model, optimizer, scheduler, checkpoint_kwargs)
+        write_checkpoint(self, save_path, optimizer, scheduler, checkpoint_kwargs)
 
     def save_model(self, directory: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
         """Export the unwrapped model to ``directory``, as the ecosystem loads it back.
@@ -827,6 +827,8 @@ class Trainer:
     ) -> dict[str, Any]:
         """Load a checkpoint written by ``save_checkpoint`` (safely: ``weights_only``).
 
+        Then the callbacks' ``on_load_checkpoint`` sees the dict.
+
         Args:
             checkpoint_path: The checkpoint file.
             load_optimizer: Restore the optimizer state, if the file has one.
@@ -839,9 +841,7 @@ class Trainer:
         scheduler = self.scheduler if load_scheduler else None
         from pytorch_accel._checkpointing.checkpoint import restore_checkpoint
 
-        return restore_checkpoint(
-            self._accelerator, checkpoint_path, self.model, optimizer, scheduler
-        )
+        return restore_checkpoint(self, checkpoint_path, optimizer, scheduler)
 
     @functools.cached_property
     def _states(self) -> TrainingStateIO:

@@ -153,9 +153,11 @@ class TrainingStateIO:
         pending = PendingSave(files, temporary, final, info, accelerator, self._agreement())
         if blocking:
             pending.run()
-            pending.wait()
+            pending.error = pending.error or self._announce_save(temporary, final)
+            pending.wait()  # a callback's error abandons the save on every process
             accelerator.wait_for_everyone()  # the state is published for every process
-        else:
+        else:  # announced at once: a callback's files are there before the manifest
+            pending.error = self._announce_save(temporary, final)
             pending.start()
             self._loop.pending_save = pending
 
@@ -177,7 +179,7 @@ class TrainingStateIO:
             rank_state = self._rank_state(position)
             path = temporary / rank_state_name(accelerator.process_index)
             atomic_write(path, lambda handle: torch.save(rank_state, handle))
-            accelerator.wait_for_everyone()
+            self._agree_on(self._announce_save(temporary, final))  # every process's files
             if accelerator.is_main_process:
                 _check_saved_states_load_safely(temporary)
                 write_manifest(temporary, self._manifest_info(position))
@@ -191,6 +193,33 @@ class TrainingStateIO:
         if full is not None:  # raised here, the failed writers' frames (open files) are freed
             raise full
         accelerator.wait_for_everyone()
+
+    def _announce_save(self, directory: Path, final: Path) -> Exception | None:
+        """Fire ``on_save_training_state``; return what a callback raised, if anything.
+
+        Before the manifest is written: what the callbacks write into ``directory`` is covered.
+        """
+        trainer = self._trainer
+        try:
+            trainer.callback_handler.call_event(
+                "on_save_training_state", trainer, directory=directory, output_dir=final
+            )
+        except Exception as error:  # the save is abandoned on every process, then raised
+            return error
+        return None
+
+    def _agree_on(self, failed: Exception | None) -> None:
+        """Wait for every process; raise on each if one failed (``failed``: this one's error)."""
+        flag = self._agreement()
+        agreed = int(failed is not None) if flag is None else flag.settle(int(failed is not None))
+        if failed is not None:
+            raise failed
+        if agreed:
+            raise TrainingStateError(
+                "Trainer.save_training_state: on another process a callback's "
+                "on_save_training_state raised; the save was abandoned (its error is in that "
+                "process's output)."
+            )
 
     def state_dict(self) -> dict[str, Any]:
         """The trainer state that is the same on every process, which accelerate saves.
@@ -311,6 +340,8 @@ class TrainingStateIO:
         loss_state, loss_func = shared.get("loss_func"), self._trainer.loss_func
         if loss_state is not None and isinstance(loss_func, torch.nn.Module):  # (older lack it)
             loss_func.load_state_dict(loss_state)
+        trainer = self._trainer
+        trainer.callback_handler.call_event("on_load_training_state", trainer, directory=directory)
         # another number of processes (between epochs): process i takes saved process i's
         # own state, or (beyond them) process i modulo their number's
         return shared, loaded[rank_state_name(accelerator.process_index % saved_world)], saved_world
