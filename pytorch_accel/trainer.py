@@ -827,15 +827,14 @@ class Trainer:
     ) -> dict[str, Any]:
         """Load a checkpoint written by ``save_checkpoint`` (safely: ``weights_only``).
 
-        Then the callbacks' ``on_load_checkpoint`` sees the dict.
-
         Args:
             checkpoint_path: The checkpoint file.
             load_optimizer: Restore the optimizer state, if the file has one.
             load_scheduler: Restore the scheduler state, if the file and trainer have one.
 
         Returns:
-            The whole checkpoint dict, including the ``checkpoint_kwargs`` saved with it.
+            The whole checkpoint dict, with its ``checkpoint_kwargs`` (``on_load_checkpoint``
+            sees it first).
         """
         optimizer = self.optimizer if load_optimizer else None
         scheduler = self.scheduler if load_scheduler else None
