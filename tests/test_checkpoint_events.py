@@ -224,3 +224,26 @@ def test_an_entry_a_callback_adds_that_would_not_load_safely_is_refused(tmp_path
     ):
         trainer.save_checkpoint(tmp_path / "model.pt")
     assert not (tmp_path / "model.pt").exists()
+
+
+class LinkingCard(TrainerCallback):
+    def __init__(self, target: Path) -> None:
+        self.target = target
+
+    def on_save_training_state(self, trainer: Any, directory: Path, **kwargs: Any) -> None:
+        (directory / "README.md").symlink_to(self.target)
+
+
+@pytest.mark.bad_input
+def test_a_link_written_into_a_state_is_refused_at_the_save(tmp_path: Path) -> None:
+    outside = tmp_path / "card.md"
+    outside.write_text("# elsewhere\n")
+    trainer = make_trainer(callbacks=(LinkingCard(outside),))
+    with pytest.raises(
+        TrainingStateError,
+        match=r"save_training_state: '.*README\.md' is a symbolic link, and a training state "
+        r"holds files only .* Write the file itself",
+    ):
+        trainer.save_training_state(tmp_path / "state")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["card.md"]
+    assert outside.read_text() == "# elsewhere\n"
