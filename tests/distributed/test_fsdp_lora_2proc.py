@@ -29,4 +29,12 @@ def test_a_lora_model_trains_saves_and_resumes_under_fsdp2(tmp_path: Path) -> No
         # a training state by FSDP's writer, with each process's file from on_save_training_state
         assert result["state_files"] == ["card_rank0.txt", "card_rank1.txt"]
         assert result["resumed_vs_straight"] <= 1e-6
-    assert outcome.ranks[0] == outcome.ranks[1]
+        assert result["failed_left"] == []
+    first, second = outcome.ranks
+    assert second.pop("failed") == "RuntimeError: no card on rank 1"
+    assert first.pop("failed") == (
+        "TrainingStateError: Trainer.save_training_state: on another process a callback's "
+        "on_save_training_state raised; the save was abandoned (its error is in that "
+        "process's output)."
+    )
+    assert first == second

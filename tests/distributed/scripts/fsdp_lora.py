@@ -3,8 +3,9 @@
 ``python fsdp_lora.py OUT_DIR``: a LoRA-wrapped tiny GPT-2 trains under 2-process DDP and
 under FSDP2 (``Trainer(accelerator_kwargs={"fsdp_plugin": ...})``) on the same batches; the
 trained adapters are compared, the frozen base must not change, ``save_model`` writes the
-adapter only, a training state saved mid-run (FSDP's own writer, with a file per process
-written by ``on_save_training_state``) resumes to the same adapter as the run straight through.
+adapter only, a training state saved after the first epoch (FSDP's own writer, with a file
+per process written by ``on_save_training_state``) resumes to the same adapter as the run
+straight through; a callback failing in that event on one process abandons the save on both.
 """
 
 from __future__ import annotations
@@ -47,6 +48,12 @@ class RankCard(TrainerCallback):
     def on_save_training_state(self, trainer: Any, directory: Path, **kwargs: Any) -> None:
         rank = trainer.accelerator.process_index
         (directory / f"card_rank{rank}.txt").write_text(str(trainer.global_num_updates))
+
+
+class FailingOnRank1(TrainerCallback):
+    def on_save_training_state(self, trainer: Any, **kwargs: Any) -> None:
+        if trainer.accelerator.process_index == 1:
+            raise RuntimeError("no card on rank 1")
 
 
 def lora_trainer(fsdp: bool, *callbacks: Any) -> Trainer:
@@ -112,6 +119,16 @@ def main() -> None:
     resumed = lora_trainer(True, RankCard())
     resumed.train(data, **OPTIONS, resume_from=out / "state")
     results["resumed_vs_straight"] = difference(full_state(resumed), fsdp_after)
+
+    # a callback failing on one process abandons FSDP's save on every process, without a hang
+    failing = lora_trainer(True, FailingOnRank1())
+    try:
+        failing.save_training_state(out / "failed")
+        results["failed"] = "saved"
+    except Exception as error:
+        results["failed"] = f"{type(error).__name__}: {error}"
+    failing.accelerator.wait_for_everyone()
+    results["failed_left"] = sorted(path.name for path in out.iterdir() if "failed" in path.name)
     report_and_exit(results)
 
 
