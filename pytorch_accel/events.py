@@ -76,8 +76,9 @@ hooks run before them.) ``SaveTrainingStateCallback`` saves through ``save_train
   ``torch.load(..., weights_only=True)``. An exception raised here abandons the save on every
   process.
 - ``on_load_training_state`` receives ``directory``, the state just loaded (verified, and its
-  files, a callback's included, checked against the manifest), after the model, optimizer
-  and random states were loaded.
+  files, a callback's included, checked against the manifest), after the model, optimizer,
+  random states, run history and update counts were loaded. Random numbers drawn in either
+  training-state event change none of the run's random states (a resume stays exact).
 - ``on_save_checkpoint`` receives ``checkpoint``, the dict about to be written (with
   ``model_state_dict`` and the other entries; an entry a callback adds to it is saved, and
   must be a tensor, number, string or container of them), and ``path``. The main process's

@@ -893,7 +893,4 @@ class Trainer:
             FileNotFoundError: If there is no such directory.
             TrainingStateError: If it is incomplete, corrupt or does not fit this trainer.
         """
-        shared, *_ = self._states.load(Path(input_dir), "Trainer.load_training_state")
-        self.run_history.load_state_dict(shared["history"])
-        self._state.restore_counts(shared)  # a later call continues them
-        return shared
+        return self._states.load(Path(input_dir), "Trainer.load_training_state")[0]

@@ -10,13 +10,16 @@ into the state (a model card) is covered by its digests, blocking or in the back
 from __future__ import annotations
 
 import json
+import random
 import re
 from pathlib import Path
 from typing import Any
 
+import numpy
 import pytest
 import torch
 from helpers import clone_params, make_trainer
+from torch import nn
 from torch.utils.data import TensorDataset
 
 import pytorch_accel.events
@@ -33,7 +36,11 @@ SAVE_LOAD_EVENTS = (
 
 
 class ModelCard(TrainerCallback):
-    """Writes README.md into every training state; records the save and load events."""
+    """Writes README.md into every training state; records the save and load events.
+
+    It draws random numbers in both events: the run's random states must not change (the
+    state was saved before, and a resumed run continues from it).
+    """
 
     def __init__(self) -> None:
         self.events: list[tuple[str, Any]] = []
@@ -43,11 +50,13 @@ class ModelCard(TrainerCallback):
     ) -> None:
         assert directory.is_dir()
         assert directory.name == f".{output_dir.name}.incomplete"
+        torch.rand(3), random.random(), numpy.random.rand()
         card = f"# {output_dir.name}\n\nupdates: {trainer.global_num_updates}\n"
         (directory / "README.md").write_text(card, encoding="utf-8")
         self.events.append(("on_save_training_state", output_dir.name))
 
     def on_load_training_state(self, trainer: Any, directory: Path, **kwargs: Any) -> None:
+        torch.rand(5), random.random(), numpy.random.rand()  # not what the save drew
         card = (directory / "README.md").read_text(encoding="utf-8")
         self.events.append(("on_load_training_state", card.splitlines()[0]))
 
@@ -61,7 +70,9 @@ def train(
     saver = SaveTrainingStateCallback(
         save_dir, save_every_n_steps=4, save_at_end=False, async_save=async_save
     )
-    trainer = make_trainer(callbacks=(saver, *callbacks), optimizer_class=torch.optim.AdamW)
+    torch.manual_seed(0)  # dropout: the run draws from the global random state
+    model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Tanh(), nn.Linear(8, 1))
+    trainer = make_trainer(model, (saver, *callbacks), optimizer_class=torch.optim.AdamW)
     trainer.train(dataset, num_epochs=2, per_device_batch_size=8, **kw)
     return trainer
 

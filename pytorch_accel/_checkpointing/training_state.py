@@ -62,9 +62,11 @@ from pytorch_accel._checkpointing.store import (
 )
 from pytorch_accel._checkpointing.streams import stream_position
 from pytorch_accel._checks import fail
+from pytorch_accel._loop import training_rng_preserved
 from pytorch_accel._resumable import RandomStates
 from pytorch_accel._state import Preparation
 from pytorch_accel.callback import TrainerCallback
+from pytorch_accel.dataloaders import _random_states_kept
 from pytorch_accel.distributed import AgreedFlag
 from pytorch_accel.run_config import (
     TrainerRunConfig,
@@ -153,7 +155,8 @@ class TrainingStateIO:
         pending = PendingSave(files, temporary, final, info, accelerator, self._agreement())
         if blocking:
             pending.run()
-            pending.error = pending.error or self._announce_save(temporary, final)
+            announced = self._announce_save(temporary, final)  # on every process, even so
+            pending.error = pending.error or announced
             pending.wait()  # a callback's error abandons the save on every process
             accelerator.wait_for_everyone()  # the state is published for every process
         else:  # announced at once: a callback's files are there before the manifest
@@ -199,14 +202,17 @@ class TrainingStateIO:
 
         Before the manifest is written: what the callbacks write into ``directory`` is covered.
         """
-        trainer = self._trainer
         try:
-            trainer.callback_handler.call_event(
-                "on_save_training_state", trainer, directory=directory, output_dir=final
-            )
+            self._fire("on_save_training_state", directory=directory, output_dir=final)
         except Exception as error:  # the save is abandoned on every process, then raised
             return error
         return None
+
+    def _fire(self, event: str, **kwargs: Any) -> None:
+        """Fire a save or load event, keeping the random states (saved, or just loaded)."""
+        trainer = self._trainer
+        with training_rng_preserved(trainer.accelerator.device), _random_states_kept():
+            trainer.callback_handler.call_event(event, trainer, **kwargs)
 
     def _agree_on(self, failed: Exception | None) -> None:
         """Wait for every process; raise on each if one failed (``failed``: this one's error)."""
@@ -294,10 +300,10 @@ class TrainingStateIO:
         where: str,
         check: Callable[[dict[str, Any]], None] | None = None,
     ) -> tuple[dict[str, Any], dict[str, Any], int]:
-        """Verify a training state, then load it.
+        """Verify a training state, then load it (run history and update counts included).
 
         Returns its shared state, this process's state and the number of processes that saved
-        it.
+        it. Then fires ``on_load_training_state``.
 
         ``where`` is the entry point, for messages; ``check`` sees the shared state before
         anything is loaded.
@@ -341,7 +347,9 @@ class TrainingStateIO:
         if loss_state is not None and isinstance(loss_func, torch.nn.Module):  # (older lack it)
             loss_func.load_state_dict(loss_state)
         trainer = self._trainer
-        trainer.callback_handler.call_event("on_load_training_state", trainer, directory=directory)
+        trainer.run_history.load_state_dict(shared["history"])
+        self._loop.restore_counts(shared)  # a later call continues them
+        self._fire("on_load_training_state", directory=directory)
         # another number of processes (between epochs): process i takes saved process i's
         # own state, or (beyond them) process i modulo their number's
         return shared, loaded[rank_state_name(accelerator.process_index % saved_world)], saved_world
@@ -369,8 +377,6 @@ class TrainingStateIO:
         generators = tuple(rank_state["loader"]["generators"]) if same_world else ()
         random_states = RandomStates(torch.get_rng_state(), generators)
         trainer = self._trainer
-        trainer.run_history.load_state_dict(shared["history"])
-        self._loop.restore_counts(shared)
         if trainer.scheduler is not None and scheduler:
             kept = getattr(trainer.scheduler, "base_lrs", None)
             trainer.scheduler.load_state_dict(shared["scheduler"])
