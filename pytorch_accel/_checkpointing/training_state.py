@@ -65,8 +65,8 @@ from pytorch_accel._checks import fail
 from pytorch_accel._loop import training_rng_preserved
 from pytorch_accel._resumable import RandomStates
 from pytorch_accel._state import Preparation
+from pytorch_accel._stored_items import _random_states_kept
 from pytorch_accel.callback import TrainerCallback
-from pytorch_accel.dataloaders import _random_states_kept
 from pytorch_accel.distributed import AgreedFlag
 from pytorch_accel.run_config import (
     TrainerRunConfig,
