@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from pytorch_accel.callbacks.throughput import ThroughputCallback
     from pytorch_accel.callbacks.time_budget import TimeBudgetCallback
     from pytorch_accel.callbacks.trackers import TrackingCallback
+    from pytorch_accel.callbacks.watchdog import WATCHDOG_EXIT_CODE, WatchdogCallback
     from pytorch_accel.callbacks.wsd_checkpoint import WSDCheckpointCallback
     from pytorch_accel.errors import CallbackMethodNotImplementedError, StopTrainingError
     from pytorch_accel.outputs import DefaultPath, RunPaths, redirected_paths
@@ -56,6 +57,7 @@ __all__ = [
     "DEFAULT_LOG_EVERY_N_UPDATES",
     "EMA_METRIC_PREFIX",
     "LIMIT_BATCHES_ENV_VAR",
+    "WATCHDOG_EXIT_CODE",
     "CallbackHandler",
     "CallbackMethodNotImplementedError",
     "ConvertSyncBatchNormCallback",
@@ -88,6 +90,7 @@ __all__ = [
     "TrackingCallback",
     "TrainerCallback",
     "WSDCheckpointCallback",
+    "WatchdogCallback",
     "get_default_callbacks",
     "limit_batches_from_environment",
     "plot_metrics",
@@ -119,6 +122,7 @@ _HOMES = {
     ".throughput": "ThroughputCallback",
     ".time_budget": "TimeBudgetCallback",
     ".trackers": "TrackingCallback",
+    ".watchdog": "WATCHDOG_EXIT_CODE WatchdogCallback",
     ".wsd_checkpoint": "WSDCheckpointCallback",
 }
 """The module of each name (relative: in this package), names separated by spaces."""
