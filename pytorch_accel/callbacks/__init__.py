@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from pytorch_accel.callbacks.throughput import ThroughputCallback
     from pytorch_accel.callbacks.time_budget import TimeBudgetCallback
     from pytorch_accel.callbacks.trackers import TrackingCallback
-    from pytorch_accel.callbacks.watchdog import WATCHDOG_EXIT_CODE, WatchdogCallback
+    from pytorch_accel.callbacks.watchdog import WatchdogCallback
     from pytorch_accel.callbacks.wsd_checkpoint import WSDCheckpointCallback
     from pytorch_accel.errors import CallbackMethodNotImplementedError, StopTrainingError
     from pytorch_accel.outputs import DefaultPath, RunPaths, redirected_paths
@@ -57,7 +57,6 @@ __all__ = [
     "DEFAULT_LOG_EVERY_N_UPDATES",
     "EMA_METRIC_PREFIX",
     "LIMIT_BATCHES_ENV_VAR",
-    "WATCHDOG_EXIT_CODE",
     "CallbackHandler",
     "CallbackMethodNotImplementedError",
     "ConvertSyncBatchNormCallback",
@@ -122,7 +121,7 @@ _HOMES = {
     ".throughput": "ThroughputCallback",
     ".time_budget": "TimeBudgetCallback",
     ".trackers": "TrackingCallback",
-    ".watchdog": "WATCHDOG_EXIT_CODE WatchdogCallback",
+    ".watchdog": "WatchdogCallback",
     ".wsd_checkpoint": "WSDCheckpointCallback",
 }
 """The module of each name (relative: in this package), names separated by spaces."""

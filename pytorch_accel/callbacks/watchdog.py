@@ -13,7 +13,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -27,10 +27,7 @@ from pytorch_accel.tracking import get_logger
 if TYPE_CHECKING:
     from pytorch_accel.protocols import TrainerLike
 
-__all__ = ["WATCHDOG_EXIT_CODE", "WatchdogCallback"]
-
-WATCHDOG_EXIT_CODE = 75
-"""The exit code of every process the watchdog ends (``EX_TEMPFAIL``: try again, e.g. resume)."""
+__all__ = ["WatchdogCallback"]
 
 REPORT_FILE = "hang-report.txt"
 """The report naming the processes that are behind, with every process's stacks."""
@@ -78,9 +75,9 @@ class WatchdogCallback(TrainerCallback):
     ``timeout_s`` seconds, the watchdog writes a report naming the processes that are behind
     (their last completed batch, what they were doing, their Python stacks) to
     ``<directory>/hang-report.txt`` and to the log and standard error, and every process exits
-    with ``exit_code`` (``WATCHDOG_EXIT_CODE``, 75, by default). A hung collective cannot be
-    left cleanly, so each process ends with ``os._exit`` once its report is written and
-    flushed (its data-loader workers are killed first): no ``finally`` block, ``atexit``
+    with ``exit_code`` (75 by default, ``WatchdogCallback.EXIT_CODE``). A hung collective
+    cannot be left cleanly, so each process ends with ``os._exit`` once its report is written
+    and flushed (its data-loader workers are killed first): no ``finally`` block, ``atexit``
     function or ``on_exception`` runs. Resume from the last saved training state.
 
     The steps pay for it with a few attribute assignments and a ``time.monotonic()`` per event:
@@ -135,6 +132,8 @@ class WatchdogCallback(TrainerCallback):
 
     order = -1000
     may_stop_training = False
+    EXIT_CODE: ClassVar[int] = 75
+    """The default ``exit_code``: ``EX_TEMPFAIL`` of ``sysexits.h`` (try again: resume)."""
 
     def __init__(
         self,
@@ -142,7 +141,7 @@ class WatchdogCallback(TrainerCallback):
         *,
         directory: str | os.PathLike[str] = DefaultPath("watchdog"),
         heartbeat_s: float | None = None,
-        exit_code: int = WATCHDOG_EXIT_CODE,
+        exit_code: int = EXIT_CODE,
         step_times: bool = True,
     ) -> None:
         where = "WatchdogCallback"
@@ -156,7 +155,7 @@ class WatchdogCallback(TrainerCallback):
             fail(ValueError, where, "heartbeat_s", heartbeat_s, expected, fix)
         check_count(where, "exit_code", exit_code, minimum=1)
         if exit_code > 255:
-            fix = f"Pass a code in 1..255, e.g. the default {WATCHDOG_EXIT_CODE}."
+            fix = f"Pass a code in 1..255, e.g. the default {self.EXIT_CODE}."
             fail(ValueError, where, "exit_code", exit_code, "an int in 1..255", fix)
         check_bool(where, "step_times", step_times)
         self.timeout_s = float(timeout_s)

@@ -17,7 +17,7 @@ from helpers import clone_params, make_model, make_regression_dataset, make_trai
 from torch import nn
 
 from pytorch_accel import Trainer
-from pytorch_accel.callbacks import DEFAULT_CALLBACKS, WATCHDOG_EXIT_CODE, WatchdogCallback
+from pytorch_accel.callbacks import DEFAULT_CALLBACKS, WatchdogCallback
 
 
 def watchdog_threads() -> list[threading.Thread]:
@@ -92,7 +92,7 @@ def test_the_defaults() -> None:
     watchdog = WatchdogCallback()
     assert (watchdog.timeout_s, watchdog.heartbeat_s) == (600.0, 10.0)
     assert WatchdogCallback(timeout_s=3).heartbeat_s == 0.5
-    assert watchdog.exit_code == WATCHDOG_EXIT_CODE == 75
+    assert watchdog.exit_code == WatchdogCallback.EXIT_CODE == 75
 
 
 @pytest.mark.bad_input

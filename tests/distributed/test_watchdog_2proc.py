@@ -3,9 +3,9 @@
 Process 1 stops (``SIGSTOP``), sleeps inside a step, or waits for a data-loader worker that
 blocks; ``WatchdogCallback(timeout_s=3)`` must name process 1 (and only it) as behind within
 the timeout and a few heartbeats, write every responding process's stacks, and end the job
-with ``WATCHDOG_EXIT_CODE``, not after torch's 30-minute process-group timeout. A healthy run
-with a straggler and evaluations longer than the timeout is not stopped, and records which
-process is the slowest.
+with ``WatchdogCallback.EXIT_CODE``, not after torch's 30-minute process-group timeout. A
+healthy run with a straggler and evaluations longer than the timeout is not stopped, and
+records which process is the slowest.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ from helpers import _descendants as descendants
 from helpers import run_process_group
 from launcher import REPO, SCRIPTS, launch
 
-from pytorch_accel.callbacks import WATCHDOG_EXIT_CODE
+from pytorch_accel.callbacks import WatchdogCallback
+
+WATCHDOG_EXIT_CODE = WatchdogCallback.EXIT_CODE
 
 TIMEOUT_S = 3
 REPORT_WITHIN_S = TIMEOUT_S + 4  # the timeout, a heartbeat or two, and a busy machine
