@@ -35,6 +35,8 @@ REPORT_FILE = "hang-report.txt"
 _VERDICT_FILE = "hang-report.json"
 _CLAIM_FILE = "hang-report.claim"
 _HEARTBEAT = "heartbeat-rank{}.json"
+_SILENT = 4
+"""Heartbeats after which a process whose heartbeat did not change is not responding."""
 _STACKS = "stacks-rank{}.txt"
 
 # where a process is: (phase, what it is doing); {epoch}, {done} and {index} are filled in
@@ -114,7 +116,7 @@ class WatchdogCallback(TrainerCallback):
         directory: Where heartbeats and reports go: ``watchdog`` under the run directory with
             ``Trainer(output_dir=...)``, else under the working directory.
         heartbeat_s: Seconds between heartbeats and checks; ``None``: ``timeout_s / 6``, at
-            most 10. A heartbeat unchanged for three intervals is a process not responding.
+            most 10. A heartbeat unchanged for four intervals is a process not responding.
         exit_code: The exit code of the processes the watchdog ends.
         step_times: Gather and record the per-process step times at each epoch's end.
 
@@ -471,6 +473,9 @@ class _Monitor(threading.Thread):
             return verdict
         if beats[self.rank]["idle_s"] < self.owner.timeout_s:
             return None
+        interval = self.owner.heartbeat_s
+        if any(2 * interval < beat["silent_s"] <= _SILENT * interval for beat in beats.values()):
+            return None  # a slow write or a silent process: clear within two heartbeats
         verdict = self._decide(beats)
         try:
             with open(self._path(_CLAIM_FILE), "x") as claim:  # the first to decide reports
@@ -498,7 +503,7 @@ class _Monitor(threading.Thread):
 
     def _decide(self, beats: dict[int, dict[str, Any]]) -> dict[str, Any]:
         """Name the processes behind: silent ones, and those through fewer events."""
-        stale_after = 3 * self.owner.heartbeat_s
+        stale_after = _SILENT * self.owner.heartbeat_s
         silent = {rank for rank, beat in beats.items() if beat["silent_s"] > stale_after}
         unseen = sorted(set(range(self.size)) - set(beats))
         ahead = max(int(beat["ticks"]) for beat in beats.values())
