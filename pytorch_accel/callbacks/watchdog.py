@@ -86,9 +86,10 @@ class WatchdogCallback(TrainerCallback):
     no collective, no host read. A monitor thread per process writes a small heartbeat file
     (``heartbeat-rank<N>.json``, atomically) every ``heartbeat_s`` seconds, saying how far the
     process got; the processes agree on the directory once, when ``train()`` starts. When a
-    process's own progress stalls past ``timeout_s``, its monitor compares the heartbeats: a
-    process whose heartbeat stopped changing (``SIGSTOP``, a frozen node, a C call holding the
-    GIL) is named from its last heartbeat; a process that went through fewer of the loop's
+    process's own progress stalls past ``timeout_s``, its monitor compares the heartbeats
+    (read from a third of the timeout on; a process making progress reads none): a process
+    whose heartbeat stopped changing (``SIGSTOP``, a frozen node, a C call holding the GIL) is
+    named from its last heartbeat; a process that went through fewer of the loop's
     events than another is behind (it is still in a step the others finished, or waiting for
     a batch); the processes that are ahead are waiting for it in a collective, which their
     stacks show. The first monitor to decide writes the report; every other process that can
@@ -345,6 +346,11 @@ class WatchdogCallback(TrainerCallback):
 
     # -------------------------------------------------------------- for the monitor thread
 
+    @property
+    def last_progress(self) -> float:
+        """The ``time.monotonic()`` of the training thread's last event."""
+        return self._moved
+
     def position(self) -> dict[str, Any]:
         """Where the training thread is, as of its last event (read from the monitor thread)."""
         stage, done, eval_done = self._stage, self._done, self._eval_done
@@ -466,12 +472,20 @@ class _Monitor(threading.Thread):
         return beats
 
     def _check(self) -> dict[str, Any] | None:
-        """The verdict, once this process stalled past the timeout or another declared a hang."""
-        beats = self._peers()
+        """The verdict, once this process stalled past the timeout or another declared a hang.
+
+        The others' heartbeats are read only once this process has stalled for a third of the
+        timeout, so that by the timeout a silent one has been watched for four heartbeats
+        (until then one file is read per heartbeat: a shared file system is spared).
+        """
         verdict = self._read_verdict()
         if verdict is not None:
             return verdict
-        if beats[self.rank]["idle_s"] < self.owner.timeout_s:
+        idle = time.monotonic() - self.owner.last_progress
+        if idle < self.owner.timeout_s / 3:
+            return None
+        beats = self._peers()
+        if idle < self.owner.timeout_s:
             return None
         interval = self.owner.heartbeat_s
         if any(2 * interval < beat["silent_s"] <= _SILENT * interval for beat in beats.values()):

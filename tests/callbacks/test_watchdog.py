@@ -7,6 +7,7 @@ one process alone) end their job with ``os._exit``: they run in real processes, 
 
 from __future__ import annotations
 
+import csv
 import threading
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from helpers import clone_params, make_model, make_regression_dataset, make_trai
 from torch import nn
 
 from pytorch_accel import Trainer
-from pytorch_accel.callbacks import DEFAULT_CALLBACKS, WatchdogCallback
+from pytorch_accel.callbacks import DEFAULT_CALLBACKS, RunRecordCallback, WatchdogCallback
 
 
 def watchdog_threads() -> list[threading.Thread]:
@@ -50,7 +51,9 @@ def test_it_changes_no_weight() -> None:
         assert torch.equal(a, b)
 
 
-def test_heartbeats_go_under_the_run_directory(tmp_path: Path) -> None:
+def test_heartbeats_go_under_the_run_directory_and_step_times_into_the_record(
+    tmp_path: Path,
+) -> None:
     seen: list[Path] = []
 
     class Look(WatchdogCallback):
@@ -63,12 +66,17 @@ def test_heartbeats_go_under_the_run_directory(tmp_path: Path) -> None:
         model,
         nn.MSELoss(),
         torch.optim.SGD(model.parameters(), lr=0.05),
-        callbacks=(*DEFAULT_CALLBACKS, Look(timeout_s=60)),
+        callbacks=(*DEFAULT_CALLBACKS, Look(timeout_s=60), RunRecordCallback(log_with=())),
         output_dir=tmp_path,
     )
     trainer.train(make_regression_dataset(16), num_epochs=1, per_device_batch_size=4)
     assert trainer.run_dir is not None
     assert seen == [trainer.run_dir / "watchdog" / "heartbeat-rank0.json"]
+    rows = list(csv.DictReader((trainer.run_dir / "metrics.csv").open()))
+    assert float(rows[-1]["train_step_skew"]) == 1.0
+    assert float(rows[-1]["train_slowest_process"]) == 0
+    log = (trainer.run_dir / "train.log").read_text()
+    assert "step times, epoch 1: slowest process 0 (" in log
 
 
 def test_an_exception_stops_the_monitor() -> None:
