@@ -89,9 +89,9 @@ class WatchdogCallback(TrainerCallback):
     process's own progress stalls past ``timeout_s``, its monitor compares the heartbeats
     (read from a third of the timeout on; a process making progress reads none): a process
     whose heartbeat stopped changing (``SIGSTOP``, a frozen node, a C call holding the GIL) is
-    named from its last heartbeat; a process that went through fewer of the loop's
-    events than another is behind (it is still in a step the others finished, or waiting for
-    a batch); the processes that are ahead are waiting for it in a collective, which their
+    named from its last heartbeat; a process that went through fewer of the loop's events
+    than another is behind (it is still in a step the others finished, or waiting for a
+    batch); the processes that are ahead are waiting for it in a collective, which their
     stacks show. The first monitor to decide writes the report; every other process that can
     still run sees it at its next heartbeat, writes its own stacks (``stacks-rank<N>.txt``),
     and they exit together. A process that cannot run (stopped, frozen) is ended by the
@@ -109,8 +109,8 @@ class WatchdogCallback(TrainerCallback):
     (data-loader workers starting, ``torch.compile``), a save or an evaluation set-up at an
     epoch's end. Evaluation steps count as progress. The directory must be shared by the
     processes (on several machines, a shared file system); a process that cannot see the
-    others' heartbeats warns when ``train()`` starts and names only itself. Order ``-1000``:
-    first in each event.
+    others' heartbeats warns when ``train()`` starts, and its report lists them as unseen.
+    Order ``-1000``: first in each event.
 
     Args:
         timeout_s: Seconds without progress after which the run is declared hung.
@@ -437,8 +437,8 @@ class _Monitor(threading.Thread):
             sys.stderr.write(
                 f"WatchdogCallback: process {self.rank} cannot see the heartbeats of processes "
                 f"{missing} in {str(self.directory)!r}: give the watchdog a directory all "
-                "processes share (a shared file system on several machines). It will name only "
-                "this process if the run hangs.\n"
+                "processes share (a shared file system on several machines). If the run "
+                "hangs, its report cannot say where they are.\n"
             )
 
     def _read(self, rank: int) -> dict[str, Any] | None:
@@ -522,9 +522,7 @@ class _Monitor(threading.Thread):
         unseen = sorted(set(range(self.size)) - set(beats))
         ahead = max(int(beat["ticks"]) for beat in beats.values())
         behind = sorted(
-            {rank for rank, beat in beats.items() if int(beat["ticks"]) < ahead}
-            | silent
-            | set(unseen)
+            {rank for rank, beat in beats.items() if int(beat["ticks"]) < ahead} | silent
         )
         same_point = not behind
         if same_point:  # all stopped at one point (one process alone, or all at once)
@@ -654,7 +652,10 @@ def _summary(verdict: dict[str, Any]) -> str:
         mark = "BEHIND " if beat.get("behind") else "waiting"
         lines.append(f"  {mark} {_where(rank, beat)}")
     for rank in verdict["unseen"]:
-        lines.append(f"  BEHIND process {rank}: no heartbeat seen (not started, or not shared)")
+        lines.append(
+            f"  unseen  process {rank}: no heartbeat of this run (the directory is not shared "
+            "with it, or it never started the run)"
+        )
     return "\n".join(lines)
 
 
