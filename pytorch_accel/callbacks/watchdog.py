@@ -79,8 +79,9 @@ class WatchdogCallback(TrainerCallback):
     ``<directory>/hang-report.txt`` and to the log and standard error, and every process exits
     with ``exit_code`` (75 by default, ``WatchdogCallback.EXIT_CODE``). A hung collective
     cannot be left cleanly, so each process ends with ``os._exit`` once its report is written
-    and flushed (its data-loader workers are killed first): no ``finally`` block, ``atexit``
-    function or ``on_exception`` runs. Resume from the last saved training state.
+    and flushed (its ``multiprocessing`` children, the data-loader workers, are killed first):
+    no ``finally`` block, ``atexit`` function or ``on_exception`` runs. Resume from the last
+    saved training state.
 
     The steps pay for it with a few attribute assignments and a ``time.monotonic()`` per event:
     no collective, no host read. A monitor thread per process writes a small heartbeat file
