@@ -41,7 +41,7 @@ _STACKS = "stacks-rank{}.txt"
 
 # where a process is: (phase, what it is doing); {epoch}, {done} and {index} are filled in
 _STAGES = (
-    ("run", "starting the training run"),
+    ("run", "starting the run"),
     ("train", "waiting for the epoch's first batch"),
     ("train", "batch {index}: computing the loss (forward)"),
     ("train", "batch {index}: backward (DDP all-reduces the gradients with the other processes)"),
@@ -73,20 +73,20 @@ _STAGES = (
 class WatchdogCallback(TrainerCallback):
     """Name the process that holds a run up, with every process's stacks, then end the job.
 
-    When no step (training or evaluation) and no epoch boundary has passed on a process for
-    ``timeout_s`` seconds, the watchdog writes a report naming the processes that are behind
-    (their last completed batch, what they were doing, their Python stacks) to
-    ``<directory>/hang-report.txt`` and to the log and standard error, and every process exits
-    with ``exit_code`` (75 by default, ``WatchdogCallback.EXIT_CODE``). A hung collective
-    cannot be left cleanly, so each process ends with ``os._exit`` once its report is written
-    and flushed (its ``multiprocessing`` children, the data-loader workers, are killed first):
-    no ``finally`` block, ``atexit`` function or ``on_exception`` runs. Resume from the last
-    saved training state.
+    It watches ``train()`` and ``evaluate()``. When no step (training or evaluation) and no
+    epoch boundary has passed on a process for ``timeout_s`` seconds, the watchdog writes a
+    report naming the processes that are behind (their last completed batch, what they were
+    doing, their Python stacks) to ``<directory>/hang-report.txt`` and to the log and standard
+    error, and every process exits with ``exit_code`` (75 by default,
+    ``WatchdogCallback.EXIT_CODE``). A hung collective cannot be left cleanly, so each process
+    ends with ``os._exit`` once its report is written and flushed (its ``multiprocessing``
+    children, the data-loader workers, are killed first): no ``finally`` block, ``atexit``
+    function or ``on_exception`` runs. Resume from the last saved training state.
 
     The steps pay for it with a few attribute assignments and a ``time.monotonic()`` per event:
     no collective, no host read. A monitor thread per process writes a small heartbeat file
     (``heartbeat-rank<N>.json``, atomically) every ``heartbeat_s`` seconds, saying how far the
-    process got; the processes agree on the directory once, when ``train()`` starts. When a
+    process got; the processes agree on the directory once, when the run starts. When a
     process's own progress stalls past ``timeout_s``, its monitor compares the heartbeats
     (read from a third of the timeout on; a process making progress reads none): a process
     whose heartbeat stopped changing (``SIGSTOP``, a frozen node, a C call holding the GIL) is
@@ -169,6 +169,7 @@ class WatchdogCallback(TrainerCallback):
         self.exit_code = exit_code
         self.step_times = step_times
         self._monitor: _Monitor | None = None
+        self._watching: str | None = None  # "train" or "evaluate": the run that started it
         # the training thread's marks: assignments only, read by the monitor thread
         self._ticks = 0
         self._moved = time.monotonic()
@@ -194,6 +195,20 @@ class WatchdogCallback(TrainerCallback):
     def on_training_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
         """Agree on the directory, write the first heartbeat and start the monitor thread."""
         self._stop_monitor()
+        self._start(trainer, "train")
+
+    def on_evaluation_run_start(self, trainer: TrainerLike, **kwargs: Any) -> None:
+        """Watch ``evaluate()`` too (unless a training run is watched already)."""
+        if self._monitor is None:
+            self._start(trainer, "evaluate")
+
+    def on_evaluation_run_end(self, trainer: TrainerLike, **kwargs: Any) -> None:
+        """Stop the monitor thread ``on_evaluation_run_start`` started."""
+        if self._watching == "evaluate":
+            self._stop_monitor()
+
+    def _start(self, trainer: TrainerLike, watching: str) -> None:
+        self._watching = watching
         self._ticks, self._stage, self._moved = 0, _RUN_START, time.monotonic()
         accelerator = trainer.accelerator
         rank, size = accelerator.process_index, accelerator.num_processes
@@ -307,6 +322,7 @@ class WatchdogCallback(TrainerCallback):
         self._stop_monitor()
 
     def _stop_monitor(self) -> None:
+        self._watching = None
         monitor, self._monitor = self._monitor, None
         if monitor is not None:
             monitor.stop()
@@ -502,8 +518,11 @@ class _Monitor(threading.Thread):
                 if (written := self._read_verdict()) is not None:
                     return written
             return verdict
-        atomic_write(self._path(REPORT_FILE), _report(verdict, {}))
-        atomic_write(self._path(_VERDICT_FILE), json.dumps(verdict, indent=2))  # the others'
+        except OSError:  # no file to claim with: report on standard error, and end
+            return verdict
+        with contextlib.suppress(OSError):  # a full disk: the report still goes to stderr
+            atomic_write(self._path(REPORT_FILE), _report(verdict, {}))
+            atomic_write(self._path(_VERDICT_FILE), json.dumps(verdict, indent=2))  # the others'
         return verdict
 
     def _read_verdict(self) -> dict[str, Any] | None:

@@ -39,6 +39,8 @@ def test_a_healthy_run_records_step_times_and_leaves_no_thread(tmp_path: Path) -
     assert list((tmp_path / "watchdog").iterdir()) == []  # its heartbeat is removed at the end
     trainer.train(make_regression_dataset(64), num_epochs=1, per_device_batch_size=4)
     assert watchdog_threads() == []
+    trainer.evaluate(make_regression_dataset(16), per_device_batch_size=4)  # watched too
+    assert watchdog_threads() == []
 
 
 def test_it_changes_no_weight() -> None:

@@ -44,7 +44,7 @@ def environment() -> dict[str, str]:
 
 def command(out: Path, scenario: str) -> list[str]:
     script = [str(SCRIPTS / "watchdog.py"), str(out), scenario]
-    if scenario == "single":
+    if scenario in ("single", "evaluate"):
         return [sys.executable, *script]
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     return [*launcher, "--nproc_per_node=2", *script]
@@ -123,7 +123,7 @@ def run(scenario: str, out: Path) -> str:
         command(out, scenario), env=environment(), cwd=REPO, timeout=90
     )
     assert time.monotonic() - started < 60, output[-3000:]
-    if scenario == "single":
+    if scenario in ("single", "evaluate"):
         assert returncode == WATCHDOG_EXIT_CODE, output[-3000:]
     else:
         assert returncode != 0
@@ -162,6 +162,14 @@ def test_one_process_is_named_alone(tmp_path: Path) -> None:
     assert verdict["same_point"]
     report = (tmp_path / "watchdog" / "hang-report.txt").read_text()
     assert report.startswith("WatchdogCallback: process 0 made no progress for 3 s")
+
+
+def test_a_hang_in_evaluate_is_named(tmp_path: Path) -> None:
+    run("evaluate", tmp_path)
+    verdict = check_report(tmp_path, stalled=0, size=1)
+    process = verdict["processes"]["0"]
+    assert process["phase"] == "eval"
+    assert process["doing"] == "eval batch 2: computing the loss"
 
 
 def test_a_healthy_run_with_long_evaluations_is_not_stopped(tmp_path: Path) -> None:

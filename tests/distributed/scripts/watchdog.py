@@ -6,6 +6,7 @@ Scenarios, on process 1 (the only one with ``single``), at its 4th batch of epoc
 - ``sleep``: it sleeps 60 s inside ``calculate_train_batch_loss``;
 - ``worker``: its data loader's worker blocks 60 s in ``__getitem__`` (``num_workers=1``);
 - ``single``: one process, no torchrun, sleeps 60 s inside the step;
+- ``evaluate``: one process, no torchrun, sleeps 60 s in its 3rd batch of ``evaluate()``;
 - ``healthy``: no stall; process 1 is slower in every step (a straggler) and each evaluation
   takes longer than the watchdog's timeout, its steps each shorter: nothing fires.
 
@@ -36,7 +37,7 @@ from pytorch_accel.callbacks import DEFAULT_CALLBACKS, WatchdogCallback
 RANK = int(os.environ.get("RANK", "0"))
 SCENARIO = sys.argv[2]
 OUT = Path(sys.argv[1])
-STALLING = 0 if SCENARIO == "single" else 1
+STALLING = 0 if SCENARIO in ("single", "evaluate") else 1
 STALL_AT = 3  # the 4th batch of the first epoch
 
 
@@ -57,7 +58,13 @@ class Stalling(Trainer):
             time.sleep(60)
         return super().calculate_train_batch_loss(batch)
 
+    eval_batches = 0
+
     def calculate_eval_batch_loss(self, batch: Any) -> dict[str, Any]:
+        self.eval_batches += 1
+        if SCENARIO == "evaluate" and self.eval_batches == 3:
+            stall_mark()
+            time.sleep(60)
         if SCENARIO == "healthy" and self.run_history.current_epoch == 1:
             time.sleep(0.6)  # 6 eval batches: 3.6 s, longer than the timeout
         return super().calculate_eval_batch_loss(batch)
@@ -90,6 +97,8 @@ def main() -> None:
         torch.optim.SGD(model.parameters(), lr=0.05),
         callbacks=(*DEFAULT_CALLBACKS, watchdog),
     )
+    if SCENARIO == "evaluate":
+        trainer.evaluate(make_regression_dataset(32), per_device_batch_size=4)
     worker = SCENARIO == "worker"
     trainer.train(
         BlockingData() if worker else make_regression_dataset(64),
