@@ -20,6 +20,7 @@ iterates one epoch of a prepared dataloader.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import random
@@ -163,6 +164,22 @@ def _random_states_kept() -> Iterator[None]:
             random.setstate(python_state)
             if numpy is not None:
                 numpy.random.set_state(numpy_state)
+
+
+def _cache_package_checks() -> None:
+    """Have accelerate's dataloader code ask once per process which packages are installed.
+
+    accelerate asks whether ``torchdata`` and ``datasets`` are installed at each dataloader it
+    builds (preparing one, ``skip_first_batches``), reading and parsing the package's metadata
+    each time: with ``torchdata`` installed, a few ms of each ``train()`` call (issue 44,
+    docs/performance.md). What is installed does not change while a process runs.
+    """
+    import accelerate.data_loader as accelerate_loaders
+
+    for name in ("is_torchdata_stateful_dataloader_available", "is_datasets_available"):
+        check = getattr(accelerate_loaders, name, None)
+        if callable(check) and not hasattr(check, "cache_info"):  # not cached yet
+            setattr(accelerate_loaders, name, functools.cache(check))
 
 
 def num_batches(dataloader: Sized) -> int | None:
