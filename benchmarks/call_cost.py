@@ -1,0 +1,253 @@
+"""Where a ``train()`` call's fixed cost goes in 2 processes: ``python -m benchmarks.call_cost``.
+
+Run as a suite (``python -m benchmarks.run --suites call-2``), it launches itself under
+``torchrun`` with 2 CPU processes (gloo). Each process builds a ``Trainer`` with the default
+callbacks and a hand-written DDP loop (``benchmarks.pipelines``) on the tiny MLP and on the
+medium CNN, then runs interleaved rounds of one epoch (16 steps) of each, after a barrier.
+
+The fixed cost of a call is measured as ``benchmarks.worker`` does (the time outside the
+batches, less one batch, plus how much the first gap exceeds the median). Inside the
+trainer's calls, process 0 times sections by wrapping the functions that do them (no change
+to the library): the argument checks, building the run config, preparing the train
+dataloader (accelerate's ``prepare_data_loader``) and rebuilding it to resume mid-epoch
+(``skip_first_batches``), the random-state broadcast at the loader's start, and the epoch
+loss's all-reduce (both collectives include waiting for the other process). It also times
+what accelerate's package checks cost when they are not cached (they were asked at each
+dataloader built before issue 44: two per call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks import loops, pipelines, remove_scratch_directories, scratch_directory
+from benchmarks.stats import median_interval, paired_difference
+
+WARM_UP_BATCHES = 2
+STEPS = 16
+SECTIONS: tuple[tuple[str, str, str], ...] = (
+    ("argument checks", "pytorch_accel._entry_checks", "check_train_arguments"),
+    ("run config", "pytorch_accel._state", "Preparation.training_run_config"),
+    ("train loader: accelerate's prepare", "accelerate.data_loader", "prepare_data_loader"),
+    ("train loader: rebuilt to resume mid-epoch", "pytorch_accel._resumable", "make_resumable"),
+    ("random-state broadcast (collective)", "accelerate.utils.random", "synchronize_rng_states"),
+    ("epoch loss all-reduce (collective)", "pytorch_accel.distributed", "reduce_across_processes"),
+)
+"""(label, module, function or Class.method) of each timed section of a ``train()`` call."""
+UNCACHED = "accelerate's package checks, uncached (before issue 44)"
+
+
+class Timers:
+    """Seconds spent in each wrapped function since the last ``take``."""
+
+    def __init__(self) -> None:
+        self.spent: dict[str, float] = {}
+
+    def wrap(self, label: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        """``function``, adding the time of each call to ``label``."""
+
+        @functools.wraps(function)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.spent[label] = self.spent.get(label, 0.0) + time.perf_counter() - start
+
+        return timed
+
+    def take(self) -> dict[str, float]:
+        """Return the seconds by label, and start again."""
+        spent, self.spent = self.spent, {}
+        return spent
+
+
+def install(timers: Timers) -> None:
+    """Wrap each section's function, wherever a loaded module holds it by name."""
+    for label, module_name, qualified in SECTIONS:
+        module = importlib.import_module(module_name)
+        owner_name, _, name = qualified.rpartition(".")
+        if owner_name:  # a method: replace it on its class
+            owner = getattr(module, owner_name)
+            setattr(owner, name, timers.wrap(label, getattr(owner, name)))
+            continue
+        original = getattr(module, name)
+        wrapped = timers.wrap(label, original)
+        for loaded in list(sys.modules.values()):
+            ours = getattr(loaded, "__name__", "").startswith(("pytorch_accel", "accelerate"))
+            if ours and getattr(loaded, name, None) is original:
+                setattr(loaded, name, wrapped)
+
+
+def uncached_package_checks() -> float:
+    """Seconds of the package checks accelerate asked at the two loaders a call built."""
+    from accelerate.utils import imports
+
+    start = time.perf_counter()
+    for _ in range(2):
+        imports.is_torchdata_stateful_dataloader_available()
+        imports.is_datasets_available()
+    return time.perf_counter() - start
+
+
+def time_call(run: pipelines.Run) -> tuple[float, float]:
+    """Return (median seconds per batch, fixed seconds) of one call (as benchmarks.worker)."""
+    import torch.distributed as dist
+
+    stamps: list[float] = []
+    dist.barrier()
+    start = time.perf_counter()
+    run(lambda: stamps.append(time.perf_counter()))
+    end = time.perf_counter()
+    gaps = [later - earlier for earlier, later in itertools.pairwise(stamps)]
+    per_batch = statistics.median(gaps[WARM_UP_BATCHES:] or gaps)
+    outside = (stamps[0] - start) + (end - stamps[-1]) - per_batch
+    return per_batch, outside + (gaps[0] - per_batch if gaps else 0.0)
+
+
+def worker(rounds: int, out: Path) -> None:
+    """One process: paired rounds of the trainer and hand-written DDP on each model."""
+    import torch.distributed as dist
+    from accelerate import PartialState
+
+    torch.set_num_threads(1)
+    PartialState(cpu=True)
+    world = dist.get_world_size()
+    timers = Timers()
+    install(timers)
+    models = {
+        "tiny MLP": (loops.make_mlp, loops.mlp_data(32 * STEPS * world)),
+        "medium CNN": (loops.make_cnn, pipelines.regression_data(32 * STEPS * world)),
+    }
+    results: dict[str, Any] = {}
+    for model_name, (make, data) in models.items():
+        trainer = pipelines.trainer_train(make(), data, 32, pipelines.default_callbacks())
+        hand = pipelines.hand_written_train(make(), data, 32)
+        samples: dict[str, list[float]] = {"trainer": [], "hand-written DDP": [], UNCACHED: []}
+        sections: dict[str, list[float]] = {label: [] for label, _, _ in SECTIONS}
+        for round_index in range(rounds + 1):  # round 0 warms up
+            order = [("trainer", trainer), ("hand-written DDP", hand)]
+            for name, run in order if round_index % 2 else reversed(order):
+                timers.take()
+                _, fixed = time_call(run)
+                spent = timers.take()
+                if round_index == 0:
+                    continue
+                samples[name].append(fixed)
+                if name == "trainer":
+                    for label in sections:
+                        sections[label].append(spent.get(label, 0.0))
+            if round_index:
+                samples[UNCACHED].append(uncached_package_checks())
+        results[model_name] = {"fixed": samples, "sections": sections}
+    if dist.get_rank() == 0:
+        out.write_text(json.dumps(results))
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    remove_scratch_directories()
+    os._exit(0)  # as benchmarks.worker: no interpreter finalisation under gloo's threads
+
+
+def summarise(results: dict[str, Any]) -> dict[str, Any]:
+    """Per model: the breakdown rows (median ms per call, 95% CI) and the paired extra."""
+    summary: dict[str, Any] = {}
+    for model_name, figures in results.items():
+        fixed, sections = figures["fixed"], figures["sections"]
+        trainer, hand = fixed["trainer"], fixed["hand-written DDP"]
+        rows = [{"section": label, **_ms(values)} for label, values in sections.items()]
+        timed = [sum(values) for values in zip(*sections.values(), strict=True)]
+        rest = [whole - part for whole, part in zip(trainer, timed, strict=True)]
+        rows += [
+            {"section": "the rest (events, callbacks, loader start, bookkeeping)", **_ms(rest)},
+            {"section": "fixed cost of a trainer call", **_ms(trainer)},
+            {"section": "fixed cost of a hand-written DDP call", **_ms(hand)},
+            {"section": UNCACHED, **_ms(fixed[UNCACHED])},
+        ]
+        summary[model_name] = {
+            "rows": rows,
+            "extra_fixed_ms": paired_difference(trainer, hand, 1e3),
+            "rounds": len(trainer),
+        }
+    return summary
+
+
+def _ms(values: list[float]) -> dict[str, Any]:
+    low, high = median_interval([value * 1e3 for value in values])
+    return {"median_ms": statistics.median(values) * 1e3, "ci95": (low, high)}
+
+
+def measure(quick: bool) -> dict[str, Any]:
+    """Launch the 2-process worker under torchrun; return the summary (``summarise``)."""
+    rounds = 4 if quick else 20
+    out = scratch_directory("bench-call-cost-") / "samples.json"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc_per_node=2", "-m", "benchmarks.call_cost", "--worker"]
+    command += [f"--rounds={rounds}", f"--out={out}"]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"}
+    done = subprocess.run(command, env=environment, capture_output=True, text=True)
+    if not out.exists():
+        raise RuntimeError(
+            f"benchmarks.call_cost failed (exit status {done.returncode}):\n"
+            f"{(done.stdout + done.stderr)[-4000:]}"
+        )
+    return summarise(json.loads(out.read_text()))
+
+
+def markdown(summary: dict[str, Any]) -> list[str]:
+    """The breakdown table: one column per model."""
+    models = list(summary)
+    lines = [
+        "| per `train()` call, 2 processes (ms) | " + " | ".join(models) + " |",
+        "| --- |" + " ---: |" * len(models),
+    ]
+    labels = [row["section"] for row in summary[models[0]]["rows"]]
+    for index, label in enumerate(labels):
+        cells = []
+        for model in models:
+            row = summary[model]["rows"][index]
+            low, high = row["ci95"]
+            cells.append(f"{row['median_ms']:.2f} [{low:.2f}, {high:.2f}]")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    cells = []
+    for model in models:
+        extra = summary[model]["extra_fixed_ms"]
+        low, high = extra["ci95"]
+        cells.append(f"**{extra['median']:+.2f}** [{low:+.2f}, {high:+.2f}]")
+    lines.append("| trainer over hand-written DDP, paired | " + " | ".join(cells) + " |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``--worker``: one process of the measurement; else measure and print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args.rounds, args.out)
+        return
+    summary = measure(args.quick)
+    print("\n".join(markdown(summary)))
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
