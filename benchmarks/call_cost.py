@@ -52,25 +52,27 @@ UNCACHED = "accelerate's package checks, uncached (before issue 44)"
 
 
 class Timers:
-    """Seconds spent in each wrapped function since the last ``take``."""
+    """Seconds spent in each wrapped function since the last ``take``: wall and thread CPU."""
 
     def __init__(self) -> None:
-        self.spent: dict[str, float] = {}
+        self.spent: dict[str, tuple[float, float]] = {}
 
     def wrap(self, label: str, function: Callable[..., Any]) -> Callable[..., Any]:
         """``function``, adding the time of each call to ``label``."""
 
         @functools.wraps(function)
         def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.thread_time()
             try:
                 return function(*args, **kwargs)
             finally:
-                self.spent[label] = self.spent.get(label, 0.0) + time.perf_counter() - start
+                wall, cpu = self.spent.get(label, (0.0, 0.0))
+                wall += time.perf_counter() - start
+                self.spent[label] = (wall, cpu + time.thread_time() - start_cpu)
 
         return timed
 
-    def take(self) -> dict[str, float]:
+    def take(self) -> dict[str, tuple[float, float]]:
         """Return the seconds by label, and start again."""
         spent, self.spent = self.spent, {}
         return spent
@@ -93,30 +95,34 @@ def install(timers: Timers) -> None:
                 setattr(loaded, name, wrapped)
 
 
-def uncached_package_checks() -> float:
-    """Seconds of the package checks accelerate asked at the two loaders a call built."""
+def uncached_package_checks() -> tuple[float, float]:
+    """Seconds (wall, CPU) of the package checks accelerate asked at a call's two loaders."""
     from accelerate.utils import imports
 
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.thread_time()
     for _ in range(2):
         imports.is_torchdata_stateful_dataloader_available()
         imports.is_datasets_available()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.thread_time() - start_cpu
 
 
 def time_call(run: pipelines.Run) -> tuple[float, float]:
-    """Return (median seconds per batch, fixed seconds) of one call (as benchmarks.worker)."""
+    """Return the fixed seconds of one call (as benchmarks.worker): wall, and thread CPU."""
     import torch.distributed as dist
 
-    stamps: list[float] = []
+    stamps: list[tuple[float, float]] = []
     dist.barrier()
-    start = time.perf_counter()
-    run(lambda: stamps.append(time.perf_counter()))
-    end = time.perf_counter()
-    gaps = [later - earlier for earlier, later in itertools.pairwise(stamps)]
-    per_batch = statistics.median(gaps[WARM_UP_BATCHES:] or gaps)
-    outside = (stamps[0] - start) + (end - stamps[-1]) - per_batch
-    return per_batch, outside + (gaps[0] - per_batch if gaps else 0.0)
+    start = (time.perf_counter(), time.thread_time())
+    run(lambda: stamps.append((time.perf_counter(), time.thread_time())))
+    end = (time.perf_counter(), time.thread_time())
+    fixed = []
+    for clock in (0, 1):
+        points = [stamp[clock] for stamp in stamps]
+        gaps = [later - earlier for earlier, later in itertools.pairwise(points)]
+        per_batch = statistics.median(gaps[WARM_UP_BATCHES:] or gaps)
+        outside = (points[0] - start[clock]) + (end[clock] - points[-1]) - per_batch
+        fixed.append(outside + (gaps[0] - per_batch if gaps else 0.0))
+    return fixed[0], fixed[1]
 
 
 def worker(rounds: int, out: Path) -> None:
@@ -137,20 +143,24 @@ def worker(rounds: int, out: Path) -> None:
     for model_name, (make, data) in models.items():
         trainer = pipelines.trainer_train(make(), data, 32, pipelines.default_callbacks())
         hand = pipelines.hand_written_train(make(), data, 32)
-        samples: dict[str, list[float]] = {"trainer": [], "hand-written DDP": [], UNCACHED: []}
-        sections: dict[str, list[float]] = {label: [] for label, _, _ in SECTIONS}
+        samples: dict[str, list[tuple[float, float]]] = {
+            "trainer": [],
+            "hand-written DDP": [],
+            UNCACHED: [],
+        }
+        sections: dict[str, list[tuple[float, float]]] = {label: [] for label, _, _ in SECTIONS}
         for round_index in range(rounds + 1):  # round 0 warms up
             order = [("trainer", trainer), ("hand-written DDP", hand)]
             for name, run in order if round_index % 2 else reversed(order):
                 timers.take()
-                _, fixed = time_call(run)
+                fixed = time_call(run)
                 spent = timers.take()
                 if round_index == 0:
                     continue
                 samples[name].append(fixed)
                 if name == "trainer":
                     for label in sections:
-                        sections[label].append(spent.get(label, 0.0))
+                        sections[label].append(spent.get(label, (0.0, 0.0)))
             if round_index:
                 samples[UNCACHED].append(uncached_package_checks())
         results[model_name] = {"fixed": samples, "sections": sections}
@@ -165,31 +175,47 @@ def worker(rounds: int, out: Path) -> None:
 
 
 def summarise(results: dict[str, Any]) -> dict[str, Any]:
-    """Per model: the breakdown rows (median ms per call, 95% CI) and the paired extra."""
+    """Per model: the breakdown rows (median ms per call, wall and CPU) and the paired extra."""
     summary: dict[str, Any] = {}
     for model_name, figures in results.items():
         fixed, sections = figures["fixed"], figures["sections"]
         trainer, hand = fixed["trainer"], fixed["hand-written DDP"]
         rows = [{"section": label, **_ms(values)} for label, values in sections.items()]
-        timed = [sum(values) for values in zip(*sections.values(), strict=True)]
-        rest = [whole - part for whole, part in zip(trainer, timed, strict=True)]
+        timed = [
+            tuple(sum(pair[clock] for pair in spans) for clock in (0, 1))
+            for spans in zip(*sections.values(), strict=True)
+        ]
+        rest = [
+            tuple(whole[clock] - part[clock] for clock in (0, 1))
+            for whole, part in zip(trainer, timed, strict=True)
+        ]
         rows += [
             {"section": "the rest (events, callbacks, loader start, bookkeeping)", **_ms(rest)},
-            {"section": "fixed cost of a trainer call", **_ms(trainer)},
+            {"section": "**fixed cost of a trainer call**", **_ms(trainer)},
             {"section": "fixed cost of a hand-written DDP call", **_ms(hand)},
             {"section": UNCACHED, **_ms(fixed[UNCACHED])},
         ]
         summary[model_name] = {
             "rows": rows,
-            "extra_fixed_ms": paired_difference(trainer, hand, 1e3),
+            "extra_fixed_ms": paired_difference(
+                [pair[0] for pair in trainer], [pair[0] for pair in hand], 1e3
+            ),
+            "extra_fixed_cpu_ms": paired_difference(
+                [pair[1] for pair in trainer], [pair[1] for pair in hand], 1e3
+            ),
             "rounds": len(trainer),
         }
     return summary
 
 
-def _ms(values: list[float]) -> dict[str, Any]:
-    low, high = median_interval([value * 1e3 for value in values])
-    return {"median_ms": statistics.median(values) * 1e3, "ci95": (low, high)}
+def _ms(values: list[Any]) -> dict[str, Any]:
+    wall, cpu = [[pair[clock] * 1e3 for pair in values] for clock in (0, 1)]
+    return {
+        "median_ms": statistics.median(wall),
+        "ci95": median_interval(wall),
+        "median_cpu_ms": statistics.median(cpu),
+        "cpu_ci95": median_interval(cpu),
+    }
 
 
 def measure(quick: bool) -> dict[str, Any]:
@@ -210,27 +236,34 @@ def measure(quick: bool) -> dict[str, Any]:
 
 
 def markdown(summary: dict[str, Any]) -> list[str]:
-    """The breakdown table: one column per model."""
+    """The breakdown table: wall and thread-CPU ms per call, one pair of columns per model."""
     models = list(summary)
     lines = [
-        "| per `train()` call, 2 processes (ms) | " + " | ".join(models) + " |",
-        "| --- |" + " ---: |" * len(models),
+        "| per `train()` call, 2 processes, rank 0 (ms, median [95% CI]) | "
+        + " | ".join(f"{model}: wall | {model}: CPU" for model in models)
+        + " |",
+        "| --- |" + " ---: | ---: |" * len(models),
     ]
     labels = [row["section"] for row in summary[models[0]]["rows"]]
     for index, label in enumerate(labels):
         cells = []
         for model in models:
             row = summary[model]["rows"][index]
-            low, high = row["ci95"]
-            cells.append(f"{row['median_ms']:.2f} [{low:.2f}, {high:.2f}]")
+            cells.append(_cell(row["median_ms"], row["ci95"]))
+            cells.append(_cell(row["median_cpu_ms"], row["cpu_ci95"]))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     cells = []
     for model in models:
-        extra = summary[model]["extra_fixed_ms"]
-        low, high = extra["ci95"]
-        cells.append(f"**{extra['median']:+.2f}** [{low:+.2f}, {high:+.2f}]")
-    lines.append("| trainer over hand-written DDP, paired | " + " | ".join(cells) + " |")
+        for key in ("extra_fixed_ms", "extra_fixed_cpu_ms"):
+            extra = summary[model][key]
+            low, high = extra["ci95"]
+            cells.append(f"**{extra['median']:+.2f}** [{low:+.2f}, {high:+.2f}]")
+    lines.append("| **trainer over hand-written DDP, paired** | " + " | ".join(cells) + " |")
     return lines
+
+
+def _cell(median: float, interval: tuple[float, float]) -> str:
+    return f"{median:.2f} [{interval[0]:.2f}, {interval[1]:.2f}]"
 
 
 def main(argv: list[str] | None = None) -> None:
