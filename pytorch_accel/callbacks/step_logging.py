@@ -160,7 +160,10 @@ def _read_at_once(tensors: list[torch.Tensor], device: torch.device | None) -> d
     for tensor in unique:
         groups.setdefault((tensor.dtype, tensor.device), []).append(tensor)
     ordered = [tensor for group in groups.values() for tensor in group]
-    scalars = [[tensor.reshape(()) for tensor in group] for group in groups.values()]
+    scalars = [
+        [tensor if tensor.dim() == 0 else tensor.reshape(()) for tensor in group]
+        for group in groups.values()
+    ]
     if len(groups) == 1:
         values = torch.stack(scalars[0]).tolist()  # the one host read
     else:  # several dtypes or devices: each in the dtype that holds them all
@@ -308,7 +311,7 @@ class StepMetrics:
         if self._seen_position is not None:  # the first close after a resume
             folded, length = self._seen_position
             self._seen_position = None
-            if mark.count == folded and isinstance(mark.count, int) and mark.length >= length:
+            if type(mark.count) is int and mark.count == folded and mark.length >= length:
                 self._seen = mark._replace(length=length)  # no fold since: the same batches
         self._spans.append((self._seen, mark))
         self._seen = mark
@@ -339,10 +342,11 @@ class StepMetrics:
         Kept now, as run-end callbacks may load a checkpoint; a tensor rate is copied on the
         device (the scheduler fills it in place).
         """
-        self._update_lrs = [
-            lr.clone() if isinstance(lr, torch.Tensor) else lr
-            for lr in (group["lr"] for group in trainer.optimizer.param_groups)
-        ]
+        lrs: list[Any] = []  # a plain loop: this runs at every update
+        for group in trainer.optimizer.param_groups:
+            lr = group["lr"]
+            lrs.append(lr.clone() if isinstance(lr, torch.Tensor) else lr)
+        self._update_lrs = lrs
 
     def read(self, trainer: Trainer) -> dict[str, float] | None:
         """Read the interval's metrics (one host read) and start the next interval.
@@ -368,12 +372,19 @@ class StepMetrics:
         updates = trainer.global_num_updates
         if updates == self._logged_at:
             return None
-        self.end_epoch(trainer)
+        if self._seen_position is None:  # end_epoch's work, inline: this runs at every point
+            mark = tuple.__new__(_Mark, trainer.train_loss_tracker.position())
+            self._spans.append((self._seen, mark))
+            self._seen = mark
+        else:
+            self.end_epoch(trainer)
         lrs = self._update_lrs or [group["lr"] for group in trainer.optimizer.param_groups]
         logged = self._logged.take() if len(self._logged) else self._nothing_logged
         grad_norm = self._grad_norm
         others: list[Any] = [] if grad_norm is None else [grad_norm]
-        others += [lr for lr in lrs if isinstance(lr, torch.Tensor)]
+        for lr in lrs:
+            if isinstance(lr, torch.Tensor):
+                others.append(lr)
         now = time.perf_counter()
         point = _Point(
             step=updates,
@@ -415,33 +426,69 @@ class StepMetrics:
                 reductions = ["sum", "sum"] + ["mean"] * len(point.others)
                 rows.append(read_with_logged(parts, reductions, point.logged, device))
         else:
-            terms = [_joined(point.spans) for point in points]
-            logged_parts = [point.logged.parts()[0] for point in points]
-            tensors = [tensor for term in terms for tensor in _tensors_of(term)]
-            for point, logged in zip(points, logged_parts, strict=True):
-                tensors += [*point.others, *logged]
-            read = _read_at_once(
-                [part for part in tensors if isinstance(part, torch.Tensor)], device
-            )
-
-            def value_of(part: Any) -> Any:
-                return read[id(part)] if isinstance(part, torch.Tensor) else part
-
-            rows = []
-            for point, term, logged in zip(points, terms, logged_parts, strict=True):
-                loss, count = _evaluate(term, value_of)
-                others = [value_of(part) for part in (*point.others, *logged)]
-                rows.append([float(loss), float(count), *others])
+            rows = _read_on_host(points, device)
         return [(point.step, _metrics(point, row)) for point, row in zip(points, rows, strict=True)]
+
+
+def _read_on_host(points: list[_Point], device: torch.device) -> list[list[Any]]:
+    """Each point's values with one host read: loss sum, count, others, logged parts.
+
+    A point whose interval is one run of batches (the usual case) is summed from them
+    directly, in the order and arithmetic of ``_evaluate``; any other from its terms.
+    """
+    plans: list[tuple[list[tuple[torch.Tensor, Any]] | None, _Terms | None, list[Any]]] = []
+    tensors: list[torch.Tensor] = []
+    for point in points:
+        spans = point.spans
+        batches = _batches_between(*spans[0]) if len(spans) == 1 else None
+        extra = point.others
+        if len(point.logged):
+            extra = [*extra, *point.logged.parts()[0]]
+        terms: _Terms | None = None
+        if batches is None:
+            terms = joined = _joined(spans)
+            tensors += _tensors_of(joined)
+        else:
+            for value, size in batches:
+                tensors.append(value)
+                if isinstance(size, torch.Tensor):
+                    tensors.append(size)
+        plans.append((batches, terms, extra))
+        for part in extra:
+            if isinstance(part, torch.Tensor):
+                tensors.append(part)
+    read = _read_at_once(tensors, device)
+
+    def value_of(part: Any) -> Any:
+        return read[id(part)] if isinstance(part, torch.Tensor) else part
+
+    rows = []
+    for batches, terms, extra in plans:
+        if batches is None:
+            assert terms is not None
+            loss, count = _evaluate(terms, value_of)
+        else:
+            loss, count = 0.0, 0
+            for value, size in batches:
+                weight = read[id(size)] if isinstance(size, torch.Tensor) else size
+                loss = loss + read[id(value)] * weight
+                count = count + weight
+        others = [read[id(part)] if isinstance(part, torch.Tensor) else part for part in extra]
+        rows.append([float(loss), float(count), *others])
+    return rows
 
 
 def _metrics(point: _Point, values: list[float]) -> dict[str, float]:
     """A logging point's metrics by name, from its values read on the host."""
     loss_sum, count = values[0], values[1]
     metrics = {"train_loss_step": loss_sum / count if count else math.nan}
-    tensor_lrs = iter(values[3 if point.grad_norm else 2 :])
-    host_lrs = [next(tensor_lrs) if isinstance(lr, torch.Tensor) else lr for lr in point.lrs]
-    metrics.update(_lr_names(host_lrs))
+    lrs = point.lrs
+    if len(lrs) == 1 and not isinstance(lrs[0], torch.Tensor):  # the usual case, at once
+        metrics["lr"] = float(lrs[0])
+    else:
+        tensor_lrs = iter(values[3 if point.grad_norm else 2 :])
+        host_lrs = [next(tensor_lrs) if isinstance(lr, torch.Tensor) else lr for lr in lrs]
+        metrics.update(_lr_names(host_lrs))
     if point.grad_norm:
         metrics["grad_norm"] = values[2]
     seconds = point.seconds
@@ -449,8 +496,11 @@ def _metrics(point: _Point, values: list[float]) -> dict[str, float]:
     if point.memory is not None:
         metrics["max_memory_allocated_gb"] = point.memory
     logged = point.logged
-    user = logged.results(values[len(values) - logged.num_parts :])
-    metrics.update({logged_name("train_loss_step", name): value for name, value in user.items()})
+    if len(logged):
+        user = logged.results(values[len(values) - logged.num_parts :])
+        metrics.update(
+            {logged_name("train_loss_step", name): value for name, value in user.items()}
+        )
     return metrics
 
 
@@ -588,7 +638,7 @@ class StepLoggingCallback(TrainerCallback):
         steps = self.step_metrics
         if steps is not None:
             steps.after_update(trainer)
-            if steps.is_due(trainer):
+            if trainer.global_num_updates % steps.every_n_updates == 0:  # steps.is_due, inline
                 self._log(trainer, steps)
 
     def on_training_run_end(self, trainer: Trainer, **kwargs: Any) -> None:
