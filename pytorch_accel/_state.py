@@ -26,12 +26,7 @@ from torch.utils.data import DataLoader
 
 from pytorch_accel._batches import ItemWeighting
 from pytorch_accel._resumable import ResumableLoader, make_resumable
-from pytorch_accel.dataloaders import (
-    _cache_package_checks,
-    default_dataloader_kwargs,
-    loader_settings,
-    named_eval_sets,
-)
+from pytorch_accel.dataloaders import default_dataloader_kwargs, loader_settings, named_eval_sets
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.failing_batches import skip_policy
 from pytorch_accel.protocols import TrainerLike
@@ -410,7 +405,6 @@ class Preparation:
         Placing CPU batches on the CPU is a no-op that costs accelerate about 10 µs per batch.
         """
         placement = self._accelerator.device.type != "cpu"
-        _cache_package_checks()  # else accelerate reads package metadata per loader it builds
         return self._accelerator.prepare_data_loader(dataloader, device_placement=placement)  # type: ignore[no-any-return]
 
     def _trainable_set_changed(self) -> bool:

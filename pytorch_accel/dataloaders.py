@@ -20,7 +20,6 @@ iterates one epoch of a prepared dataloader.
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import os
 import re
@@ -87,22 +86,6 @@ def default_num_workers(
         return 0
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(0, min(4, (cpus or 1) // max(1, num_local_processes) - 1))
-
-
-def _cache_package_checks() -> None:
-    """Have accelerate's dataloader code ask once per process which packages are installed.
-
-    accelerate asks whether ``torchdata`` and ``datasets`` are installed at each dataloader it
-    builds (preparing one, ``skip_first_batches``), reading and parsing the package's metadata
-    each time: with ``torchdata`` installed, a few ms of each ``train()`` call (issue 44,
-    docs/performance.md). What is installed does not change while a process runs.
-    """
-    import accelerate.data_loader as accelerate_loaders
-
-    for name in ("is_torchdata_stateful_dataloader_available", "is_datasets_available"):
-        check = getattr(accelerate_loaders, name, None)
-        if callable(check) and not hasattr(check, "cache_info"):  # not cached yet
-            setattr(accelerate_loaders, name, functools.cache(check))
 
 
 def num_batches(dataloader: Sized) -> int | None:

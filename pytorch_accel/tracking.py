@@ -328,16 +328,6 @@ class LossTracker:
         """The last loss passed to ``update`` (a detached tensor), or ``None``."""
         return self._pending[-1][0] if self._pending else self._last_folded
 
-    def position(self) -> tuple[Any, int | torch.Tensor, list[tuple[torch.Tensor, Any]], int]:
-        """Where the running sums are, without folding or any device work (step logging).
-
-        Returns:
-            The folded sum (``None`` before any fold), the folded count, the list of batches
-            recorded since (``(loss, batch_size)``) and its length now. A fold starts a new
-            list and the list is only ever appended to, so that prefix stays as it is.
-        """
-        return self._total, self._folded_count, self._pending, len(self._pending)
-
     @property
     def running_count(self) -> int | torch.Tensor:
         """The running number of samples (an int, or a tensor if batch sizes were tensors)."""

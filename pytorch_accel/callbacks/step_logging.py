@@ -22,6 +22,7 @@ from pytorch_accel.checks import check_bool, check_positive_int
 from pytorch_accel.distributed import group_size
 from pytorch_accel.tracking import (
     LoggedValues,
+    LossTracker,
     get_logger,
     logged_name,
     read_with_logged,
@@ -63,6 +64,16 @@ class _Mark(NamedTuple):
     count: Any
     batches: list[tuple[torch.Tensor, Any]] | None
     length: int
+
+
+def _mark_of(tracker: LossTracker) -> _Mark:
+    """Where the tracker's running sums are, without folding them or any device work.
+
+    Its folded sum and count, and the list of batches recorded since with its length now: a
+    fold starts a new list and a list is only ever appended to, so that prefix stays as it is.
+    """
+    pending = tracker._pending  # the tracker's own fields: read here, never changed
+    return tuple.__new__(_Mark, (tracker._total, tracker._folded_count, pending, len(pending)))
 
 
 _ZERO = _Mark(None, 0, None, 0)
@@ -307,7 +318,7 @@ class StepMetrics:
         At ``on_train_epoch_end`` (the epoch's part is carried over) and at each logging
         point; the parts are summed when the point is read.
         """
-        mark = _Mark(*trainer.train_loss_tracker.position())
+        mark = _mark_of(trainer.train_loss_tracker)
         if self._seen_position is not None:  # the first close after a resume
             folded, length = self._seen_position
             self._seen_position = None
@@ -373,7 +384,7 @@ class StepMetrics:
         if updates == self._logged_at:
             return None
         if self._seen_position is None:  # end_epoch's work, inline: this runs at every point
-            mark = tuple.__new__(_Mark, trainer.train_loss_tracker.position())
+            mark = _mark_of(trainer.train_loss_tracker)
             self._spans.append((self._seen, mark))
             self._seen = mark
         else:
