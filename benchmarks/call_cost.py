@@ -12,8 +12,8 @@ to the library): the argument checks, building the run config, preparing the tra
 dataloader (accelerate's ``prepare_data_loader``) and rebuilding it to resume mid-epoch
 (``skip_first_batches``), the random-state broadcast at the loader's start, and the epoch
 loss's all-reduce (both collectives include waiting for the other process). It also times
-what accelerate's package checks cost when they are not cached (they were asked at each
-dataloader built before issue 44: two per call).
+what accelerate's package checks cost (it asks them at each dataloader it builds: two per
+call; the trainer does not patch accelerate to cache them).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ SECTIONS: tuple[tuple[str, str, str], ...] = (
     ("epoch loss all-reduce (collective)", "pytorch_accel.distributed", "reduce_across_processes"),
 )
 """(label, module, function or Class.method) of each timed section of a ``train()`` call."""
-UNCACHED = "accelerate's package checks, uncached (before issue 44)"
+UNCACHED = "of it: accelerate's package checks at the two loaders"
 
 
 class Timers:

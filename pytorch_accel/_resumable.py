@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import functools
 import itertools
 from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-import accelerate.data_loader
 import torch
 from accelerate.data_loader import DataLoaderShard, SkipBatchSampler, skip_first_batches
 
@@ -155,10 +153,6 @@ def make_resumable(prepared: Any) -> ResumableLoader | None:
         The dataloader and its controls, or ``None`` for dispatched batches and streams. (Under
         a ``StatefulDataLoader`` a map-style dataset is skipped by index too, in a plain one.)
     """
-    for name in ("is_torchdata_stateful_dataloader_available", "is_datasets_available"):
-        check = getattr(accelerate.data_loader, name, None)  # asked at each loader built: cached
-        if callable(check) and not hasattr(check, "cache_info"):  # (issue 44: package metadata)
-            setattr(accelerate.data_loader, name, functools.cache(check))
     if type(prepared) is not DataLoaderShard:
         return None
     rebuilt = skip_first_batches(prepared, 0)

@@ -197,24 +197,3 @@ def test_tokenised_text_trains_without_workers() -> None:
     assert config is not None
     assert config.train_dl_kwargs["num_workers"] == 0
     assert "persistent_workers" not in config.train_dl_kwargs
-
-
-def test_accelerate_asks_once_per_process_which_packages_are_installed(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Issue 44: accelerate read the packages' metadata at each loader it built (2 per call)."""
-    import importlib.metadata
-
-    import accelerate.data_loader
-
-    trainer = make_trainer()
-    trainer.train(make_regression_dataset(16), num_epochs=1, per_device_batch_size=8)
-    reads: list[str] = []
-    metadata = importlib.metadata.metadata
-    monkeypatch.setattr(
-        importlib.metadata, "metadata", lambda name: reads.append(name) or metadata(name)
-    )
-    trainer.train(make_regression_dataset(16), num_epochs=1, per_device_batch_size=8)
-    assert reads == []
-    check = accelerate.data_loader.is_torchdata_stateful_dataloader_available
-    assert check() == check.__wrapped__()  # type: ignore[attr-defined]  # the same answer
