@@ -489,11 +489,11 @@ class Trainer:
             ``PredictOutputsError`` after the last, holding every batch's (varying lengths:
             pass ``pad_value``).
         """
+        from pytorch_accel import _predictions  # the prediction run: read when predicting
+
         checks.check_trainer_settings("Trainer.predict", self)
         if pad_value is not None:
-            from pytorch_accel._predictions import check_pad_value
-
-            check_pad_value(pad_value)
+            _predictions.check_pad_value(pad_value)
         loader = inference_checks.predict_dataloader(
             data,
             per_device_batch_size,
@@ -505,8 +505,8 @@ class Trainer:
         )
         self._preparation.prepare_model_and_optimizer(self)
         with self._preparation.prepared_for_prediction(loader) as prepared:
-            return self._loop.predict(
-                prepared, output_device, keep_outputs, skip_failing_batches, pad_value
+            return _predictions.predict(
+                self._loop, prepared, output_device, keep_outputs, skip_failing_batches, pad_value
             )
 
     @announces_exceptions
