@@ -1,4 +1,4 @@
-"""The loop, top to bottom: the training run, the evaluation run and prediction.
+"""The loop, top to bottom: the training run and the evaluation run.
 
     train                  training run level: start, epochs, stop handling, end
       _epochs              the sanity evaluation if asked for; for each epoch:
@@ -9,7 +9,7 @@
     evaluate               evaluation run level: the eval epochs
       eval_epochs          for each eval set: Trainer._run_eval_epoch, named after the set
         eval_epoch         eval epoch level: for each batch, one eval step level
-    predict                predict run level: for each batch, one predict step level, gathered
+    (predict: ``_predictions.predict``, a predict run level of predict step levels)
 
 Every level (a run, an epoch, a step) fires its start and end events through one helper,
 ``_with_events``, so its two events cannot drift apart, also when a ``StopTrainingError``
@@ -53,7 +53,11 @@ from pytorch_accel._checks import (
     shape_mismatches_raise,
 )
 from pytorch_accel._dict_batches import without_count
-from pytorch_accel._peer_failures import announce_failure, lost_peer_error
+from pytorch_accel._peer_failures import (
+    announce_failure,
+    lost_peer_error,
+    unagreed_stop_error,
+)
 from pytorch_accel._resumable import enter_epoch
 from pytorch_accel._state import Preparation, PreparedTrainer, TrainerState, fewer_batches
 from pytorch_accel.callback import ProgressEvents
@@ -630,12 +634,9 @@ class Loop:
         self._fire(end, kwargs, hooked)
 
     def _refuse_unagreed_stop(self, level: str, error: StopTrainingError) -> None:
-        """Raise a clear error for a stop raised inside an unguarded step with several processes.
+        """Raise for a stop raised inside an unguarded step with several processes.
 
-        Such a stop (``calculate_train_batch_loss`` raising ``StopTrainingError``) is this
-        process's alone: the others go on with the step's collectives, so unwinding with the
-        epoch's collectives would mismatch them (gloo aborts). This process fails instead, with
-        no collective; the others fail at their next one (``lost_peer_error``). With
+        Such a stop is this process's alone (``_peer_failures.unagreed_stop_error``); with
         ``skip_failing_batches`` or ``on_oom="split"`` every step's outcome is agreed on.
         """
         state = self.state
@@ -648,16 +649,9 @@ class Loop:
         if guarded is not None:
             return
         step = "train" if level == "train_epoch" else "eval"
-        rank = self._trainer.accelerator.process_index
         where = "Trainer.train" if state.running else "Trainer.evaluate"
-        raise RuntimeError(
-            f"{where}: StopTrainingError({str(error)!r}) was raised inside a {step} step (e.g. by "
-            f"calculate_{step}_batch_loss) on process {rank}, where the processes cannot stop "
-            "together: the others go on with the step's collectives. Raise StopTrainingError "
-            "from a callback instead (e.g. on_train_step_end): every process agrees on it "
-            "there; or pass train(skip_failing_batches=...) to skip a bad batch on every "
-            "process."
-        ) from error
+        rank = self._trainer.accelerator.process_index
+        raise unagreed_stop_error(where, step, rank, error) from error
 
     def _fire(self, event: str, kwargs: dict[str, Any], hooked: bool = False) -> None:
         """Run the trainer's hook (if ``hooked``), then the callbacks of ``event``; agree on a stop.
