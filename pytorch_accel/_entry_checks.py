@@ -32,6 +32,7 @@ from pytorch_accel._checks import (
     check_sized_dataset,
     fail,
 )
+from pytorch_accel._dict_batches import may_be_dict_batches
 from pytorch_accel._option_checks import (
     check_clipping,
     check_dry_run,
@@ -275,7 +276,11 @@ def check_loss_func(
             "Use reduction='mean' (or 'sum'), or override the step methods to reduce the "
             "per-sample losses yourself.",
         )
-    if loss_func is None and defaults and not all(_dict_batches(each, collate_fn) for each in data):
+    if (
+        loss_func is None
+        and defaults
+        and not all(may_be_dict_batches(each, collate_fn) for each in data)
+    ):
         fail(
             TypeError,
             where,
@@ -287,25 +292,6 @@ def check_loss_func(
             f"step method{'' if one else 's'} (with dict batches, the model's output may "
             "carry its own 'loss', as Hugging Face models' do).",
         )
-
-
-def _dict_batches(data: Any, collate_fn: object) -> bool:
-    """Whether the batches of ``data`` (a dataset or ``DataLoader``) may be dicts.
-
-    Reads the first sample of a map-style dataset and collates it alone (with the
-    dataloader's or the given ``collate_fn``). A stream, or a sample that fails to load or
-    collate, may be: the default step then checks its first batch.
-    """
-    if isinstance(data, DataLoader):
-        data, collate_fn = data.dataset, data.collate_fn
-    if isinstance(data, IterableDataset) or not hasattr(data, "__getitem__"):
-        return True
-    try:
-        sample = data[0]
-        batch = collate_fn([sample]) if callable(collate_fn) else sample
-    except Exception:  # the layout is unknown; the step checks it
-        return True
-    return isinstance(batch, Mapping)
 
 
 def _at_default(value: object, default: object) -> bool:
