@@ -1,4 +1,4 @@
-"""The loop, top to bottom: the training run and the evaluation run.
+"""The loop, top to bottom: the training run and the evaluation run; prediction uses its levels.
 
     train                  training run level: start, epochs, stop handling, end
       _epochs              the sanity evaluation if asked for; for each epoch:
@@ -9,7 +9,7 @@
     evaluate               evaluation run level: the eval epochs
       eval_epochs          for each eval set: Trainer._run_eval_epoch, named after the set
         eval_epoch         eval epoch level: for each batch, one eval step level
-    (predict: ``_predictions.predict``, a predict run level of predict step levels)
+    _predictions.predict   predict run level: for each batch, one predict step level, gathered
 
 Every level (a run, an epoch, a step) fires its start and end events through one helper,
 ``_with_events``, so its two events cannot drift apart, also when a ``StopTrainingError``
