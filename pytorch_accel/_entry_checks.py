@@ -34,6 +34,7 @@ from pytorch_accel._checks import (
 )
 from pytorch_accel._dict_batches import may_be_dict_batches
 from pytorch_accel._option_checks import (
+    check_accelerator_kwargs,
     check_clipping,
     check_dry_run,
     check_resume,
@@ -42,7 +43,7 @@ from pytorch_accel._option_checks import (
     created_scheduler,
 )
 from pytorch_accel.dataloaders import named_eval_sets, num_batches
-from pytorch_accel.distributed import check_world_size, needs_cpu_distributed
+from pytorch_accel.distributed import check_world_size
 from pytorch_accel.tracking import RunHistory
 
 if TYPE_CHECKING:
@@ -103,74 +104,8 @@ def check_constructor_arguments(
             "a RunHistory or None",
             "Pass e.g. InMemoryRunHistory(), or leave it out.",
         )
-    _check_accelerator_kwargs(where, accelerator_kwargs)
-
-
-def _check_accelerator_kwargs(where: str, accelerator_kwargs: object) -> None:
-    """Accept ``None`` or a mapping of ``accelerate.Accelerator`` argument names to values."""
-    check_mapping(where, "accelerator_kwargs", accelerator_kwargs)
-    kwargs: Mapping[Any, Any] = accelerator_kwargs or {}  # type: ignore[assignment]
-    known = sorted(set(inspect.signature(Accelerator.__init__).parameters) - {"self"})
-    for name in kwargs:
-        if name not in known:
-            close = difflib.get_close_matches(str(name), known, n=1)
-            fail(
-                TypeError,
-                where,
-                "accelerator_kwargs",
-                {name: "..."},
-                "a mapping of accelerate.Accelerator's arguments",
-                (f"Did you mean {close[0]!r}? " if close else "")
-                + "See accelerate.Accelerator for its arguments (mixed_precision, "
-                "kwargs_handlers, fsdp_plugin, ...).",
-            )
-    _check_deepspeed_request(where, kwargs)
-    if getattr(kwargs.get("dataloader_config"), "use_stateful_dataloader", False):
-        from pytorch_accel._checkpointing.streams import check_stateful_dataloader_request
-
-        check_stateful_dataloader_request(where, kwargs)
-    _refuse_accelerate_trackers(where, kwargs)
-
-
-def _refuse_accelerate_trackers(where: str, kwargs: Mapping[Any, Any]) -> None:
-    """Refuse ``log_with``: the trainer never logs through accelerate's trackers (issue 41)."""
-    log_with = kwargs.get("log_with")
-    if log_with is not None and log_with != [] and log_with != ():
-        fail(
-            ValueError,
-            where,
-            "accelerator_kwargs['log_with']",
-            log_with,
-            "left out (the trainer sends nothing to the Accelerator's trackers)",
-            "Name the trackers in the TrackingCallback instead, e.g. callbacks=("
-            f"*DEFAULT_CALLBACKS, TrackingCallback(log_with={log_with!r}, logging_dir=...)); "
-            "see docs/trackers.md.",
-        )
-
-
-def _check_deepspeed_request(where: str, kwargs: Mapping[Any, Any]) -> None:
-    """Refuse DeepSpeed where accelerate would drop it (CPU processes) or cannot run it (no CUDA).
-
-    accelerate switches to DeepSpeed only on GPUs; with ``cpu=True`` (the trainer's default
-    when several processes run on a machine without GPUs) the request would become DDP.
-    """
-    requested = (
-        kwargs.get("deepspeed_plugin") is not None
-        or kwargs.get("deepspeed_plugins") is not None
-        or parse_flag_from_env("ACCELERATE_USE_DEEPSPEED")
-    )
-    cpu = bool(kwargs.get("cpu", needs_cpu_distributed())) or parse_flag_from_env(
-        "ACCELERATE_USE_CPU"
-    )
-    if requested and (cpu or not torch.cuda.is_available()):
-        raise ValueError(
-            f"{where}: DeepSpeed was asked for (deepspeed_plugin in accelerator_kwargs, or "
-            "ACCELERATE_USE_DEEPSPEED=true from `accelerate launch --use_deepspeed`) but this "
-            "run is on the CPU (no CUDA GPU, or cpu=True / ACCELERATE_USE_CPU), where "
-            "accelerate cannot run DeepSpeed and would silently train with DDP. Shard on the "
-            "CPU with FSDP instead: accelerator_kwargs={'fsdp_plugin': "
-            "FullyShardedDataParallelPlugin(fsdp_version=2)}, or launch on CUDA GPUs."
-        )
+    if accelerator_kwargs is not None or parse_flag_from_env("ACCELERATE_USE_DEEPSPEED"):
+        check_accelerator_kwargs(where, accelerator_kwargs)  # else nothing there to refuse
 
 
 def check_accelerator(accelerator: Accelerator) -> None:
