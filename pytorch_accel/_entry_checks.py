@@ -43,7 +43,7 @@ from pytorch_accel._option_checks import (
     created_scheduler,
 )
 from pytorch_accel.dataloaders import named_eval_sets, num_batches
-from pytorch_accel.distributed import check_world_size
+from pytorch_accel.distributed import check_world_size, fsdp_requested
 from pytorch_accel.tracking import RunHistory
 
 if TYPE_CHECKING:
@@ -104,7 +104,11 @@ def check_constructor_arguments(
             "a RunHistory or None",
             "Pass e.g. InMemoryRunHistory(), or leave it out.",
         )
-    if accelerator_kwargs is not None or parse_flag_from_env("ACCELERATE_USE_DEEPSPEED"):
+    if (
+        accelerator_kwargs is not None
+        or parse_flag_from_env("ACCELERATE_USE_DEEPSPEED")
+        or fsdp_requested()
+    ):
         check_accelerator_kwargs(where, accelerator_kwargs)  # else nothing there to refuse
 
 

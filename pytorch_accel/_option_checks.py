@@ -28,7 +28,7 @@ from pytorch_accel._checks import (
     check_positive_int,
     fail,
 )
-from pytorch_accel.distributed import needs_cpu_distributed
+from pytorch_accel.distributed import fsdp_requested, needs_cpu_distributed
 from pytorch_accel.failing_batches import skip_policy
 from pytorch_accel.micro_batches import ON_OOM, ON_OOM_FIX
 
@@ -249,7 +249,9 @@ def check_accelerator_kwargs(where: str, accelerator_kwargs: object) -> None:
     """Accept ``None`` or a mapping of ``accelerate.Accelerator`` argument names to values.
 
     Also refuses DeepSpeed asked for by the environment (``ACCELERATE_USE_DEEPSPEED``) on
-    the CPU: ``Trainer()`` calls it when ``accelerator_kwargs`` is given or that is set.
+    the CPU, and an FSDP version accelerate does not implement (``FSDP_VERSION`` under
+    ``ACCELERATE_USE_FSDP``): ``Trainer()`` calls it when ``accelerator_kwargs`` is given or
+    either is asked for by the environment.
     """
     check_mapping(where, "accelerator_kwargs", accelerator_kwargs)
     kwargs: Mapping[Any, Any] = accelerator_kwargs or {}  # type: ignore[assignment]
@@ -273,6 +275,7 @@ def check_accelerator_kwargs(where: str, accelerator_kwargs: object) -> None:
 
         check_stateful_dataloader_request(where, kwargs)
     _refuse_accelerate_trackers(where, kwargs)
+    _check_fsdp_version(kwargs.get("fsdp_plugin"))
 
 
 def _refuse_accelerate_trackers(where: str, kwargs: Mapping[Any, Any]) -> None:
@@ -313,4 +316,28 @@ def _check_deepspeed_request(where: str, kwargs: Mapping[Any, Any]) -> None:
             "accelerate cannot run DeepSpeed and would silently train with DDP. Shard on the "
             "CPU with FSDP instead: accelerator_kwargs={'fsdp_plugin': "
             "FullyShardedDataParallelPlugin(fsdp_version=2)}, or launch on CUDA GPUs."
+        )
+
+
+_FSDP_VERSIONS = (1, 2)
+"""The FSDP versions accelerate implements (``FullyShardedDataParallelPlugin.fsdp_version``)."""
+
+
+def _check_fsdp_version(fsdp_plugin: object) -> None:
+    """Refuse an FSDP version accelerate does not implement, before it fails obscurely."""
+    if fsdp_plugin is not None:
+        version, name = getattr(fsdp_plugin, "fsdp_version", 1), "fsdp_plugin.fsdp_version"
+    elif fsdp_requested():
+        version, name = os.environ.get("FSDP_VERSION", "1"), "FSDP_VERSION"
+        version = int(version) if version.strip().isdigit() else version
+    else:
+        return
+    if version not in _FSDP_VERSIONS:
+        fail(
+            ValueError,
+            "Trainer",
+            f"accelerator_kwargs: {name}",
+            version,
+            "1 or 2 (the FSDP versions accelerate implements)",
+            "Pass FullyShardedDataParallelPlugin(fsdp_version=2) for FSDP2 (or 1 for FSDP1).",
         )
