@@ -4,7 +4,9 @@
 ``batch_output_scalars`` picks what a step's ``batch_output`` logs; ``read_with_logged`` adds a
 span's logged values (``tracking.LoggedValues``) to an exchange made anyway, in a section of a
 fixed size with a fingerprint of their names, so that processes which logged different names raise
-(``refuse_different_names``) instead of combining by position or waiting.
+(``refuse_different_names``) instead of combining by position or waiting. The epoch's exchange
+also carries each process's smallest loss weight: ``refuse_negative_weights`` raises for one
+below 0 or NaN.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ __all__ = [
     "checked_value",
     "read_with_logged",
     "refuse_different_names",
+    "refuse_negative_weights",
 ]
 
 
@@ -251,3 +254,21 @@ def batch_output_scalars(
                 yield name, value.data
         elif type(value) is float:
             yield name, torch.full((), value, device=device)
+
+
+def refuse_negative_weights(smallest: Sequence[float], kind: str, loss_name: str) -> None:
+    """Raise on every process if a loss weight of the epoch was negative or NaN (per process)."""
+    bad = [
+        f"process {rank}: {value}" if len(smallest) > 1 else str(value)
+        for rank, value in enumerate(smallest)
+        if not value >= 0
+    ]
+    if bad:
+        where = "Trainer.train" if kind == "train" else "Trainer.evaluate"
+        raise ValueError(
+            f"{where}: batch_output['num_items'] (a dict batch's 'num_items_in_batch'), the "
+            f"count each batch's loss is weighted by, must be at least 0; the smallest in this "
+            f"{kind} epoch ({loss_name}) was {', '.join(bad)}. Return the number of loss "
+            "elements the batch's loss is the mean of, e.g. (labels != -100).sum() for a token "
+            "loss (a tensor 'batch_size' is checked the same way)."
+        )

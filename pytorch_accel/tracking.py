@@ -40,6 +40,7 @@ from pytorch_accel._logged_exchange import (
     checked_metrics,
     read_with_logged,
     refuse_different_names,
+    refuse_negative_weights,
 )
 from pytorch_accel.distributed import (
     group_size,
@@ -554,24 +555,6 @@ def logged_name(loss_name: str, name: str) -> str:
     return loss_name.replace("loss", name, 1) if "loss" in loss_name else f"{loss_name}_{name}"
 
 
-def refuse_negative_weights(smallest: Sequence[float], kind: str, loss_name: str) -> None:
-    """Raise on every process if a loss weight of the epoch was negative or NaN (per process)."""
-    bad = [
-        f"process {rank}: {value}" if len(smallest) > 1 else str(value)
-        for rank, value in enumerate(smallest)
-        if not value >= 0
-    ]
-    if bad:
-        where = "Trainer.train" if kind == "train" else "Trainer.evaluate"
-        raise ValueError(
-            f"{where}: batch_output['num_items'] (a dict batch's 'num_items_in_batch'), the "
-            f"count each batch's loss is weighted by, must be at least 0; the smallest in this "
-            f"{kind} epoch ({loss_name}) was {', '.join(bad)}. Return the number of loss "
-            "elements the batch's loss is the mean of, e.g. (labels != -100).sum() for a token "
-            "loss (a tensor 'batch_size' is checked the same way)."
-        )
-
-
 class LoggedMetrics:
     """What ``Trainer.log`` and the steps' extra ``batch_output`` values logged, on the device.
 
@@ -643,7 +626,8 @@ class LoggedMetrics:
         weights[rank] = math.inf if smallest is None else smallest
         parts = [0.0 if total is None else total, loss.running_count, *fingerprints, *weights]
         combined = read_reduced(parts, ["sum"] * len(parts), device)
-        refuse_negative_weights(combined[2 + size :], kind, loss_name)
+        if not all(value >= 0 for value in combined[2 + size :]):  # NaN included
+            refuse_negative_weights(combined[2 + size :], kind, loss_name)
         loss_sum, count = combined[:2]
         history.update_metric(loss_name, loss_sum / count if count else math.nan)
         fingerprints = [int(value) for value in combined[2 : 2 + size]]
