@@ -589,27 +589,8 @@ def check_data(where: str, name: str, data: object, *, streams: bool = False) ->
     dataset = data.dataset if isinstance(data, DataLoader) else data
     if streams and isinstance(dataset, IterableDataset):
         return
-    if name == "train_dataset" and isinstance(data, Mapping):
-        _refuse_several_training_sets(where, data)
     label = f"{name}.dataset (of the DataLoader)" if isinstance(data, DataLoader) else name
     check_sized_dataset(where, label, dataset)
-
-
-def _refuse_several_training_sets(where: str, sets: Mapping[Any, Any]) -> None:
-    """Refuse a mapping of training sets (issue 41): a dict is no dataset, whatever its size."""
-    keys = list(sets)
-    shown = ", ".join(repr(key) for key in keys[:6]) + (", ..." if len(keys) > 6 else "")
-    raise TypeError(
-        f"{where}: train_dataset must be one dataset, got a {type(sets).__name__} of "
-        f"{len(keys)} entries (keys {shown}): several training sets as a mapping are not supported "
-        "(a mapping of eval sets is, as eval_dataset). Concatenate them into one, "
-        "torch.utils.data.ConcatDataset(list(train_sets.values())), with a sampler to weight "
-        "them if needed (a WeightedRandomSampler in train_dataloader_kwargs), or pass one of "
-        f"them, e.g. train_dataset=train_sets[{keys[0]!r}]."
-        if keys
-        else f"{where}: train_dataset must be one dataset, got an empty "
-        f"{type(sets).__name__}. Pass a dataset with samples."
-    )
 
 
 def _check_run_length(where: str, arguments: TrainArguments) -> None:

@@ -359,6 +359,10 @@ class Trainer:
                 tuning-and-diagnosis.md#one-output-directory-per-run)).
         """
         arguments = TrainArguments.bind(Trainer.train, locals())
+        if isinstance(train_dataset, Mapping):  # several training sets, mixed
+            from pytorch_accel.mixing import mix_training_sets
+
+            arguments = mix_training_sets(self, arguments)
         checks.check_train_arguments(self, Trainer, arguments)
         if arguments.dry_run or arguments.overfit_batches is not None:
             from pytorch_accel.tools._dry_run import run_dry_or_overfit
