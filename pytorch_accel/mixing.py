@@ -400,12 +400,12 @@ class SetLossesCallback(TrainerCallback):
             trainer.callback_handler.remove_callback(self)
 
     def on_train_step_end(
-        self, trainer: Any, batch_output: Mapping[str, Any], step: int, **kwargs: Any
+        self, trainer: Any, batch: Any, batch_output: dict[str, Any], **kwargs: Any
     ) -> None:
         """Log the step's loss under its set's name, and weight 0 under the others'."""
         accelerator = trainer.accelerator
         position = self.sampler.set_of_step(
-            step, accelerator.num_processes, accelerator.process_index
+            kwargs["step"], accelerator.num_processes, accelerator.process_index
         )
         weight = batch_output.get("num_items")
         weight = batch_output["batch_size"] if weight is None else weight
