@@ -434,7 +434,8 @@ def mix_training_sets(trainer: Any, arguments: TrainArguments) -> TrainArguments
     Returns:
         The arguments with ``train_dataset`` a ``MixedDataset`` and a ``MixingBatchSampler``
         in ``train_dataloader_kwargs`` (which gave it ``batch_size``, ``shuffle`` and
-        ``drop_last``, if they named them).
+        ``drop_last``, if they named them). For an overfit run, the ``MixedDataset`` alone:
+        it overfits the first batches of the sets' concatenation, in order.
     """
     where, data = "Trainer.train", arguments.train_dataset
     sets = data if isinstance(data, TrainingSets) else None
@@ -443,6 +444,18 @@ def mix_training_sets(trainer: Any, arguments: TrainArguments) -> TrainArguments
     given = arguments.train_dataloader_kwargs
     if given is not None and not isinstance(given, Mapping):
         return arguments  # the argument checks refuse it
+    if arguments.overfit_batches is not None:  # the first batches of the sets, in order
+        return arguments.replace(train_dataset=MixedDataset(sets))
+    if arguments.auto_scale_lr is not None:  # the run config has no batch size to scale by
+        fail(
+            ValueError,
+            where,
+            "auto_scale_lr",
+            arguments.auto_scale_lr,
+            "None with several training sets",
+            "Scale the learning rates yourself: by processes x per_device_batch_size x "
+            "gradient_accumulation_steps over your base batch size.",
+        )
     kwargs = dict(given or {})
     for name in ("sampler", "batch_sampler"):
         if name in kwargs:

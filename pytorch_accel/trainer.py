@@ -303,7 +303,8 @@ class Trainer:
                 training-loop.md#runs-counted-in-updates-and-iterabledatasets)); or a
                 ``DataLoader`` you built over one (its sampler, batch sampler and collate
                 function are kept; accelerate shards it), without ``per_device_batch_size``,
-                ``train_dataloader_kwargs`` and ``collate_fn``.
+                ``train_dataloader_kwargs`` and ``collate_fn``; or [several training sets](
+                trainer.md#several-training-sets) ``{"a": ..., "b": ...}`` mixed by a rule.
             num_epochs: Epochs (passes through the data) to train for in this call; ``None``
                 with ``max_num_train_steps``: as many as its updates need ([details](
                 training-loop.md#runs-counted-in-updates-and-iterabledatasets)).

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import collections
 import copy
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -337,3 +339,62 @@ def test_a_sampler_of_ones_own_is_refused_with_several_sets() -> None:
         make_trainer().train(
             two_sets(), num_epochs=1, train_dataloader_kwargs={"sampler": [0, 1, 2]}
         )
+
+
+# ------------------------------------------------------------ dry runs, workers, the docs
+
+
+def test_a_dry_run_and_an_overfit_run_over_several_sets() -> None:
+    trainer = make_trainer()
+    before = [parameter.detach().clone() for parameter in trainer.model.parameters()]
+    trainer.train(two_sets(), num_epochs=1, per_device_batch_size=4, dry_run=True)
+    for parameter, saved in zip(trainer.model.parameters(), before, strict=True):
+        assert torch.equal(parameter, saved)  # a dry run changes nothing of the user's
+    trainer.train(two_sets(), num_epochs=3, per_device_batch_size=4, overfit_batches=2)
+    assert trainer.num_updates == 6  # the first 2 batches of the concatenation, 3 times
+    assert "train_loss_a_epoch" not in trainer.run_history.get_metric_names()
+
+
+def test_loader_workers_train_every_sample_once_per_epoch() -> None:
+    sets = two_sets()
+    recorder = BatchRecorder()
+    trainer = make_trainer(callbacks=(recorder,))
+    kwargs = {"num_workers": 1}
+    trainer.train(sets, num_epochs=2, per_device_batch_size=4, train_dataloader_kwargs=kwargs)
+    everything = sorted(tuple(row.tolist()) for data in sets.values() for row in data.tensors[0])
+    for epoch in (recorder.batches[:4], recorder.batches[4:]):
+        assert sorted(tuple(row.tolist()) for inputs, _ in epoch for row in inputs) == everything
+    assert len(trainer.run_history.get_metric_values("train_loss_b_epoch")) == 2
+
+
+@pytest.mark.bad_input
+def test_auto_scale_lr_is_refused_with_several_sets() -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"Trainer\.train: auto_scale_lr must be None with several training sets, got 32 "
+        r"\(int\)\. Scale the learning rates yourself",
+    ):
+        make_trainer().train(two_sets(), num_epochs=1, auto_scale_lr=32)
+
+
+def test_the_docs_example_runs_as_it_stands(tmp_path: Path) -> None:
+    page = (REPO / "docs" / "trainer.md").read_text()
+    found = re.search(r"<!-- example: several-training-sets -->\n```python\n(.*?)```", page, re.S)
+    assert found is not None
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path])}
+    done = subprocess.run(
+        [sys.executable, "-c", found.group(1)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=environment,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
+    assert len(printed_list(done.stdout.strip().splitlines()[-1])) == 2  # one loss per epoch
+
+
+def printed_list(line: str) -> list[float]:
+    """The printed list of floats."""
+    return [float(value) for value in line.strip("[]").split(",")]
