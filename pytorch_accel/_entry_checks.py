@@ -39,12 +39,13 @@ from pytorch_accel.dataloaders import merge_dataloader_kwargs, named_eval_sets, 
 from pytorch_accel.distributed import check_world_size, needs_cpu_distributed
 from pytorch_accel.failing_batches import skip_policy
 from pytorch_accel.micro_batches import ON_OOM, ON_OOM_FIX
+from pytorch_accel.run_config import TrainArguments
 from pytorch_accel.tracking import RunHistory
 
 if TYPE_CHECKING:
     from pytorch_accel._state import Preparation, TrainerState
     from pytorch_accel.protocols import TrainerLike as Trainer
-    from pytorch_accel.run_config import TrainArguments, TrainerRunConfig
+    from pytorch_accel.run_config import TrainerRunConfig
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -60,6 +61,7 @@ __all__ = [
     "check_train_arguments",
     "check_train_dataloader",
     "check_trainer_settings",
+    "checked_train_arguments",
     "created_scheduler",
     "predict_dataloader",
     "suggest_arguments",
@@ -211,6 +213,21 @@ def check_accelerator(accelerator: Accelerator) -> None:
             "or set FSDP_VERSION=2 (or FSDP_USE_ORIG_PARAMS=true) with "
             "`accelerate launch --use_fsdp`.",
         )
+
+
+def checked_train_arguments(trainer: Trainer, base: Any, call: Mapping[str, Any]) -> TrainArguments:
+    """Bind ``base.train``'s parameters to ``call`` (its ``locals()``), check them, return them.
+
+    A mapping of training sets first becomes one dataset and its batch sampler (``mixing``,
+    imported only then).
+    """
+    arguments = TrainArguments.bind(base.train, call)
+    if isinstance(arguments.train_dataset, Mapping):
+        from pytorch_accel.mixing import mix_training_sets
+
+        arguments = mix_training_sets(trainer, arguments)
+    check_train_arguments(trainer, base, arguments)
+    return arguments
 
 
 def check_train_arguments(trainer: Trainer, base: type, arguments: TrainArguments) -> None:

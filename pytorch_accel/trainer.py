@@ -35,7 +35,6 @@ from pytorch_accel.placeholders import (
     replace_trainer_placeholder_values,
 )
 from pytorch_accel.run_config import (
-    TrainArguments,
     TrainerRunConfig,
     apply_randomness,
     create_run_config,
@@ -359,12 +358,7 @@ class Trainer:
                 state with ``resume_from="latest"``; [details](
                 tuning-and-diagnosis.md#one-output-directory-per-run)).
         """
-        arguments = TrainArguments.bind(Trainer.train, locals())
-        if isinstance(train_dataset, Mapping):  # several training sets, mixed
-            from pytorch_accel.mixing import mix_training_sets
-
-            arguments = mix_training_sets(self, arguments)
-        checks.check_train_arguments(self, Trainer, arguments)
+        arguments = checks.checked_train_arguments(self, Trainer, locals())
         if arguments.dry_run or arguments.overfit_batches is not None:
             from pytorch_accel.tools._dry_run import run_dry_or_overfit
 
