@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 import torch
 from helpers import SaveAtStep, make_model, make_regression_dataset, make_trainer
+from test_host_syncs import SyncCounter, counter, probes  # noqa: F401 (a fixture)
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from pytorch_accel import Trainer
-from pytorch_accel.callbacks import TrainerCallback
+from pytorch_accel.callbacks import DEFAULT_CALLBACKS, TrainerCallback
 from pytorch_accel.mixing import MixedDataset, MixingBatchSampler, TrainingSets
 
 REPO = Path(__file__).resolve().parent.parent
@@ -398,3 +399,17 @@ def test_the_docs_example_runs_as_it_stands(tmp_path: Path) -> None:
 def printed_list(line: str) -> list[float]:
     """The printed list of floats."""
     return [float(value) for value in line.strip("[]").split(",")]
+
+
+def test_the_per_set_losses_read_no_tensor_per_step(counter: SyncCounter) -> None:  # noqa: F811
+    model = make_model()
+    trainer = Trainer(
+        model,
+        nn.MSELoss(),
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        callbacks=(*DEFAULT_CALLBACKS, *probes(counter)),
+    )
+    trainer.progress_interval = 0  # a progress event after every step
+    trainer.train(two_sets(), num_epochs=2, per_device_batch_size=2, gradient_accumulation_steps=2)
+    assert counter.calls == []
+    assert len(trainer.run_history.get_metric_values("train_loss_a_epoch")) == 2
