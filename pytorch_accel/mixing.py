@@ -325,9 +325,9 @@ class MixingBatchSampler:
     def _batches_of_sets(self, generator: torch.Generator) -> list[list[list[int]]]:
         """Each set's batches of the epoch, as indices into the concatenation."""
         size, found = self.batch_size_of_sets, []
-        offsets = [0, *self.dataset.cumulative_sizes]
+        offsets = [0, *self.dataset.cumulative_sizes[:-1]]
         weighted = self.dataset.sets.rule == "weighted"
-        for offset, length, count in zip(offsets, self._sizes, self._counts, strict=False):
+        for offset, length, count in zip(offsets, self._sizes, self._counts, strict=True):
             needed = count * size if weighted else length
             passes = [self._pass(length, generator) for _ in range(max(1, -(-needed // length)))]
             stream = torch.cat(passes)[:needed]
@@ -392,7 +392,7 @@ class SetLossesCallback(TrainerCallback):
     def __init__(self, dataset: MixedDataset, sampler: MixingBatchSampler) -> None:
         self.dataset, self.sampler = dataset, sampler
         self.names = [f"loss_{name}" for name in dataset.names]
-        self._nothing: torch.Tensor | None = None
+        self._others: list[dict[str, torch.Tensor]] = []  # by set: the others' names, 0
 
     def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
         """Remove itself from a run over other data."""
@@ -409,13 +409,14 @@ class SetLossesCallback(TrainerCallback):
         )
         weight = batch_output.get("num_items")
         weight = batch_output["batch_size"] if weight is None else weight
-        names = self.names
-        trainer.log(names[position], batch_output["loss"], weight=weight)
-        if len(names) > 1:
-            if self._nothing is None:
-                self._nothing = torch.zeros((), device=trainer.device)
-            others = {name: self._nothing for i, name in enumerate(names) if i != position}
-            trainer.log_dict(others, weight=0)
+        trainer.log(self.names[position], batch_output["loss"], weight=weight)
+        if not self._others:
+            nothing = torch.zeros((), device=trainer.device)
+            self._others = [
+                {name: nothing for name in self.names if name != own} for own in self.names
+            ]
+        if len(self.names) > 1:
+            trainer.log_dict(self._others[position], weight=0)
 
     def on_training_run_end(self, trainer: Any, **kwargs: Any) -> None:
         """Remove itself: the next run says again whether it mixes sets."""
