@@ -413,3 +413,18 @@ def test_the_per_set_losses_read_no_tensor_per_step(counter: SyncCounter) -> Non
     trainer.train(two_sets(), num_epochs=2, per_device_batch_size=2, gradient_accumulation_steps=2)
     assert counter.calls == []
     assert len(trainer.run_history.get_metric_values("train_loss_a_epoch")) == 2
+
+
+def test_a_plain_run_after_a_failed_mixed_run_logs_no_set_losses() -> None:
+    class FailsAtStep(TrainerCallback):
+        def on_train_step_end(self, trainer: Trainer, **kwargs: Any) -> None:
+            raise RuntimeError("planted")
+
+    failing = FailsAtStep()
+    trainer = make_trainer(callbacks=(failing,))
+    with pytest.raises(RuntimeError, match="planted"):
+        trainer.train(two_sets(), num_epochs=1, per_device_batch_size=4)
+    trainer.callback_handler.remove_callback(failing)
+    trainer.train(make_regression_dataset(16), num_epochs=1, per_device_batch_size=4)
+    assert trainer.run_history.get_metric_names() == {"train_loss_epoch"}
+    assert "SetLossesCallback" not in trainer.callback_handler.callback_list
