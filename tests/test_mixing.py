@@ -15,6 +15,7 @@ import pytest
 import torch
 from helpers import SaveAtStep, make_model, make_regression_dataset, make_trainer
 from test_host_syncs import SyncCounter, counter, probes  # noqa: F401 (a fixture)
+from test_resume import assert_same_run, run_job
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -428,3 +429,19 @@ def test_a_plain_run_after_a_failed_mixed_run_logs_no_set_losses() -> None:
     trainer.train(make_regression_dataset(16), num_epochs=1, per_device_batch_size=4)
     assert trainer.run_history.get_metric_names() == {"train_loss_epoch"}
     assert "SetLossesCallback" not in trainer.callback_handler.callback_list
+
+
+def test_a_job_that_dies_mid_epoch_resumes_bitwise_in_a_new_process(tmp_path: Path) -> None:
+    """The resume job (workers, AdamW, dropout, EMA, step logging) over two sets by weight."""
+    whole = run_job(tmp_path / "whole", "--mixed")
+    assert len(whole["history"]["metrics"]["train_loss_b_epoch"]) == 3
+    common = ("--mixed", "--save-dir", str(tmp_path / "states"))
+    run_job(tmp_path / "first", *common, "--die-after-step", "18")  # 10 + 4 batches per epoch
+    assert not (tmp_path / "first" / "rank0.json").exists()  # it died right after the save
+    resumed = run_job(
+        tmp_path / "second", *common, "--resume-from", str(tmp_path / "states" / "state")
+    )
+    assert_same_run(resumed, whole)
+    after = resumed["step_losses"]  # the updates after the resume, logged by step
+    assert after
+    assert after == {step: whole["step_losses"][step] for step in after}
