@@ -393,6 +393,7 @@ class SetLossesCallback(TrainerCallback):
         self.dataset, self.sampler = dataset, sampler
         self.names = [f"loss_{name}" for name in dataset.names]
         self._others: list[dict[str, torch.Tensor]] = []  # by set: the others' names, 0
+        self._all: dict[str, torch.Tensor] = {}
 
     def on_training_run_start(self, trainer: Any, **kwargs: Any) -> None:
         """Remove itself from a run over other data."""
@@ -407,14 +408,19 @@ class SetLossesCallback(TrainerCallback):
         position = self.sampler.set_of_step(
             kwargs["step"], accelerator.num_processes, accelerator.process_index
         )
-        weight = batch_output.get("num_items")
-        weight = batch_output["batch_size"] if weight is None else weight
-        trainer.log(self.names[position], batch_output["loss"], weight=weight)
         if not self._others:
             nothing = torch.zeros((), device=trainer.device)
             self._others = [
                 {name: nothing for name in self.names if name != own} for own in self.names
             ]
+            self._all = dict.fromkeys(self.names, nothing)
+        loss = batch_output["loss"]
+        if loss is None:  # a skipped batch (skip_failing_batches): no loss, the same names
+            trainer.log_dict(self._all, weight=0)
+            return
+        weight = batch_output.get("num_items")
+        weight = batch_output["batch_size"] if weight is None else weight
+        trainer.log(self.names[position], loss, weight=weight)
         if len(self.names) > 1:
             trainer.log_dict(self._others[position], weight=0)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import math
 import os
 import re
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 import torch
 from helpers import SaveAtStep, make_model, make_regression_dataset, make_trainer
 from test_host_syncs import SyncCounter, counter, probes  # noqa: F401 (a fixture)
+from test_micro_batches import OutOfMemoryAbove
 from test_resume import assert_same_run, run_job
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -445,3 +447,14 @@ def test_a_job_that_dies_mid_epoch_resumes_bitwise_in_a_new_process(tmp_path: Pa
     after = resumed["step_losses"]  # the updates after the resume, logged by step
     assert after
     assert after == {step: whole["step_losses"][step] for step in after}
+
+
+def test_a_skipped_batch_adds_nothing_to_its_sets_loss() -> None:
+    model = OutOfMemoryAbove(limit=3)  # every batch of 4 runs out of memory: skipped
+    trainer = make_trainer(model)
+    sets = {"a": make_regression_dataset(12, seed=1), "b": make_regression_dataset(6, seed=2)}
+    trainer.train(sets, num_epochs=1, per_device_batch_size=4, skip_failing_batches=10)
+    history = trainer.run_history
+    assert math.isnan(history.get_latest_metric("train_loss_a_epoch"))  # all of a skipped
+    trained = history.get_latest_metric("train_loss_epoch")  # b's batch of 2 alone
+    assert history.get_latest_metric("train_loss_b_epoch") == pytest.approx(trained, abs=1e-6)
