@@ -44,12 +44,12 @@ from pytorch_accel._option_checks import (
 )
 from pytorch_accel.dataloaders import named_eval_sets, num_batches
 from pytorch_accel.distributed import check_world_size, fsdp_requested
+from pytorch_accel.run_config import TrainArguments
 from pytorch_accel.tracking import RunHistory
 
 if TYPE_CHECKING:
     from pytorch_accel._state import TrainerState
     from pytorch_accel.protocols import TrainerLike as Trainer
-    from pytorch_accel.run_config import TrainArguments
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -66,6 +66,7 @@ __all__ = [
     "check_train_arguments",
     "check_train_dataloader",
     "check_trainer_settings",
+    "checked_train_arguments",
     "created_scheduler",
     "suggest_arguments",
 ]
@@ -140,6 +141,21 @@ def check_accelerator(accelerator: Accelerator) -> None:
             "or set FSDP_VERSION=2 (or FSDP_USE_ORIG_PARAMS=true) with "
             "`accelerate launch --use_fsdp`.",
         )
+
+
+def checked_train_arguments(trainer: Trainer, base: Any, call: Mapping[str, Any]) -> TrainArguments:
+    """Bind ``base.train``'s parameters to ``call`` (its ``locals()``), check them, return them.
+
+    A mapping of training sets first becomes one dataset and its batch sampler (``mixing``,
+    imported only then).
+    """
+    arguments = TrainArguments.bind(base.train, call)
+    if isinstance(arguments.train_dataset, Mapping):
+        from pytorch_accel.mixing import mix_training_sets
+
+        arguments = mix_training_sets(trainer, arguments)
+    check_train_arguments(trainer, base, arguments)
+    return arguments
 
 
 def check_train_arguments(trainer: Trainer, base: type, arguments: TrainArguments) -> None:
@@ -331,27 +347,8 @@ def check_data(where: str, name: str, data: object, *, streams: bool = False) ->
     dataset = data.dataset if isinstance(data, DataLoader) else data
     if streams and isinstance(dataset, IterableDataset):
         return
-    if name == "train_dataset" and isinstance(data, Mapping):
-        _refuse_several_training_sets(where, data)
     label = f"{name}.dataset (of the DataLoader)" if isinstance(data, DataLoader) else name
     check_sized_dataset(where, label, dataset)
-
-
-def _refuse_several_training_sets(where: str, sets: Mapping[Any, Any]) -> None:
-    """Refuse a mapping of training sets (issue 41): a dict is no dataset, whatever its size."""
-    keys = list(sets)
-    shown = ", ".join(repr(key) for key in keys[:6]) + (", ..." if len(keys) > 6 else "")
-    raise TypeError(
-        f"{where}: train_dataset must be one dataset, got a {type(sets).__name__} of "
-        f"{len(keys)} entries (keys {shown}): several training sets as a mapping are not supported "
-        "(a mapping of eval sets is, as eval_dataset). Concatenate them into one, "
-        "torch.utils.data.ConcatDataset(list(train_sets.values())), with a sampler to weight "
-        "them if needed (a WeightedRandomSampler in train_dataloader_kwargs), or pass one of "
-        f"them, e.g. train_dataset=train_sets[{keys[0]!r}]."
-        if keys
-        else f"{where}: train_dataset must be one dataset, got an empty "
-        f"{type(sets).__name__}. Pass a dataset with samples."
-    )
 
 
 def _check_run_length(where: str, arguments: TrainArguments) -> None:

@@ -77,6 +77,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.export",
             "pytorch_accel.memory",
             "pytorch_accel.packing",
+            "pytorch_accel.mixing",
         ),
     ),
     ("tools", ("pytorch_accel.tools",)),
@@ -113,7 +114,9 @@ LAYER_ROLES = {
         "exporting a model in the ecosystem's formats, `Trainer.save_model` (`export`, "
         "imported by the method); activation checkpointing as one switch, called on a model "
         "before the trainer is made (`memory`); padding-free batches for causal language "
-        "models, a collate function (`packing`)."
+        "models, a collate function (`packing`); several training sets mixed by a sampling rule, "
+        "turned into one dataset and its batch sampler at `train()`'s entry (`mixing`, imported "
+        "only when `train()` gets a mapping of sets)."
     ),
     "loop": (
         "The loop in one module, level by level (training, evaluation), with the "
