@@ -40,7 +40,6 @@ __all__ = [
     "load_full_states",
     "load_states",
     "optimizer_owner",
-    "prepare_saving",
     "read_dcp_metadata",
     "read_sharded",
     "saves_sharded",
@@ -71,11 +70,6 @@ def saves_sharded(accelerator: Accelerator) -> bool:
         return False
     kind = accelerator.state.fsdp_plugin.state_dict_type
     return str(getattr(kind, "name", kind)) == "SHARDED_STATE_DICT"
-
-
-def prepare_saving() -> None:
-    """Import torch's state-dict module now (seconds), not in the step of a run's first save."""
-    import torch.distributed.checkpoint.state_dict  # noqa: F401
 
 
 def optimizer_owner(model: nn.Module, loss_func: Any) -> nn.Module:
@@ -241,7 +235,9 @@ def read_sharded(
 @contextlib.contextmanager
 def _dcp_errors(where: str, directory: Path) -> Iterator[None]:
     try:
-        yield
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            yield
     except TrainingStateError:
         raise
     except Exception as error:  # DCP wraps what a process raised (CheckpointException)

@@ -46,6 +46,7 @@ __all__ = [
     "latest_training_state",
     "newest_resumable",
     "newest_training_state",
+    "prepare_saving",
     "publish",
     "rank_state_name",
     "read_manifest",
@@ -76,6 +77,11 @@ def refuse_fsdp1(accelerator: Any, where: str) -> None:
             "FullyShardedDataParallelPlugin(fsdp_version=2) (or FSDP_VERSION=2); "
             "save_checkpoint and load_checkpoint work under both."
         )
+
+
+def prepare_saving() -> None:
+    """Import torch's state-dict module now (seconds), not in the step of a run's first save."""
+    import torch.distributed.checkpoint.state_dict  # noqa: F401
 
 
 def rank_state_name(rank: int) -> str:
@@ -222,8 +228,8 @@ def verify_training_state(directory: Path, world_size: int, where: str) -> dict[
 def _safetensors(data: bytes, path: Path, where: str) -> dict[str, Any]:
     from safetensors.torch import load
 
-    try:
-        return load(data)
+    try:  # in one order on every process (safetensors' own differs between processes)
+        return dict(sorted(load(data).items()))
     except Exception as error:
         raise TrainingStateError(f"{where}: could not read {str(path)!r}: {error}") from error
 

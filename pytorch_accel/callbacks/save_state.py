@@ -14,9 +14,9 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from pytorch_accel._checkpointing.sharded import prepare_saving
 from pytorch_accel._checkpointing.store import (
     find_training_states,
+    prepare_saving,
     refuse_fsdp1,
     remove_training_state,
     tidy_save_dir,
