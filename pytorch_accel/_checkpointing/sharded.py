@@ -117,7 +117,12 @@ def states_to_save(
     if optimizer is None:
         return model_state, None
     inner = getattr(optimizer, "optimizer", optimizer)
-    return model_state, dict(get_optimizer_state_dict(owner or model, inner, options=options))
+    fresh = not inner.state
+    state = dict(get_optimizer_state_dict(owner or model, inner, options=options))
+    if fresh:  # torch stepped it with zero gradients and rate to create its state: undone
+        inner.state.clear()
+        state["state"] = {}
+    return model_state, state
 
 
 def load_states(
