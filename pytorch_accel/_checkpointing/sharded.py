@@ -99,13 +99,18 @@ def _options(model: nn.Module, full: bool) -> Any:
 
 
 def states_to_save(
-    model: nn.Module, optimizer: Any, full: bool, owner: nn.Module | None = None
+    model: nn.Module,
+    optimizer: Any,
+    full: bool,
+    owner: nn.Module | None = None,
+    saving: bool = False,
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The model's and optimizer's states keyed by parameter name (``optimizer``: may be None).
 
     ``full``: gathered whole (FSDP; at least on the main process), else as each process holds
     them (a sharded model's shards, an unsharded model's tensors themselves). ``owner``: the
-    module holding the optimizer's parameters (``optimizer_owner``; default ``model``).
+    module holding the optimizer's parameters (``optimizer_owner``; default ``model``);
+    ``saving``: leave an optimizer without state as it was (not a template to load into).
     """
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
@@ -117,7 +122,7 @@ def states_to_save(
     if optimizer is None:
         return model_state, None
     inner = getattr(optimizer, "optimizer", optimizer)
-    fresh = not inner.state
+    fresh = saving and not inner.state
     state = dict(get_optimizer_state_dict(owner or model, inner, options=options))
     if fresh:  # torch stepped it with zero gradients and rate to create its state: undone
         inner.state.clear()

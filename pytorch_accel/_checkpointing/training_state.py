@@ -143,7 +143,7 @@ class TrainingStateIO:
         with self._copies.session(copy=not blocking) as copy:
             if not saves_sharded(accelerator):  # gathered whole under FSDP (a collective)
                 model_state, optimizer_state = states_to_save(
-                    model, optimizer, is_sharded(accelerator), owner
+                    model, optimizer, is_sharded(accelerator), owner, saving=True
                 )
                 if main:
                     files.append(StagedFile(_MODEL, copy(model_state), safetensors=True))
