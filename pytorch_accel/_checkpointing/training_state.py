@@ -56,8 +56,10 @@ from pytorch_accel._checkpointing.store import (
 )
 from pytorch_accel._checkpointing.streams import stream_position
 from pytorch_accel._checks import fail
+from pytorch_accel._loop import training_rng_preserved
 from pytorch_accel._resumable import RandomStates
 from pytorch_accel._state import Preparation
+from pytorch_accel._stored_items import _random_states_kept
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.distributed import AgreedFlag
 from pytorch_accel.run_config import TrainerRunConfig, recorded
@@ -157,9 +159,12 @@ class TrainingStateIO:
         pending = PendingSave(files, temporary, final, info, accelerator, self._agreement())
         if blocking:
             pending.run()
-            pending.wait()
+            announced = self._announce_save(temporary, final)  # on every process, even so
+            pending.error = pending.error or announced
+            pending.wait()  # a callback's error abandons the save on every process
             accelerator.wait_for_everyone()  # the state is published for every process
-        else:
+        else:  # announced at once: a callback's files are there before the manifest
+            pending.error = self._announce_save(temporary, final)
             pending.start()
             self._loop.pending_save = pending
 
@@ -170,6 +175,23 @@ class TrainingStateIO:
         if self._flag is None:
             self._flag = AgreedFlag()
         return self._flag
+
+    def _announce_save(self, directory: Path, final: Path) -> Exception | None:
+        """Fire ``on_save_training_state``; return what a callback raised, if anything.
+
+        Before the manifest is written: what the callbacks write into ``directory`` is covered.
+        """
+        try:
+            self._fire("on_save_training_state", directory=directory, output_dir=final)
+        except Exception as error:  # the save is abandoned on every process, then raised
+            return error
+        return None
+
+    def _fire(self, event: str, **kwargs: Any) -> None:
+        """Fire a save or load event, keeping the random states (saved, or just loaded)."""
+        trainer = self._trainer
+        with training_rng_preserved(trainer.accelerator.device), _random_states_kept():
+            trainer.callback_handler.call_event(event, trainer, **kwargs)
 
     def state_dict(self) -> dict[str, Any]:
         """The trainer state that is the same on every process, saved by the main process."""
@@ -239,10 +261,10 @@ class TrainingStateIO:
         check: Callable[[dict[str, Any]], None] | None = None,
         optimizer: bool = True,
     ) -> tuple[dict[str, Any], dict[str, Any], int]:
-        """Verify a training state, then load it, all from the verified bytes.
+        """Verify a training state, then load it from the verified bytes (history and counts too).
 
         Returns its shared state, this process's state and the number of processes that saved
-        it.
+        it. Then fires ``on_load_training_state``.
 
         ``where`` is the entry point, for messages; ``check`` sees the shared state before
         anything is loaded; ``optimizer``: load the optimizer's state.
@@ -296,6 +318,9 @@ class TrainingStateIO:
         loss_state, loss_func = shared.get("loss_func"), trainer.loss_func
         if loss_state is not None and isinstance(loss_func, torch.nn.Module):
             loss_func.load_state_dict(loss_state)
+        trainer.run_history.load_state_dict(shared["history"])
+        self._loop.restore_counts(shared)  # a later call continues them
+        self._fire("on_load_training_state", directory=directory)
         # another number of processes (between epochs): process i takes saved process i's
         # own state, or (beyond them) process i modulo their number's
         return shared, loaded[rank_state_name(rank % saved_world)], saved_world
@@ -322,8 +347,6 @@ class TrainingStateIO:
         generators = tuple(rank_state["loader"]["generators"]) if same_world else ()
         random_states = RandomStates(torch.get_rng_state(), generators)
         trainer = self._trainer
-        trainer.run_history.load_state_dict(shared["history"])
-        self._loop.restore_counts(shared)
         if trainer.scheduler is not None and scheduler:
             kept = getattr(trainer.scheduler, "base_lrs", None)
             trainer.scheduler.load_state_dict(shared["scheduler"])
