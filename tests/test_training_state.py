@@ -669,3 +669,17 @@ def test_a_save_before_the_first_update_leaves_the_optimizer_without_state(
     fresh.train(regression_dataset, num_epochs=1, per_device_batch_size=8)
     pairs = zip(clone_params(trainer.model), clone_params(fresh.model), strict=True)
     assert all(torch.equal(saved, unsaved) for saved, unsaved in pairs)
+
+
+def test_an_object_registered_for_checkpointing_is_saved_and_restored(
+    tmp_path: Path, regression_dataset: TensorDataset
+) -> None:
+    trainer = saved_after_training(tmp_path, regression_dataset)
+    registered = nn.Linear(2, 2)
+    trainer.accelerator.register_for_checkpointing(registered)
+    trainer.save_training_state(tmp_path / "registered")
+    other = make_trainer()
+    restored = nn.Linear(2, 2)
+    other.accelerator.register_for_checkpointing(restored)
+    other.load_training_state(tmp_path / "registered")
+    assert torch.equal(restored.weight, registered.weight)

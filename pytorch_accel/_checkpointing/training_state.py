@@ -153,6 +153,9 @@ class TrainingStateIO:
                         files.append(StagedFile(_OPTIMIZER, copy(optimizer_state)))
             if main:
                 files.append(StagedFile(_SHARED, copy(self.state_dict()), checked=True))
+                for index, obj in enumerate(_registered(accelerator), start=1):
+                    name = f"custom_checkpoint_{index}.pkl"
+                    files.append(StagedFile(name, copy(obj.state_dict()), checked=True))
             files.append(StagedFile(f"random_states_{rank}.pkl", _random_states(accelerator)))
             rank_state = copy(self._rank_state(position))
             files.append(StagedFile(rank_state_name(rank), rank_state, checked=True))
@@ -310,6 +313,9 @@ class TrainingStateIO:
                 f"{where}: {str(directory)!r} does not fit this trainer's model or optimizer: "
                 f"{error}"
             ) from error
+        for index, obj in enumerate(_registered(accelerator), start=1):
+            if f"custom_checkpoint_{index}.pkl" in loaded:
+                obj.load_state_dict(loaded[f"custom_checkpoint_{index}.pkl"])
         if accelerator.scaler is not None and shared.get("scaler") is not None:
             accelerator.scaler.load_state_dict(shared["scaler"])
         rank = accelerator.process_index
@@ -503,6 +509,11 @@ def _resume_relevant(config: TrainerRunConfig) -> dict[str, Any]:
         "num_processes": config.num_processes,
         "train_dataloader_len": config.train_dataloader_len,
     }
+
+
+def _registered(accelerator: Any) -> list[Any]:
+    """The objects the user registered with ``accelerator.register_for_checkpointing``."""
+    return list(getattr(accelerator, "_custom_objects", []))
 
 
 def _random_states(accelerator: Any) -> dict[str, Any]:
