@@ -1,4 +1,4 @@
-"""Every fenced ``python`` example of docs/*.md runs (issue 43).
+"""Every fenced ``python`` example of docs/*.md (and README.md) runs (issue 43).
 
 How the examples run (the convention the pages follow):
 
@@ -112,7 +112,7 @@ class Block:
                 f"except {error}:",
                 "    pass",
                 "else:",
-                f"    raise AssertionError('docs/{self.page}:{self.line}: no {error} raised')",
+                f"    raise AssertionError('{self.page}:{self.line}: no {error} raised')",
             ]
         return lines
 
@@ -126,7 +126,7 @@ def page_blocks(page: Path) -> list[Block]:
         marker = BLOCK_MARKER.search(text[: match.end(1)])
         found.append(
             Block(
-                page.name,
+                str(page.relative_to(ROOT)),
                 line,
                 textwrap.dedent(match.group(2)),
                 (marker.group(1), marker.group(2)) if marker else None,
@@ -134,7 +134,7 @@ def page_blocks(page: Path) -> list[Block]:
         )
     for match in SETUP.finditer(text):
         line = text.count("\n", 0, match.start(1)) + 1
-        found.append(Block(page.name, line, match.group(1), setup=True))
+        found.append(Block(str(page.relative_to(ROOT)), line, match.group(1), setup=True))
     return sorted(found, key=lambda block: block.line)
 
 
@@ -172,11 +172,14 @@ def page_script(blocks: list[Block], alone: int | None = None) -> tuple[str, lis
 
 
 END_OF_PAGE = "docs-test: the end of the page"
-PAGES = sorted(page for page in DOCS.glob("*.md") if FENCE.search(page.read_text()))
+PAGES = [
+    *sorted(page for page in DOCS.glob("*.md") if FENCE.search(page.read_text())),
+    ROOT / "README.md",
+]
 
 
 def test_the_markers_are_known_and_every_skip_has_a_reason() -> None:
-    for page in DOCS.glob("*.md"):
+    for page in [*DOCS.glob("*.md"), ROOT / "README.md"]:
         text = page.read_text()
         unknown = set(ANY_MARKER.findall(text)) - KNOWN_MARKERS
         assert not unknown, f"{page.name}: unknown docs-test markers {unknown}"
@@ -200,7 +203,7 @@ def test_few_examples_are_skipped() -> None:
 def test_the_examples_of_a_page_run(page: Path, tmp_path: Path) -> None:
     blocks = page_blocks(page)
     done = run_script(page, blocks, *page_script(blocks), tmp_path / "page")
-    assert END_OF_PAGE in done.stdout, f"docs/{page.name}: a block ended the script early"
+    assert END_OF_PAGE in done.stdout, f"{page.relative_to(ROOT)}: a block ended the script early"
     for index, block in enumerate(blocks):
         if block.alone:  # may end its process early (os._exit)
             run_script(page, blocks, *page_script(blocks, alone=index), tmp_path / f"{index}")
@@ -240,7 +243,8 @@ def run_script(
         if where:
             page_line, index = origin[int(where[-1]) - 1]
             if index >= 0:
-                place = f"docs/{page.name}:{page_line} (the block from line {blocks[index].line})"
+                where_page = page.relative_to(ROOT)
+                place = f"{where_page}:{page_line} (the block from line {blocks[index].line})"
         pytest.fail(f"an example fails at {place}:\n{done.stderr[-4000:]}")
     return done
 
