@@ -23,7 +23,6 @@ from typing import Any, NoReturn
 
 import torch
 
-from pytorch_accel.errors import PredictOutputsError
 from pytorch_accel.placeholders import contains_placeholder
 
 __all__ = [
@@ -41,10 +40,8 @@ __all__ = [
     "check_optimizer",
     "check_path",
     "check_positive_int",
-    "check_predict_outputs",
     "check_sized_dataset",
     "explain_backward_failure",
-    "explain_unconcatenated_outputs",
     "fail",
     "shape_mismatches_raise",
 ]
@@ -179,96 +176,6 @@ def explain_backward_failure(loss: object, method: str, error: Exception) -> Non
             "detached values. Unfreeze some parameters, or compute the loss from the model's "
             "outputs."
         ) from error
-
-
-_PREDICT_FIX = (
-    "Return a tensor with the batch dimension first (one row per sample), or a list, tuple or "
-    "dict of such tensors; or pass keep_outputs=False and collect each batch's outputs in a "
-    "callback's on_predict_step_end (its `predictions` argument)."
-)
-
-
-def check_predict_outputs(outputs: Any, method: str = "calculate_predict_batch") -> None:
-    """Raise if one batch's outputs could not be concatenated on their first dimension.
-
-    ``predict`` keeps tensors with one row per sample, or lists, tuples and dicts of them.
-    Called on the first batch (before the others are computed) when the outputs are kept.
-    """
-    for path, leaf in _leaves(outputs, "its output"):
-        if isinstance(leaf, torch.Tensor) and leaf.ndim > 0:
-            continue
-        shown = repr(leaf) if len(repr(leaf)) <= 60 else repr(leaf)[:57] + "..."
-        if isinstance(leaf, torch.Tensor):
-            raise ValueError(
-                f"Trainer.predict: {method} returned a 0-d tensor as {path} ({shown}), one value "
-                "for the whole batch (a mean?), but predict() concatenates the batches' outputs "
-                f"on their first dimension, one row per sample. {_PREDICT_FIX} Stopped after "
-                "the first batch."
-            )
-        raise TypeError(
-            f"Trainer.predict: {method} returned a {type(leaf).__name__} as {path} ({shown}), "
-            "but predict() concatenates tensors only, on their first dimension. "
-            f"{_PREDICT_FIX} Stopped after the first batch."
-        )
-
-
-def explain_unconcatenated_outputs(
-    batches: list[Any], error: Exception, method: str = "calculate_predict_batch"
-) -> NoReturn:
-    """Raise ``PredictOutputsError``, keeping ``batches``, after their concatenation failed.
-
-    Names the first batch whose outputs differ from the first batch's, and how.
-    """
-    first = dict(_leaves(batches[0], "the output"))
-    detail = f"they could not be concatenated ({error})"
-    for index, batch in enumerate(batches[1:], start=1):
-        leaves = dict(_leaves(batch, "the output"))
-        if leaves.keys() != first.keys():
-            detail = (
-                f"batch {index}'s outputs have another structure than batch 0's ({len(leaves)} "
-                f"tensor(s) against {len(first)}; a list or tuple is a structure of outputs, each "
-                "concatenated on its own, not a list of samples)"
-            )
-            break
-        shapes = [
-            (path, tuple(leaf.shape), tuple(first[path].shape))
-            for path, leaf in leaves.items()
-            if isinstance(leaf, torch.Tensor) and isinstance(first[path], torch.Tensor)
-        ]
-        differing = [shape for shape in shapes if shape[1][1:] != shape[2][1:]]
-        if differing:
-            path, shape, first_shape = differing[0]
-            detail = (
-                f"{path} has shape {shape} in batch {index} and {first_shape} in batch 0: its "
-                "dimensions after the first differ between batches (sequences of varying length? "
-                "pass pad_value=... to pad their second dimension)"
-            )
-            break
-    raise PredictOutputsError(
-        f"Trainer.predict: the outputs of the {len(batches)} batches could not be concatenated "
-        f"on their first dimension: {detail}. Nothing is lost: this error's `batches` attribute "
-        "holds every batch's outputs, in order (`except PredictOutputsError as error: "
-        f"error.batches`). Pad them to one shape in {method} (with a value that suits your "
-        "outputs), or pass keep_outputs=False and write each batch out in a callback's "
-        "on_predict_step_end.",
-        batches,
-    ) from error
-
-
-def _leaves(outputs: Any, path: str) -> Iterator[tuple[str, Any]]:
-    """Each leaf of nested lists, tuples and mappings, with its path (``outputs["x"][0]``)."""
-    if isinstance(outputs, Mapping):
-        for key, value in outputs.items():
-            yield from _leaves(value, f"{_root(path)}[{key!r}]")
-    elif isinstance(outputs, (list, tuple)):
-        for index, value in enumerate(outputs):
-            yield from _leaves(value, f"{_root(path)}[{index}]")
-    else:
-        yield path, outputs
-
-
-def _root(path: str) -> str:
-    return "outputs" if path.startswith(("its ", "the ")) else path
 
 
 _BROADCAST_WARNING = r"Using a target size .* that is different to the input size"

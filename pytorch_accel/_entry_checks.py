@@ -1,9 +1,9 @@
 """Checks of the arguments of the trainer's entry points, and of the data they take.
 
-The entry points are ``Trainer(...)``, ``train`` (its arguments bound once, a
-``TrainArguments``, and checked by the table ``TRAIN_CHECKS``, one entry per argument),
-``evaluate`` and ``predict``. Each failure comes before anything is
-prepared or trained, built from the value checks of ``_checks``.
+The entry points are ``Trainer(...)`` and ``train`` (its arguments bound once, a
+``TrainArguments``, and checked by the table ``TRAIN_CHECKS``, one entry per argument);
+``evaluate``'s and ``predict``'s are in ``_inference_checks``. Each failure comes before
+anything is prepared or trained, built from the value checks of ``_checks``.
 """
 
 from __future__ import annotations
@@ -11,22 +11,19 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
-import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, parse_flag_from_env
 from torch import nn
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler
+from torch.utils.data import DataLoader, IterableDataset
 
 from pytorch_accel._checks import (
     check_bool,
     check_callable,
-    check_choice,
     check_count,
     check_mapping,
     check_number,
@@ -35,16 +32,22 @@ from pytorch_accel._checks import (
     check_sized_dataset,
     fail,
 )
-from pytorch_accel.dataloaders import merge_dataloader_kwargs, named_eval_sets, num_batches
+from pytorch_accel._option_checks import (
+    check_clipping,
+    check_dry_run,
+    check_resume,
+    check_run_name,
+    check_run_setup,
+    created_scheduler,
+)
+from pytorch_accel.dataloaders import named_eval_sets, num_batches
 from pytorch_accel.distributed import check_world_size, needs_cpu_distributed
-from pytorch_accel.failing_batches import skip_policy
-from pytorch_accel.micro_batches import ON_OOM, ON_OOM_FIX
 from pytorch_accel.tracking import RunHistory
 
 if TYPE_CHECKING:
-    from pytorch_accel._state import Preparation, TrainerState
+    from pytorch_accel._state import TrainerState
     from pytorch_accel.protocols import TrainerLike as Trainer
-    from pytorch_accel.run_config import TrainArguments, TrainerRunConfig
+    from pytorch_accel.run_config import TrainArguments
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -55,29 +58,15 @@ __all__ = [
     "check_constructor_arguments",
     "check_data",
     "check_dataloader_settings",
-    "check_evaluate_arguments",
+    "check_eval_data",
     "check_has_batches",
+    "check_loss_func",
     "check_train_arguments",
     "check_train_dataloader",
     "check_trainer_settings",
     "created_scheduler",
-    "predict_dataloader",
     "suggest_arguments",
 ]
-
-
-def _check_run_name(where: str, arguments: TrainArguments, trainer: Trainer) -> None:
-    """Accept ``None``, or one directory name for a trainer with an ``output_dir``."""
-    run_name = arguments.run_name
-    if run_name is None:
-        return
-    if not isinstance(run_name, str) or run_name in ("", "..") or Path(run_name).name != run_name:
-        kind = ValueError if isinstance(run_name, str) else TypeError
-        fix = "Pass e.g. run_name='baseline': the run's directory is <output_dir>/<run_name>."
-        fail(kind, where, "run_name", run_name, "a directory name (no '/') or None", fix)
-    if trainer.run_dir is None:
-        fix = "Create the trainer with Trainer(..., output_dir='runs'): runs are named under it."
-        fail(ValueError, where, "run_name", run_name, "None without Trainer(output_dir=...)", fix)
 
 
 def check_constructor_arguments(
@@ -220,43 +209,18 @@ def check_train_arguments(trainer: Trainer, base: type, arguments: TrainArgument
     """
     where, a = "Trainer.train", arguments
     check_trainer_settings(where, trainer)
+    parameters = inspect.signature(base.train).parameters  # type: ignore[attr-defined]
     done: list[TrainCheck] = []
     for check in TRAIN_CHECKS.values():  # a check of several arguments runs once
         if check not in done:
             done.append(check)
-            check(where, a, trainer)
+            names = [name for name, listed in TRAIN_CHECKS.items() if listed is check]
+            if not all(_at_default(a[name], parameters[name].default) for name in names):
+                check(where, a, trainer)  # a default is valid: unchecked, a feature's checks
     with_eval = a.eval_dataset is not None
     eval_sets = named_eval_sets(where, "eval_dataset", a.eval_dataset) if with_eval else {}
     data = [a.train_dataset, *eval_sets.values()]
-    _check_loss_func(where, trainer, base, data, a.collate_fn, with_train=True, with_eval=with_eval)
-
-
-def _check_clipping(where: str, arguments: TrainArguments, trainer: Trainer) -> None:
-    """Check ``gradient_clip_value`` and ``max_grad_norm``: positive, not both, by norm on FSDP."""
-    fsdp = trainer.accelerator.distributed_type == DistributedType.FSDP
-    clip_value, max_norm = arguments.gradient_clip_value, arguments.max_grad_norm
-    for name, value in (("gradient_clip_value", clip_value), ("max_grad_norm", max_norm)):
-        expected, fix = "a positive number or None", f"Pass {name} > 0, or None to disable."
-        check_number(where, name, value, strict=True, allow_none=True, expected=expected, fix=fix)
-    if clip_value is not None and max_norm is not None:
-        fail(
-            ValueError,
-            where,
-            "max_grad_norm",
-            max_norm,
-            "None when gradient_clip_value is set",
-            "Clip either by value (gradient_clip_value) or by norm (max_grad_norm), not both.",
-        )
-    if clip_value is not None and fsdp:
-        fail(
-            ValueError,
-            where,
-            "gradient_clip_value",
-            clip_value,
-            "None under FSDP",
-            "FSDP cannot clip sharded gradients by value; clip by norm instead: "
-            f"train(max_grad_norm={clip_value}), which is right under sharding.",
-        )
+    check_loss_func(where, trainer, base, data, a.collate_fn, with_train=True, with_eval=with_eval)
 
 
 def check_trainer_settings(where: str, trainer: Trainer) -> None:
@@ -277,7 +241,7 @@ def check_trainer_settings(where: str, trainer: Trainer) -> None:
         check_positive_int(where, f"trainer.{name}", getattr(trainer, name), allow_none=True)
 
 
-def _check_loss_func(
+def check_loss_func(
     where: str,
     trainer: Trainer,
     base: type,
@@ -344,156 +308,9 @@ def _dict_batches(data: Any, collate_fn: object) -> bool:
     return isinstance(batch, Mapping)
 
 
-def check_evaluate_arguments(
-    trainer: Trainer,
-    base: type,
-    dataset: object,
-    per_device_batch_size: object,
-    dataloader_kwargs: object,
-    collate_fn: object,
-    metric_prefix: object,
-) -> None:
-    """Check ``Trainer.evaluate``'s arguments (``dataset`` defaulted) and the trainer's settings.
-
-    ``base``: the ``Trainer`` class, whose default eval step needs a usable ``loss_func``.
-    """
-    where = "Trainer.evaluate"
-    if dataset is None:
-        fail(
-            ValueError,
-            where,
-            "dataset",
-            None,
-            "a dataset",
-            "Pass evaluate(dataset=...), or call train(..., eval_dataset=...) first.",
-        )
-    sets = _check_eval_data(
-        where,
-        "dataset",
-        dataset,
-        per_device_batch_size=per_device_batch_size,
-        dataloader_kwargs=dataloader_kwargs,
-        collate_fn=collate_fn,
-    )
-    check_positive_int(where, "per_device_batch_size", per_device_batch_size, allow_none=True)
-    check_mapping(where, "dataloader_kwargs", dataloader_kwargs)
-    if not isinstance(metric_prefix, str):
-        fail(
-            TypeError,
-            where,
-            "metric_prefix",
-            metric_prefix,
-            "a string",
-            "Pass e.g. metric_prefix='test_' (the loss is then recorded as 'test_loss').",
-        )
-    _check_loss_func(where, trainer, base, sets, collate_fn, with_train=False, with_eval=True)
-    check_trainer_settings(where, trainer)
-
-
-def _check_run_setup(where: str, arguments: TrainArguments, trainer: Trainer) -> None:
-    """Check the run set-up arguments of ``train()``: seeding, determinism, LR scaling, skips."""
-    seed = arguments.seed
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        fail(TypeError, where, "seed", seed, "an int or None", "Pass e.g. seed=42.")
-    if seed is not None and not 0 <= seed < 2**32 - 2**16:
-        fail(
-            ValueError,
-            where,
-            "seed",
-            seed,
-            f"in [0, {2**32 - 2**16})",
-            "NumPy takes 32-bit seeds (and seed_per_rank adds the process index).",
-        )
-    for name, value in (
-        ("seed_per_rank", arguments.seed_per_rank),
-        ("deterministic", arguments.deterministic),
-    ):
-        check_bool(where, name, value, expected="True or False", fix=f"Pass {name}=True.")
-    benchmark = arguments.cudnn_benchmark
-    expected = "True, False or None"
-    check_bool(
-        where, "cudnn_benchmark", benchmark, allow_none=True, expected=expected, fix="Pass True."
-    )
-    if benchmark and arguments.deterministic:
-        fail(
-            ValueError,
-            where,
-            "cudnn_benchmark",
-            benchmark,
-            "False or None with deterministic=True",
-            "cuDNN's benchmark picks algorithms by timing, which is not deterministic.",
-        )
-    if arguments.seed_per_rank and arguments.seed is None:
-        fail(ValueError, where, "seed_per_rank", True, "False without a seed", "Pass seed=...")
-    check_positive_int(where, "auto_scale_lr", arguments.auto_scale_lr, allow_none=True)
-    if arguments.skip_failing_batches is not None:
-        skip_policy(where, arguments.skip_failing_batches)
-    check_choice(where, "on_oom", arguments.on_oom, ON_OOM, ON_OOM_FIX)
-    if arguments.on_oom == "split" and arguments.skip_failing_batches is not None:
-        fail(
-            ValueError,
-            where,
-            "on_oom",
-            "split",
-            "'raise' with skip_failing_batches",
-            "Both would handle a failing step: split it on out-of-memory, or skip it; pass one.",
-        )
-
-
-def _check_resume(where: str, arguments: TrainArguments, trainer: Trainer) -> None:
-    """Check ``resume_from``, and ``resume_optimizer``/``_scheduler`` (False only to resume)."""
-    if not isinstance(arguments.resume_from, (str, os.PathLike, type(None))):
-        fail(
-            TypeError,
-            where,
-            "resume_from",
-            arguments.resume_from,
-            "a directory path, 'latest' or None",
-            "Pass the directory of a training state, e.g. resume_from='states/updates-00001000'.",
-        )
-    for name, value in (
-        ("resume_optimizer", arguments.resume_optimizer),
-        ("resume_scheduler", arguments.resume_scheduler),
-    ):
-        check_bool(where, name, value, expected="True or False", fix=f"Pass {name}=False.")
-        if not value and arguments.resume_from is None:
-            fail(
-                ValueError,
-                where,
-                name,
-                value,
-                "True without resume_from",
-                "It chooses what a resumed run loads: pass resume_from=..., or leave it out.",
-            )
-
-
-def _check_dry_run(where: str, arguments: TrainArguments, trainer: Trainer) -> None:
-    """Check ``dry_run`` and ``overfit_batches``."""
-    dry_run = arguments.dry_run
-    if not isinstance(dry_run, bool):
-        check_positive_int(where, "dry_run", dry_run)
-    overfit = arguments.overfit_batches
-    check_positive_int(where, "overfit_batches", overfit, allow_none=True)
-    if dry_run and overfit is not None:
-        fail(
-            ValueError,
-            where,
-            "overfit_batches",
-            overfit,
-            "None with dry_run",
-            "Run one of them: a dry run checks the pipeline, an overfit run trains.",
-        )
-    for kind, fix in (
-        (DataLoader, "Pass the dataset: the overfit run builds its own unshuffled subset of it."),
-        (
-            IterableDataset,
-            "A stream has no first batches to come back to: overfit a map-style dataset.",
-        ),
-    ):
-        if overfit is not None and isinstance(arguments.train_dataset, kind):
-            article = "an" if kind is IterableDataset else "a"
-            expected = f"None when train_dataset is {article} {kind.__name__}"
-            fail(ValueError, where, "overfit_batches", overfit, expected, fix)
+def _at_default(value: object, default: object) -> bool:
+    """Whether an argument is its default: the same value of one type (``0`` is not ``False``)."""
+    return value is default or (type(value) is type(default) and value == default)
 
 
 def _check_train_data(where: str, arguments: TrainArguments, trainer: Trainer) -> None:
@@ -512,7 +329,7 @@ def _check_train_data(where: str, arguments: TrainArguments, trainer: Trainer) -
         **common,
     )
     if arguments.eval_dataset is not None:
-        _check_eval_data(
+        check_eval_data(
             where,
             "eval_dataset",
             arguments.eval_dataset,
@@ -521,7 +338,7 @@ def _check_train_data(where: str, arguments: TrainArguments, trainer: Trainer) -
         )
 
 
-def _check_eval_data(where: str, name: str, data: object, **settings: object) -> list[Any]:
+def check_eval_data(where: str, name: str, data: object, **settings: object) -> list[Any]:
     """Check one eval set, or a mapping of named ones, and their loader ``settings``; list them."""
     sets = named_eval_sets(where, name, data)
     for set_name, one in sets.items():
@@ -659,64 +476,6 @@ def check_dataloader_settings(
             )
 
 
-_PREDICT_REFUSED = {
-    "shuffle": "Predictions come back in the dataset's order; leave shuffle out.",
-    "drop_last": "predict() returns an output for every sample; leave drop_last out.",
-}
-"""``DataLoader`` arguments ``predict`` refuses, with the fix of each."""
-
-
-def predict_dataloader(
-    data: Any,
-    per_device_batch_size: int | None,
-    dataloader_kwargs: Mapping[str, Any] | None,
-    collate_fn: Callable[..., Any] | None,
-    preparation: Preparation,
-    keep_outputs: object = True,
-    default_batch_size: int = 8,
-) -> DataLoader[Any]:
-    """Check ``Trainer.predict``'s arguments; return the user's dataloader or build one."""
-    where = "Trainer.predict"
-    check_bool(where, "keep_outputs", keep_outputs)
-    check_dataloader_settings(
-        where,
-        data,
-        data_name="data",
-        per_device_batch_size=per_device_batch_size,
-        dataloader_kwargs=dataloader_kwargs,
-        collate_fn=collate_fn,
-    )
-    if isinstance(data, DataLoader):
-        if isinstance(data.sampler, RandomSampler):
-            fail(
-                ValueError,
-                where,
-                "data",
-                "a shuffled DataLoader",
-                "a DataLoader that is not shuffled",
-                "Predictions come back in the dataloader's order: build it with shuffle=False.",
-            )
-        if data.drop_last:
-            fail(
-                ValueError,
-                where,
-                "data",
-                "a DataLoader with drop_last=True",
-                "a DataLoader that keeps every sample",
-                "predict() returns an output for every sample: build it with drop_last=False.",
-            )
-        return data
-    check_sized_dataset(where, "data", data)
-    batch_size = default_batch_size if per_device_batch_size is None else per_device_batch_size
-    check_positive_int(where, "per_device_batch_size", batch_size)
-    check_mapping(where, "dataloader_kwargs", dataloader_kwargs)
-    for key, why in _PREDICT_REFUSED.items():
-        if (dataloader_kwargs or {}).get(key):
-            fail(ValueError, where, f"dataloader_kwargs[{key!r}]", True, "False", why)
-    defaults = preparation.default_dl_kwargs(data, batch_size, shuffle=False, collate_fn=collate_fn)
-    return DataLoader(data, **merge_dataloader_kwargs(defaults, dataloader_kwargs))
-
-
 def _check_optimizer_fits(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Reject a model with nothing to train, or an optimizer over another model's parameters."""
     own = {id(parameter) for parameter in model.parameters()}
@@ -734,56 +493,6 @@ def _check_optimizer_fits(model: nn.Module, optimizer: torch.optim.Optimizer) ->
             "the model, so nothing would train. Build it from this model, e.g. "
             "torch.optim.AdamW(model.parameters())."
         )
-
-
-def created_scheduler(factory: Any, optimizer: Any, run_config: TrainerRunConfig | None) -> Any:
-    """Call ``create_scheduler_fn`` (placeholders resolved); check what it returned.
-
-    Raises:
-        TypeError: If it cannot be called with the optimizer.
-        ValueError: If it returned ``None``, or a ``OneCycleLR`` shorter than the run.
-    """
-    where = "Trainer.train"
-    try:
-        scheduler = factory(optimizer)
-    except TypeError as error:
-        raise TypeError(
-            f"{where}: create_scheduler_fn could not be called with the optimizer ({error}). "
-            "It must take the optimizer as its one positional argument, e.g. "
-            "functools.partial(StepLR, step_size=10)."
-        ) from error
-    if scheduler is None:
-        fail(
-            ValueError,
-            where,
-            "create_scheduler_fn's result",
-            None,
-            "a scheduler",
-            "Return the scheduler from the function, e.g. lambda opt: StepLR(opt, 10).",
-        )
-    if not callable(getattr(scheduler, "step", None)):
-        fail(
-            TypeError,
-            where,
-            "create_scheduler_fn's result",
-            scheduler,
-            "a scheduler (an object with a step() method)",
-            "Return a scheduler built on the optimizer it receives, e.g. "
-            "functools.partial(StepLR, step_size=10).",
-        )
-    total = getattr(scheduler, "total_steps", None)
-    needed = None if run_config is None else run_config.total_num_update_steps
-    if isinstance(total, int) and needed is not None and total < needed:
-        fail(
-            ValueError,
-            where,
-            f"{type(scheduler).__name__}.total_steps",
-            total,
-            f"at least this run's {needed} optimizer updates",
-            "It would fail at the update after its last step. Build it from placeholders, e.g. "
-            "total_steps=TrainerPlaceholderValues.TOTAL_NUM_UPDATE_STEPS.",
-        )
-    return scheduler
 
 
 def suggest_arguments(method: Callable[P, R]) -> Callable[P, R]:
@@ -826,9 +535,9 @@ TRAIN_CHECKS: dict[str, TrainCheck] = {
         expected="True or False",
         fix="Pass reset_run_history=False to continue the run history of earlier calls.",
     ),
-    "resume_from": _check_resume,
-    "resume_optimizer": _check_resume,
-    "resume_scheduler": _check_resume,
+    "resume_from": check_resume,
+    "resume_optimizer": check_resume,
+    "resume_scheduler": check_resume,
     "train_dataset": _check_train_data,
     "num_epochs": _check_train_data,
     "max_num_train_steps": _check_train_data,
@@ -839,24 +548,24 @@ TRAIN_CHECKS: dict[str, TrainCheck] = {
     "train_dataloader_kwargs": _one(check_mapping, "train_dataloader_kwargs"),
     "eval_dataloader_kwargs": _one(check_mapping, "eval_dataloader_kwargs"),
     "gradient_accumulation_steps": _one(check_positive_int, "gradient_accumulation_steps"),
-    "gradient_clip_value": _check_clipping,
-    "max_grad_norm": _check_clipping,
+    "gradient_clip_value": check_clipping,
+    "max_grad_norm": check_clipping,
     "create_scheduler_fn": _one(
         check_callable,
         "create_scheduler_fn",
         "Pass a function optimizer -> scheduler, e.g. functools.partial(StepLR, step_size=10).",
     ),
     "collate_fn": _one(check_callable, "collate_fn", "Pass a function or None."),
-    "run_name": _check_run_name,
-    "seed": _check_run_setup,
-    "seed_per_rank": _check_run_setup,
-    "deterministic": _check_run_setup,
-    "cudnn_benchmark": _check_run_setup,
-    "auto_scale_lr": _check_run_setup,
-    "skip_failing_batches": _check_run_setup,
-    "on_oom": _check_run_setup,
-    "dry_run": _check_dry_run,
-    "overfit_batches": _check_dry_run,
+    "run_name": check_run_name,
+    "seed": check_run_setup,
+    "seed_per_rank": check_run_setup,
+    "deterministic": check_run_setup,
+    "cudnn_benchmark": check_run_setup,
+    "auto_scale_lr": check_run_setup,
+    "skip_failing_batches": check_run_setup,
+    "on_oom": check_run_setup,
+    "dry_run": check_dry_run,
+    "overfit_batches": check_dry_run,
 }
 """The checks of ``train()``'s arguments, one entry per argument, run in this order.
 

@@ -1,26 +1,27 @@
-"""The exchanges of logged values between processes, and what they refuse.
+"""What ``Trainer.log`` takes, and how logged values cross processes; used once something is logged.
 
-``read_reduced`` combines values across processes and reads them once; ``read_with_logged``
-adds a span's logged values (``tracking.LoggedValues``) to an exchange made anyway, in a
-section of a fixed size with a fingerprint of their names, so that processes which logged
-different names raise (``refuse_different_names``) instead of combining by position or
-waiting; ``refuse_negative_weights`` refuses the loss weights (token counts) that the epoch's
-loss exchange found negative or NaN (issue 41).
+``check_weight`` and ``checked_value`` check what is logged; ``read_with_logged`` adds a span's
+logged values (``tracking.LoggedValues``) to an exchange made anyway, in a section of a fixed
+size with a fingerprint of their names, so that processes which logged different names raise
+(``refuse_different_names``) instead of combining by position or waiting.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
 
+from pytorch_accel._checks import fail
 from pytorch_accel.distributed import (
     gather_objects,
     gather_rows,
     group_size,
-    reduce_across_processes,
+    read_reduced,
+    reduction_dtype,
 )
 
 
@@ -41,26 +42,11 @@ class LoggedValues(Protocol):
 
 __all__ = [
     "DEFAULT_LOGGED_CAPACITY",
-    "read_reduced",
+    "check_weight",
+    "checked_value",
     "read_with_logged",
-    "reduction_dtype",
     "refuse_different_names",
-    "refuse_negative_weights",
 ]
-
-
-def reduction_dtype(device: torch.device) -> torch.dtype:
-    """The dtype to sum metrics in on ``device``: float64, or float32 on MPS (which has none)."""
-    return torch.float32 if device.type == "mps" else torch.float64
-
-
-def read_reduced(
-    parts: Sequence[Any], reductions: Sequence[str], device: torch.device
-) -> list[float]:
-    """Stack ``parts`` on ``device``, combine them across processes and read them: once each."""
-    dtype = reduction_dtype(device)
-    packed = torch.stack([torch.as_tensor(part).to(device, dtype) for part in parts])
-    return reduce_across_processes(packed, reductions).tolist()
 
 
 DEFAULT_LOGGED_CAPACITY = 16
@@ -148,19 +134,53 @@ def refuse_different_names(logged: LoggedValues, fingerprints: Sequence[int], sp
     )
 
 
-def refuse_negative_weights(smallest: Sequence[float], kind: str, loss_name: str) -> None:
-    """Raise on every process if a loss weight of the epoch was negative or NaN (per process)."""
-    bad = [
-        f"process {rank}: {value}" if len(smallest) > 1 else str(value)
-        for rank, value in enumerate(smallest)
-        if not value >= 0
-    ]
-    if bad:
-        where = "Trainer.train" if kind == "train" else "Trainer.evaluate"
-        raise ValueError(
-            f"{where}: batch_output['num_items'] (a dict batch's 'num_items_in_batch'), the "
-            f"count each batch's loss is weighted by, must be at least 0; the smallest in this "
-            f"{kind} epoch ({loss_name}) was {', '.join(bad)}. Return the number of loss "
-            "elements the batch's loss is the mean of, e.g. (labels != -100).sum() for a token "
-            "loss (a tensor 'batch_size' is checked the same way)."
+def check_weight(where: str, weight: object) -> None:
+    """Refuse a weight that is not a number at least 0 (a tensor's value is not read)."""
+    fix = "Pass e.g. weight=batch_size (weight=0 for a process with nothing to report)."
+    if isinstance(weight, torch.Tensor):
+        if weight.numel() != 1 or weight.is_complex():
+            fail(ValueError, where, "weight", weight, "a one-element tensor or a number", fix)
+        return
+    if type(weight) is not int and (
+        isinstance(weight, bool) or not isinstance(weight, numbers.Real)
+    ):
+        fail(TypeError, where, "weight", weight, "a number", fix)
+    if not float(weight) >= 0 or not math.isfinite(weight):  # NaN fails both
+        fail(ValueError, where, "weight", weight, "a finite number at least 0", fix)
+
+
+def checked_value(where: str, name: object, value: object, device: torch.device) -> Any:
+    """``value`` as logged: a detached one-element tensor, or a float on ``device``."""
+    if type(name) is not str or not name:
+        fail(
+            TypeError if not isinstance(name, str) else ValueError,
+            where,
+            "name",
+            name,
+            "a non-empty str",
+            "Pass e.g. trainer.log('aux_loss', aux).",
         )
+    if name == "loss":
+        fail(
+            ValueError,
+            where,
+            "name",
+            name,
+            "a name other than 'loss'",
+            "The trainer records the loss itself (train_loss_epoch, eval_loss_epoch); log a "
+            "part of it under its own name, e.g. 'main_loss'.",
+        )
+    if isinstance(value, torch.Tensor):
+        if (value.ndim and value.numel() != 1) or value.is_complex():
+            fail(
+                ValueError,
+                where,
+                name,
+                value,
+                "a real scalar (a one-element tensor)",
+                "Reduce it first, e.g. value.mean(), or log each element under its own name.",
+            )
+        return value.data
+    if isinstance(value, numbers.Real):
+        return torch.full((), float(value), device=device)
+    fail(TypeError, where, name, value, "a number or a one-element tensor", "Log a scalar.")

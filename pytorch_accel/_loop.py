@@ -45,25 +45,25 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from accelerate.utils import concatenate, send_to_device, slice_tensors
 
-from pytorch_accel._batches import AccumulationPlan, without_count
+from pytorch_accel._batches import AccumulationPlan
 from pytorch_accel._checks import (
     check_batch_output,
-    check_predict_outputs,
     explain_backward_failure,
-    explain_unconcatenated_outputs,
     fail,
     shape_mismatches_raise,
+)
+from pytorch_accel._dict_batches import without_count
+from pytorch_accel._peer_failures import announce_failure, lost_peer_error
+from pytorch_accel._predictions import (
+    check_predict_outputs,
+    explain_unconcatenated_outputs,
+    pad_to_longest,
 )
 from pytorch_accel._resumable import enter_epoch
 from pytorch_accel._state import Preparation, PreparedTrainer, TrainerState, fewer_batches
 from pytorch_accel.callback import ProgressEvents
 from pytorch_accel.dataloaders import epoch_batches, eval_set_prefix
-from pytorch_accel.distributed import (
-    AgreedFlag,
-    announce_failure,
-    lost_peer_error,
-    synchronise_replicas,
-)
+from pytorch_accel.distributed import AgreedFlag, synchronise_replicas
 from pytorch_accel.errors import StopTrainingError
 from pytorch_accel.failing_batches import SKIPPED, SKIPPED_OUTPUT, is_empty_batch
 from pytorch_accel.run_config import TrainerRunConfig
@@ -576,7 +576,7 @@ class Loop:
             output_device: Where each gathered batch is moved (``None``: where it is).
             keep: Keep and return the outputs concatenated; ``False`` returns ``None``.
             policy: ``skip_failing_batches``.
-            pad_value: Pad outputs along their second dimension to one length (``_padding``).
+            pad_value: Pad outputs along their second dimension to one length (``_predictions``).
         """
         self._outputs, self._pad_value = ([] if keep else None), pad_value
         model = self._trainer.model
@@ -597,8 +597,6 @@ class Loop:
             return None
         try:
             if pad_value is not None:
-                from pytorch_accel._padding import pad_to_longest
-
                 outputs = pad_to_longest(outputs, pad_value)
             return concatenate(outputs)
         except Exception as error:  # every batch is computed: keep them all in the error

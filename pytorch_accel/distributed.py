@@ -8,15 +8,11 @@ by raising ``StopTrainingError``; the trainer agrees on it at fixed points (see
 ``pytorch_accel._loop``), a callback that agrees itself uses an ``AgreedFlag``. Metric values
 are combined with ``reduce_across_processes``: one collective per logging point, on the device.
 
-When one process fails alone (an error in its step), the others cannot learn it without a
-collective: they learn it at their next one, which fails once the failed process has exited
-(its connections close). ``announce_failure`` leaves the failed process's error in the process
-group's store first, so that ``lost_peer_error`` can name it on every other process.
+A failure on one process is named on the others by ``_peer_failures``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import warnings
 from collections.abc import Mapping, Sequence
@@ -38,7 +34,6 @@ from pytorch_accel._checks import fail
 __all__ = [
     "AgreedFlag",
     "agreement_group",
-    "announce_failure",
     "apply_fsdp_request",
     "broadcast_buffers",
     "check_world_size",
@@ -49,12 +44,12 @@ __all__ = [
     "gather_rows",
     "group_size",
     "launcher_world_size",
-    "lost_peer_error",
     "main_process_object",
     "needs_cpu_distributed",
     "process_rank",
+    "read_reduced",
     "reduce_across_processes",
-    "remove_padding",
+    "reduction_dtype",
     "synchronise_replicas",
 ]
 
@@ -317,18 +312,6 @@ def main_process_object(value: Any) -> Any:
     return shared[0]
 
 
-_FAILURE_KEY = "pytorch_accel/failed/"
-"""The store key under which a failed process leaves its error (its rank appended)."""
-
-_LOST_PEER_SIGNS = (
-    "connection reset by peer",
-    "connection closed by peer",
-    "broken pipe",
-    "connection refused",
-)
-"""What gloo's errors say when a process at the other end of a collective has gone."""
-
-
 def group_size() -> int:
     """The number of processes in the default process group (1 without one)."""
     if not (dist.is_available() and dist.is_initialized()):
@@ -361,57 +344,6 @@ def gather_objects(value: Any) -> list[Any]:
     gathered: list[Any] = [None] * group_size()
     dist.all_gather_object(gathered, value)
     return gathered
-
-
-def announce_failure(error: BaseException) -> None:
-    """Leave this process's error in the process group's store, for ``lost_peer_error``.
-
-    Called on the way out of a failed run (no collective); does nothing in one process, and
-    never raises (a store that cannot be reached only costs the others the error's name).
-    """
-    if group_size() == 1:
-        return
-    with contextlib.suppress(Exception):
-        store = dist.distributed_c10d._get_default_store()
-        text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-        store.set(f"{_FAILURE_KEY}{dist.get_rank()}", text[:1000])
-
-
-def lost_peer_error(where: str, error: BaseException) -> RuntimeError | None:
-    """The clear error for a collective that failed because another process ended, or ``None``.
-
-    ``error`` is what this process's collective raised (gloo: "Connection reset by peer"); the
-    error names the processes that failed and their errors where they announced them
-    (``announce_failure``).
-
-    Args:
-        where: The entry point, e.g. ``"Trainer.train"``.
-        error: The exception that ended this process's run.
-    """
-    size = group_size()
-    text = str(error).lower()
-    if size == 1 or not (
-        isinstance(error, dist.DistError)
-        or (isinstance(error, RuntimeError) and any(sign in text for sign in _LOST_PEER_SIGNS))
-    ):
-        return None
-    rank, failures = dist.get_rank(), []
-    with contextlib.suppress(Exception):
-        store = dist.distributed_c10d._get_default_store()
-        for other in range(size):
-            key = f"{_FAILURE_KEY}{other}"
-            if other != rank and store.check([key]):
-                failures.append(f"process {other}: {store.get(key).decode(errors='replace')}")
-    cause = (
-        "; ".join(failures) + " (its traceback is in its own output)"
-        if failures
-        else "another process ended (its own output says why)"
-    )
-    return RuntimeError(
-        f"{where}: process {rank} stopped because the run failed on another process: {cause}. "
-        f"This process lost it during a collective ({type(error).__name__}), so it cannot go "
-        "on; fix the other process's error and start the run again."
-    )
 
 
 REDUCTIONS = ("mean", "sum", "max", "min")
@@ -457,6 +389,20 @@ def reduce_across_processes(
 def _mask(reductions: Sequence[str], name: str, like: torch.Tensor) -> torch.Tensor:
     """Where ``reductions`` is ``name``, as a bool tensor on ``like``'s device."""
     return torch.tensor([reduction == name for reduction in reductions]).to(like.device)
+
+
+def reduction_dtype(device: torch.device) -> torch.dtype:
+    """The dtype to sum metrics in on ``device``: float64, or float32 on MPS (which has none)."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+def read_reduced(
+    parts: Sequence[Any], reductions: Sequence[str], device: torch.device
+) -> list[float]:
+    """Stack ``parts`` on ``device``, combine them across processes and read them: once each."""
+    dtype = reduction_dtype(device)
+    packed = torch.stack([torch.as_tensor(part).to(device, dtype) for part in parts])
+    return reduce_across_processes(packed, reductions).tolist()
 
 
 def synchronise_replicas(model: torch.nn.Module) -> None:
@@ -505,22 +451,3 @@ def broadcast_buffers(model: torch.nn.Module) -> None:
                 size = buffer.numel()
                 buffer.copy_(flat[offset : offset + size].view_as(buffer))
                 offset += size
-
-
-def remove_padding(padded_tensor: torch.Tensor, pad_value: float) -> torch.Tensor:
-    """Drop the rows of a gathered tensor that consist of padding only.
-
-    After ``Trainer.gather(..., padding_value=pad_value)``, the rows that are ``pad_value``
-    everywhere are the padding.
-
-    Args:
-        padded_tensor: The tensor, padded along its first dimension.
-        pad_value: The padding value.
-
-    Returns:
-        The rows that hold anything but padding.
-    """
-    padding = padded_tensor == pad_value
-    while padding.ndim > 1:
-        padding = padding.all(dim=-1)
-    return padded_tensor[~padding]

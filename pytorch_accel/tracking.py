@@ -36,13 +36,18 @@ from accelerate.utils import send_to_device
 from pytorch_accel._checks import fail
 from pytorch_accel._logged_exchange import (
     DEFAULT_LOGGED_CAPACITY,
-    read_reduced,
+    check_weight,
+    checked_value,
     read_with_logged,
-    reduction_dtype,
     refuse_different_names,
-    refuse_negative_weights,
 )
-from pytorch_accel.distributed import REDUCTIONS, group_size, process_rank
+from pytorch_accel.distributed import (
+    REDUCTIONS,
+    group_size,
+    process_rank,
+    read_reduced,
+    reduction_dtype,
+)
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -550,6 +555,24 @@ def logged_name(loss_name: str, name: str) -> str:
     return loss_name.replace("loss", name, 1) if "loss" in loss_name else f"{loss_name}_{name}"
 
 
+def refuse_negative_weights(smallest: Sequence[float], kind: str, loss_name: str) -> None:
+    """Raise on every process if a loss weight of the epoch was negative or NaN (per process)."""
+    bad = [
+        f"process {rank}: {value}" if len(smallest) > 1 else str(value)
+        for rank, value in enumerate(smallest)
+        if not value >= 0
+    ]
+    if bad:
+        where = "Trainer.train" if kind == "train" else "Trainer.evaluate"
+        raise ValueError(
+            f"{where}: batch_output['num_items'] (a dict batch's 'num_items_in_batch'), the "
+            f"count each batch's loss is weighted by, must be at least 0; the smallest in this "
+            f"{kind} epoch ({loss_name}) was {', '.join(bad)}. Return the number of loss "
+            "elements the batch's loss is the mean of, e.g. (labels != -100).sum() for a token "
+            "loss (a tensor 'batch_size' is checked the same way)."
+        )
+
+
 BATCH_OUTPUT_KEYS = frozenset(
     {"loss", "model_outputs", "batch_size", "num_items", "num_items_in_batch"}
 )
@@ -658,10 +681,10 @@ class LoggedMetrics:
             fail(TypeError, where, "metrics", metrics, "a dict", "Pass e.g. {'aux_loss': aux}.")
         if reduce not in REDUCTIONS:
             fail(ValueError, where, "reduce", reduce, f"one of {REDUCTIONS}", "Pass reduce='mean'.")
-        _check_weight(where, weight)
+        check_weight(where, weight)
         values = self._epochs[-1][1] if self._epochs else LoggedValues()
         for name, value in metrics.items():
-            checked = _checked_value(where, name, value, device)
+            checked = checked_value(where, name, value, device)
             logged = values.reduction_of(name)
             if logged is not None and logged != reduce:
                 fail(
@@ -704,58 +727,6 @@ class LoggedMetrics:
         """Add a value to ``values`` and, in a training epoch, to each open interval."""
         for span in [values, *(self._intervals if self.in_training_epoch else ())]:
             span.update(name, value, reduce, weight)
-
-
-def _check_weight(where: str, weight: object) -> None:
-    """Refuse a weight that is not a number at least 0 (a tensor's value is not read)."""
-    fix = "Pass e.g. weight=batch_size (weight=0 for a process with nothing to report)."
-    if isinstance(weight, torch.Tensor):
-        if weight.numel() != 1 or weight.is_complex():
-            fail(ValueError, where, "weight", weight, "a one-element tensor or a number", fix)
-        return
-    if type(weight) is not int and (
-        isinstance(weight, bool) or not isinstance(weight, numbers.Real)
-    ):
-        fail(TypeError, where, "weight", weight, "a number", fix)
-    if not float(weight) >= 0 or not math.isfinite(weight):  # NaN fails both
-        fail(ValueError, where, "weight", weight, "a finite number at least 0", fix)
-
-
-def _checked_value(where: str, name: object, value: object, device: torch.device) -> Any:
-    """``value`` as logged: a detached one-element tensor, or a float on ``device``."""
-    if type(name) is not str or not name:
-        fail(
-            TypeError if not isinstance(name, str) else ValueError,
-            where,
-            "name",
-            name,
-            "a non-empty str",
-            "Pass e.g. trainer.log('aux_loss', aux).",
-        )
-    if name == "loss":
-        fail(
-            ValueError,
-            where,
-            "name",
-            name,
-            "a name other than 'loss'",
-            "The trainer records the loss itself (train_loss_epoch, eval_loss_epoch); log a "
-            "part of it under its own name, e.g. 'main_loss'.",
-        )
-    if isinstance(value, torch.Tensor):
-        if (value.ndim and value.numel() != 1) or value.is_complex():
-            fail(
-                ValueError,
-                where,
-                name,
-                value,
-                "a real scalar (a one-element tensor)",
-                "Reduce it first, e.g. value.mean(), or log each element under its own name.",
-            )
-        return value.data
-    if isinstance(value, numbers.Real):
-        return torch.full((), float(value), device=device)
-    fail(TypeError, where, name, value, "a number or a one-element tensor", "Log a scalar.")
 
 
 def _as_device_tensor(sizes: list[int | torch.Tensor], like: torch.Tensor) -> torch.Tensor:

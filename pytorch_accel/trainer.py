@@ -19,7 +19,9 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from pytorch_accel import _entry_checks as checks
-from pytorch_accel._batches import dict_batch_loss, inputs_and_targets, predictions_of
+from pytorch_accel import _inference_checks as inference_checks
+from pytorch_accel._batches import inputs_and_targets
+from pytorch_accel._dict_batches import dict_batch_loss, predictions_of
 from pytorch_accel._loop import Loop
 from pytorch_accel._state import Preparation, TrainerState
 from pytorch_accel.callback import CallbackHandler, CallbackLike, announces_exceptions
@@ -123,10 +125,10 @@ class Trainer:
         self.optimizer = optimizer
         self.callback_handler = self._create_callback_handler(callbacks)
         self.run_history: RunHistory = run_history or InMemoryRunHistory()
-        self._accelerator = self._create_accelerator()
+        self._accelerator = accelerator = self._create_accelerator()
         apply_fsdp_request(self._accelerator, self._accelerator_kwargs.get("fsdp_plugin"))
         checks.check_accelerator(self._accelerator)
-        self._run_directory = RunDirectory(output_dir, self._accelerator)
+        self._run_directory = None if output_dir is None else RunDirectory(output_dir, accelerator)
         self.scheduler: Any = None
         self.create_scheduler_fn: Callable[[torch.optim.Optimizer], Any] | None = None
         self.collate_fn: Callable[..., Any] | None = None
@@ -147,7 +149,7 @@ class Trainer:
 
     def _create_callback_handler(self, callbacks: Iterable[CallbackLike]) -> CallbackHandler:
         """Create the ``CallbackHandler`` (with ``PYTORCH_ACCEL_LIMIT_BATCHES``'s callback)."""
-        from pytorch_accel.callbacks.defaults import with_environment_callbacks
+        from pytorch_accel.default_callbacks import with_environment_callbacks
 
         return CallbackHandler(with_environment_callbacks(callbacks), events=self.custom_events)
 
@@ -168,7 +170,7 @@ class Trainer:
     @property
     def run_dir(self) -> Path | None:
         """``<output_dir>/<run name>``, where callbacks keep their default files; ``None``: none."""
-        return self._run_directory.path
+        return None if self._run_directory is None else self._run_directory.path
 
     @property
     def train_dataloader(self) -> DataLoader[Any] | None:
@@ -209,8 +211,7 @@ class Trainer:
 
         It counts the update in progress from ``on_optimizer_step_end`` on, so the scheduler
         step of the k-th update sees ``k`` (1-based). Assigning it (as pytorch-accelerated's
-        timm examples do) sets what it reads (``None``: the count again); the loop keeps
-        counting.
+        timm examples do) sets what it reads (``None``: the count); the loop keeps counting.
         """
         assigned = self._assigned_num_updates
         return self._state.num_updates if assigned is None else assigned
@@ -365,7 +366,7 @@ class Trainer:
 
             run_dry_or_overfit(self, arguments)  # train() again, with the run's settings
             return
-        if (run_directory := self._run_directory).output_dir is not None:
+        if (run_directory := self._run_directory) is not None:
             run_directory.start_training(self.callback_handler.callbacks, run_name, resume_from)
         apply_randomness(arguments, self._accelerator)
         self.create_scheduler_fn, self.collate_fn = create_scheduler_fn, collate_fn
@@ -427,9 +428,9 @@ class Trainer:
         """
         dataset = self.eval_dataset if dataset is None else dataset
         arguments = (dataset, per_device_batch_size, dataloader_kwargs, collate_fn, metric_prefix)
-        checks.check_evaluate_arguments(self, Trainer, *arguments)
+        inference_checks.check_evaluate_arguments(self, Trainer, *arguments)
         self.collate_fn, self._train_dl_kwargs, batch_size = collate_fn, {}, per_device_batch_size
-        if self._run_directory.output_dir is not None:
+        if self._run_directory is not None:
             self._run_directory.place(self.callback_handler.callbacks)
         loaders = self._preparation.build_eval_dataloaders(
             self, dataset, batch_size or self._state.eval_batch_size, dataloader_kwargs
@@ -490,10 +491,10 @@ class Trainer:
         """
         checks.check_trainer_settings("Trainer.predict", self)
         if pad_value is not None:
-            from pytorch_accel._padding import check_pad_value
+            from pytorch_accel._predictions import check_pad_value
 
             check_pad_value(pad_value)
-        loader = checks.predict_dataloader(
+        loader = inference_checks.predict_dataloader(
             data,
             per_device_batch_size,
             dataloader_kwargs,
@@ -602,8 +603,7 @@ class Trainer:
     def backward_step(self, loss: torch.Tensor) -> None:
         """Run the backward pass of an already scaled loss (through ``accelerator.backward``).
 
-        Where ``accelerator.backward`` would only call ``loss.backward()``, that is called
-        directly.
+        Where ``accelerator.backward`` would only call ``loss.backward()``, that is called.
         """
         if self._preparation.direct_optimizer is None:
             self._accelerator.backward(loss)

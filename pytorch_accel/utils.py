@@ -18,8 +18,8 @@ from accelerate.state import PartialState
 from torch import nn
 
 from pytorch_accel.callbacks.limit_batches import LIMIT_BATCHES_ENV_VAR, LimitBatches
+from pytorch_accel.compat import remove_padding
 from pytorch_accel.dataloaders import worker_init_fn
-from pytorch_accel.distributed import remove_padding
 
 __all__ = [
     "LIMIT_BATCHES_ENV_VAR",

@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "pytorch_accel._checks",
             "pytorch_accel._batches",
+            "pytorch_accel._dict_batches",
             "pytorch_accel.errors",
             "pytorch_accel.events",
             "pytorch_accel.callback",
@@ -35,18 +36,20 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.checks",
             "pytorch_accel.files",
             "pytorch_accel.distributed",
+            "pytorch_accel._peer_failures",
             "pytorch_accel.tracking",
             "pytorch_accel._logged_exchange",
             "pytorch_accel.placeholders",
             "pytorch_accel._checkpointing",
             "pytorch_accel.dataloaders",
+            "pytorch_accel._stored_items",
             "pytorch_accel.training_state",
             "pytorch_accel.finetuning",
             "pytorch_accel.schedulers",
             "pytorch_accel.failing_batches",
             "pytorch_accel.micro_batches",
             "pytorch_accel.run_config",
-            "pytorch_accel._padding",
+            "pytorch_accel._predictions",
         ),
     ),
     (
@@ -67,6 +70,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel",
             "pytorch_accel.compat",
             "pytorch_accel._entry_checks",
+            "pytorch_accel._option_checks",
+            "pytorch_accel._inference_checks",
             "pytorch_accel.trainer",
             "pytorch_accel.timm_trainer",
             "pytorch_accel.export",
@@ -75,7 +80,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     ("tools", ("pytorch_accel.tools",)),
-    ("catalogue", ("pytorch_accel.callbacks", "pytorch_accel.utils")),
+    (
+        "catalogue",
+        ("pytorch_accel.callbacks", "pytorch_accel.default_callbacks", "pytorch_accel.utils"),
+    ),
 )
 
 LAYER_ROLES = {
@@ -98,7 +106,9 @@ LAYER_ROLES = {
         "properties, the overridable step methods and hooks (the dataloader hooks among them), "
         "and saving and loading checkpoints and training states. The checks of the entry "
         "points' arguments and data (`_entry_checks`, `train()`'s in a table with one entry "
-        "per argument); every pytorch-accelerated name that is not the project's own "
+        "per argument, those of optional features in `_option_checks`, run only for arguments "
+        "not at their defaults; `_inference_checks`: `evaluate()`'s and `predict()`'s); every "
+        "pytorch-accelerated name that is not the project's own "
         "(`compat`: the trainer module's extra names, `Trainer`'s private attributes); "
         "exporting a model in the ecosystem's formats, `Trainer.save_model` (`export`, "
         "imported by the method); activation checkpointing as one switch, called on a model "
@@ -130,18 +140,23 @@ LAYER_ROLES = {
         "layers above and callbacks see of a trainer (`protocols`: "
         "`TrainerLike`, `StepMethods`, `DataHooks`); the value checks and their one message "
         "format (`_checks`); what a batch holds and how it is weighted (`_batches`: "
-        "`(inputs, targets)` or a dict of the model's keyword arguments, and the token-exact "
-        "weighting of accumulation windows); the one agreement between processes "
-        "(`distributed.AgreedFlag`); what a run reports (`tracking`: run history, loss "
-        "tracking, logged values and the package's rank-aware logger; `_logged_exchange`: how "
-        "logged values cross processes, and names or weights that differ refused); the run's "
+        "`(inputs, targets)`, and the token-exact weighting of accumulation windows; "
+        "`_dict_batches`: a dict of the model's keyword arguments, whose output may carry its "
+        "loss); the one agreement between processes "
+        "(`distributed.AgreedFlag`), and a failure on one process named on the others "
+        "(`_peer_failures`); what a run reports (`tracking`: run history, loss "
+        "tracking, logged values and the package's rank-aware logger; `_logged_exchange`, used "
+        "once something is logged: what `Trainer.log` takes, and how logged values cross "
+        "processes, names that differ refused); the run's "
         "configuration (`run_config`: `train()`'s arguments bound once to its signature, "
         "`TrainArguments`, the `TrainerRunConfig` built from them, and the set-up `train()` "
         "applies before the loop: seeding, determinism, scaling the learning rate); the step "
         "guards' "
         "policies (`failing_batches`, `micro_batches`); placeholders, checkpoint and "
         "training-state files (`_checkpointing`: the one atomic writer, safe loader and "
-        "model/optimizer fit check), schedulers. None of it knows the loop or the trainer."
+        "model/optimizer fit check), schedulers; what `predict()` returns (`_predictions`: "
+        "outputs checked, padded to one length, concatenated). None of it knows the loop or "
+        "the trainer."
     ),
 }
 """What each layer holds: the last column of the generated table in docs/architecture.md."""
@@ -181,7 +196,7 @@ _DESERIALISERS = {"torch", "pickle", "safetensors", "accelerate_safe_load", "saf
 # callbacks (imported when a trainer is created) and the tools behind ``Trainer.find_lr``,
 # ``Trainer.find_batch_size`` and ``train(dry_run=...)`` (imported when called).
 WIRING = {
-    ("pytorch_accel.trainer", "pytorch_accel.callbacks.defaults"),
+    ("pytorch_accel.trainer", "pytorch_accel.default_callbacks"),
     ("pytorch_accel.trainer", "pytorch_accel.tools._dry_run"),
     ("pytorch_accel.trainer", "pytorch_accel.tools.batch_size_search"),
     ("pytorch_accel.trainer", "pytorch_accel.tools.lr_finder"),
@@ -323,7 +338,7 @@ def test_no_import_circle_even_counting_type_only_imports() -> None:
 # Catalogue modules that still import a private module outside the catalogue, and why.
 PRIVATE_IMPORTS_OF_THE_CATALOGUE = {
     # on every Trainer(): the public re-exports would add modules to a plain run
-    "pytorch_accel.callbacks.defaults": {"pytorch_accel._checks"},
+    "pytorch_accel.default_callbacks": {"pytorch_accel._checks"},
     "pytorch_accel.callbacks.save_state": {"pytorch_accel._checkpointing.store"},
 }
 
@@ -333,7 +348,10 @@ def test_the_catalogue_imports_public_modules() -> None:
     modules = all_modules()
     found: dict[str, set[str]] = {}
     for name, path in modules.items():
-        if not name.startswith("pytorch_accel.callbacks."):
+        if (
+            not name.startswith("pytorch_accel.callbacks.")
+            and name != "pytorch_accel.default_callbacks"
+        ):
             continue
         for item in imports_of(name, path.read_text(), set(modules)):
             inside = item.target.startswith("pytorch_accel.callbacks")
@@ -359,9 +377,9 @@ def test_the_circle_rule() -> None:
         ("pytorch_accel._loop", "pytorch_accel.trainer", False, False),
         ("pytorch_accel._loop", "pytorch_accel.trainer", True, False),
         ("pytorch_accel._loop", "pytorch_accel.protocols", True, True),
-        ("pytorch_accel._checkpointing.resume", "pytorch_accel.callbacks.defaults", True, False),
+        ("pytorch_accel._checkpointing.resume", "pytorch_accel.default_callbacks", True, False),
         ("pytorch_accel.trainer", "pytorch_accel.callbacks.save_state", False, False),
-        ("pytorch_accel.trainer", "pytorch_accel.callbacks.defaults", False, True),
+        ("pytorch_accel.trainer", "pytorch_accel.default_callbacks", False, True),
         ("pytorch_accel.trainer", "pytorch_accel.tools.lr_finder", False, True),
         ("pytorch_accel._state", "pytorch_accel._entry_checks", True, False),
         ("pytorch_accel.tools.lr_finder", "pytorch_accel.trainer", True, True),

@@ -11,15 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pytorch_accel.callback import CallbackHandler, TrainerCallback
-    from pytorch_accel.callbacks.defaults import (
-        DEFAULT_CALLBACKS,
-        LogMetricsCallback,
-        MoveModulesToDeviceCallback,
-        PrintProgressCallback,
-        ProgressBarCallback,
-        TerminateOnNaNCallback,
-        get_default_callbacks,
-    )
     from pytorch_accel.callbacks.early_stopping import EarlyStoppingCallback
     from pytorch_accel.callbacks.ema import EMA_METRIC_PREFIX, ModelEmaCallback
     from pytorch_accel.callbacks.health import GradientHealthCallback
@@ -48,6 +39,15 @@ if TYPE_CHECKING:
     from pytorch_accel.callbacks.time_budget import TimeBudgetCallback
     from pytorch_accel.callbacks.trackers import TrackingCallback
     from pytorch_accel.callbacks.wsd_checkpoint import WSDCheckpointCallback
+    from pytorch_accel.default_callbacks import (
+        DEFAULT_CALLBACKS,
+        LogMetricsCallback,
+        MoveModulesToDeviceCallback,
+        PrintProgressCallback,
+        ProgressBarCallback,
+        TerminateOnNaNCallback,
+        get_default_callbacks,
+    )
     from pytorch_accel.errors import CallbackMethodNotImplementedError, StopTrainingError
     from pytorch_accel.outputs import DefaultPath, RunPaths, redirected_paths
 
@@ -98,8 +98,9 @@ _HOMES = {
     "pytorch_accel.callback": "CallbackHandler TrainerCallback",
     "pytorch_accel.outputs": "DefaultPath RunPaths redirected_paths",
     "pytorch_accel.errors": "CallbackMethodNotImplementedError StopTrainingError",
-    ".defaults": "DEFAULT_CALLBACKS LogMetricsCallback MoveModulesToDeviceCallback "
-    "PrintProgressCallback ProgressBarCallback TerminateOnNaNCallback get_default_callbacks",
+    "pytorch_accel.default_callbacks": "DEFAULT_CALLBACKS LogMetricsCallback "
+    "MoveModulesToDeviceCallback PrintProgressCallback ProgressBarCallback "
+    "TerminateOnNaNCallback get_default_callbacks",
     ".early_stopping": "EarlyStoppingCallback",
     ".ema": "EMA_METRIC_PREFIX ModelEmaCallback",
     ".health": "GradientHealthCallback",

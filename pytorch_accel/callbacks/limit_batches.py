@@ -3,7 +3,7 @@
 Thin aliases over the one mechanism, the trainer's ``limit_train_batches`` and
 ``limit_eval_batches`` (see ``pytorch_accel._state.fewer_batches``): the callback sets them when
 a trainer is created, and ``PYTORCH_ACCEL_LIMIT_BATCHES`` (or the ``LimitBatches`` block that
-sets it) makes new trainers get the callback (``callbacks.defaults`` wires it in).
+sets it) makes new trainers get the callback (``default_callbacks`` wires it in).
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@
   what the property reads, with a deprecation warning (``warn_assigned_num_updates``).
 - The private attributes of pytorch-accelerated's ``Trainer`` that its examples and
   callbacks read (``TRAINER_ATTRIBUTES``), as read-only aliases (``with_ported_attributes``).
+- ``remove_padding``, pytorch-accelerated's helper for tensors gathered with padding (served by
+  ``pytorch_accel.trainer`` and ``pytorch_accel.utils``).
 
 The other modules pytorch-accelerated users import keep their paths (``pytorch_accel.trainer``,
 ``callbacks``, ``tracking``, ``run_config``, ``finetuning``, ``utils``, ``schedulers``), and
@@ -23,6 +25,8 @@ import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import torch
+
 if TYPE_CHECKING:
     from pytorch_accel.callback import CallbackLike
 
@@ -30,20 +34,21 @@ __all__ = [
     "TRAINER_ATTRIBUTES",
     "TRAINER_MODULE_NAMES",
     "DefaultCallbacks",
+    "remove_padding",
     "trainer_module_attribute",
     "warn_assigned_num_updates",
     "with_ported_attributes",
 ]
 
 TRAINER_MODULE_NAMES = {
-    "DEFAULT_CALLBACKS": "pytorch_accel.callbacks.defaults",
-    "LogMetricsCallback": "pytorch_accel.callbacks.defaults",
-    "MoveModulesToDeviceCallback": "pytorch_accel.callbacks.defaults",
-    "PrintProgressCallback": "pytorch_accel.callbacks.defaults",
-    "ProgressBarCallback": "pytorch_accel.callbacks.defaults",
-    "TerminateOnNaNCallback": "pytorch_accel.callbacks.defaults",
+    "DEFAULT_CALLBACKS": "pytorch_accel.default_callbacks",
+    "LogMetricsCallback": "pytorch_accel.default_callbacks",
+    "MoveModulesToDeviceCallback": "pytorch_accel.default_callbacks",
+    "PrintProgressCallback": "pytorch_accel.default_callbacks",
+    "ProgressBarCallback": "pytorch_accel.default_callbacks",
+    "TerminateOnNaNCallback": "pytorch_accel.default_callbacks",
     "TrainerWithTimmScheduler": "pytorch_accel.timm_trainer",
-    "remove_padding": "pytorch_accel.distributed",
+    "remove_padding": "pytorch_accel.compat",
     "set_seed": "accelerate.utils",
     "worker_init_fn": "pytorch_accel.dataloaders",
 }
@@ -102,3 +107,22 @@ def warn_assigned_num_updates() -> None:
         DeprecationWarning,
         stacklevel=3,
     )
+
+
+def remove_padding(padded_tensor: torch.Tensor, pad_value: float) -> torch.Tensor:
+    """Drop the rows of a gathered tensor that consist of padding only.
+
+    After ``Trainer.gather(..., padding_value=pad_value)``, the rows that are ``pad_value``
+    everywhere are the padding.
+
+    Args:
+        padded_tensor: The tensor, padded along its first dimension.
+        pad_value: The padding value.
+
+    Returns:
+        The rows that hold anything but padding.
+    """
+    padding = padded_tensor == pad_value
+    while padding.ndim > 1:
+        padding = padding.all(dim=-1)
+    return padded_tensor[~padding]

@@ -20,7 +20,8 @@ import torch
 from accelerate.utils import DistributedType
 from torch import nn
 
-from pytorch_accel._batches import dict_batch_loss, inputs_and_targets, predictions_of
+from pytorch_accel._batches import inputs_and_targets
+from pytorch_accel._dict_batches import dict_batch_loss, predictions_of
 
 if TYPE_CHECKING:
     from pytorch_accel.protocols import TrainerLike

@@ -56,7 +56,7 @@ class ToolTrainer(PreparedTrainer, Protocol):
 
     _state: TrainerState
     _preparation: Preparation
-    _run_directory: RunDirectory
+    _run_directory: RunDirectory | None
 
 
 def run_dry_or_overfit(trainer: ToolTrainer, arguments: TrainArguments) -> bool:
@@ -117,7 +117,8 @@ def trial_run(trainer: ToolTrainer, num_batches: int) -> Iterator[Path]:
         with Snapshot.taken(trainer), contextlib.ExitStack() as stack:
             stack.enter_context(fewer_batches(trainer, num_batches))
             directory = stack.enter_context(_temporary_directory(trainer))
-            stack.enter_context(trainer._run_directory.set_aside(directory / "run", callbacks))
+            if trainer._run_directory is not None:
+                stack.enter_context(trainer._run_directory.set_aside(directory / "run", callbacks))
             for index, callback in enumerate(callbacks):
                 if isinstance(callback, TrainerCallback):
                     own = directory / "callbacks" / f"{index}-{type(callback).__name__}"

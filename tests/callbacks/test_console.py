@@ -13,7 +13,7 @@ from torch import nn
 
 from pytorch_accel import Trainer
 from pytorch_accel.callbacks import EarlyStoppingCallback, PrintProgressCallback, TrainerCallback
-from pytorch_accel.callbacks.defaults import format_duration
+from pytorch_accel.default_callbacks import format_duration
 
 
 def console_lines(caplog: pytest.LogCaptureFixture) -> list[str]:

@@ -210,7 +210,8 @@ def test_log_metrics_logs_each_metric_once_at_the_end_of_its_phase() -> None:
 def test_callbacks_that_print_nothing_are_pointed_out_once(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pytorch_accel.callbacks import EarlyStoppingCallback, defaults
+    from pytorch_accel import default_callbacks as defaults
+    from pytorch_accel.callbacks import EarlyStoppingCallback
 
     monkeypatch.setattr(defaults, "_said_silent", False)
     with caplog.at_level(logging.INFO, logger="pytorch_accel"):

@@ -1,0 +1,187 @@
+"""What ``predict()`` returns: each batch's outputs checked, padded to one length, concatenated.
+
+``check_predict_outputs`` refuses, after the first batch, outputs that could never be
+concatenated on their first dimension; ``explain_unconcatenated_outputs`` names why the
+batches did not concatenate, keeping them all (``PredictOutputsError``).
+
+``predict(..., pad_value=...)``: each tensor of the batches' outputs (nested in lists, tuples
+and mappings, the same structure in every batch) with a second dimension is padded at the end
+of that dimension, with ``pad_value``, to the longest of that output over all batches, so the
+batches concatenate on the first. Across processes, each batch is padded before it is gathered
+(``accelerator.pad_across_processes``, in the loop).
+"""
+
+from __future__ import annotations
+
+import itertools
+import numbers
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NoReturn
+
+import torch
+
+from pytorch_accel._checks import fail
+from pytorch_accel.errors import PredictOutputsError
+
+__all__ = [
+    "SEQUENCE_DIM",
+    "check_pad_value",
+    "check_predict_outputs",
+    "explain_unconcatenated_outputs",
+    "pad_to_longest",
+]
+
+SEQUENCE_DIM = 1
+"""The dimension padded: the sequence dimension of batch-first outputs ``(batch, length, ...)``."""
+
+
+def check_pad_value(value: object) -> None:
+    """Refuse a ``pad_value`` that is not a real number.
+
+    Raises:
+        TypeError: Naming the argument, the value and the fix.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        fail(
+            TypeError,
+            "Trainer.predict",
+            "pad_value",
+            value,
+            "a number or None",
+            "Pass the value to pad outputs of varying lengths with, e.g. pad_value=-100 or "
+            "pad_value=float('nan'); None (the default) pads nothing.",
+        )
+
+
+def pad_to_longest(batches: list[Any], value: float) -> list[Any]:
+    """Return ``batches`` with each output padded along ``SEQUENCE_DIM`` to its longest."""
+    longest: dict[int, int] = {}
+    for batch in batches:
+        for index, leaf in enumerate(_tensors(batch)):
+            if leaf.ndim > SEQUENCE_DIM:
+                longest[index] = max(longest.get(index, 0), leaf.shape[SEQUENCE_DIM])
+
+    def pad(index: int, leaf: torch.Tensor) -> torch.Tensor:
+        if leaf.ndim <= SEQUENCE_DIM or leaf.shape[SEQUENCE_DIM] >= longest[index]:
+            return leaf
+        shape = list(leaf.shape)
+        shape[SEQUENCE_DIM] = longest[index] - leaf.shape[SEQUENCE_DIM]
+        return torch.cat([leaf, leaf.new_full(shape, value)], dim=SEQUENCE_DIM)
+
+    return [_rebuild(batch, pad, itertools.count()) for batch in batches]
+
+
+def _tensors(outputs: Any) -> Iterator[torch.Tensor]:
+    """The tensors of nested lists, tuples and mappings, depth first."""
+    if isinstance(outputs, torch.Tensor):
+        yield outputs
+    elif isinstance(outputs, Mapping):
+        for item in outputs.values():
+            yield from _tensors(item)
+    elif isinstance(outputs, (list, tuple)):
+        for item in outputs:
+            yield from _tensors(item)
+
+
+def _rebuild(
+    outputs: Any, pad: Callable[[int, torch.Tensor], torch.Tensor], indices: Iterator[int]
+) -> Any:
+    """``outputs`` with each tensor replaced by ``pad(its index in _tensors order, tensor)``."""
+    if isinstance(outputs, torch.Tensor):
+        return pad(next(indices), outputs)
+    if isinstance(outputs, Mapping):
+        return type(outputs)({k: _rebuild(v, pad, indices) for k, v in outputs.items()})  # type: ignore[call-arg]
+    if isinstance(outputs, (list, tuple)):
+        items = [_rebuild(item, pad, indices) for item in outputs]
+        return type(outputs)(*items) if hasattr(outputs, "_fields") else type(outputs)(items)
+    return outputs
+
+
+_PREDICT_FIX = (
+    "Return a tensor with the batch dimension first (one row per sample), or a list, tuple or "
+    "dict of such tensors; or pass keep_outputs=False and collect each batch's outputs in a "
+    "callback's on_predict_step_end (its `predictions` argument)."
+)
+
+
+def check_predict_outputs(outputs: Any, method: str = "calculate_predict_batch") -> None:
+    """Raise if one batch's outputs could not be concatenated on their first dimension.
+
+    ``predict`` keeps tensors with one row per sample, or lists, tuples and dicts of them.
+    Called on the first batch (before the others are computed) when the outputs are kept.
+    """
+    for path, leaf in _leaves(outputs, "its output"):
+        if isinstance(leaf, torch.Tensor) and leaf.ndim > 0:
+            continue
+        shown = repr(leaf) if len(repr(leaf)) <= 60 else repr(leaf)[:57] + "..."
+        if isinstance(leaf, torch.Tensor):
+            raise ValueError(
+                f"Trainer.predict: {method} returned a 0-d tensor as {path} ({shown}), one value "
+                "for the whole batch (a mean?), but predict() concatenates the batches' outputs "
+                f"on their first dimension, one row per sample. {_PREDICT_FIX} Stopped after "
+                "the first batch."
+            )
+        raise TypeError(
+            f"Trainer.predict: {method} returned a {type(leaf).__name__} as {path} ({shown}), "
+            "but predict() concatenates tensors only, on their first dimension. "
+            f"{_PREDICT_FIX} Stopped after the first batch."
+        )
+
+
+def explain_unconcatenated_outputs(
+    batches: list[Any], error: Exception, method: str = "calculate_predict_batch"
+) -> NoReturn:
+    """Raise ``PredictOutputsError``, keeping ``batches``, after their concatenation failed.
+
+    Names the first batch whose outputs differ from the first batch's, and how.
+    """
+    first = dict(_leaves(batches[0], "the output"))
+    detail = f"they could not be concatenated ({error})"
+    for index, batch in enumerate(batches[1:], start=1):
+        leaves = dict(_leaves(batch, "the output"))
+        if leaves.keys() != first.keys():
+            detail = (
+                f"batch {index}'s outputs have another structure than batch 0's ({len(leaves)} "
+                f"tensor(s) against {len(first)}; a list or tuple is a structure of outputs, each "
+                "concatenated on its own, not a list of samples)"
+            )
+            break
+        shapes = [
+            (path, tuple(leaf.shape), tuple(first[path].shape))
+            for path, leaf in leaves.items()
+            if isinstance(leaf, torch.Tensor) and isinstance(first[path], torch.Tensor)
+        ]
+        differing = [shape for shape in shapes if shape[1][1:] != shape[2][1:]]
+        if differing:
+            path, shape, first_shape = differing[0]
+            detail = (
+                f"{path} has shape {shape} in batch {index} and {first_shape} in batch 0: its "
+                "dimensions after the first differ between batches (sequences of varying length? "
+                "pass pad_value=... to pad their second dimension)"
+            )
+            break
+    raise PredictOutputsError(
+        f"Trainer.predict: the outputs of the {len(batches)} batches could not be concatenated "
+        f"on their first dimension: {detail}. Nothing is lost: this error's `batches` attribute "
+        "holds every batch's outputs, in order (`except PredictOutputsError as error: "
+        f"error.batches`). Pad them to one shape in {method} (with a value that suits your "
+        "outputs), or pass keep_outputs=False and write each batch out in a callback's "
+        "on_predict_step_end.",
+        batches,
+    ) from error
+
+
+def _leaves(outputs: Any, path: str) -> Iterator[tuple[str, Any]]:
+    """Each leaf of nested lists, tuples and mappings, with its path (``outputs["x"][0]``)."""
+    if isinstance(outputs, Mapping):
+        for key, value in outputs.items():
+            yield from _leaves(value, f"{_root(path)}[{key!r}]")
+    elif isinstance(outputs, (list, tuple)):
+        for index, value in enumerate(outputs):
+            yield from _leaves(value, f"{_root(path)}[{index}]")
+    else:
+        yield path, outputs
+
+
+def _root(path: str) -> str:
+    return "outputs" if path.startswith(("its ", "the ")) else path
