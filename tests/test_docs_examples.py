@@ -76,7 +76,7 @@ trainer = Trainer(model, loss_func, optimizer)
 FENCE = re.compile(r"^( *)```python\n(.*?)^\1```$", re.DOTALL | re.MULTILINE)
 SETUP = re.compile(r"^<!-- docs-test: setup\n(.*?)^-->$", re.DOTALL | re.MULTILINE)
 BLOCK_MARKER = re.compile(r"<!-- docs-test: (skip|alone|raises|epochs) (.+?) -->\n *$")
-ANY_MARKER = re.compile(r"<!-- docs-test: (\w+)")
+ANY_MARKER = re.compile(r"^ *<!-- docs-test: (\w+)", re.MULTILINE)  # prose may name one
 KNOWN_MARKERS = {"setup", "skip", "alone", "raises", "epochs"}
 
 
@@ -183,7 +183,9 @@ def test_the_markers_are_known_and_every_skip_has_a_reason() -> None:
         text = page.read_text()
         unknown = set(ANY_MARKER.findall(text)) - KNOWN_MARKERS
         assert not unknown, f"{page.name}: unknown docs-test markers {unknown}"
-        for match in re.finditer(r"<!-- docs-test: (skip|alone|raises|epochs)(.*?)-->", text):
+        for match in re.finditer(
+            r"^ *<!-- docs-test: (skip|alone|raises|epochs)(.*?)-->", text, re.MULTILINE
+        ):
             assert match.group(2).strip(), f"{page.name}: a {match.group(1)} marker without value"
             following = text[match.end() :]
             assert re.match(r"\n *```python", following), (
