@@ -51,6 +51,42 @@ A prediction run, ``predict()``, fires:
         on_predict_step_end          (with the batch's gathered ``predictions``)
     on_predict_run_end
 
+Saving and loading fire, on every process, inside the method that saves or loads:
+
+    Trainer.save_training_state:  on_save_training_state
+    Trainer.load_training_state:  on_load_training_state
+    train(resume_from=...):       on_load_training_state  (before on_training_run_start)
+    Trainer.save_checkpoint:      on_save_checkpoint
+    Trainer.load_checkpoint:      on_load_checkpoint
+
+(``save_checkpoint`` and the others are the trainer's methods that fire these events, not
+hooks run before them.) ``SaveTrainingStateCallback`` saves through ``save_training_state``;
+``SaveBestModelCallback``, ``ModelEmaCallback`` and ``WSDCheckpointCallback`` save through
+``save_checkpoint``, so these events fire inside theirs.
+
+- ``on_save_training_state`` receives ``directory``, the hidden directory the state is being
+  written in, and ``output_dir``, where it is published once complete. It fires once this
+  process's files of the trainer are in ``directory`` (in a background save,
+  ``blocking=False``, as soon as they are staged in host memory: the trainer's files may still
+  be being written) and before the manifest is written: a file a callback writes into
+  ``directory`` then is covered by the manifest's digests, verified before the state is loaded
+  again, and a file changed afterwards makes the state refused. Write a file under a name of
+  your own (per process, e.g. with ``trainer.accelerator.process_index`` in it, when every
+  process writes one); a ``.pt``, ``.pkl`` or ``.bin`` file must load with
+  ``torch.load(..., weights_only=True)``. An exception raised here abandons the save on every
+  process.
+- ``on_load_training_state`` receives ``directory``, the state just loaded (verified, and its
+  files, a callback's included, checked against the manifest), after the model, optimizer,
+  random states, run history and update counts were loaded. Random numbers drawn in either
+  training-state event change none of the run's random states (a resume stays exact).
+- ``on_save_checkpoint`` receives ``checkpoint``, the dict about to be written (with
+  ``model_state_dict`` and the other entries; an entry a callback adds to it is saved, and
+  must be a tensor, number, string or container of them), and ``path``. The main process's
+  dict is written.
+- ``on_load_checkpoint`` receives ``checkpoint``, the whole dict just loaded (what
+  ``load_checkpoint`` returns, a callback's entries included), and ``path``, after the model,
+  optimizer and scheduler states were loaded.
+
 What happens at each point:
 
 - ``on_optimizer_step_start`` fires after gradients were unscaled (mixed precision) and clipped,
@@ -150,8 +186,12 @@ BUILTIN_EVENTS: tuple[str, ...] = (
     "on_predict_run_end",
     "on_stop_training_error",
     "on_exception",
+    "on_save_training_state",
+    "on_load_training_state",
+    "on_save_checkpoint",
+    "on_load_checkpoint",
 )
-"""Every event the trainer fires, roughly in the order of a training run."""
+"""Every event the trainer fires: a training run's, roughly in order, then saves and loads."""
 
 PROGRESS_EVENTS: tuple[str, ...] = ("on_train_progress", "on_eval_progress")
 """The events that report an epoch's progress now and then (with ``steps_done``)."""

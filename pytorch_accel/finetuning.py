@@ -6,6 +6,7 @@ or checkpoint file into a model whose head (or other parts) differ, and reports 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
@@ -19,6 +20,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from pytorch_accel._checkpointing.checkpoint import read_tensors_file
 from pytorch_accel._checks import check_bool, fail
+from pytorch_accel.tracking import setup_logging
 
 __all__ = [
     "BN_MODULES",
@@ -290,26 +292,44 @@ def load_pretrained_weights(
     strict: bool = False,
     key_prefix_map: Mapping[str, str] | None = None,
     skip: Iterable[str] | None = None,
+    key: str | None = None,
 ) -> LoadResult:
     """Load pretrained weights into `model`, leaving out what does not fit, and report it.
 
-    1. The source keys are renamed with `key_prefix_map` (the longest matching prefix wins).
-    2. Keys starting with a prefix in `skip` are left out (`skipped_keys`).
-    3. Keys the model lacks are left out (`unexpected_keys`), and so are tensors whose shape
+    1. The weights are found in `source`: a state dict as it is; in a checkpoint dict, the
+       entry `key`, or else the first of `model_state_dict` (`Trainer.save_checkpoint`),
+       `state_dict` (Lightning, timm), `model` (torchvision's and many research scripts),
+       `module` (DeepSpeed) that is a state dict. An entry other than `model_state_dict` is
+       named in an `INFO` log line.
+    2. The source keys are renamed with `key_prefix_map` (the longest matching prefix wins).
+       Without one, a prefix that every source key has and the model's keys do not (a
+       LightningModule's attribute, `model.`; DDP's `module.`; `torch.compile`'s
+       `_orig_mod.`) is removed when that makes more keys fit, and named in an `INFO` log
+       line; `key_prefix_map={}` keeps the keys as they are.
+    3. Keys starting with a prefix in `skip` are left out (`skipped_keys`).
+    4. Keys the model lacks are left out (`unexpected_keys`), and so are tensors whose shape
        differs from the model's (`mismatched`), e.g. a classifier with another class count.
-    4. The rest is loaded in place (the model's parameters stay the same objects).
+       A model key the source lacks is missing (`missing_keys`) unless its weight is tied to
+       a loaded one (a language model's `lm_head.weight`, which `save_pretrained` leaves out).
+    5. The rest is loaded in place (the model's parameters stay the same objects).
+
+    Nothing in a file can run code: `torch.load(..., weights_only=True)`, or safetensors.
 
     Args:
         model: The model to load into (unwrapped: `trainer.get_model()`, not the DDP wrapper).
-        source: A state dict, or a file written by `Trainer.save_checkpoint` (its
-            `model_state_dict` is used) or by `torch.save(model.state_dict(), path)`, read
-            with `torch.load(..., weights_only=True)`; or a `.safetensors` file, read with
-            the safetensors package. A local path: a URL is refused (download it first).
+        source: A state dict or a checkpoint dict, or the path of a file or directory: a
+            `torch.save` file (`.pt`, `.pth`, `.bin`, a Lightning `.ckpt`), a `.safetensors`
+            file, or a directory written by `save_pretrained` or `Trainer.save_model`
+            (`model.safetensors`, its shards with `model.safetensors.index.json`, or
+            `pytorch_model.bin`). A local path: a URL is refused (download it first).
         strict: Raise instead of loading if any key is missing, unexpected or mismatched
             (keys in `skip` are allowed).
-        key_prefix_map: `{old_prefix: new_prefix}`, e.g. `{"module.": ""}` to drop a DDP
-            prefix or `{"": "backbone."}` to add one.
+        key_prefix_map: `{old_prefix: new_prefix}`, e.g. `{"model.": ""}` to drop a
+            LightningModule's attribute, `{"module.": ""}` a DDP prefix, or
+            `{"": "backbone."}` to add one.
         skip: Key prefixes (model names, after renaming) not to load, e.g. `["head."]`.
+        key: The entry of a checkpoint dict that holds the weights, e.g. `"state_dict_ema"`
+            (timm's EMA weights); `None`: found as in step 1.
 
     Returns:
         A `LoadResult`; `result.summary()` describes it.
@@ -317,9 +337,9 @@ def load_pretrained_weights(
     Raises:
         TypeError: If an argument has the wrong type.
         FileNotFoundError: If `source` is a path to no file.
-        ValueError: If `source` is a URL, if the file cannot be read or holds no state dict,
-            if two keys are renamed to the same key, or (`strict`) if the weights do not fit
-            the model.
+        ValueError: If `source` is a URL, if the file cannot be read or holds no state dict
+            (or no entry `key`), if two keys are renamed to the same key, or (`strict`) if the
+            weights do not fit the model.
 
     Example:
         ```python
@@ -344,8 +364,14 @@ def load_pretrained_weights(
         prefixes = tuple(skip)
         if not all(isinstance(prefix, str) for prefix in prefixes):
             fail(TypeError, where, "skip", skip, "a list of str key prefixes", _FIX_SKIP)
-    state = _rename(_read_state_dict(source), key_prefix_map or {})
-    result, to_load = _match(model.state_dict(), state, prefixes)
+    if key is not None and not isinstance(key, str):
+        fail(TypeError, where, "key", key, "a str or None", 'Pass e.g. key="state_dict".')
+    model_state = model.state_dict()
+    state = _weights_in(_read_source(source), key, _origin(source))
+    if key_prefix_map is None:
+        state = _without_wrapper_prefix(state, model_state)
+    state = _rename(state, key_prefix_map or {})
+    result, to_load = _match(model_state, state, prefixes)
     if strict and (result.missing_keys or result.unexpected_keys or result.mismatched):
         raise ValueError(
             "load_pretrained_weights: the weights do not fit the model (strict=True); nothing "
@@ -359,10 +385,15 @@ _FIX_MAP = 'Pass e.g. key_prefix_map={"module.": ""}.'
 _FIX_SKIP = 'Pass e.g. skip=["head."] (a list, even for one prefix).'
 
 
-def _read_state_dict(source: object) -> dict[str, torch.Tensor]:
-    """Return the state dict held by `source` (a mapping or a file)."""
+def _origin(source: object) -> str:
+    """How messages name ``source``."""
+    return repr(os.fspath(source)) if isinstance(source, (str, os.PathLike)) else "source"
+
+
+def _read_source(source: object) -> Any:
+    """Return what `source` holds: the mapping itself, or a file's (or directory's) contents."""
     if isinstance(source, Mapping):
-        return _as_state_dict(source, "source")
+        return source
     if not isinstance(source, (str, os.PathLike)):
         fail(
             TypeError,
@@ -382,16 +413,130 @@ def _read_state_dict(source: object) -> dict[str, torch.Tensor]:
             f"load_pretrained_weights(model, {name!r})."
         )
     path = Path(source)
+    if path.is_dir():
+        return _read_directory(path)
     if path.suffix == ".safetensors":
-        return _as_state_dict(_read_safetensors(path), repr(str(path)))
-    loaded = read_tensors_file(path, "load_pretrained_weights")
-    if isinstance(loaded, Mapping) and "model_state_dict" in loaded:
-        loaded = loaded["model_state_dict"]
-    return _as_state_dict(loaded, repr(str(path)))
+        return _read_safetensors(path)
+    try:
+        return read_tensors_file(path, "load_pretrained_weights")
+    except ValueError as error:
+        if "Weights only load failed" not in str(error):
+            raise
+        raise ValueError(
+            f"{error} If it is a checkpoint you trust whose other entries hold objects (a "
+            "Lightning checkpoint's hyper_parameters, say), save its weights alone first, in a "
+            f"separate step: torch.save(torch.load({str(path)!r}, weights_only=False)"
+            '["state_dict"], "weights.pt").'
+        ) from error
+
+
+def _read_directory(path: Path) -> Any:
+    """The weights of a ``save_pretrained`` (or ``Trainer.save_model``) directory."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            shards = sorted(set(weight_map.values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise ValueError(
+                f"load_pretrained_weights: {str(index)!r} is not a safetensors index (a "
+                f"'weight_map' of tensor names to shard files): {error!r}."
+            ) from error
+        state: dict[str, torch.Tensor] = {}
+        for shard in shards:
+            if not isinstance(shard, str) or Path(shard).name != shard:
+                raise ValueError(  # nothing is read outside the directory
+                    f"load_pretrained_weights: {str(index)!r} names the shard {shard!r}, which "
+                    "is not a file name in its directory."
+                )
+            state.update(_read_safetensors(path / shard))
+        return state
+    if (path / "model.safetensors").is_file():
+        return _read_safetensors(path / "model.safetensors")
+    if (path / "pytorch_model.bin").is_file():
+        return read_tensors_file(path / "pytorch_model.bin", "load_pretrained_weights")
+    raise FileNotFoundError(
+        f"load_pretrained_weights: the directory {str(path)!r} holds none of "
+        "model.safetensors, model.safetensors.index.json and pytorch_model.bin. Pass the "
+        "weights file itself (a PEFT adapter directory loads with PeftModel.from_pretrained)."
+    )
 
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 """A URL (``https://``, ``s3://``, ``hf://``...), which is not a local path."""
+
+_WEIGHT_KEYS = {
+    "model_state_dict": "",
+    "state_dict": " (a Lightning or timm checkpoint)",
+    "model": " (a torchvision-style checkpoint)",
+    "module": " (a DeepSpeed checkpoint)",
+}
+"""The entries of a checkpoint dict that hold the weights, looked for in this order."""
+
+
+def _is_state_dict(candidate: Any) -> bool:
+    return isinstance(candidate, Mapping) and all(
+        isinstance(name, str) and isinstance(value, torch.Tensor)
+        for name, value in candidate.items()
+    )
+
+
+def _weights_in(loaded: Any, key: str | None, origin: str) -> dict[str, torch.Tensor]:
+    """The state dict in `loaded`: itself, its entry `key`, or a known entry (logged)."""
+    where = "load_pretrained_weights"
+    entries = ", ".join(sorted(map(str, loaded))[:20]) if isinstance(loaded, Mapping) else ""
+    if key is not None:
+        if not isinstance(loaded, Mapping) or key not in loaded:
+            raise ValueError(
+                f"{where}: {origin} has no entry key={key!r}; its entries: "
+                f"{entries or 'none (it is not a dict)'}. Pass the entry that holds the "
+                "weights, or key=None to find them."
+            )
+        if not _is_state_dict(loaded[key]):
+            raise ValueError(
+                f"{where}: the entry key={key!r} of {origin} is not a state dict (a mapping of "
+                f"str to tensors); its entries: {entries}. Pass the entry that holds the weights."
+            )
+        return dict(loaded[key])
+    if _is_state_dict(loaded):
+        return dict(loaded)
+    for name, layout in _WEIGHT_KEYS.items() if isinstance(loaded, Mapping) else ():
+        if _is_state_dict(loaded.get(name)):
+            if name != "model_state_dict":
+                setup_logging().info(
+                    f"load_pretrained_weights: {origin} holds its weights under {name!r}"
+                    f"{layout}; loading those (key=... picks another entry)."
+                )
+            return dict(loaded[name])
+    raise ValueError(
+        f"{where}: {origin} is not a state dict (a mapping of str to tensors), nor a checkpoint "
+        f"with one under {', '.join(map(repr, _WEIGHT_KEYS))}"
+        + (f" (its entries: {entries})" if entries else "")
+        + ". Pass key='<the entry that holds the weights>', model.state_dict(), or a file "
+        "written by Trainer.save_checkpoint or torch.save(model.state_dict(), path)."
+    )
+
+
+def _without_wrapper_prefix(
+    state: dict[str, torch.Tensor], model_state: Mapping[str, Any]
+) -> dict[str, torch.Tensor]:
+    """Remove a prefix every key has (``model.``, ``module.``) while that makes more keys fit."""
+    for _ in range(3):  # e.g. Lightning's model. around DDP's module.
+        heads = {name.split(".", 1)[0] for name in state}
+        if len(heads) != 1 or not all("." in name for name in state):
+            break
+        prefix = f"{heads.pop()}."
+        stripped = {name[len(prefix) :]: value for name, value in state.items()}
+        fitting = sum(name in model_state for name in stripped)
+        if fitting <= sum(name in model_state for name in state):
+            break
+        setup_logging().info(
+            f"load_pretrained_weights: removed the prefix {prefix!r} that every source key has, "
+            f"so that {fitting} of the model's {len(model_state)} keys fit (key_prefix_map={{}} "
+            "keeps the keys as they are)."
+        )
+        state = stripped
+    return state
 
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -413,19 +558,6 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
             f"{where}: {str(path)!r} could not be read as a safetensors file ({error}). "
             "Pass a complete .safetensors file, or a torch.save file under another suffix."
         ) from error
-
-
-def _as_state_dict(candidate: Any, origin: str) -> dict[str, torch.Tensor]:
-    is_state_dict = isinstance(candidate, Mapping) and all(
-        isinstance(key, str) and isinstance(value, torch.Tensor) for key, value in candidate.items()
-    )
-    if not is_state_dict:
-        raise ValueError(
-            f"load_pretrained_weights: {origin} is not a state dict (a mapping of str to "
-            "tensors) nor a checkpoint with a 'model_state_dict'. Pass model.state_dict() or a "
-            "file written by Trainer.save_checkpoint or torch.save(model.state_dict(), path)."
-        )
-    return dict(candidate)
 
 
 def _rename(state: dict[str, torch.Tensor], prefix_map: Mapping[str, str]) -> dict[str, Any]:
@@ -464,8 +596,21 @@ def _match(
         else:
             to_load[key] = value
     not_missing = {*to_load, *(item.key for item in mismatched)}
-    missing = [k for k in model_state if k not in not_missing and not k.startswith(skip)]
+    # a weight tied to a loaded one (lm_head.weight, which save_pretrained leaves out) is loaded
+    tied = {_storage(model_state[k]) for k in to_load} - {None}
+    missing = [
+        k
+        for k in model_state
+        if k not in not_missing and not k.startswith(skip) and _storage(model_state[k]) not in tied
+    ]
     result = LoadResult(
         tuple(to_load), tuple(missing), tuple(unexpected), tuple(skipped), tuple(mismatched)
     )
     return result, to_load
+
+
+def _storage(tensor: torch.Tensor) -> tuple[int, tuple[int, ...]] | None:
+    """Where a tensor's values are (``None``: nowhere to share), to find tied weights."""
+    if tensor.numel() == 0 or tensor.device.type == "meta":
+        return None
+    return (tensor.data_ptr(), tuple(tensor.shape))

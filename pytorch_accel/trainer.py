@@ -792,7 +792,8 @@ class Trainer:
 
         The file holds ``model_state_dict`` (unwrapped model), ``optimizer_state_dict`` and
         ``scheduler_state_dict`` when asked for and present, and ``checkpoint_kwargs``; a
-        failed save leaves the previous file intact. Every process must call this.
+        failed save leaves the previous file intact. Every process must call this; callbacks'
+        ``on_save_checkpoint`` may add entries first.
 
         Args:
             save_path: The file to write (e.g. ``"model.pt"``).
@@ -802,10 +803,9 @@ class Trainer:
         """
         optimizer = self.optimizer if save_optimizer else None
         scheduler = self.scheduler if save_scheduler else None
-        accelerator, model = self._accelerator, self.model
         from pytorch_accel._checkpointing.checkpoint import write_checkpoint
 
-        write_checkpoint(accelerator, save_path, model, optimizer, scheduler, checkpoint_kwargs)
+        write_checkpoint(self, save_path, optimizer, scheduler, checkpoint_kwargs)
 
     def save_model(self, directory: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
         """Export the unwrapped model to ``directory``, as the ecosystem loads it back.
@@ -833,15 +833,14 @@ class Trainer:
             load_scheduler: Restore the scheduler state, if the file and trainer have one.
 
         Returns:
-            The whole checkpoint dict, including the ``checkpoint_kwargs`` saved with it.
+            The whole checkpoint dict, with its ``checkpoint_kwargs`` (``on_load_checkpoint``
+            sees it first).
         """
         optimizer = self.optimizer if load_optimizer else None
         scheduler = self.scheduler if load_scheduler else None
         from pytorch_accel._checkpointing.checkpoint import restore_checkpoint
 
-        return restore_checkpoint(
-            self._accelerator, checkpoint_path, self.model, optimizer, scheduler
-        )
+        return restore_checkpoint(self, checkpoint_path, optimizer, scheduler)
 
     @functools.cached_property
     def _states(self) -> TrainingStateIO:
@@ -894,7 +893,4 @@ class Trainer:
             FileNotFoundError: If there is no such directory.
             TrainingStateError: If it is incomplete, corrupt or does not fit this trainer.
         """
-        shared, *_ = self._states.load(Path(input_dir), "Trainer.load_training_state")
-        self.run_history.load_state_dict(shared["history"])
-        self._state.restore_counts(shared)  # a later call continues them
-        return shared
+        return self._states.load(Path(input_dir), "Trainer.load_training_state")[0]

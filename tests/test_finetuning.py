@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -371,3 +372,170 @@ def test_load_rejects_bad_arguments(
     call = {"model": make_net(), "source": make_net().state_dict(), **arguments}
     with pytest.raises(error, match=f"load_pretrained_weights: {match}"):
         load_pretrained_weights(call.pop("model"), call.pop("source"), **call)
+
+
+# ------------------------------------- load_pretrained_weights: the ecosystem's file layouts
+
+
+def lightning_checkpoint(net: nn.Module, **hyper_parameters: Any) -> dict[str, Any]:
+    """The layout of a Lightning ``.ckpt`` (``Trainer.save_checkpoint``) whose LightningModule
+    holds the network as ``self.model``: every weight under ``state_dict``, prefixed ``model.``.
+    """
+    optimizer = torch.optim.Adam(net.parameters())
+    return {
+        "epoch": 3,
+        "global_step": 120,
+        "pytorch-lightning_version": "2.4.0",
+        "state_dict": {f"model.{key}": value for key, value in net.state_dict().items()},
+        "loops": {"fit_loop": {"state_dict": {}, "epoch_progress": {"total": {"ready": 4}}}},
+        "callbacks": {
+            "ModelCheckpoint{'monitor': 'val_loss'}": {
+                "best_model_score": torch.tensor(0.25),
+                "best_model_path": "checkpoints/epoch=3.ckpt",
+            }
+        },
+        "optimizer_states": [optimizer.state_dict()],
+        "lr_schedulers": [],
+        "hparams_name": "kwargs",
+        "hyper_parameters": {"lr": 0.001, **hyper_parameters},
+    }
+
+
+def test_reads_a_lightning_checkpoint_under_state_dict_without_its_model_prefix(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    source = make_net(seed=1)
+    torch.save(lightning_checkpoint(source), tmp_path / "epoch=3.ckpt")
+    target = make_net(seed=2)
+    with caplog.at_level("INFO", logger="pytorch_accel"):
+        result = load_pretrained_weights(target, tmp_path / "epoch=3.ckpt", strict=True)
+    assert len(result.loaded_keys) == len(source.state_dict())
+    assert torch.equal(target.head.weight, source.head.weight)
+    assert "holds its weights under 'state_dict' (a Lightning or timm checkpoint)" in caplog.text
+    assert "removed the prefix 'model.' that every source key has, so that" in caplog.text
+
+    # the explicit form, and the keys kept as they are
+    explicit = load_pretrained_weights(
+        make_net(seed=2), tmp_path / "epoch=3.ckpt", key="state_dict", key_prefix_map={"model.": ""}
+    )
+    assert explicit.loaded_keys == result.loaded_keys
+    kept = load_pretrained_weights(make_net(), tmp_path / "epoch=3.ckpt", key_prefix_map={})
+    assert kept.loaded_keys == ()
+    assert "model.head.weight" in kept.unexpected_keys
+
+
+def test_finds_the_weights_under_the_common_keys_and_the_key_asked_for(tmp_path: Path) -> None:
+    source, ema = make_net(seed=1), make_net(seed=3)
+    torch.save({"model": source.state_dict(), "optimizer": {}, "epoch": 9}, tmp_path / "vision.pth")
+    target = make_net(seed=2)
+    result = load_pretrained_weights(target, tmp_path / "vision.pth")
+    assert len(result.loaded_keys) == len(source.state_dict())
+    assert torch.equal(target.head.weight, source.head.weight)
+    timm_style = {"state_dict": source.state_dict(), "state_dict_ema": ema.state_dict()}
+    load_pretrained_weights(target, timm_style, key="state_dict_ema", strict=True)
+    assert torch.equal(target.head.weight, ema.head.weight)
+    ddp = {f"module.{key}": value for key, value in source.state_dict().items()}
+    load_pretrained_weights(target, {"module": ddp}, strict=True)  # DeepSpeed's, DDP's prefix
+    assert torch.equal(target.head.weight, source.head.weight)
+
+
+def test_a_prefix_the_model_has_too_is_kept() -> None:
+    wrapped, source = nn.Sequential(make_net(seed=2)), nn.Sequential(make_net(seed=1))
+    result = load_pretrained_weights(wrapped, source.state_dict(), strict=True)  # all "0."
+    assert result.loaded_keys == tuple(source.state_dict())
+
+
+def test_reads_save_pretrained_and_save_model_directories(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    source = make_net(seed=1)
+    trainer = Trainer(source, nn.MSELoss(), torch.optim.SGD(source.parameters(), lr=0.1), ())
+    exported = trainer.save_model(tmp_path / "export")  # model.safetensors
+    target = make_net(seed=2)
+    load_pretrained_weights(target, exported, strict=True)
+    assert torch.equal(target.head.weight, source.head.weight)
+
+    sharded, state = tmp_path / "sharded", source.state_dict()
+    sharded.mkdir()
+    names = sorted(state)
+    halves = {
+        "model-00001-of-00002.safetensors": names[:4],
+        "model-00002-of-00002.safetensors": names[4:],
+    }
+    for shard, keys in halves.items():
+        save_file({key: state[key].contiguous() for key in keys}, sharded / shard)
+    weight_map = {key: shard for shard, keys in halves.items() for key in keys}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    target = make_net(seed=2)
+    assert len(load_pretrained_weights(target, sharded, strict=True).loaded_keys) == len(state)
+    assert torch.equal(target.stem[0].weight, source.stem[0].weight)
+
+
+@pytest.mark.bad_input
+def test_a_missing_key_and_a_file_without_weights_are_named_with_the_fix(tmp_path: Path) -> None:
+    net, weights = make_net(), make_net().state_dict()
+    with pytest.raises(
+        ValueError,
+        match=r"load_pretrained_weights: source has no entry key='weights'; its entries: epoch, "
+        r"model\. Pass the entry that holds the weights, or key=None",
+    ):
+        load_pretrained_weights(net, {"model": weights, "epoch": 1}, key="weights")
+    with pytest.raises(ValueError, match=r"the entry key='epoch' of source is not a state dict"):
+        load_pretrained_weights(net, {"model": weights, "epoch": 1}, key="epoch")
+    with pytest.raises(TypeError, match=r"load_pretrained_weights: key must be a str or None"):
+        load_pretrained_weights(net, weights, key=0)  # type: ignore[arg-type]
+    torch.save({"epoch": 1, "notes": "none"}, tmp_path / "notes.pt")
+    with pytest.raises(
+        ValueError,
+        match=r"'.*notes\.pt' is not a state dict .*nor a checkpoint with one under "
+        r"'model_state_dict', 'state_dict', 'model', 'module' \(its entries: epoch, notes\)\. "
+        r"Pass key=",
+    ):
+        load_pretrained_weights(net, tmp_path / "notes.pt")
+
+
+@pytest.mark.bad_input
+def test_a_checkpoint_holding_objects_is_refused_with_the_trusted_way_out(tmp_path: Path) -> None:
+    torch.save(lightning_checkpoint(make_net(), schedule=NotATensor()), tmp_path / "last.ckpt")
+    with pytest.raises(
+        ValueError,
+        match=r"(?s)could not read '.*last\.ckpt'.*If it is a checkpoint you trust .*"
+        r"torch\.save\(torch\.load\('.*last\.ckpt', weights_only=False\)\[\"state_dict\"\]",
+    ):
+        load_pretrained_weights(make_net(), tmp_path / "last.ckpt")
+
+
+@pytest.mark.bad_input
+def test_a_directory_without_weights_and_a_shard_outside_it_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "adapter_config.json").write_text("{}")
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"the directory '.*adapter' holds none of model\.safetensors, "
+        r"model\.safetensors\.index\.json and pytorch_model\.bin",
+    ):
+        load_pretrained_weights(make_net(), tmp_path / "adapter")
+    (tmp_path / "adapter" / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"head.weight": "../elsewhere.safetensors"}})
+    )
+    with pytest.raises(ValueError, match=r"names the shard '\.\./elsewhere\.safetensors', which"):
+        load_pretrained_weights(make_net(), tmp_path / "adapter")
+
+
+def test_a_weight_tied_to_a_loaded_one_is_not_missing() -> None:
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(10, 4)
+            self.out = nn.Linear(4, 10, bias=False)
+            self.out.weight = self.embed.weight
+
+    source, target = Tied(), Tied()
+    saved = {"embed.weight": source.embed.weight.detach().clone()}  # save_pretrained's way
+    result = load_pretrained_weights(target, saved, strict=True)
+    assert result.missing_keys == ()
+    assert torch.equal(target.out.weight, source.embed.weight)
+    untied = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 10, bias=False))
+    assert load_pretrained_weights(untied, {"0.weight": saved["embed.weight"]}).missing_keys == (
+        "1.weight",
+    )

@@ -23,12 +23,18 @@ pytest.importorskip("peft")
 pytest.importorskip("transformers")
 
 
+WRITES = {  # what each recipe leaves in its working directory
+    "peft-save-memory": "adapter/adapter_model.safetensors",
+    "load-and-card": "states/final/README.md",
+}
+
+
 def recipes() -> dict[str, str]:
     return dict(RECIPE.findall(PAGE.read_text()))
 
 
 def test_the_page_has_its_recipes() -> None:
-    assert set(recipes()) == {"peft-save-memory"}
+    assert set(recipes()) == set(WRITES)
 
 
 @pytest.mark.parametrize("name", sorted(recipes()))
@@ -43,4 +49,4 @@ def test_a_recipe_runs_as_it_stands(name: str, tmp_path: Path) -> None:
         env=environment,
     )
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
-    assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
+    assert (tmp_path / WRITES[name]).is_file()

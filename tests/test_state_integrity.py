@@ -84,9 +84,9 @@ def test_a_manifest_entry_outside_the_state_is_refused_before_reading(
     shutil.copy(state / "custom_checkpoint_0.pkl", outside)
     outside.chmod(0)  # reading it would fail otherwise
     name = {"dotdot": "../outside.pkl", "absolute": str(outside), "link": "linked.pkl"}[kind]
-    if kind == "link":
-        (state / "linked.pkl").symlink_to(outside)
     relist(state, name, state / "custom_checkpoint_0.pkl")
+    if kind == "link":  # planted after the manifest (write_manifest refuses links)
+        (state / "linked.pkl").symlink_to(outside)
     with pytest.raises(TrainingStateError, match=r"which is not a file inside the state"):
         make_trainer().load_training_state(state)
 

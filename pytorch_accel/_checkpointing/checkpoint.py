@@ -11,7 +11,7 @@ import io
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate import Accelerator
@@ -26,6 +26,9 @@ from pytorch_accel._checkpointing.sharded import (
     load_full_states,
     sharded_model_tensors,
 )
+
+if TYPE_CHECKING:
+    from pytorch_accel.protocols import TrainerLike as Trainer
 
 __all__ = [
     "load_checkpoint_file",
@@ -91,33 +94,23 @@ def model_state_dict(accelerator: Accelerator, model: nn.Module) -> dict[str, An
 
 
 def write_checkpoint(
-    accelerator: Accelerator,
+    trainer: Trainer,
     path: str | os.PathLike[str],
-    model: nn.Module,
     optimizer: torch.optim.Optimizer | None,
     scheduler: Any,
     extra: Mapping[str, Any] | None = None,
 ) -> None:
     """Write a checkpoint file atomically (``Trainer.save_checkpoint``), from every process.
 
-    It holds the states of ``model``, ``optimizer`` and ``scheduler`` (unless ``None``) and
-    the entries of ``extra``; the main process writes it.
+    It holds the states of the trainer's model, ``optimizer`` and ``scheduler`` (unless
+    ``None``), the entries of ``extra`` and those the callbacks' ``on_save_checkpoint`` add
+    (fired on every process); the main process writes it.
 
     Raises:
-        TypeError: If an entry of ``extra`` would not load back with ``weights_only=True``.
+        TypeError: If an entry would not load back with ``weights_only=True``.
     """
-    for key, value in (extra or {}).items():
-        buffer = io.BytesIO()
-        try:
-            torch.save(value, buffer)
-            load_safely(buffer.getvalue(), Path(str(path)), "save_checkpoint", error=ValueError)
-        except Exception as error:
-            raise TypeError(
-                f"save_checkpoint: checkpoint_kwargs[{key!r}] is a {type(value).__name__}, which "
-                "load_checkpoint could not read back safely (weights_only=True). Keep entries to "
-                "tensors, numbers, strings and lists, tuples and dicts of them (e.g. str(path) "
-                f"for a Path). ({error})"
-            ) from error
+    accelerator, model = trainer.accelerator, trainer.model
+    _check_entries(path, extra or {}, "checkpoint_kwargs[{key!r}]")
     checkpoint = {"model_state_dict": model_state_dict(accelerator, model)}
     if optimizer is not None and is_sharded(accelerator):  # gathered, numbered as unsharded
         checkpoint["optimizer_state_dict"] = full_optimizer_state(model, optimizer)
@@ -126,27 +119,50 @@ def write_checkpoint(
     if scheduler is not None:
         checkpoint["scheduler_state_dict"] = scheduler.state_dict()
     checkpoint.update(extra or {})
+    before = dict(checkpoint)
+    trainer.callback_handler.call_event(
+        "on_save_checkpoint", trainer, checkpoint=checkpoint, path=Path(path)
+    )
+    added = {key: value for key, value in checkpoint.items() if before.get(key) is not value}
+    _check_entries(path, added, "the entry {key!r} a callback's on_save_checkpoint added")
     if accelerator.is_main_process:
         atomic_save_digested(checkpoint, path)
     accelerator.wait_for_everyone()
 
 
+def _check_entries(path: str | os.PathLike[str], entries: Mapping[str, Any], what: str) -> None:
+    """Raise if an entry of a checkpoint would not load back with ``weights_only=True``."""
+    for key, value in entries.items():
+        buffer = io.BytesIO()
+        try:
+            torch.save(value, buffer)
+            load_safely(buffer.getvalue(), Path(str(path)), "save_checkpoint", error=ValueError)
+        except Exception as error:
+            raise TypeError(
+                f"save_checkpoint: {what.format(key=key)} is a {type(value).__name__}, which "
+                "load_checkpoint could not read back safely (weights_only=True). Keep entries to "
+                "tensors, numbers, strings and lists, tuples and dicts of them (e.g. str(path) "
+                f"for a Path). ({error})"
+            ) from error
+
+
 def restore_checkpoint(
-    accelerator: Accelerator,
+    trainer: Trainer,
     path: str | os.PathLike[str],
-    model: nn.Module,
     optimizer: torch.optim.Optimizer | None,
     scheduler: Any,
 ) -> dict[str, Any]:
-    """Load a checkpoint file; return the whole dict (``Trainer.load_checkpoint``).
+    """Load a checkpoint file into the trainer; return the whole dict (``load_checkpoint``).
 
     The optimizer and scheduler are loaded unless ``None``, once everything was checked: a
     file that does not fit changes nothing. A sharded model takes its shard of the full states.
+    Then the callbacks' ``on_load_checkpoint`` sees the dict.
 
     Raises:
         ValueError: If the file's model, optimizer or scheduler state does not fit, naming the
             file and the mismatch.
     """
+    accelerator, model = trainer.accelerator, trainer.model
     accelerator.wait_for_everyone()
     checkpoint = load_checkpoint_file(path)
     bare = accelerator.unwrap_model(model, keep_torch_compile=False)
@@ -169,4 +185,7 @@ def restore_checkpoint(
         parts = [part for part in parts if part[0] == "scheduler"]
     for _, target, state in parts:
         target.load_state_dict(state)
+    trainer.callback_handler.call_event(
+        "on_load_checkpoint", trainer, checkpoint=checkpoint, path=Path(path)
+    )
     return checkpoint

@@ -98,10 +98,22 @@ def write_manifest(
     """Flush every file of ``directory`` to disk, then write the manifest that completes it.
 
     ``info``: what it records besides the files; ``records``: digests recorded while the files
-    were written (``write_digested``); the other files are read back and digested here.
+    were written (``write_digested``); the other files (those the callbacks' events wrote too)
+    are read back and digested here.
+
+    Raises:
+        TrainingStateError: If the directory holds a symbolic link (never followed).
     """
     files, records = {}, records or {}
-    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+    for path in sorted(directory.rglob("*")):
+        if path.is_symlink():
+            raise TrainingStateError(
+                f"Trainer.save_training_state: {str(path)!r} is a symbolic link, and a training "
+                "state holds files only (nothing is read through a link). Write the file itself "
+                "into the state (in on_save_training_state)."
+            )
+        if not path.is_file():
+            continue
         name = path.relative_to(directory).as_posix()
         files[name] = records[name] if name in records else describe(path)[0]
     manifest = {"format": _FORMAT, "version": _VERSION, **info, "files": files}

@@ -62,8 +62,10 @@ from pytorch_accel._checkpointing.store import (
 )
 from pytorch_accel._checkpointing.streams import stream_position
 from pytorch_accel._checks import fail
+from pytorch_accel._loop import training_rng_preserved
 from pytorch_accel._resumable import RandomStates
 from pytorch_accel._state import Preparation
+from pytorch_accel._stored_items import _random_states_kept
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.distributed import AgreedFlag
 from pytorch_accel.run_config import (
@@ -153,9 +155,12 @@ class TrainingStateIO:
         pending = PendingSave(files, temporary, final, info, accelerator, self._agreement())
         if blocking:
             pending.run()
-            pending.wait()
+            announced = self._announce_save(temporary, final)  # on every process, even so
+            pending.error = pending.error or announced
+            pending.wait()  # a callback's error abandons the save on every process
             accelerator.wait_for_everyone()  # the state is published for every process
-        else:
+        else:  # announced at once: a callback's files are there before the manifest
+            pending.error = self._announce_save(temporary, final)
             pending.start()
             self._loop.pending_save = pending
 
@@ -177,7 +182,7 @@ class TrainingStateIO:
             rank_state = self._rank_state(position)
             path = temporary / rank_state_name(accelerator.process_index)
             atomic_write(path, lambda handle: torch.save(rank_state, handle))
-            accelerator.wait_for_everyone()
+            self._agree_on(self._announce_save(temporary, final))  # every process's files
             if accelerator.is_main_process:
                 _check_saved_states_load_safely(temporary)
                 write_manifest(temporary, self._manifest_info(position))
@@ -191,6 +196,36 @@ class TrainingStateIO:
         if full is not None:  # raised here, the failed writers' frames (open files) are freed
             raise full
         accelerator.wait_for_everyone()
+
+    def _announce_save(self, directory: Path, final: Path) -> Exception | None:
+        """Fire ``on_save_training_state``; return what a callback raised, if anything.
+
+        Before the manifest is written: what the callbacks write into ``directory`` is covered.
+        """
+        try:
+            self._fire("on_save_training_state", directory=directory, output_dir=final)
+        except Exception as error:  # the save is abandoned on every process, then raised
+            return error
+        return None
+
+    def _fire(self, event: str, **kwargs: Any) -> None:
+        """Fire a save or load event, keeping the random states (saved, or just loaded)."""
+        trainer = self._trainer
+        with training_rng_preserved(trainer.accelerator.device), _random_states_kept():
+            trainer.callback_handler.call_event(event, trainer, **kwargs)
+
+    def _agree_on(self, failed: Exception | None) -> None:
+        """Wait for every process; raise on each if one failed (``failed``: this one's error)."""
+        flag = self._agreement()
+        agreed = int(failed is not None) if flag is None else flag.settle(int(failed is not None))
+        if failed is not None:
+            raise failed
+        if agreed:
+            raise TrainingStateError(
+                "Trainer.save_training_state: on another process a callback's "
+                "on_save_training_state raised; the save was abandoned (its error is in that "
+                "process's output)."
+            )
 
     def state_dict(self) -> dict[str, Any]:
         """The trainer state that is the same on every process, which accelerate saves.
@@ -265,10 +300,10 @@ class TrainingStateIO:
         where: str,
         check: Callable[[dict[str, Any]], None] | None = None,
     ) -> tuple[dict[str, Any], dict[str, Any], int]:
-        """Verify a training state, then load it.
+        """Verify a training state, then load it (run history and update counts included).
 
         Returns its shared state, this process's state and the number of processes that saved
-        it.
+        it. Then fires ``on_load_training_state``.
 
         ``where`` is the entry point, for messages; ``check`` sees the shared state before
         anything is loaded.
@@ -311,6 +346,10 @@ class TrainingStateIO:
         loss_state, loss_func = shared.get("loss_func"), self._trainer.loss_func
         if loss_state is not None and isinstance(loss_func, torch.nn.Module):  # (older lack it)
             loss_func.load_state_dict(loss_state)
+        trainer = self._trainer
+        trainer.run_history.load_state_dict(shared["history"])
+        self._loop.restore_counts(shared)  # a later call continues them
+        self._fire("on_load_training_state", directory=directory)
         # another number of processes (between epochs): process i takes saved process i's
         # own state, or (beyond them) process i modulo their number's
         return shared, loaded[rank_state_name(accelerator.process_index % saved_world)], saved_world
@@ -338,8 +377,6 @@ class TrainingStateIO:
         generators = tuple(rank_state["loader"]["generators"]) if same_world else ()
         random_states = RandomStates(torch.get_rng_state(), generators)
         trainer = self._trainer
-        trainer.run_history.load_state_dict(shared["history"])
-        self._loop.restore_counts(shared)
         if trainer.scheduler is not None and scheduler:
             kept = getattr(trainer.scheduler, "base_lrs", None)
             trainer.scheduler.load_state_dict(shared["scheduler"])
