@@ -16,11 +16,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks import saving
+from benchmarks import call_cost, saving
 
 RESULTS = Path(__file__).parent / "results" / "overhead.json"
 DOCS = Path(__file__).parent.parent / "docs" / "performance.md"
-SUITE_BLOCKS = ("train-2", "inference-1", "inference-2", "images", "loaders", "startup")
+SUITE_BLOCKS = ("train-2", "inference-1", "inference-2", "images", "loaders", "startup", "call-2")
 BLOCK_NAMES = frozenset({"tiny", "medium", "calls", "fresh", "step-logging"}) | {
     f"suite-{key}" for key in (*SUITE_BLOCKS, "resume", "saving")
 }
@@ -80,6 +80,10 @@ def _suite_table(key: str, suite: Any, heading: bool) -> list[str]:
         return lines if heading else lines[2:]
     if key == "loaders":
         return _loaders_table(suite, heading)
+    if key == "call-2":
+        lines = ["### Fixed cost per `train()` call, 2 processes", "", *call_cost.markdown(suite)]
+        lines.append("")
+        return lines if heading else lines[2:]
     lines = [f"### {suite['name']}", ""] if heading else []
     lines += [
         "| loop | per batch (ms) | per-batch ratio [95% CI] (min-max) | whole-call ratio "
@@ -228,6 +232,7 @@ def suites_chart(suites: dict[str, Any], path: Path) -> bool:
     except ImportError:
         return False
     keys = [key for key in suites if key not in ("startup", "resume", "saving", "loaders")]
+    keys = [key for key in keys if key != "call-2"]
     if not keys:
         return True
     figure, axes = plt.subplots(len(keys), 1, figsize=(8, 2.2 * len(keys)), squeeze=False)

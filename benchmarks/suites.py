@@ -10,6 +10,8 @@
   and a stateful stream (``benchmarks.resume_position``).
 - ``loaders``: the trainer's default dataloader against fixed worker counts on in-memory
   tensors, tokenised text and decoded images (``benchmarks.loaders``);
+- ``call-2``: where a ``train()`` call's fixed cost goes in 2 processes, section by section,
+  against hand-written DDP (``benchmarks.call_cost``);
 - ``saving``: the stall per save of training states, blocking and in the background, against
   ``torch.save`` + ``fsync`` (``benchmarks.saving``).
 
@@ -29,7 +31,7 @@ import subprocess
 import sys
 from typing import Any
 
-from benchmarks import loaders, resume_position, saving, scratch_directory, startup
+from benchmarks import call_cost, loaders, resume_position, saving, scratch_directory, startup
 from benchmarks.stats import paired_difference, paired_ratio
 
 # suite -> (worker suite, processes, rounds, scale)
@@ -47,8 +49,8 @@ TITLES = {
     "images": "Image folder (256 PNGs, 16x16) with dataloader workers, 2 epochs of 8 steps per "
     "run, medium CNN classifier, batch 32",
 }
-ALL = (*SUITES, "loaders", "startup", "resume", "saving")
-OWN_TABLES = ("loaders", "startup", "resume", "saving")
+ALL = (*SUITES, "loaders", "startup", "call-2", "resume", "saving")
+OWN_TABLES = ("loaders", "startup", "call-2", "resume", "saving")
 """The suites with tables of their own (not per-batch ratios against a hand-written loop)."""
 
 
@@ -107,6 +109,8 @@ def measure_one(suite: str, quick: bool) -> Any:
         return saving.measure(quick)
     if suite == "loaders":
         return loaders.measure(quick)
+    if suite == "call-2":
+        return call_cost.measure(quick)
     return {"name": TITLES[suite], "rows": summarise(launch(suite, quick))}
 
 

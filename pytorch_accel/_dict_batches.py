@@ -10,12 +10,14 @@ from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
 import torch
+from torch.utils.data import DataLoader, IterableDataset
 
 from pytorch_accel._batches import NUM_ITEMS_IN_BATCH, check_num_items
 
 __all__ = [
     "dict_batch_loss",
     "dict_batch_size",
+    "may_be_dict_batches",
     "missing_loss_func",
     "output_field",
     "predictions_of",
@@ -149,3 +151,22 @@ def without_count(batch: Any) -> Any:
     if isinstance(batch, Mapping) and NUM_ITEMS_IN_BATCH in batch:
         return {key: value for key, value in batch.items() if key != NUM_ITEMS_IN_BATCH}
     return batch
+
+
+def may_be_dict_batches(data: Any, collate_fn: object) -> bool:
+    """Whether the batches of ``data`` (a dataset or ``DataLoader``) may be dicts.
+
+    Reads the first sample of a map-style dataset and collates it alone (with the
+    dataloader's or the given ``collate_fn``). A stream, or a sample that fails to load or
+    collate, may be: the default step then checks its first batch.
+    """
+    if isinstance(data, DataLoader):
+        data, collate_fn = data.dataset, data.collate_fn
+    if isinstance(data, IterableDataset) or not hasattr(data, "__getitem__"):
+        return True
+    try:
+        sample = data[0]
+        batch = collate_fn([sample]) if callable(collate_fn) else sample
+    except Exception:  # the layout is unknown; the step checks it
+        return True
+    return isinstance(batch, Mapping)

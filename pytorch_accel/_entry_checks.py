@@ -32,7 +32,9 @@ from pytorch_accel._checks import (
     check_sized_dataset,
     fail,
 )
+from pytorch_accel._dict_batches import may_be_dict_batches
 from pytorch_accel._option_checks import (
+    check_accelerator_kwargs,
     check_clipping,
     check_dry_run,
     check_resume,
@@ -41,13 +43,13 @@ from pytorch_accel._option_checks import (
     created_scheduler,
 )
 from pytorch_accel.dataloaders import named_eval_sets, num_batches
-from pytorch_accel.distributed import check_world_size, needs_cpu_distributed
+from pytorch_accel.distributed import check_world_size, fsdp_requested
+from pytorch_accel.run_config import TrainArguments
 from pytorch_accel.tracking import RunHistory
 
 if TYPE_CHECKING:
     from pytorch_accel._state import TrainerState
     from pytorch_accel.protocols import TrainerLike as Trainer
-    from pytorch_accel.run_config import TrainArguments
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -64,6 +66,7 @@ __all__ = [
     "check_train_arguments",
     "check_train_dataloader",
     "check_trainer_settings",
+    "checked_train_arguments",
     "created_scheduler",
     "suggest_arguments",
 ]
@@ -102,74 +105,12 @@ def check_constructor_arguments(
             "a RunHistory or None",
             "Pass e.g. InMemoryRunHistory(), or leave it out.",
         )
-    _check_accelerator_kwargs(where, accelerator_kwargs)
-
-
-def _check_accelerator_kwargs(where: str, accelerator_kwargs: object) -> None:
-    """Accept ``None`` or a mapping of ``accelerate.Accelerator`` argument names to values."""
-    check_mapping(where, "accelerator_kwargs", accelerator_kwargs)
-    kwargs: Mapping[Any, Any] = accelerator_kwargs or {}  # type: ignore[assignment]
-    known = sorted(set(inspect.signature(Accelerator.__init__).parameters) - {"self"})
-    for name in kwargs:
-        if name not in known:
-            close = difflib.get_close_matches(str(name), known, n=1)
-            fail(
-                TypeError,
-                where,
-                "accelerator_kwargs",
-                {name: "..."},
-                "a mapping of accelerate.Accelerator's arguments",
-                (f"Did you mean {close[0]!r}? " if close else "")
-                + "See accelerate.Accelerator for its arguments (mixed_precision, "
-                "kwargs_handlers, fsdp_plugin, ...).",
-            )
-    _check_deepspeed_request(where, kwargs)
-    if getattr(kwargs.get("dataloader_config"), "use_stateful_dataloader", False):
-        from pytorch_accel._checkpointing.streams import check_stateful_dataloader_request
-
-        check_stateful_dataloader_request(where, kwargs)
-    _refuse_accelerate_trackers(where, kwargs)
-
-
-def _refuse_accelerate_trackers(where: str, kwargs: Mapping[Any, Any]) -> None:
-    """Refuse ``log_with``: the trainer never logs through accelerate's trackers (issue 41)."""
-    log_with = kwargs.get("log_with")
-    if log_with is not None and log_with != [] and log_with != ():
-        fail(
-            ValueError,
-            where,
-            "accelerator_kwargs['log_with']",
-            log_with,
-            "left out (the trainer sends nothing to the Accelerator's trackers)",
-            "Name the trackers in the TrackingCallback instead, e.g. callbacks=("
-            f"*DEFAULT_CALLBACKS, TrackingCallback(log_with={log_with!r}, logging_dir=...)); "
-            "see docs/trackers.md.",
-        )
-
-
-def _check_deepspeed_request(where: str, kwargs: Mapping[Any, Any]) -> None:
-    """Refuse DeepSpeed where accelerate would drop it (CPU processes) or cannot run it (no CUDA).
-
-    accelerate switches to DeepSpeed only on GPUs; with ``cpu=True`` (the trainer's default
-    when several processes run on a machine without GPUs) the request would become DDP.
-    """
-    requested = (
-        kwargs.get("deepspeed_plugin") is not None
-        or kwargs.get("deepspeed_plugins") is not None
+    if (
+        accelerator_kwargs is not None
         or parse_flag_from_env("ACCELERATE_USE_DEEPSPEED")
-    )
-    cpu = bool(kwargs.get("cpu", needs_cpu_distributed())) or parse_flag_from_env(
-        "ACCELERATE_USE_CPU"
-    )
-    if requested and (cpu or not torch.cuda.is_available()):
-        raise ValueError(
-            f"{where}: DeepSpeed was asked for (deepspeed_plugin in accelerator_kwargs, or "
-            "ACCELERATE_USE_DEEPSPEED=true from `accelerate launch --use_deepspeed`) but this "
-            "run is on the CPU (no CUDA GPU, or cpu=True / ACCELERATE_USE_CPU), where "
-            "accelerate cannot run DeepSpeed and would silently train with DDP. Shard on the "
-            "CPU with FSDP instead: accelerator_kwargs={'fsdp_plugin': "
-            "FullyShardedDataParallelPlugin(fsdp_version=2)}, or launch on CUDA GPUs."
-        )
+        or fsdp_requested()
+    ):
+        check_accelerator_kwargs(where, accelerator_kwargs)  # else nothing there to refuse
 
 
 def check_accelerator(accelerator: Accelerator) -> None:
@@ -200,6 +141,21 @@ def check_accelerator(accelerator: Accelerator) -> None:
             "or set FSDP_VERSION=2 (or FSDP_USE_ORIG_PARAMS=true) with "
             "`accelerate launch --use_fsdp`.",
         )
+
+
+def checked_train_arguments(trainer: Trainer, base: Any, call: Mapping[str, Any]) -> TrainArguments:
+    """Bind ``base.train``'s parameters to ``call`` (its ``locals()``), check them, return them.
+
+    A mapping of training sets first becomes one dataset and its batch sampler (``mixing``,
+    imported only then).
+    """
+    arguments = TrainArguments.bind(base.train, call)
+    if isinstance(arguments.train_dataset, Mapping):
+        from pytorch_accel.mixing import mix_training_sets
+
+        arguments = mix_training_sets(trainer, arguments)
+    check_train_arguments(trainer, base, arguments)
+    return arguments
 
 
 def check_train_arguments(trainer: Trainer, base: type, arguments: TrainArguments) -> None:
@@ -275,7 +231,11 @@ def check_loss_func(
             "Use reduction='mean' (or 'sum'), or override the step methods to reduce the "
             "per-sample losses yourself.",
         )
-    if loss_func is None and defaults and not all(_dict_batches(each, collate_fn) for each in data):
+    if (
+        loss_func is None
+        and defaults
+        and not all(may_be_dict_batches(each, collate_fn) for each in data)
+    ):
         fail(
             TypeError,
             where,
@@ -287,25 +247,6 @@ def check_loss_func(
             f"step method{'' if one else 's'} (with dict batches, the model's output may "
             "carry its own 'loss', as Hugging Face models' do).",
         )
-
-
-def _dict_batches(data: Any, collate_fn: object) -> bool:
-    """Whether the batches of ``data`` (a dataset or ``DataLoader``) may be dicts.
-
-    Reads the first sample of a map-style dataset and collates it alone (with the
-    dataloader's or the given ``collate_fn``). A stream, or a sample that fails to load or
-    collate, may be: the default step then checks its first batch.
-    """
-    if isinstance(data, DataLoader):
-        data, collate_fn = data.dataset, data.collate_fn
-    if isinstance(data, IterableDataset) or not hasattr(data, "__getitem__"):
-        return True
-    try:
-        sample = data[0]
-        batch = collate_fn([sample]) if callable(collate_fn) else sample
-    except Exception:  # the layout is unknown; the step checks it
-        return True
-    return isinstance(batch, Mapping)
 
 
 def _at_default(value: object, default: object) -> bool:
@@ -406,27 +347,8 @@ def check_data(where: str, name: str, data: object, *, streams: bool = False) ->
     dataset = data.dataset if isinstance(data, DataLoader) else data
     if streams and isinstance(dataset, IterableDataset):
         return
-    if name == "train_dataset" and isinstance(data, Mapping):
-        _refuse_several_training_sets(where, data)
     label = f"{name}.dataset (of the DataLoader)" if isinstance(data, DataLoader) else name
     check_sized_dataset(where, label, dataset)
-
-
-def _refuse_several_training_sets(where: str, sets: Mapping[Any, Any]) -> None:
-    """Refuse a mapping of training sets (issue 41): a dict is no dataset, whatever its size."""
-    keys = list(sets)
-    shown = ", ".join(repr(key) for key in keys[:6]) + (", ..." if len(keys) > 6 else "")
-    raise TypeError(
-        f"{where}: train_dataset must be one dataset, got a {type(sets).__name__} of "
-        f"{len(keys)} entries (keys {shown}): several training sets as a mapping are not supported "
-        "(a mapping of eval sets is, as eval_dataset). Concatenate them into one, "
-        "torch.utils.data.ConcatDataset(list(train_sets.values())), with a sampler to weight "
-        "them if needed (a WeightedRandomSampler in train_dataloader_kwargs), or pass one of "
-        f"them, e.g. train_dataset=train_sets[{keys[0]!r}]."
-        if keys
-        else f"{where}: train_dataset must be one dataset, got an empty "
-        f"{type(sets).__name__}. Pass a dataset with samples."
-    )
 
 
 def _check_run_length(where: str, arguments: TrainArguments) -> None:

@@ -1,22 +1,26 @@
 """What ``Trainer.log`` takes, and how logged values cross processes; used once something is logged.
 
-``check_weight`` and ``checked_value`` check what is logged; ``read_with_logged`` adds a span's
-logged values (``tracking.LoggedValues``) to an exchange made anyway, in a section of a fixed
-size with a fingerprint of their names, so that processes which logged different names raise
-(``refuse_different_names``) instead of combining by position or waiting.
+``checked_metrics`` (with ``check_weight`` and ``checked_value``) checks what is logged, and
+``batch_output_scalars`` picks what a step's ``batch_output`` logs; ``read_with_logged`` adds a
+span's logged values (``tracking.LoggedValues``) to an exchange made anyway, in a section of a
+fixed size with a fingerprint of their names, so that processes which logged different names raise
+(``refuse_different_names``) instead of combining by position or waiting. The epoch's exchange
+also carries each process's smallest loss weight: ``refuse_negative_weights`` raises for one
+below 0 or NaN.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
 
 from pytorch_accel._checks import fail
 from pytorch_accel.distributed import (
+    REDUCTIONS,
     gather_objects,
     gather_rows,
     group_size,
@@ -39,15 +43,27 @@ class LoggedValues(Protocol):
     def parts(self) -> tuple[list[Any], list[str]]:
         """The values to exchange and the reduction of each."""
 
+    def reduction_of(self, name: str) -> str | None:
+        """The reduction ``name`` was logged with in the span, or ``None``."""
+
 
 __all__ = [
+    "BATCH_OUTPUT_KEYS",
     "DEFAULT_LOGGED_CAPACITY",
+    "batch_output_scalars",
     "check_weight",
+    "checked_metrics",
     "checked_value",
     "read_with_logged",
     "refuse_different_names",
+    "refuse_negative_weights",
 ]
 
+
+BATCH_OUTPUT_KEYS = frozenset(
+    {"loss", "model_outputs", "batch_size", "num_items", "num_items_in_batch"}
+)
+"""The keys of a step's ``batch_output`` that are never logged as metrics."""
 
 DEFAULT_LOGGED_CAPACITY = 16
 """The logged parts an interval's exchange has room for at first (a mean takes two)."""
@@ -184,3 +200,75 @@ def checked_value(where: str, name: object, value: object, device: torch.device)
     if isinstance(value, numbers.Real):
         return torch.full((), float(value), device=device)
     fail(TypeError, where, name, value, "a number or a one-element tensor", "Log a scalar.")
+
+
+def checked_metrics(
+    where: str,
+    metrics: object,
+    reduce: str,
+    weight: object,
+    span: LoggedValues,
+    device: torch.device,
+) -> Iterator[tuple[str, Any]]:
+    """Yield the ``(name, value)`` pairs of a ``Trainer.log`` call, each once it is checked.
+
+    Raises:
+        TypeError: If ``metrics`` is not a mapping, a name not a string, a value not a real
+            number or one-element tensor, or ``weight`` not a number or tensor.
+        ValueError: If ``reduce`` is unknown, a name empty, a tensor has several elements,
+            or a name was logged in ``span`` with another reduction.
+    """
+    if type(metrics) is not dict and not isinstance(metrics, Mapping):
+        fail(TypeError, where, "metrics", metrics, "a dict", "Pass e.g. {'aux_loss': aux}.")
+    if reduce not in REDUCTIONS:
+        fail(ValueError, where, "reduce", reduce, f"one of {REDUCTIONS}", "Pass reduce='mean'.")
+    check_weight(where, weight)
+    for name, value in metrics.items():
+        checked = checked_value(where, name, value, device)
+        logged = span.reduction_of(name)
+        if logged is not None and logged != reduce:
+            fail(
+                ValueError,
+                where,
+                "reduce",
+                reduce,
+                f"{logged!r}, as {name!r} was logged",
+                "Log each name with one reduction, or log the other under another name.",
+            )
+        yield name, checked
+
+
+def batch_output_scalars(
+    batch_output: Mapping[str, Any], device: torch.device
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The extra floating-point scalars of a step's ``batch_output``, logged by batch size.
+
+    Skipped: ``BATCH_OUTPUT_KEYS``, names starting with ``_``, and anything that is not a
+    0-dimensional floating-point tensor or a Python float (counts, outputs, lists).
+    """
+    for name, value in batch_output.items():
+        if name in BATCH_OUTPUT_KEYS or not isinstance(name, str) or name.startswith("_"):
+            continue
+        if isinstance(value, torch.Tensor):
+            if not value.ndim and value.is_floating_point():
+                yield name, value.data
+        elif type(value) is float:
+            yield name, torch.full((), value, device=device)
+
+
+def refuse_negative_weights(smallest: Sequence[float], kind: str, loss_name: str) -> None:
+    """Raise on every process if a loss weight of the epoch was negative or NaN (per process)."""
+    bad = [
+        f"process {rank}: {value}" if len(smallest) > 1 else str(value)
+        for rank, value in enumerate(smallest)
+        if not value >= 0
+    ]
+    if bad:
+        where = "Trainer.train" if kind == "train" else "Trainer.evaluate"
+        raise ValueError(
+            f"{where}: batch_output['num_items'] (a dict batch's 'num_items_in_batch'), the "
+            f"count each batch's loss is weighted by, must be at least 0; the smallest in this "
+            f"{kind} epoch ({loss_name}) was {', '.join(bad)}. Return the number of loss "
+            "elements the batch's loss is the mean of, e.g. (labels != -100).sum() for a token "
+            "loss (a tensor 'batch_size' is checked the same way)."
+        )

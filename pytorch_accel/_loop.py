@@ -1,4 +1,4 @@
-"""The loop, top to bottom: the training run, the evaluation run and prediction.
+"""The loop, top to bottom: the training run and the evaluation run; prediction uses its levels.
 
     train                  training run level: start, epochs, stop handling, end
       _epochs              the sanity evaluation if asked for; for each epoch:
@@ -9,7 +9,7 @@
     evaluate               evaluation run level: the eval epochs
       eval_epochs          for each eval set: Trainer._run_eval_epoch, named after the set
         eval_epoch         eval epoch level: for each batch, one eval step level
-    predict                predict run level: for each batch, one predict step level, gathered
+    _predictions.predict   predict run level: for each batch, one predict step level, gathered
 
 Every level (a run, an epoch, a step) fires its start and end events through one helper,
 ``_with_events``, so its two events cannot drift apart, also when a ``StopTrainingError``
@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
-from accelerate.utils import concatenate, send_to_device, slice_tensors
+from accelerate.utils import slice_tensors
 
 from pytorch_accel._batches import AccumulationPlan
 from pytorch_accel._checks import (
@@ -53,11 +53,10 @@ from pytorch_accel._checks import (
     shape_mismatches_raise,
 )
 from pytorch_accel._dict_batches import without_count
-from pytorch_accel._peer_failures import announce_failure, lost_peer_error
-from pytorch_accel._predictions import (
-    check_predict_outputs,
-    explain_unconcatenated_outputs,
-    pad_to_longest,
+from pytorch_accel._peer_failures import (
+    announce_failure,
+    lost_peer_error,
+    unagreed_stop_error,
 )
 from pytorch_accel._resumable import enter_epoch
 from pytorch_accel._state import Preparation, PreparedTrainer, TrainerState, fewer_batches
@@ -84,7 +83,7 @@ if TYPE_CHECKING:
     from pytorch_accel.plugins import StepGuard
     from pytorch_accel.plugins.failing_batches import FailingBatchGuard
 
-__all__ = ["Loop", "training_rng_preserved"]
+__all__ = ["PREDICT_STEP_EVENTS", "Loop", "training_rng_preserved"]
 
 _LEVELS = (
     "training_run",
@@ -104,7 +103,7 @@ _HOOKED = frozenset({"training_run", "evaluation_run", "train_epoch", "eval_epoc
 # a step whose two events nobody listens to runs without its level: there is nothing to fire
 _TRAIN_STEP_EVENTS = frozenset(_EVENTS["train_step"])
 _EVAL_STEP_EVENTS = frozenset(_EVENTS["eval_step"])
-_PREDICT_STEP_EVENTS = frozenset(_EVENTS["predict_step"])
+PREDICT_STEP_EVENTS = frozenset(_EVENTS["predict_step"])
 
 
 class LoopTrainer(PreparedTrainer, Protocol):
@@ -120,7 +119,7 @@ class LoopTrainer(PreparedTrainer, Protocol):
 
 
 class Loop:
-    """Runs a trainer's training runs, evaluation runs and predictions.
+    """Runs a trainer's training runs and evaluation runs (predictions: ``_predictions.predict``).
 
     Args:
         trainer: Whose step methods, hooks, callbacks and run config the loop uses.
@@ -133,8 +132,6 @@ class Loop:
         multiple = trainer.accelerator.num_processes > 1
         self._agreement = AgreedFlag() if multiple else None  # the trainer's stop agreement
         self._train_progress = self._eval_progress = self._progress("on_train_progress")
-        self._outputs: list[Any] | None = None
-        self._pad_value: float | None = None  # predict(pad_value=...)
         self._eval_guard: FailingBatchGuard | None = None  # the current eval epoch's
         self._step_parts = _StepParts(self)  # what a step guard (plugins/) runs
 
@@ -559,82 +556,6 @@ class Loop:
         if self._eval_guard is not None:
             self._eval_guard.record_eval_epoch(trainer.run_history, metric_name)
 
-    # ------------------------------------------------------------------------ prediction
-
-    def predict(
-        self,
-        dataloader: DataLoader[Any],
-        output_device: str | torch.device | None,
-        keep: bool,
-        policy: object = None,
-        pad_value: float | None = None,
-    ) -> Any:
-        """Predict every batch of a prepared ``dataloader`` (see ``Trainer.predict``).
-
-        Args:
-            dataloader: The prepared (sharded) dataloader, not shuffled.
-            output_device: Where each gathered batch is moved (``None``: where it is).
-            keep: Keep and return the outputs concatenated; ``False`` returns ``None``.
-            policy: ``skip_failing_batches``.
-            pad_value: Pad outputs along their second dimension to one length (``_predictions``).
-        """
-        self._outputs, self._pad_value = ([] if keep else None), pad_value
-        model = self._trainer.model
-        was_training = model.training
-        model.eval()
-        try:
-            with (
-                torch.no_grad(),
-                training_rng_preserved(self._trainer.device),
-                self._guarding(policy, "prediction"),
-            ):
-                run = functools.partial(self._predict_batches, dataloader, output_device)
-                self._entry_point("Trainer.predict", "predict_run", run)
-        finally:
-            model.train(was_training)
-        outputs, self._outputs = self._outputs, None
-        if not outputs:
-            return None
-        try:
-            if pad_value is not None:
-                outputs = pad_to_longest(outputs, pad_value)
-            return concatenate(outputs)
-        except Exception as error:  # every batch is computed: keep them all in the error
-            explain_unconcatenated_outputs(outputs, error)
-
-    def _predict_batches(
-        self, dataloader: DataLoader[Any], output_device: str | torch.device | None
-    ) -> None:
-        with epoch_batches(dataloader, None) as batches:
-            handler = self._trainer.callback_handler
-            for batch in batches:
-                if handler.active_events.isdisjoint(_PREDICT_STEP_EVENTS):
-                    self._predict_step(batch, output_device)
-                else:
-                    self._with_events("predict_step", self._predict_step, batch, output_device)
-
-    def _predict_step(self, batch: Any, output_device: str | torch.device | None) -> dict[str, Any]:
-        trainer, guard = self._trainer, self.state.failing_batches
-        compute = functools.partial(trainer.calculate_predict_batch, batch)
-        outputs = compute() if guard is None else guard.attempt(compute, batch)
-        if outputs is SKIPPED:  # on every process: no outputs to gather
-            return {"batch": batch, "predictions": None, "skipped": True}
-        if self._outputs is not None and not self._outputs:  # kept; the first batch
-            check_predict_outputs(outputs)  # refuse what could never be concatenated
-        accelerator = self._trainer.accelerator
-        if self._pad_value is not None and accelerator.num_processes > 1:  # sizes gathered
-            outputs = accelerator.pad_across_processes(outputs, dim=1, pad_index=self._pad_value)
-        # one process has nothing to gather (accelerate would still all-gather over a group of
-        # one under a launcher), and no repeated samples to drop
-        gathered = (
-            accelerator.gather_for_metrics(outputs) if accelerator.num_processes > 1 else outputs
-        )
-        if output_device is not None:
-            gathered = send_to_device(gathered, output_device)
-        if self._outputs is not None:
-            self._outputs.append(gathered)
-        return {"batch": batch, "predictions": gathered}
-
     # -------------------------------------------------------------- levels, events, stops
 
     def _guarding(self, policy: object, kind: str) -> contextlib.AbstractContextManager[None]:
@@ -713,12 +634,9 @@ class Loop:
         self._fire(end, kwargs, hooked)
 
     def _refuse_unagreed_stop(self, level: str, error: StopTrainingError) -> None:
-        """Raise a clear error for a stop raised inside an unguarded step with several processes.
+        """Raise for a stop raised inside an unguarded step with several processes.
 
-        Such a stop (``calculate_train_batch_loss`` raising ``StopTrainingError``) is this
-        process's alone: the others go on with the step's collectives, so unwinding with the
-        epoch's collectives would mismatch them (gloo aborts). This process fails instead, with
-        no collective; the others fail at their next one (``lost_peer_error``). With
+        Such a stop is this process's alone (``_peer_failures.unagreed_stop_error``); with
         ``skip_failing_batches`` or ``on_oom="split"`` every step's outcome is agreed on.
         """
         state = self.state
@@ -731,16 +649,9 @@ class Loop:
         if guarded is not None:
             return
         step = "train" if level == "train_epoch" else "eval"
-        rank = self._trainer.accelerator.process_index
         where = "Trainer.train" if state.running else "Trainer.evaluate"
-        raise RuntimeError(
-            f"{where}: StopTrainingError({str(error)!r}) was raised inside a {step} step (e.g. by "
-            f"calculate_{step}_batch_loss) on process {rank}, where the processes cannot stop "
-            "together: the others go on with the step's collectives. Raise StopTrainingError "
-            "from a callback instead (e.g. on_train_step_end): every process agrees on it "
-            "there; or pass train(skip_failing_batches=...) to skip a bad batch on every "
-            "process."
-        ) from error
+        rank = self._trainer.accelerator.process_index
+        raise unagreed_stop_error(where, step, rank, error) from error
 
     def _fire(self, event: str, kwargs: dict[str, Any], hooked: bool = False) -> None:
         """Run the trainer's hook (if ``hooked``), then the callbacks of ``event``; agree on a stop.

@@ -1,27 +1,34 @@
-"""Checks of ``train()``'s optional features: run set-up, clipping, resuming, dry runs, run names.
+"""Checks of optional features: run set-up, clipping, resuming, dry runs, run names, accelerate.
 
 Entries of ``_entry_checks.TRAIN_CHECKS``, which runs a check only when one of its arguments
 differs from its default (defaults are valid), so a run that uses none of these features
-reads none of them; and ``created_scheduler``, the check of what ``create_scheduler_fn``
-returned.
+reads none of them; ``created_scheduler``, the check of what ``create_scheduler_fn``
+returned; and ``check_accelerator_kwargs``, ``Trainer(accelerator_kwargs=...)``'s.
 """
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from accelerate.utils import DistributedType
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DistributedType, parse_flag_from_env
 from torch.utils.data import DataLoader, IterableDataset
 
 from pytorch_accel._checks import (
     check_bool,
     check_choice,
+    check_mapping,
     check_number,
     check_positive_int,
     fail,
 )
+from pytorch_accel.distributed import fsdp_requested, needs_cpu_distributed
 from pytorch_accel.failing_batches import skip_policy
 from pytorch_accel.micro_batches import ON_OOM, ON_OOM_FIX
 
@@ -30,6 +37,7 @@ if TYPE_CHECKING:
     from pytorch_accel.run_config import TrainArguments, TrainerRunConfig
 
 __all__ = [
+    "check_accelerator_kwargs",
     "check_clipping",
     "check_dry_run",
     "check_resume",
@@ -235,3 +243,101 @@ def created_scheduler(factory: Any, optimizer: Any, run_config: TrainerRunConfig
             "total_steps=TrainerPlaceholderValues.TOTAL_NUM_UPDATE_STEPS.",
         )
     return scheduler
+
+
+def check_accelerator_kwargs(where: str, accelerator_kwargs: object) -> None:
+    """Accept ``None`` or a mapping of ``accelerate.Accelerator`` argument names to values.
+
+    Also refuses DeepSpeed asked for by the environment (``ACCELERATE_USE_DEEPSPEED``) on
+    the CPU, and an FSDP version accelerate does not implement (``FSDP_VERSION`` under
+    ``ACCELERATE_USE_FSDP``): ``Trainer()`` calls it when ``accelerator_kwargs`` is given or
+    either is asked for by the environment.
+    """
+    check_mapping(where, "accelerator_kwargs", accelerator_kwargs)
+    kwargs: Mapping[Any, Any] = accelerator_kwargs or {}  # type: ignore[assignment]
+    known = sorted(set(inspect.signature(Accelerator.__init__).parameters) - {"self"})
+    for name in kwargs:
+        if name not in known:
+            close = difflib.get_close_matches(str(name), known, n=1)
+            fail(
+                TypeError,
+                where,
+                "accelerator_kwargs",
+                {name: "..."},
+                "a mapping of accelerate.Accelerator's arguments",
+                (f"Did you mean {close[0]!r}? " if close else "")
+                + "See accelerate.Accelerator for its arguments (mixed_precision, "
+                "kwargs_handlers, fsdp_plugin, ...).",
+            )
+    _check_deepspeed_request(where, kwargs)
+    if getattr(kwargs.get("dataloader_config"), "use_stateful_dataloader", False):
+        from pytorch_accel._checkpointing.streams import check_stateful_dataloader_request
+
+        check_stateful_dataloader_request(where, kwargs)
+    _refuse_accelerate_trackers(where, kwargs)
+    _check_fsdp_version(kwargs.get("fsdp_plugin"))
+
+
+def _refuse_accelerate_trackers(where: str, kwargs: Mapping[Any, Any]) -> None:
+    """Refuse ``log_with``: the trainer never logs through accelerate's trackers (issue 41)."""
+    log_with = kwargs.get("log_with")
+    if log_with is not None and log_with != [] and log_with != ():
+        fail(
+            ValueError,
+            where,
+            "accelerator_kwargs['log_with']",
+            log_with,
+            "left out (the trainer sends nothing to the Accelerator's trackers)",
+            "Name the trackers in the TrackingCallback instead, e.g. callbacks=("
+            f"*DEFAULT_CALLBACKS, TrackingCallback(log_with={log_with!r}, logging_dir=...)); "
+            "see docs/trackers.md.",
+        )
+
+
+def _check_deepspeed_request(where: str, kwargs: Mapping[Any, Any]) -> None:
+    """Refuse DeepSpeed where accelerate would drop it (CPU processes) or cannot run it (no CUDA).
+
+    accelerate switches to DeepSpeed only on GPUs; with ``cpu=True`` (the trainer's default
+    when several processes run on a machine without GPUs) the request would become DDP.
+    """
+    requested = (
+        kwargs.get("deepspeed_plugin") is not None
+        or kwargs.get("deepspeed_plugins") is not None
+        or parse_flag_from_env("ACCELERATE_USE_DEEPSPEED")
+    )
+    cpu = bool(kwargs.get("cpu", needs_cpu_distributed())) or parse_flag_from_env(
+        "ACCELERATE_USE_CPU"
+    )
+    if requested and (cpu or not torch.cuda.is_available()):
+        raise ValueError(
+            f"{where}: DeepSpeed was asked for (deepspeed_plugin in accelerator_kwargs, or "
+            "ACCELERATE_USE_DEEPSPEED=true from `accelerate launch --use_deepspeed`) but this "
+            "run is on the CPU (no CUDA GPU, or cpu=True / ACCELERATE_USE_CPU), where "
+            "accelerate cannot run DeepSpeed and would silently train with DDP. Shard on the "
+            "CPU with FSDP instead: accelerator_kwargs={'fsdp_plugin': "
+            "FullyShardedDataParallelPlugin(fsdp_version=2)}, or launch on CUDA GPUs."
+        )
+
+
+_FSDP_VERSIONS = (1, 2)
+"""The FSDP versions accelerate implements (``FullyShardedDataParallelPlugin.fsdp_version``)."""
+
+
+def _check_fsdp_version(fsdp_plugin: object) -> None:
+    """Refuse an FSDP version accelerate does not implement, before it fails obscurely."""
+    if fsdp_plugin is not None:
+        version, name = getattr(fsdp_plugin, "fsdp_version", 1), "fsdp_plugin.fsdp_version"
+    elif fsdp_requested():
+        version, name = os.environ.get("FSDP_VERSION", "1"), "FSDP_VERSION"
+        version = int(version) if version.strip().isdigit() else version
+    else:
+        return
+    if version not in _FSDP_VERSIONS:
+        fail(
+            ValueError,
+            "Trainer",
+            f"accelerator_kwargs: {name}",
+            version,
+            "1 or 2 (the FSDP versions accelerate implements)",
+            "Pass FullyShardedDataParallelPlugin(fsdp_version=2) for FSDP2 (or 1 for FSDP1).",
+        )

@@ -1,4 +1,4 @@
-"""A run that failed on one process, named on the others.
+"""A run that failed (or stopped) on one process alone, named on the others.
 
 When one process fails alone (an error in its step), the others cannot learn it without a
 collective: they learn it at their next one, which fails once the failed process has exited
@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from pytorch_accel.distributed import group_size
 
-__all__ = ["announce_failure", "lost_peer_error"]
+__all__ = ["announce_failure", "lost_peer_error", "unagreed_stop_error"]
 
 _FAILURE_KEY = "pytorch_accel/failed/"
 """The store key under which a failed process leaves its error (its rank appended)."""
@@ -76,4 +76,28 @@ def lost_peer_error(where: str, error: BaseException) -> RuntimeError | None:
         f"{where}: process {rank} stopped because the run failed on another process: {cause}. "
         f"This process lost it during a collective ({type(error).__name__}), so it cannot go "
         "on; fix the other process's error and start the run again."
+    )
+
+
+def unagreed_stop_error(where: str, step: str, rank: int, error: BaseException) -> RuntimeError:
+    """The error for a ``StopTrainingError`` raised inside a step on one of several processes.
+
+    Such a stop (``calculate_train_batch_loss`` raising it) is this process's alone: the
+    others go on with the step's collectives, so unwinding with the epoch's collectives would
+    mismatch them (gloo aborts). This process fails instead, with no collective; the others
+    fail at their next one (``lost_peer_error``).
+
+    Args:
+        where: The entry point, e.g. ``"Trainer.train"``.
+        step: ``"train"`` or ``"eval"``.
+        rank: This process's rank.
+        error: The stop.
+    """
+    return RuntimeError(
+        f"{where}: StopTrainingError({str(error)!r}) was raised inside a {step} step (e.g. by "
+        f"calculate_{step}_batch_loss) on process {rank}, where the processes cannot stop "
+        "together: the others go on with the step's collectives. Raise StopTrainingError "
+        "from a callback instead (e.g. on_train_step_end): every process agrees on it "
+        "there; or pass train(skip_failing_batches=...) to skip a bad batch on every "
+        "process."
     )

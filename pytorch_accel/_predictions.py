@@ -1,4 +1,7 @@
-"""What ``predict()`` returns: each batch's outputs checked, padded to one length, concatenated.
+"""``predict()``'s run, and what it returns: each batch's outputs checked, padded, concatenated.
+
+``predict`` runs the prediction level on the loop (``Loop``): every batch through
+``calculate_predict_batch`` without gradients, gathered from every process.
 
 ``check_predict_outputs`` refuses, after the first batch, outputs that could never be
 concatenated on their first dimension; ``explain_unconcatenated_outputs`` names why the
@@ -13,15 +16,25 @@ batches concatenate on the first. Across processes, each batch is padded before 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import numbers
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
+from accelerate.utils import concatenate, send_to_device
 
 from pytorch_accel._checks import fail
+from pytorch_accel._loop import PREDICT_STEP_EVENTS, training_rng_preserved
+from pytorch_accel.dataloaders import epoch_batches
 from pytorch_accel.errors import PredictOutputsError
+from pytorch_accel.failing_batches import SKIPPED
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
+
+    from pytorch_accel._loop import Loop
 
 __all__ = [
     "SEQUENCE_DIM",
@@ -29,6 +42,7 @@ __all__ = [
     "check_predict_outputs",
     "explain_unconcatenated_outputs",
     "pad_to_longest",
+    "predict",
 ]
 
 SEQUENCE_DIM = 1
@@ -185,3 +199,79 @@ def _leaves(outputs: Any, path: str) -> Iterator[tuple[str, Any]]:
 
 def _root(path: str) -> str:
     return "outputs" if path.startswith(("its ", "the ")) else path
+
+
+def predict(
+    loop: Loop,
+    dataloader: DataLoader[Any],
+    output_device: str | torch.device | None,
+    keep: bool,
+    policy: object = None,
+    pad_value: float | None = None,
+) -> Any:
+    """Predict every batch of a prepared ``dataloader`` on ``loop`` (see ``Trainer.predict``).
+
+    Args:
+        loop: The trainer's loop, whose levels fire the prediction events.
+        dataloader: The prepared (sharded) dataloader, not shuffled.
+        output_device: Where each gathered batch is moved (``None``: where it is).
+        keep: Keep and return the outputs concatenated; ``False`` returns ``None``.
+        policy: ``skip_failing_batches``.
+        pad_value: Pad outputs along their second dimension to one length (``pad_to_longest``).
+    """
+    outputs: list[Any] | None = [] if keep else None
+    trainer = loop._trainer
+    accelerator, guard = trainer.accelerator, None
+
+    def step(batch: Any) -> dict[str, Any]:
+        compute = functools.partial(trainer.calculate_predict_batch, batch)
+        predicted = compute() if guard is None else guard.attempt(compute, batch)
+        if predicted is SKIPPED:  # on every process: no outputs to gather
+            return {"batch": batch, "predictions": None, "skipped": True}
+        if outputs is not None and not outputs:  # kept; the first batch
+            check_predict_outputs(predicted)  # refuse what could never be concatenated
+        if pad_value is not None and accelerator.num_processes > 1:  # sizes gathered
+            predicted = accelerator.pad_across_processes(predicted, dim=1, pad_index=pad_value)
+        # one process has nothing to gather (accelerate would still all-gather over a group of
+        # one under a launcher), and no repeated samples to drop
+        gathered = (
+            accelerator.gather_for_metrics(predicted)
+            if accelerator.num_processes > 1
+            else predicted
+        )
+        if output_device is not None:
+            gathered = send_to_device(gathered, output_device)
+        if outputs is not None:
+            outputs.append(gathered)
+        return {"batch": batch, "predictions": gathered}
+
+    def batches() -> None:
+        nonlocal guard
+        guard = loop.state.failing_batches
+        with epoch_batches(dataloader, None) as loaded:
+            for batch in loaded:
+                if trainer.callback_handler.active_events.isdisjoint(PREDICT_STEP_EVENTS):
+                    step(batch)
+                else:
+                    loop._with_events("predict_step", step, batch)
+
+    model = trainer.model
+    was_training = model.training
+    model.eval()
+    try:
+        with (
+            torch.no_grad(),
+            training_rng_preserved(trainer.device),
+            loop._guarding(policy, "prediction"),
+        ):
+            loop._entry_point("Trainer.predict", "predict_run", batches)
+    finally:
+        model.train(was_training)
+    if not outputs:
+        return None
+    try:
+        if pad_value is not None:
+            outputs = pad_to_longest(outputs, pad_value)
+        return concatenate(outputs)
+    except Exception as error:  # every batch is computed: keep them all in the error
+        explain_unconcatenated_outputs(outputs, error)

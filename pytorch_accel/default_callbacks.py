@@ -196,17 +196,12 @@ class TerminateOnNaNCallback(TrainerCallback):
         """Report where the first non-finite loss of the run started (``report_origin``)."""
         if self.origin is not None or batch_output is None:
             return
-        loss = batch_output["loss"]
-        if bool(torch.isfinite(torch.as_tensor(loss)).all()):
-            return
-        where = (
-            f"the loss was {_loss_text(loss)} in epoch {trainer.run_history.current_epoch} "
-            f"after {trainer.num_updates} updates, on process {trainer.accelerator.process_index}"
-        )
-        from pytorch_accel.plugins.nan_origin import nan_origin_report
+        from pytorch_accel.plugins.nan_origin import non_finite_loss_origin
 
-        self.origin = f"{where}: {nan_origin_report(trainer, batch, self._random_state)}"
-        warnings.warn(f"TerminateOnNaNCallback: {self.origin}", RuntimeWarning, stacklevel=2)
+        loss = batch_output["loss"]
+        self.origin = non_finite_loss_origin(trainer, batch, loss, self._random_state)
+        if self.origin is not None:
+            warnings.warn(f"TerminateOnNaNCallback: {self.origin}", RuntimeWarning, stacklevel=2)
 
     def on_train_step_end(
         self, trainer: TrainerLike, batch: Any, batch_output: dict[str, Any], **kwargs: Any
@@ -251,11 +246,6 @@ class TerminateOnNaNCallback(TrainerCallback):
 
     def _origin_text(self) -> str:
         return "" if self.origin is None else f" Where it started: {self.origin}."
-
-
-def _loss_text(loss: Any) -> str:
-    value = torch.as_tensor(loss).detach().float()
-    return str(value.item()) if value.numel() == 1 else "not finite"
 
 
 class PrintProgressCallback(TrainerCallback):

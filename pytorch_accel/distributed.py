@@ -29,8 +29,6 @@ from accelerate.utils import (
     broadcast_object_list,
 )
 
-from pytorch_accel._checks import fail
-
 __all__ = [
     "AgreedFlag",
     "agreement_group",
@@ -75,7 +73,6 @@ def create_accelerator(accelerator_kwargs: Mapping[str, Any]) -> Accelerator:
     Batches are copied to GPUs without blocking (from the pinned memory the default
     dataloaders use there), so loading never synchronises the host with the device.
     """
-    _check_fsdp_version(accelerator_kwargs.get("fsdp_plugin"))
     defaults = {
         "cpu": needs_cpu_distributed(),
         "dataloader_config": DataLoaderConfiguration(non_blocking=True),
@@ -128,30 +125,6 @@ def _warn_if_precision_ignored(accelerator: Accelerator) -> None:
             "precision on the CPU, or 'no' to silence this.",
             UserWarning,
             stacklevel=3,
-        )
-
-
-_FSDP_VERSIONS = (1, 2)
-"""The FSDP versions accelerate implements (``FullyShardedDataParallelPlugin.fsdp_version``)."""
-
-
-def _check_fsdp_version(fsdp_plugin: object) -> None:
-    """Refuse an FSDP version accelerate does not implement, before it fails obscurely."""
-    if fsdp_plugin is not None:
-        version, name = getattr(fsdp_plugin, "fsdp_version", 1), "fsdp_plugin.fsdp_version"
-    elif fsdp_requested():
-        version, name = os.environ.get("FSDP_VERSION", "1"), "FSDP_VERSION"
-        version = int(version) if version.strip().isdigit() else version
-    else:
-        return
-    if version not in _FSDP_VERSIONS:
-        fail(
-            ValueError,
-            "Trainer",
-            f"accelerator_kwargs: {name}",
-            version,
-            "1 or 2 (the FSDP versions accelerate implements)",
-            "Pass FullyShardedDataParallelPlugin(fsdp_version=2) for FSDP2 (or 1 for FSDP1).",
         )
 
 

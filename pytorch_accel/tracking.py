@@ -33,16 +33,16 @@ from typing import TYPE_CHECKING, Any, TextIO
 import torch
 from accelerate.utils import send_to_device
 
-from pytorch_accel._checks import fail
 from pytorch_accel._logged_exchange import (
+    BATCH_OUTPUT_KEYS,
     DEFAULT_LOGGED_CAPACITY,
-    check_weight,
-    checked_value,
+    batch_output_scalars,
+    checked_metrics,
     read_with_logged,
     refuse_different_names,
+    refuse_negative_weights,
 )
 from pytorch_accel.distributed import (
-    REDUCTIONS,
     group_size,
     process_rank,
     read_reduced,
@@ -555,30 +555,6 @@ def logged_name(loss_name: str, name: str) -> str:
     return loss_name.replace("loss", name, 1) if "loss" in loss_name else f"{loss_name}_{name}"
 
 
-def refuse_negative_weights(smallest: Sequence[float], kind: str, loss_name: str) -> None:
-    """Raise on every process if a loss weight of the epoch was negative or NaN (per process)."""
-    bad = [
-        f"process {rank}: {value}" if len(smallest) > 1 else str(value)
-        for rank, value in enumerate(smallest)
-        if not value >= 0
-    ]
-    if bad:
-        where = "Trainer.train" if kind == "train" else "Trainer.evaluate"
-        raise ValueError(
-            f"{where}: batch_output['num_items'] (a dict batch's 'num_items_in_batch'), the "
-            f"count each batch's loss is weighted by, must be at least 0; the smallest in this "
-            f"{kind} epoch ({loss_name}) was {', '.join(bad)}. Return the number of loss "
-            "elements the batch's loss is the mean of, e.g. (labels != -100).sum() for a token "
-            "loss (a tensor 'batch_size' is checked the same way)."
-        )
-
-
-BATCH_OUTPUT_KEYS = frozenset(
-    {"loss", "model_outputs", "batch_size", "num_items", "num_items_in_batch"}
-)
-"""The keys of a step's ``batch_output`` that are never logged as metrics."""
-
-
 class LoggedMetrics:
     """What ``Trainer.log`` and the steps' extra ``batch_output`` values logged, on the device.
 
@@ -650,7 +626,8 @@ class LoggedMetrics:
         weights[rank] = math.inf if smallest is None else smallest
         parts = [0.0 if total is None else total, loss.running_count, *fingerprints, *weights]
         combined = read_reduced(parts, ["sum"] * len(parts), device)
-        refuse_negative_weights(combined[2 + size :], kind, loss_name)
+        if not all(value >= 0 for value in combined[2 + size :]):  # NaN included
+            refuse_negative_weights(combined[2 + size :], kind, loss_name)
         loss_sum, count = combined[:2]
         history.update_metric(loss_name, loss_sum / count if count else math.nan)
         fingerprints = [int(value) for value in combined[2 : 2 + size]]
@@ -669,57 +646,20 @@ class LoggedMetrics:
         device: torch.device,
         where: str = "Trainer.log",
     ) -> None:
-        """Log each value of ``metrics``, checked first (see ``Trainer.log``).
-
-        Raises:
-            TypeError: If a name is not a string, a value not a real number or one-element
-                tensor, or ``weight`` not a number or tensor.
-            ValueError: If ``reduce`` is unknown, a name empty, a tensor has several elements,
-                or a name was logged with another reduction in the same epoch.
-        """
-        if type(metrics) is not dict and not isinstance(metrics, Mapping):
-            fail(TypeError, where, "metrics", metrics, "a dict", "Pass e.g. {'aux_loss': aux}.")
-        if reduce not in REDUCTIONS:
-            fail(ValueError, where, "reduce", reduce, f"one of {REDUCTIONS}", "Pass reduce='mean'.")
-        check_weight(where, weight)
+        """Log each value of ``metrics``, checked first (``_logged_exchange.checked_metrics``)."""
         values = self._epochs[-1][1] if self._epochs else LoggedValues()
-        for name, value in metrics.items():
-            checked = checked_value(where, name, value, device)
-            logged = values.reduction_of(name)
-            if logged is not None and logged != reduce:
-                fail(
-                    ValueError,
-                    where,
-                    "reduce",
-                    reduce,
-                    f"{logged!r}, as {name!r} was logged",
-                    "Log each name with one reduction, or log the other under another name.",
-                )
-            self._add(values, name, checked, reduce, weight)
+        for name, value in checked_metrics(where, metrics, reduce, weight, values, device):
+            self._add(values, name, value, reduce, weight)
         if not self._epochs:  # between epochs: reduced and recorded now
             for name, value in values.reduce(device).items():
                 history.update_metric(name, value)
 
     def log_batch_output(self, batch_output: Mapping[str, Any], device: torch.device) -> None:
-        """Log the extra floating-point scalars of a step's ``batch_output``, by batch size.
-
-        Skipped: ``BATCH_OUTPUT_KEYS``, names starting with ``_``, and anything that is not a
-        0-dimensional floating-point tensor or a Python float (counts, outputs, lists).
-        """
+        """Log the extra scalars of a step's ``batch_output`` (``batch_output_scalars``)."""
         if not self._epochs:
             return
         values, weight = self._epochs[-1][1], batch_output["batch_size"]
-        for name, value in batch_output.items():
-            if name in BATCH_OUTPUT_KEYS or not isinstance(name, str) or name.startswith("_"):
-                continue
-            if isinstance(value, torch.Tensor):
-                if value.ndim or not value.is_floating_point():
-                    continue
-                value = value.data
-            elif type(value) is float:
-                value = torch.full((), value, device=device)
-            else:
-                continue
+        for name, value in batch_output_scalars(batch_output, device):
             if values.reduction_of(name) in (None, "mean"):
                 self._add(values, name, value, "mean", weight)
 

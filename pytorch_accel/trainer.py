@@ -37,7 +37,6 @@ from pytorch_accel.placeholders import (
     replace_trainer_placeholder_values,
 )
 from pytorch_accel.run_config import (
-    TrainArguments,
     TrainerRunConfig,
     apply_randomness,
     create_run_config,
@@ -304,7 +303,8 @@ class Trainer:
                 training-loop.md#runs-counted-in-updates-and-iterabledatasets)); or a
                 ``DataLoader`` you built over one (its sampler, batch sampler and collate
                 function are kept; accelerate shards it), without ``per_device_batch_size``,
-                ``train_dataloader_kwargs`` and ``collate_fn``.
+                ``train_dataloader_kwargs`` and ``collate_fn``; or [several training sets](
+                trainer.md#several-training-sets) ``{"a": ..., "b": ...}`` mixed by a rule.
             num_epochs: Epochs (passes through the data) to train for in this call; ``None``
                 with ``max_num_train_steps``: as many as its updates need ([details](
                 training-loop.md#runs-counted-in-updates-and-iterabledatasets)).
@@ -359,8 +359,7 @@ class Trainer:
                 state with ``resume_from="latest"``; [details](
                 tuning-and-diagnosis.md#one-output-directory-per-run)).
         """
-        arguments = TrainArguments.bind(Trainer.train, locals())
-        checks.check_train_arguments(self, Trainer, arguments)
+        arguments = checks.checked_train_arguments(self, Trainer, locals())
         if arguments.dry_run or arguments.overfit_batches is not None:
             from pytorch_accel.tools._dry_run import run_dry_or_overfit
 
@@ -489,11 +488,11 @@ class Trainer:
             ``PredictOutputsError`` after the last, holding every batch's (varying lengths:
             pass ``pad_value``).
         """
+        from pytorch_accel import _predictions  # the prediction run: read when predicting
+
         checks.check_trainer_settings("Trainer.predict", self)
         if pad_value is not None:
-            from pytorch_accel._predictions import check_pad_value
-
-            check_pad_value(pad_value)
+            _predictions.check_pad_value(pad_value)
         loader = inference_checks.predict_dataloader(
             data,
             per_device_batch_size,
@@ -505,8 +504,8 @@ class Trainer:
         )
         self._preparation.prepare_model_and_optimizer(self)
         with self._preparation.prepared_for_prediction(loader) as prepared:
-            return self._loop.predict(
-                prepared, output_device, keep_outputs, skip_failing_batches, pad_value
+            return _predictions.predict(
+                self._loop, prepared, output_device, keep_outputs, skip_failing_batches, pad_value
             )
 
     @announces_exceptions

@@ -49,7 +49,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.failing_batches",
             "pytorch_accel.micro_batches",
             "pytorch_accel.run_config",
-            "pytorch_accel._predictions",
         ),
     ),
     (
@@ -59,6 +58,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel._checkpointing.resume",
             "pytorch_accel._state",
             "pytorch_accel._loop",
+            "pytorch_accel._predictions",
             "pytorch_accel._checkpointing.training_state",
             "pytorch_accel.plugins",
             "pytorch_accel.run_directory",
@@ -77,6 +77,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "pytorch_accel.export",
             "pytorch_accel.memory",
             "pytorch_accel.packing",
+            "pytorch_accel.mixing",
         ),
     ),
     ("tools", ("pytorch_accel.tools",)),
@@ -113,10 +114,12 @@ LAYER_ROLES = {
         "exporting a model in the ecosystem's formats, `Trainer.save_model` (`export`, "
         "imported by the method); activation checkpointing as one switch, called on a model "
         "before the trainer is made (`memory`); padding-free batches for causal language "
-        "models, a collate function (`packing`)."
+        "models, a collate function (`packing`); several training sets mixed by a sampling rule, "
+        "turned into one dataset and its batch sampler at `train()`'s entry (`mixing`, imported "
+        "only when `train()` gets a mapping of sets)."
     ),
     "loop": (
-        "The loop in one module, level by level (training, evaluation, prediction), with the "
+        "The loop in one module, level by level (training, evaluation), with the "
         "one helper that fires each level's start and end events, the stop agreement and one "
         "around-step hook (`_loop`); the step guards on that hook (`plugins`: skipping failing "
         "batches, more micro-batches on out-of-memory), imported only when a run asks for "
@@ -128,7 +131,9 @@ LAYER_ROLES = {
         "saved or resumed; every run's train dataloader that can restart mid-epoch, and each "
         "epoch's entry: `_resumable`); the run directory under "
         "`Trainer(output_dir=...)`, its name agreed across processes, and where callbacks put "
-        "their default files (`run_directory`)."
+        "their default files (`run_directory`); `predict()`'s run on the loop's levels and what "
+        "it returns (`_predictions`: outputs checked, padded to one length, concatenated), "
+        "imported when predicting."
     ),
     "core": (
         "The concepts everything else is built from: `StopTrainingError`, the event names, the "
@@ -154,9 +159,7 @@ LAYER_ROLES = {
         "guards' "
         "policies (`failing_batches`, `micro_batches`); placeholders, checkpoint and "
         "training-state files (`_checkpointing`: the one atomic writer, safe loader and "
-        "model/optimizer fit check), schedulers; what `predict()` returns (`_predictions`: "
-        "outputs checked, padded to one length, concatenated). None of it knows the loop or "
-        "the trainer."
+        "model/optimizer fit check), schedulers. None of it knows the loop or the trainer."
     ),
 }
 """What each layer holds: the last column of the generated table in docs/architecture.md."""

@@ -225,3 +225,27 @@ def test_the_loaders_suite_pairs_the_default_against_fixed_worker_counts() -> No
     assert "| text | trainer default (0 workers) |" in "\n".join(
         report.suites_markdown({"loaders": results})
     )
+
+
+def test_the_call_cost_suite_breaks_a_call_down_by_section() -> None:
+    """Issue 44: the per-call breakdown (synthetic samples: the launch needs torchrun)."""
+    from benchmarks import call_cost, report
+
+    rounds = 5
+    sections = {label: [(0.002, 0.001)] * rounds for label, _, _ in call_cost.SECTIONS}
+    fixed = {
+        "trainer": [(0.030, 0.004)] * rounds,
+        "hand-written DDP": [(0.010, 0.001)] * rounds,
+        call_cost.UNCACHED: [(0.002, 0.0015)] * rounds,
+    }
+    summary = call_cost.summarise({"tiny MLP": {"fixed": fixed, "sections": sections}})
+    rows = {row["section"]: row for row in summary["tiny MLP"]["rows"]}
+    rest = rows["the rest (events, callbacks, loader start, bookkeeping)"]
+    count = len(call_cost.SECTIONS)
+    assert rest["median_ms"] == pytest.approx(30 - 2 * count)
+    assert rest["median_cpu_ms"] == pytest.approx(4 - count)
+    assert summary["tiny MLP"]["extra_fixed_ms"]["median"] == pytest.approx(20)
+    assert summary["tiny MLP"]["extra_fixed_cpu_ms"]["median"] == pytest.approx(3)
+    table = "\n".join(report.suites_markdown({"call-2": summary}))
+    assert "| **trainer over hand-written DDP, paired** | **+20.00**" in table
+    assert "suite-call-2" in report.BLOCK_NAMES

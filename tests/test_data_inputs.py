@@ -84,16 +84,3 @@ def test_a_dataloader_over_an_empty_dataset_is_named() -> None:
         ValueError, match=r"train_dataset.dataset \(of the DataLoader\) must be non-empty"
     ):
         make_trainer().train(DataLoader(make_regression_dataset(0)), num_epochs=1)
-
-
-@pytest.mark.bad_input
-def test_several_training_sets_as_a_mapping_are_refused_naming_the_keys() -> None:
-    # A dict has a length (2): it was refused as "a 2-sample dataset" (issue 41).
-    sets = {"a": make_regression_dataset(16), "b": make_regression_dataset(16, seed=1)}
-    with pytest.raises(
-        TypeError,
-        match=r"Trainer\.train: train_dataset must be one dataset, got a dict of 2 entries "
-        r"\(keys 'a', 'b'\): several training sets as a mapping are not supported .*"
-        r"ConcatDataset.*WeightedRandomSampler.*train_dataset=train_sets\['a'\]",
-    ):
-        make_trainer().train(sets, num_epochs=1)

@@ -26,7 +26,7 @@ from pytorch_accel._dict_batches import dict_batch_loss, predictions_of
 if TYPE_CHECKING:
     from pytorch_accel.protocols import TrainerLike
 
-__all__ = ["RandomState", "nan_origin_report"]
+__all__ = ["RandomState", "nan_origin_report", "non_finite_loss_origin"]
 
 
 @dataclass
@@ -47,6 +47,24 @@ class RandomState:
         torch.set_rng_state(self.cpu)
         if self.device is not None:
             torch.cuda.set_rng_state(self.device, device)
+
+
+def non_finite_loss_origin(
+    trainer: TrainerLike, batch: Any, loss: Any, random_state: RandomState | None
+) -> str | None:
+    """Say when the batch ``loss`` was not finite and where it started; ``None`` if it is finite.
+
+    One host read of the loss. Arguments as ``nan_origin_report``'s; ``loss``: the batch's.
+    """
+    if bool(torch.isfinite(torch.as_tensor(loss)).all()):
+        return None
+    value = torch.as_tensor(loss).detach().float()
+    text = str(value.item()) if value.numel() == 1 else "not finite"
+    where = (
+        f"the loss was {text} in epoch {trainer.run_history.current_epoch} after "
+        f"{trainer.num_updates} updates, on process {trainer.accelerator.process_index}"
+    )
+    return f"{where}: {nan_origin_report(trainer, batch, random_state)}"
 
 
 def nan_origin_report(trainer: TrainerLike, batch: Any, random_state: RandomState | None) -> str:

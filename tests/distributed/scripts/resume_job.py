@@ -96,6 +96,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--pace", type=float, default=0.0)
     parser.add_argument("--pause-in-save", type=float, default=0.0)
     parser.add_argument("--async-save", action="store_true")
+    parser.add_argument("--mixed", action="store_true")  # two training sets, by weight
     return parser.parse_args()
 
 
@@ -151,8 +152,14 @@ def main() -> None:
         total_steps=TrainerPlaceholderValues.TOTAL_NUM_UPDATE_STEPS,
     )
     workers = {"num_workers": args.workers, "persistent_workers": args.workers > 0}
+    data: Any = Regression(38, seed=0)
+    if args.mixed:
+        from pytorch_accel.mixing import TrainingSets
+
+        sets = {"a": data, "b": Regression(14, seed=2)}
+        data = TrainingSets(sets, weights={"a": 1.0, "b": 1.0})
     trainer.train(
-        Regression(38, seed=0),
+        data,
         num_epochs=args.epochs,
         eval_dataset=Regression(10, seed=1),
         per_device_batch_size=4,
