@@ -14,7 +14,6 @@ learning rate. ``recorded`` is what a training state keeps of it.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import math
 import os
@@ -37,9 +36,7 @@ __all__ = [
     "TrainArguments",
     "TrainerRunConfig",
     "apply_randomness",
-    "bare_compiled_models",
     "create_run_config",
-    "optimizer_not_loaded",
     "recorded",
     "scale_learning_rates",
 ]
@@ -295,48 +292,6 @@ def apply_randomness(arguments: TrainArguments, accelerator: Accelerator) -> Non
         torch.backends.cudnn.benchmark = arguments.cudnn_benchmark
     if arguments.seed is not None:
         set_seed(arguments.seed + (accelerator.process_index if arguments.seed_per_rank else 0))
-
-
-@contextlib.contextmanager
-def _registered(
-    accelerator: Accelerator, attribute: str, replace: Callable[[list[Any]], list[Any]]
-) -> Iterator[None]:
-    """Replace the accelerator's registered objects (``_models``, ...) inside the block."""
-    registered = getattr(accelerator, attribute, None)
-    if not isinstance(registered, list):
-        yield
-        return
-    saved = list(registered)
-    registered[:] = replace(saved)
-    try:
-        yield
-    finally:
-        registered[:] = saved
-
-
-def bare_compiled_models(accelerator: Accelerator) -> contextlib.AbstractContextManager[None]:
-    """Let ``accelerator.save_state``/``load_state`` see compiled models without the wrapper.
-
-    accelerate saves the modules it was given: a model compiled by hand
-    (``torch.compile(model)``, an ``OptimizedModule``) would be saved with ``_orig_mod.`` in
-    every key, and such a state would not load into an uncompiled model (nor a state with clean
-    keys into it). Inside the block the registered compiled models are replaced by the modules
-    they wrap, which share their parameters; the registrations are put back afterwards.
-    """
-    return _registered(
-        accelerator, "_models", lambda models: [getattr(m, "_orig_mod", m) for m in models]
-    )
-
-
-def optimizer_not_loaded(
-    accelerator: Accelerator, skip: bool
-) -> contextlib.AbstractContextManager[None]:
-    """Hide the optimizers from ``accelerator.load_state`` inside the block, if ``skip``.
-
-    accelerate loads every optimizer it prepared; hidden, the trainer's optimizer keeps its
-    state and may differ from the saved one (another type, other parameter groups).
-    """
-    return _registered(accelerator, "_optimizers", lambda optimizers: [] if skip else optimizers)
 
 
 class ChosenRates:

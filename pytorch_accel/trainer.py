@@ -853,7 +853,7 @@ class Trainer:
     ) -> Path:
         """Save everything needed to continue this run exactly, atomically, to a directory.
 
-        Model, optimizer, scaler, every process's random states (``accelerator.save_state``),
+        Model, optimizer (``torch.distributed.checkpoint``), scaler, every process's random states,
         scheduler, run history, counters, position, callbacks' ``state_dict``, and per process
         the running loss, an open accumulation window's gradients and the epoch order's random
         states. A failed or interrupted save leaves ``output_dir`` intact. Every process must

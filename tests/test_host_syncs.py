@@ -107,6 +107,24 @@ def test_default_loop_reads_no_tensor_per_step(counter: SyncCounter, accumulatio
     assert counter.calls == []
 
 
+def test_the_watchdog_reads_no_tensor_per_step(counter: SyncCounter, tmp_path: Path) -> None:
+    """Issue 43: the hang watchdog only notes times per step; step times are read per epoch."""
+    from pytorch_accel.callbacks import WatchdogCallback
+
+    watchdog = WatchdogCallback(timeout_s=60, directory=tmp_path, heartbeat_s=0.05)
+    model = make_model()
+    trainer = Trainer(
+        model,
+        nn.MSELoss(),
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        callbacks=(*DEFAULT_CALLBACKS, watchdog, *probes(counter)),
+    )
+    trainer.progress_interval = 0
+    train_then_evaluate(trainer, 1)
+    assert counter.calls == []
+    assert len(trainer.run_history.get_metric_values("train_step_seconds")) == 2
+
+
 def test_the_counter_sees_a_host_read(counter: SyncCounter) -> None:
     class ReadsLoss(TrainerCallback):
         def on_train_step_end(

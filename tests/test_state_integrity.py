@@ -172,3 +172,61 @@ def test_a_loss_module_is_saved_in_the_training_state_and_restored(
     fresh.load_training_state(tmp_path / "state")
     assert restored.calls.item() == 8
     assert restored.scale.item() == loss.scale.item()
+
+
+# ------------------------------------------- sharded states: DCP's .metadata is a pickle
+
+
+def as_sharded_state(state: Path) -> None:
+    """Rewrite a state's model and optimizer as DCP's folders, as FSDP2 saves them sharded."""
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import load_file
+
+    model = load_file(state / "model.safetensors")
+    optimizer = torch.load(state / "optimizer.bin", weights_only=True)
+    dcp.save({"model": model}, checkpoint_id=state / "pytorch_model_fsdp_0")
+    dcp.save({"optimizer": optimizer}, checkpoint_id=state / "optimizer_0")
+    for name in ("model.safetensors", "optimizer.bin", MANIFEST_NAME):
+        (state / name).unlink()
+    write_manifest(state, {"world_size": 1, "saved_at_ns": 0})
+
+
+def test_a_sharded_state_loads_its_model_and_optimizer_through_dcp(
+    tmp_path: Path, regression_dataset: TensorDataset
+) -> None:
+    trainer = make_trainer(optimizer_class=torch.optim.AdamW)
+    trainer.train(regression_dataset, num_epochs=1, per_device_batch_size=8)
+    trainer.save_training_state(tmp_path / "state")
+    as_sharded_state(tmp_path / "state")
+    loaded = make_trainer(make_model(seed=1), optimizer_class=torch.optim.AdamW)
+    loaded.load_training_state(tmp_path / "state")
+    assert torch.equal(flat(loaded.model), flat(trainer.model))
+    saved, restored = trainer.optimizer.state_dict(), loaded.optimizer.state_dict()
+    for key, value in saved["state"].items():
+        assert torch.equal(restored["state"][key]["exp_avg_sq"], value["exp_avg_sq"])
+
+
+@pytest.mark.bad_input
+def test_a_planted_pickle_in_dcps_metadata_is_refused_without_running_it(
+    tmp_path: Path, regression_dataset: TensorDataset
+) -> None:
+    state = saved(tmp_path, regression_dataset)
+    as_sharded_state(state)
+    PLANTED[0] = str(tmp_path / "planted-ran")
+    (state / "pytorch_model_fsdp_0" / ".metadata").write_bytes(pickle.dumps(Planted()))
+    (state / MANIFEST_NAME).unlink()
+    write_manifest(state, {"world_size": 1, "saved_at_ns": 0})  # listed, as a forgery would
+    with pytest.raises(TrainingStateError, match=r"which is not one of DCP's metadata classes"):
+        make_trainer().load_training_state(state)
+    assert not Path(PLANTED[0]).exists()
+
+
+def test_dcps_metadata_changed_after_the_save_is_refused(
+    tmp_path: Path, regression_dataset: TensorDataset
+) -> None:
+    state = saved(tmp_path, regression_dataset)
+    as_sharded_state(state)
+    with (state / "pytorch_model_fsdp_0" / ".metadata").open("ab") as handle:
+        handle.write(b"\x00")
+    with pytest.raises(TrainingStateError, match=r"\.metadata' is truncated or was changed"):
+        make_trainer().load_training_state(state)

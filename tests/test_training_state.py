@@ -653,3 +653,33 @@ def test_states_rotate_in_a_symlinked_save_dir_and_links_left_by_old_versions_go
     assert listing(elsewhere) == [".final.previous", ".updates-00000002.deleting"]
     (real / "best").symlink_to("updates-00000008")  # an alias: not a state of its own
     assert find_training_states(states) == [states / "updates-00000008", states / "final"]
+
+
+def test_a_save_before_the_first_update_leaves_the_optimizer_without_state(
+    tmp_path: Path, regression_dataset: TensorDataset
+) -> None:
+    """torch's get_optimizer_state_dict creates a new optimizer's state by stepping it once."""
+    trainer = make_trainer(optimizer_class=torch.optim.AdamW)
+    trainer.save_training_state(tmp_path / "state")
+    assert not trainer.optimizer.state_dict()["state"]
+    torch.manual_seed(1)
+    trainer.train(regression_dataset, num_epochs=1, per_device_batch_size=8)
+    fresh = make_trainer(optimizer_class=torch.optim.AdamW)
+    torch.manual_seed(1)
+    fresh.train(regression_dataset, num_epochs=1, per_device_batch_size=8)
+    pairs = zip(clone_params(trainer.model), clone_params(fresh.model), strict=True)
+    assert all(torch.equal(saved, unsaved) for saved, unsaved in pairs)
+
+
+def test_an_object_registered_for_checkpointing_is_saved_and_restored(
+    tmp_path: Path, regression_dataset: TensorDataset
+) -> None:
+    trainer = saved_after_training(tmp_path, regression_dataset)
+    registered = nn.Linear(2, 2)
+    trainer.accelerator.register_for_checkpointing(registered)
+    trainer.save_training_state(tmp_path / "registered")
+    other = make_trainer()
+    restored = nn.Linear(2, 2)
+    other.accelerator.register_for_checkpointing(restored)
+    other.load_training_state(tmp_path / "registered")
+    assert torch.equal(restored.weight, registered.weight)

@@ -1,12 +1,11 @@
 """Training states staged in host memory, then written: in the training thread or in the background.
 
-``stage_accelerator_state`` runs ``accelerator.save_state`` with its writes recorded instead of
-done, the contents copied to host memory for a save written in the background (``HostCopies``,
-into buffers kept between saves). A ``PendingSave`` writes one process's files, each flushed
-and digested in one pass; once every process wrote its files (agreed through an ``AgreedFlag``
-from the training thread, never the writing one), the main process writes the manifest from
-the recorded digests and publishes the directory. A process killed earlier leaves a hidden
-directory without a manifest.
+A state's files are ``StagedFile``s, their contents copied to host memory for a save written in
+the background (``HostCopies``, into buffers kept between saves). A ``PendingSave`` writes one
+process's files, each flushed and digested in one pass; once every process wrote its files
+(agreed through an ``AgreedFlag`` from the training thread, never the writing one), the main
+process writes the manifest from the recorded digests and publishes the directory. A process
+killed earlier leaves a hidden directory without a manifest.
 """
 
 from __future__ import annotations
@@ -24,9 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
-import accelerate.checkpointing
 import torch
-from accelerate.utils import clean_state_dict_for_safetensors
 
 from pytorch_accel._checkpointing.files import (
     TrainingStateError,
@@ -42,7 +39,6 @@ __all__ = [
     "HostCopies",
     "PendingSave",
     "StagedFile",
-    "stage_accelerator_state",
     "write_safetensors",
 ]
 
@@ -133,51 +129,6 @@ class HostCopies:
 
 def _as_is(value: Any) -> Any:
     return value
-
-
-def stage_accelerator_state(
-    accelerator: Any, directory: Path, copy: Callable[[Any], Any]
-) -> list[StagedFile]:
-    """Run ``accelerator.save_state(directory)`` with its files staged, not written.
-
-    What accelerate would write on this process is kept under the same file names, passed
-    through ``copy``. Not for FSDP or DeepSpeed, whose engines write their own files.
-    """
-    staged: list[StagedFile] = []
-    main, rank = accelerator.is_main_process, accelerator.process_index
-
-    def record(obj: Any, f: Any, save_on_each_node: bool = False, **kwargs: Any) -> None:
-        safe = bool(kwargs.get("safe_serialization", False))
-        writes = accelerator.is_local_main_process if save_on_each_node else main
-        if writes:
-            if safe and isinstance(obj, OrderedDict):
-                obj = clean_state_dict_for_safetensors(obj)
-            name = Path(f).name
-            staged.append(StagedFile(name, copy(obj), safe, name.startswith("custom_")))
-
-    def record_torch_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
-        name = Path(f).name  # every process's random states; the rest once, by the main one
-        if main or name == f"random_states_{rank}.pkl":
-            staged.append(StagedFile(name, copy(obj)))
-
-    module: Any = accelerate.checkpointing
-    original_save, original_torch = module.save, module.torch
-    module.save, module.torch = record, _TorchWithSave(record_torch_save)
-    try:
-        accelerator.save_state(str(directory))
-    finally:
-        module.save, module.torch = original_save, original_torch
-    return staged
-
-
-class _TorchWithSave:
-    """``torch`` as accelerate's checkpointing module sees it, with ``save`` staged."""
-
-    def __init__(self, save: Callable[..., None]) -> None:
-        self.save = save
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(torch, name)
 
 
 def _write(path: Path, item: StagedFile) -> dict[str, Any]:

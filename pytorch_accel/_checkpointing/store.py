@@ -1,7 +1,7 @@
 """Training-state directories: written atomically, complete only with a manifest, verified on load.
 
-A training state is the directory of ``accelerator.save_state`` (model, optimizer, scaler, every
-rank's random states, the trainer's own state) plus one file per rank. It is written under a
+A training state is a directory: the model and optimizer (``sharded``), the trainer's shared
+state, and every process's random states and own state. It is written under a
 hidden temporary name, every file flushed to disk, then the manifest (file sizes and digests,
 ``files.Digest``) is written and the directory renamed into place. A directory without a
 manifest is an interrupted save: never loaded, skipped by ``latest_training_state``.
@@ -46,6 +46,7 @@ __all__ = [
     "latest_training_state",
     "newest_resumable",
     "newest_training_state",
+    "prepare_saving",
     "publish",
     "rank_state_name",
     "read_manifest",
@@ -61,9 +62,9 @@ MANIFEST_NAME = "pytorch_accel_state.json"
 """The file that marks a training-state directory as complete."""
 
 _FORMAT = "pytorch-accel-training-state"
-_VERSION = 1
+_VERSION = 2
 _PICKLED_SUFFIXES = (".bin", ".pkl", ".pt")
-_LOADED_BY_THE_TRAINER = ("custom_checkpoint_", "trainer_rank_", "random_states_")
+_LOADED_SUFFIXES = (*_PICKLED_SUFFIXES, ".safetensors")
 _PER_RANK = (("random_states", ".pkl"), ("trainer_rank", ".pt"))
 
 
@@ -76,6 +77,11 @@ def refuse_fsdp1(accelerator: Any, where: str) -> None:
             "FullyShardedDataParallelPlugin(fsdp_version=2) (or FSDP_VERSION=2); "
             "save_checkpoint and load_checkpoint work under both."
         )
+
+
+def prepare_saving() -> None:
+    """Import torch's state-dict module now (seconds), not in the step of a run's first save."""
+    import torch.distributed.checkpoint.state_dict  # noqa: F401
 
 
 def rank_state_name(rank: int) -> str:
@@ -158,7 +164,9 @@ def read_manifest(directory: Path, where: str) -> dict[str, Any]:
     if manifest.get("version") != _VERSION:
         raise TrainingStateError(
             f"{where}: {str(path)!r} has format version {manifest.get('version')!r}; this "
-            f"version of pytorch-accel reads version {_VERSION}."
+            f"version of pytorch-accel reads version {_VERSION} (version 1 held the files of "
+            "accelerate's save_state, which it no longer writes). Save the state again with "
+            "this version, or resume it with the version that wrote it."
         )
     return manifest
 
@@ -167,10 +175,11 @@ def verify_training_state(directory: Path, world_size: int, where: str) -> dict[
     """Check a training state before anything is loaded from it; return its manifest.
 
     Every file must be listed, with the size and digest recorded, every file of a state of its
-    world size present, and every pickled file must load with ``weights_only=True``. What the
-    trainer loads itself is deserialised here, from the verified bytes, into the manifest's
-    ``"loaded"`` (by file name). A state saved mid-epoch resumes only on as many processes as
-    saved it; one saved between epochs on any number.
+    world size present, and every pickled file must load with ``weights_only=True``. The files
+    at the top level are deserialised here, from the verified bytes, into the manifest's
+    ``"loaded"`` (by file name; ``.safetensors`` files too); those in folders (DCP's) are
+    verified as they are read (``sharded.read_sharded``). A state saved mid-epoch resumes only
+    on as many processes as saved it; one saved between epochs on any number.
 
     Raises:
         TrainingStateError: Naming the file and what is wrong with it, or the world size.
@@ -218,13 +227,23 @@ def verify_training_state(directory: Path, world_size: int, where: str) -> dict[
     loaded = {}
     for name, expected in listed.items():
         path = directory / name
-        pickled = path.suffix in _PICKLED_SUFFIXES
-        data = read_verified(path, expected, where, keep=pickled)
-        if pickled:
-            contents = load_safely(data, path, where)
-            if name.startswith(_LOADED_BY_THE_TRAINER):
-                loaded[name] = contents
+        if "/" in name:
+            continue
+        data = read_verified(path, expected, where, keep=path.suffix in _LOADED_SUFFIXES)
+        if path.suffix in _PICKLED_SUFFIXES:
+            loaded[name] = load_safely(data, path, where)
+        elif path.suffix == ".safetensors":
+            loaded[name] = _safetensors(data, path, where)
     return {**manifest, "loaded": loaded}
+
+
+def _safetensors(data: bytes, path: Path, where: str) -> dict[str, Any]:
+    from safetensors.torch import load
+
+    try:  # in one order on every process (safetensors' own differs between processes)
+        return dict(sorted(load(data).items()))
+    except Exception as error:
+        raise TrainingStateError(f"{where}: could not read {str(path)!r}: {error}") from error
 
 
 def _refuse_outside(directory: Path, name: str, where: str) -> None:

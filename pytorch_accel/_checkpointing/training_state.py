@@ -1,33 +1,28 @@
 """Saving, loading and resuming a trainer's training states.
 
 ``TrainingStateIO`` writes a training state (``store``) atomically, verifies it before anything
-is loaded, and turns it into the ``ResumePoint`` a resumed ``train()`` continues from. What the
-trainer loads itself is deserialised from the verified bytes, and accelerate loads the rest,
-all with ``weights_only=True``: nothing in a state can run code.
+is loaded, and turns it into the ``ResumePoint`` a resumed ``train()`` continues from. The model
+and optimizer go through ``torch.distributed.checkpoint`` (``sharded``), the rest through small
+files of the trainer's own; everything is loaded from the verified bytes, pickles with
+``weights_only=True``: nothing in a state can run code.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import random
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import accelerate.accelerator
 import numpy
 import torch
 from accelerate.utils import DistributedType
 
-from pytorch_accel._checkpointing.files import (
-    atomic_write,
-    disk_full_error,
-    load_pickled,
-)
+from pytorch_accel._checkpointing.files import disk_full_error
 from pytorch_accel._checkpointing.fit import model_misfit
 from pytorch_accel._checkpointing.resume import (
     PER_PROCESS,
@@ -37,28 +32,27 @@ from pytorch_accel._checkpointing.resume import (
     gradients,
 )
 from pytorch_accel._checkpointing.sharded import (
+    DCP_MODEL,
     is_sharded,
+    load_states,
+    optimizer_owner,
+    read_dcp_metadata,
+    read_sharded,
+    saves_sharded,
     sharded_model_tensors,
-    weights_across_layouts,
+    states_to_save,
+    write_sharded,
 )
-from pytorch_accel._checkpointing.staging import (
-    HostCopies,
-    PendingSave,
-    StagedFile,
-    stage_accelerator_state,
-    unsafe_state_error,
-)
+from pytorch_accel._checkpointing.staging import HostCopies, PendingSave, StagedFile
 from pytorch_accel._checkpointing.store import (
     TrainingStateError,
     complete_state,
     discard,
     hidden,
     newest_resumable,
-    publish,
     rank_state_name,
     refuse_fsdp1,
     verify_training_state,
-    write_manifest,
 )
 from pytorch_accel._checkpointing.streams import stream_position
 from pytorch_accel._checks import fail
@@ -68,12 +62,7 @@ from pytorch_accel._state import Preparation
 from pytorch_accel._stored_items import _random_states_kept
 from pytorch_accel.callback import TrainerCallback
 from pytorch_accel.distributed import AgreedFlag
-from pytorch_accel.run_config import (
-    TrainerRunConfig,
-    bare_compiled_models,
-    optimizer_not_loaded,
-    recorded,
-)
+from pytorch_accel.run_config import TrainerRunConfig, recorded
 from pytorch_accel.tracking import setup_logging
 
 if TYPE_CHECKING:
@@ -88,7 +77,6 @@ class TrainingStateIO:
 
     def __init__(self, trainer: Trainer, preparation: Preparation, loop: TrainerState) -> None:
         self._trainer, self._preparation, self._loop = trainer, preparation, loop
-        self._registered = False
         self._saving: Position | None = None
         self._copies = HostCopies()
         self._flag: AgreedFlag | None = None
@@ -132,26 +120,45 @@ class TrainingStateIO:
             )
 
     def _write(self, final: Path, temporary: Path, blocking: bool, position: Position) -> None:
-        accelerator = self._trainer.accelerator
         self._prepare_model()
-        if accelerator.is_main_process:
+        trainer = self._trainer
+        accelerator, model, optimizer = trainer.accelerator, trainer.model, trainer.optimizer
+        owner = optimizer_owner(model, trainer.loss_func)
+        _refuse_engine(accelerator, "Trainer.save_training_state")
+        main, rank = accelerator.is_main_process, accelerator.process_index
+        if main:
             discard(temporary)
             temporary.mkdir(parents=True)
         accelerator.wait_for_everyone()
-        self._register()
-        if accelerator.distributed_type in _ENGINES_WRITING_THEIR_OWN_FILES:
-            self._write_unstaged(final, temporary, position)
-            return
-        info = self._manifest_info(position)
-        with (
-            self._copies.session(copy=not blocking) as copy,
-            bare_compiled_models(accelerator),
-            _stateful_loaders_hidden(accelerator),
-        ):
-            files = stage_accelerator_state(accelerator, temporary, copy)
+        info, files = self._manifest_info(position), []
+        if saves_sharded(accelerator):  # every process writes its shards with DCP, blocking
+            blocking = True
+            try:
+                write_sharded(temporary, model, optimizer, owner)
+            except BaseException as error:
+                if main:
+                    discard(temporary)
+                full = disk_full_error(error, final, "training state")
+                if full is None:
+                    raise
+                raise full from error
+        with self._copies.session(copy=not blocking) as copy:
+            if not saves_sharded(accelerator):  # gathered whole under FSDP (a collective)
+                model_state, optimizer_state = states_to_save(
+                    model, optimizer, is_sharded(accelerator), owner, saving=True
+                )
+                if main:
+                    files.append(StagedFile(_MODEL, copy(model_state), safetensors=True))
+                    if optimizer_state is not None:
+                        files.append(StagedFile(_OPTIMIZER, copy(optimizer_state)))
+            if main:
+                files.append(StagedFile(_SHARED, copy(self.state_dict()), checked=True))
+                for index, obj in enumerate(_registered(accelerator), start=1):
+                    name = f"custom_checkpoint_{index}.pkl"
+                    files.append(StagedFile(name, copy(obj.state_dict()), checked=True))
+            files.append(StagedFile(f"random_states_{rank}.pkl", _random_states(accelerator)))
             rank_state = copy(self._rank_state(position))
-        name = rank_state_name(accelerator.process_index)
-        files.append(StagedFile(name, rank_state, checked=True))
+            files.append(StagedFile(rank_state_name(rank), rank_state, checked=True))
         pending = PendingSave(files, temporary, final, info, accelerator, self._agreement())
         if blocking:
             pending.run()
@@ -172,31 +179,6 @@ class TrainingStateIO:
             self._flag = AgreedFlag()
         return self._flag
 
-    def _write_unstaged(self, final: Path, temporary: Path, position: Position) -> None:
-        """FSDP and DeepSpeed: accelerate's engines write their files; then the manifest."""
-        accelerator = self._trainer.accelerator
-        full: OSError | None = None
-        try:
-            with bare_compiled_models(accelerator), _stateful_loaders_hidden(accelerator):
-                accelerator.save_state(str(temporary))  # no _orig_mod. in the saved keys
-            rank_state = self._rank_state(position)
-            path = temporary / rank_state_name(accelerator.process_index)
-            atomic_write(path, lambda handle: torch.save(rank_state, handle))
-            self._agree_on(self._announce_save(temporary, final))  # every process's files
-            if accelerator.is_main_process:
-                _check_saved_states_load_safely(temporary)
-                write_manifest(temporary, self._manifest_info(position))
-                publish(temporary, final)
-        except BaseException as error:
-            full = disk_full_error(error, final, "training state")
-            if accelerator.is_main_process:
-                discard(temporary)
-            if full is None:
-                raise
-        if full is not None:  # raised here, the failed writers' frames (open files) are freed
-            raise full
-        accelerator.wait_for_everyone()
-
     def _announce_save(self, directory: Path, final: Path) -> Exception | None:
         """Fire ``on_save_training_state``; return what a callback raised, if anything.
 
@@ -214,31 +196,14 @@ class TrainingStateIO:
         with training_rng_preserved(trainer.accelerator.device), _random_states_kept():
             trainer.callback_handler.call_event(event, trainer, **kwargs)
 
-    def _agree_on(self, failed: Exception | None) -> None:
-        """Wait for every process; raise on each if one failed (``failed``: this one's error)."""
-        flag = self._agreement()
-        agreed = int(failed is not None) if flag is None else flag.settle(int(failed is not None))
-        if failed is not None:
-            raise failed
-        if agreed:
-            raise TrainingStateError(
-                "Trainer.save_training_state: on another process a callback's "
-                "on_save_training_state raised; the save was abandoned (its error is in that "
-                "process's output)."
-            )
-
     def state_dict(self) -> dict[str, Any]:
-        """The trainer state that is the same on every process, which accelerate saves.
-
-        This object is registered with ``accelerator.register_for_checkpointing``; ``load``
-        reads the saved state itself, from verified bytes.
-        """
+        """The trainer state that is the same on every process, saved by the main process."""
         trainer = self._trainer
         position = self._saving or self._loop.position("Trainer.save_training_state")
         history = trainer.run_history.state_dict()
         if self._loop.savable == "epoch":  # the trainer counts the epoch right after this event
             history["current_epoch"] += 1
-        config = trainer.run_config
+        config, scaler = trainer.run_config, trainer.accelerator.scaler
         return {
             "position": position.to_dict(),
             "num_updates": self._loop.num_updates,
@@ -249,6 +214,7 @@ class TrainingStateIO:
             "callbacks": callback_states(trainer.callback_handler.callbacks),
             "run_setup": recorded(config),
             "loss_func": _loss_state(trainer.loss_func),
+            "scaler": None if scaler is None else scaler.state_dict(),
         }
 
     def _rank_state(self, position: Position) -> dict[str, Any]:
@@ -289,9 +255,6 @@ class TrainingStateIO:
             "position": position.to_dict(),
         }
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Nothing: ``load`` has the state already (see ``state_dict``)."""
-
     # -------------------------------------------------------------------------------- load
 
     def load(
@@ -299,60 +262,74 @@ class TrainingStateIO:
         directory: Path,
         where: str,
         check: Callable[[dict[str, Any]], None] | None = None,
+        optimizer: bool = True,
     ) -> tuple[dict[str, Any], dict[str, Any], int]:
-        """Verify a training state, then load it (run history and update counts included).
+        """Verify a training state, then load it from the verified bytes (history and counts too).
 
         Returns its shared state, this process's state and the number of processes that saved
         it. Then fires ``on_load_training_state``.
 
         ``where`` is the entry point, for messages; ``check`` sees the shared state before
-        anything is loaded.
+        anything is loaded; ``optimizer``: load the optimizer's state.
 
         Raises:
             FileNotFoundError: If there is no such directory.
             TrainingStateError: If it is incomplete, corrupt or does not fit this trainer.
         """
-        accelerator = self._trainer.accelerator
+        trainer = self._trainer
+        accelerator = trainer.accelerator
         refuse_fsdp1(accelerator, where)
+        _refuse_engine(accelerator, where)
         self._loop.end_save()
         directory = complete_state(directory)
         manifest = verify_training_state(directory, accelerator.num_processes, where)
-        saved_world, loaded = int(manifest["world_size"]), manifest["loaded"]
+        saved_world, loaded, records = (
+            int(manifest["world_size"]),
+            manifest["loaded"],
+            manifest["files"],
+        )
         self._prepare_model()
-        _check_model_fits(accelerator, self._trainer.model, directory, where)
-        self._register()
-        registered = list(getattr(accelerator, "_custom_objects", []))
-        states = [loaded.get(f"custom_checkpoint_{index}.pkl") for index in range(len(registered))]
-        shared = states[registered.index(self)]
+        model = trainer.model
+        sharded = f"{DCP_MODEL}/.metadata" in records
+        _check_model_fits(accelerator, model, directory, loaded, records, sharded, where)
+        shared = loaded.get(_SHARED)
         if not isinstance(shared, dict) or "position" not in shared:
             raise TrainingStateError(f"{where}: {str(directory)!r} holds no trainer state.")
         if check is not None:
             check(shared)
+        target = trainer.optimizer if optimizer else None
+        owner = optimizer_owner(model, trainer.loss_func)
         try:
-            with (
-                bare_compiled_models(accelerator),
-                _registered_states_from(states),
-                weights_across_layouts(accelerator, directory, where),
-            ):
-                accelerator.load_state(str(directory))
+            if sharded:
+                read_sharded(directory, records, model, target, where, owner)
+            else:
+                saved = loaded.get(_OPTIMIZER) if target is not None else None
+                full = is_sharded(accelerator)
+                load_states(model, loaded[_MODEL], target, saved, full, owner)
+        except TrainingStateError:
+            raise
         except (RuntimeError, ValueError, KeyError) as error:
             raise TrainingStateError(
                 f"{where}: {str(directory)!r} does not fit this trainer's model or optimizer: "
                 f"{error}"
             ) from error
+        for index, obj in enumerate(_registered(accelerator), start=1):
+            if f"custom_checkpoint_{index}.pkl" in loaded:
+                obj.load_state_dict(loaded[f"custom_checkpoint_{index}.pkl"])
+        if accelerator.scaler is not None and shared.get("scaler") is not None:
+            accelerator.scaler.load_state_dict(shared["scaler"])
         rank = accelerator.process_index
-        if rank < saved_world:  # accelerate read the file again: its verified bytes count
+        if rank < saved_world:
             _restore_random_states(accelerator, loaded[f"random_states_{rank}.pkl"])
-        loss_state, loss_func = shared.get("loss_func"), self._trainer.loss_func
-        if loss_state is not None and isinstance(loss_func, torch.nn.Module):  # (older lack it)
+        loss_state, loss_func = shared.get("loss_func"), trainer.loss_func
+        if loss_state is not None and isinstance(loss_func, torch.nn.Module):
             loss_func.load_state_dict(loss_state)
-        trainer = self._trainer
         trainer.run_history.load_state_dict(shared["history"])
         self._loop.restore_counts(shared)  # a later call continues them
         self._fire("on_load_training_state", directory=directory)
         # another number of processes (between epochs): process i takes saved process i's
         # own state, or (beyond them) process i modulo their number's
-        return shared, loaded[rank_state_name(accelerator.process_index % saved_world)], saved_world
+        return shared, loaded[rank_state_name(rank % saved_world)], saved_world
 
     def resume_point(
         self,
@@ -370,8 +347,7 @@ class TrainingStateIO:
         if directory is None:
             return None
         check = functools.partial(self._check_resumable, directory, scheduler)
-        with optimizer_not_loaded(self._trainer.accelerator, skip=not optimizer):
-            shared, rank_state, saved_world = self.load(directory, "Trainer.train", check)
+        shared, rank_state, saved_world = self.load(directory, "Trainer.train", check, optimizer)
         # the samplers' generators of another number of processes are others: not replayed
         same_world = saved_world == self._trainer.accelerator.num_processes
         generators = tuple(rank_state["loader"]["generators"]) if same_world else ()
@@ -512,20 +488,14 @@ class TrainingStateIO:
         if not self._preparation.has_model:
             self._preparation.prepare_model_and_optimizer(self._trainer)
 
-    def _register(self) -> None:
-        """Register the trainer's state with accelerate's checkpointing, once per trainer."""
-        if not self._registered:
-            self._trainer.accelerator.register_for_checkpointing(self)
-            self._registered = True
 
+_OTHER_ENGINES = (DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM, DistributedType.XLA)
+"""Engines whose model and optimizer states ``torch.distributed.checkpoint`` does not hold."""
 
-_ENGINES_WRITING_THEIR_OWN_FILES = (
-    DistributedType.FSDP,
-    DistributedType.DEEPSPEED,
-    DistributedType.MEGATRON_LM,
-    DistributedType.XLA,
-)
-"""Where accelerate's ``save_state`` writes files itself: saved unstaged, always blocking."""
+_MODEL, _OPTIMIZER = "model.safetensors", "optimizer.bin"
+"""A full state's model (safetensors) and optimizer (keyed by parameter name) files."""
+_SHARED = "custom_checkpoint_0.pkl"
+"""The trainer's shared state (``TrainingStateIO.state_dict``), written by the main process."""
 
 _UPDATES_PER_EPOCH = ("gradient_accumulation_steps", "train_dataloader_len")
 """The settings that fix a run's updates per epoch, which its count of updates continues."""
@@ -541,18 +511,26 @@ def _resume_relevant(config: TrainerRunConfig) -> dict[str, Any]:
     }
 
 
-def _check_saved_states_load_safely(directory: Path) -> None:
-    """Raise if a trainer or callback state just saved could not be loaded with weights_only."""
-    paths = [*directory.glob("custom_checkpoint_*.pkl"), *directory.glob("trainer_rank_*.pt")]
-    for path in sorted(paths):
-        try:
-            load_pickled(path, "Trainer.save_training_state")
-        except TrainingStateError as error:
-            raise unsafe_state_error(error) from error
+def _registered(accelerator: Any) -> list[Any]:
+    """The objects the user registered with ``accelerator.register_for_checkpointing``."""
+    return list(getattr(accelerator, "_custom_objects", []))
+
+
+def _random_states(accelerator: Any) -> dict[str, Any]:
+    """This process's random states (``random_states_<rank>.pkl``), and accelerate's step."""
+    states = {
+        "random_state": random.getstate(),
+        "numpy_random_seed": numpy.random.get_state(),
+        "torch_manual_seed": torch.get_rng_state(),
+        "step": accelerator.step,
+    }
+    if torch.cuda.is_available():
+        states["torch_cuda_manual_seed"] = torch.cuda.get_rng_state_all()
+    return states
 
 
 def _restore_random_states(accelerator: Any, states: Mapping[str, Any]) -> None:
-    """Set the random states accelerate saved (``random_states_<rank>.pkl``), as verified."""
+    """Set the random states of ``_random_states``, as verified."""
     random.setstate(states["random_state"])
     numpy.random.set_state(states["numpy_random_seed"])
     torch.set_rng_state(states["torch_manual_seed"])
@@ -570,13 +548,27 @@ def _loss_state(loss_func: Any) -> dict[str, Any] | None:
 
 
 def _check_model_fits(
-    accelerator: Any, model: torch.nn.Module, directory: Path, where: str
+    accelerator: Any,
+    model: torch.nn.Module,
+    directory: Path,
+    loaded: Mapping[str, Any],
+    records: Mapping[str, Any],
+    sharded: bool,
+    where: str,
 ) -> None:
     """Compare the saved parameter names and shapes with the model's, before loading."""
-    saved = _saved_model_shapes(directory, where)
-    if saved is None:
-        return
-    path, shapes = saved
+    if sharded:
+        metadata = read_dcp_metadata(directory, records, where).state_dict_metadata
+        path = directory / DCP_MODEL
+        shapes = {
+            key.removeprefix("model."): tuple(item.size)
+            for key, item in metadata.items()
+            if hasattr(item, "size")
+        }
+    elif isinstance(loaded.get(_MODEL), Mapping):
+        path, shapes = directory / _MODEL, {k: tuple(v.shape) for k, v in loaded[_MODEL].items()}
+    else:
+        raise TrainingStateError(f"{where}: {str(directory)!r} holds no model state.")
     tensors = sharded_model_tensors(model) if is_sharded(accelerator) else None
     problems = model_misfit(model, shapes, tensors)
     if problems:
@@ -586,78 +578,14 @@ def _check_model_fits(
         )
 
 
-def _saved_model_shapes(
-    directory: Path, where: str
-) -> tuple[Path, dict[str, tuple[int, ...]]] | None:
-    """The saved model's parameter shapes by name, and their file (FSDP's too), or ``None``."""
-    path = directory / "model.safetensors"
-    try:
-        if path.is_file():
-            from safetensors import safe_open
-
-            with safe_open(str(path), framework="pt") as handle:
-                return path, {
-                    key: tuple(handle.get_slice(key).get_shape())
-                    for key in handle.keys()  # noqa: SIM118
-                }
-        path = directory / "pytorch_model_fsdp.bin"
-        if path.is_file():
-            state = load_pickled(path, where)
-            return path, {k: tuple(v.shape) for k, v in state.items() if hasattr(v, "shape")}
-        path = directory / "pytorch_model_fsdp_0"
-        if path.is_dir():
-            from torch.distributed.checkpoint.filesystem import FileSystemReader
-
-            metadata = FileSystemReader(str(path)).read_metadata().state_dict_metadata
-            return path, {
-                key.removeprefix("model."): tuple(item.size)
-                for key, item in metadata.items()
-                if hasattr(item, "size")
-            }
-    except TrainingStateError:
-        raise
-    except Exception as error:
-        raise TrainingStateError(f"{where}: could not read {str(path)!r}: {error}") from error
-    return None
-
-
-@contextlib.contextmanager
-def _stateful_loaders_hidden(accelerator: Any) -> Iterator[None]:
-    """Keep accelerate's ``save_state`` from saving ``StatefulDataLoader`` positions itself.
-
-    It would write one file for every process and load it into every dataloader; the train
-    stream's position is saved per process instead (``streams.StreamPosition``).
-    """
-    registered = getattr(accelerator, "_dataloaders", None)
-    if not isinstance(registered, list):
-        yield
-        return
-    kept = list(registered)
-    registered[:] = [dl for dl in kept if not getattr(dl, "use_stateful_dataloader", False)]
-    try:
-        yield
-    finally:
-        registered[:] = kept
-
-
-@contextlib.contextmanager
-def _registered_states_from(states: list[Any]) -> Iterator[None]:
-    """Have ``accelerator.load_state`` give the registered objects these verified states.
-
-    accelerate's own loader would read their files again, with ``weights_only=False``.
-    """
-    original = accelerate.accelerator.load_custom_state
-
-    def load_verified(obj: Any, path: str, index: int = 0) -> None:
-        if states[index] is None:
-            raise KeyError(f"no state for the registered {type(obj).__name__}")
-        obj.load_state_dict(states[index])
-
-    accelerate.accelerator.load_custom_state = load_verified
-    try:
-        yield
-    finally:
-        accelerate.accelerator.load_custom_state = original
+def _refuse_engine(accelerator: Any, where: str) -> None:
+    """Refuse engines that hold the model's state outside ``torch.distributed.checkpoint``."""
+    if accelerator.distributed_type in _OTHER_ENGINES:
+        raise RuntimeError(
+            f"{where}: training states are saved on one process, DDP and FSDP version 2, not "
+            f"under {accelerator.distributed_type}; save_checkpoint and load_checkpoint work "
+            "under it."
+        )
 
 
 def _rebase_schedule(scheduler: Any, optimizer: torch.optim.Optimizer, kept: list[float]) -> None:

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from pytorch_accel.callbacks.throughput import ThroughputCallback
     from pytorch_accel.callbacks.time_budget import TimeBudgetCallback
     from pytorch_accel.callbacks.trackers import TrackingCallback
+    from pytorch_accel.callbacks.watchdog import WatchdogCallback
     from pytorch_accel.callbacks.wsd_checkpoint import WSDCheckpointCallback
     from pytorch_accel.default_callbacks import (
         DEFAULT_CALLBACKS,
@@ -88,6 +89,7 @@ __all__ = [
     "TrackingCallback",
     "TrainerCallback",
     "WSDCheckpointCallback",
+    "WatchdogCallback",
     "get_default_callbacks",
     "limit_batches_from_environment",
     "plot_metrics",
@@ -120,6 +122,7 @@ _HOMES = {
     ".throughput": "ThroughputCallback",
     ".time_budget": "TimeBudgetCallback",
     ".trackers": "TrackingCallback",
+    ".watchdog": "WatchdogCallback",
     ".wsd_checkpoint": "WSDCheckpointCallback",
 }
 """The module of each name (relative: in this package), names separated by spaces."""

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytorch_accel._checkpointing.store import (
     find_training_states,
+    prepare_saving,
     refuse_fsdp1,
     remove_training_state,
     tidy_save_dir,
@@ -161,6 +162,7 @@ class SaveTrainingStateCallback(TrainerCallback):
     def on_training_run_start(self, trainer: Trainer, **kwargs: Any) -> None:
         """Refuse FSDP1; repair and clear what killed saves left; install the signal handlers."""
         refuse_fsdp1(trainer.accelerator, "SaveTrainingStateCallback")  # before any epoch
+        prepare_saving()
         self.preempted_by, self._received, self._interrupted = None, None, False
         self._updates_seen = trainer.global_num_updates
         if trainer.resumed_from is not None:  # (a run that resumed nothing reads nothing here)

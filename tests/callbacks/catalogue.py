@@ -39,6 +39,7 @@ def factories() -> dict[str, Callable[[], Any]]:
         "ProfilerCallback": lambda: cb.ProfilerCallback(wait=1, warmup=0, active=1),
         "SaveTrainingStateCallback": lambda: cb.SaveTrainingStateCallback(save_every_n_steps=3),
         "TimeBudgetCallback": lambda: cb.TimeBudgetCallback(max_time=3600),
+        "WatchdogCallback": lambda: cb.WatchdogCallback(timeout_s=120),
     }
 
 

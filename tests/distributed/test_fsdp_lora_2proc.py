@@ -32,9 +32,6 @@ def test_a_lora_model_trains_saves_and_resumes_under_fsdp2(tmp_path: Path) -> No
         assert result["failed_left"] == []
     first, second = outcome.ranks
     assert second.pop("failed") == "RuntimeError: no card on rank 1"
-    assert first.pop("failed") == (
-        "TrainingStateError: Trainer.save_training_state: on another process a callback's "
-        "on_save_training_state raised; the save was abandoned (its error is in that "
-        "process's output)."
-    )
+    # FSDP's states are written by the one path DDP's are (issue 40): its message
+    assert "another process could not write its part" in first.pop("failed")
     assert first == second
