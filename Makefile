@@ -37,7 +37,8 @@ docs-build: $(VENV)/.dev-installed
 docs: $(VENV)/.dev-installed
 	$(BIN)/mkdocs serve
 
-# The documentation's pictures, from a real run (needs chromium: apt-get install -y chromium).
+# The documentation's pictures, from real runs (needs chromium: apt-get install -y chromium);
+# tests/test_docs_pages.py checks that the pages show exactly the pictures it makes.
 pictures: $(VENV)/.dev-installed
 	$(BIN)/python scripts/generate_pictures.py
 
