@@ -2,16 +2,41 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["SCHEDULER_KEYS", "misfit", "model_misfit"]
+__all__ = ["SCHEDULER_KEYS", "misfit", "model_misfit", "trainable_parameters"]
 
 SCHEDULER_KEYS = frozenset({"initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum"})
 """Settings torch's learning-rate schedulers add to an optimizer's parameter groups."""
+
+
+def trainable_parameters(model: nn.Module) -> dict[str, torch.Tensor] | None:
+    """A PEFT model's trainable (adapter) parameters by plain key; ``None``: not a PEFT model.
+
+    A training state of a ``peft.PeftModel`` holds these only: its frozen base is the one the
+    user builds again, and its buffers are the base's, not trained. PEFT is never imported here:
+    a model can only be a ``PeftModel`` once ``peft`` is.
+    """
+    peft = sys.modules.get("peft")
+    peft_model = getattr(peft, "PeftModel", None)
+    if not isinstance(peft_model, type):
+        return None
+    inner: Any = model
+    while not isinstance(inner, peft_model):  # under DDP's and torch.compile's wrappers
+        wrapped = getattr(inner, "module", None)
+        inner = getattr(inner, "_orig_mod", None) if wrapped is None else wrapped
+        if not isinstance(inner, nn.Module):
+            return None
+    return {
+        _plain_key(key): parameter
+        for key, parameter in model.named_parameters()
+        if parameter.requires_grad
+    }
 
 
 def model_misfit(

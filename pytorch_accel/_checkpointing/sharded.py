@@ -137,11 +137,13 @@ def load_states(
     optimizer_state: Mapping[str, Any] | None = None,
     full: bool = True,
     owner: nn.Module | None = None,
+    strict: bool = True,
 ) -> None:
     """Load states keyed by parameter name (``states_to_save``'s); each process takes its part.
 
     ``full``: whole states into a sharded model (else as ``states_to_save(full=False)``);
-    ``owner``: as for ``states_to_save``.
+    ``owner``: as for ``states_to_save``; ``strict=False``: ``model_state`` holds some of the
+    model's tensors (a PEFT model's adapter), the others stay as they are.
     """
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
@@ -149,7 +151,7 @@ def load_states(
         set_optimizer_state_dict,
     )
 
-    options = StateDictOptions(full_state_dict=full)
+    options = StateDictOptions(full_state_dict=full, strict=strict)
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
         set_model_state_dict(model, dict(model_state), options=options)

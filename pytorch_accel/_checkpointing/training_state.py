@@ -23,7 +23,7 @@ import torch
 from accelerate.utils import DistributedType
 
 from pytorch_accel._checkpointing.files import disk_full_error
-from pytorch_accel._checkpointing.fit import model_misfit
+from pytorch_accel._checkpointing.fit import model_misfit, trainable_parameters
 from pytorch_accel._checkpointing.resume import (
     PER_PROCESS,
     Position,
@@ -147,6 +147,10 @@ class TrainingStateIO:
                 model_state, optimizer_state = states_to_save(
                     model, optimizer, is_sharded(accelerator), owner, saving=True
                 )
+                adapter = None if is_sharded(accelerator) else trainable_parameters(model)
+                if adapter is not None:  # a PEFT model: its adapter, not its frozen base
+                    model_state = {k: v for k, v in model_state.items() if k in adapter}
+                    info["model_state"] = _TRAINABLE_ONLY
                 if main:
                     files.append(StagedFile(_MODEL, copy(model_state), safetensors=True))
                     if optimizer_state is not None:
@@ -291,7 +295,8 @@ class TrainingStateIO:
         self._prepare_model()
         model = trainer.model
         sharded = f"{DCP_MODEL}/.metadata" in records
-        _check_model_fits(accelerator, model, directory, loaded, records, sharded, where)
+        adapter = manifest.get("model_state") == _TRAINABLE_ONLY
+        _check_model_fits(accelerator, model, directory, loaded, records, sharded, where, adapter)
         shared = loaded.get(_SHARED)
         if not isinstance(shared, dict) or "position" not in shared:
             raise TrainingStateError(f"{where}: {str(directory)!r} holds no trainer state.")
@@ -305,7 +310,7 @@ class TrainingStateIO:
             else:
                 saved = loaded.get(_OPTIMIZER) if target is not None else None
                 full = is_sharded(accelerator)
-                load_states(model, loaded[_MODEL], target, saved, full, owner)
+                load_states(model, loaded[_MODEL], target, saved, full, owner, strict=not adapter)
         except TrainingStateError:
             raise
         except (RuntimeError, ValueError, KeyError) as error:
@@ -494,6 +499,8 @@ _OTHER_ENGINES = (DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM, Distri
 
 _MODEL, _OPTIMIZER = "model.safetensors", "optimizer.bin"
 """A full state's model (safetensors) and optimizer (keyed by parameter name) files."""
+_TRAINABLE_ONLY = "trainable parameters only"
+"""The manifest's ``model_state`` of a PEFT model's state: its adapter, not its frozen base."""
 _SHARED = "custom_checkpoint_0.pkl"
 """The trainer's shared state (``TrainingStateIO.state_dict``), written by the main process."""
 
@@ -555,8 +562,13 @@ def _check_model_fits(
     records: Mapping[str, Any],
     sharded: bool,
     where: str,
+    adapter: bool = False,
 ) -> None:
-    """Compare the saved parameter names and shapes with the model's, before loading."""
+    """Compare the saved parameter names and shapes with the model's, before loading.
+
+    ``adapter``: the state holds a PEFT model's trainable parameters only, which must be this
+    model's trainable parameters, with the same shapes (its frozen base stays as it is).
+    """
     if sharded:
         metadata = read_dcp_metadata(directory, records, where).state_dict_metadata
         path = directory / DCP_MODEL
@@ -570,6 +582,17 @@ def _check_model_fits(
     else:
         raise TrainingStateError(f"{where}: {str(directory)!r} holds no model state.")
     tensors = sharded_model_tensors(model) if is_sharded(accelerator) else None
+    if adapter:
+        tensors = {key: p for key, p in model.named_parameters() if p.requires_grad}
+        problems = model_misfit(model, shapes, tensors)
+        if problems:
+            raise TrainingStateError(
+                f"{where}: {str(path)!r} holds the trainable (adapter) parameters of a PEFT "
+                f"model only (its manifest's model_state is {_TRAINABLE_ONLY!r}), and they are "
+                f"not this model's trainable parameters: {problems}. Resume with the same base "
+                "model wrapped in the same adapter (peft.get_peft_model with the same config)."
+            )
+        return
     problems = model_misfit(model, shapes, tensors)
     if problems:
         raise TrainingStateError(

@@ -22,6 +22,9 @@ def test_a_lora_model_trains_saves_and_resumes_under_fsdp2(tmp_path: Path) -> No
         assert result["adapter_moved"] > 1e-3  # the adapter trained
         assert result["base_moved"] == 0.0  # the base model is frozen
         assert result["fsdp_vs_ddp"] <= 1e-6  # the same adapter as the DDP run
+        # a DDP training state holds the adapter only, and resumes exactly (issue 42)
+        assert result["ddp_state_is_adapter"]
+        assert result["ddp_resumed_vs_straight"] == 0.0
         # save_model gathers the adapter and writes it alone, for PeftModel.from_pretrained
         assert "adapter_model.safetensors" in result["exported"]
         assert "model.safetensors" not in result["exported"]

@@ -5,7 +5,8 @@ under FSDP2 (``Trainer(accelerator_kwargs={"fsdp_plugin": ...})``) on the same b
 trained adapters are compared, the frozen base must not change, ``save_model`` writes the
 adapter only, a training state saved after the first epoch (FSDP's own writer, with a file
 per process written by ``on_save_training_state``) resumes to the same adapter as the run
-straight through; a callback failing in that event on one process abandons the save on both.
+straight through (so does a DDP state, which holds the adapter only); a callback failing in
+that event on one process abandons the save on both.
 """
 
 from __future__ import annotations
@@ -88,6 +89,15 @@ def main() -> None:
     ddp.train(data, **OPTIONS)
     ddp_after = full_state(ddp)
 
+    # under DDP a training state holds the adapter only (issue 42), and resumes to the same run
+    half = lora_trainer(False)
+    half.train(data, **{**OPTIONS, "num_epochs": 1})
+    half.save_training_state(out / "ddp_state")
+    results["ddp_state_keys"] = sorted(load_file(out / "ddp_state" / "model.safetensors"))
+    ddp_resumed = lora_trainer(False)
+    ddp_resumed.train(data, **OPTIONS, resume_from=out / "ddp_state")
+    results["ddp_resumed_vs_straight"] = difference(full_state(ddp_resumed), ddp_after)
+
     fsdp = lora_trainer(True)
     results["type"] = str(fsdp.accelerator.distributed_type)
     fsdp.train(data, **OPTIONS)
@@ -95,6 +105,7 @@ def main() -> None:
     fsdp_after = full_state(fsdp)
     lora = {key for key in fsdp_after if "lora_" in key}
     results["lora_keys"] = len(lora)
+    results["ddp_state_is_adapter"] = results.pop("ddp_state_keys") == sorted(lora)
     results["fsdp_vs_ddp"] = difference(fsdp_after, ddp_after)
     results["adapter_moved"] = max((fsdp_after[k] - before[k]).abs().max().item() for k in lora)
     frozen = {key for key in fsdp_after if key not in lora}
