@@ -77,11 +77,8 @@ def append_metrics_rows(
     """
     table = io.StringIO(newline="")
     writer = csv.writer(table)
-    for index, row in rows:  # _cell, inline: step logging appends a row per update
-        cells = [row.get(name) for name in names]
-        writer.writerow(
-            [index, *["" if v is None else repr(v) if isinstance(v, float) else v for v in cells]]
-        )
+    for index, row in rows:
+        writer.writerow([index, *(_cell(row.get(name)) for name in names)])
     with open(path, "a", newline="", encoding="utf-8") as handle:
         handle.write(table.getvalue())
 

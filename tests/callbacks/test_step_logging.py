@@ -129,45 +129,6 @@ def test_accumulation_and_tensor_batch_sizes_weight_the_interval_by_samples(
     assert [float(row["train_loss_step"]) for row in rows] == pytest.approx([first, last])
 
 
-@pytest.mark.parametrize("every", [1, 3])
-def test_every_row_is_the_mean_of_its_batch_losses_across_folds_and_epochs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, every: int
-) -> None:
-    """Issue 44: each row by hand; the running loss folded every 4 batches, 2 epochs of 9.
-
-    Intervals cross folds of the trainer's running loss and the epoch end; logging leaves
-    the epoch losses as they are without it, bit for bit (it folds nothing itself).
-    """
-    from pytorch_accel.tracking import LossTracker
-
-    monkeypatch.setattr(LossTracker, "fold_every", 4)
-
-    def run(log_every: int | None) -> tuple[Trainer, BatchLosses]:
-        torch.manual_seed(0)
-        tracking = TrackingCallback(
-            log_with=(), csv_path=tmp_path / f"{log_every}.csv", log_every_n_updates=log_every
-        )
-        recorder = BatchLosses()
-        trainer = make_trainer(callbacks=(tracking, recorder))
-        trainer.train(make_regression_dataset(36), num_epochs=2, per_device_batch_size=4)
-        return trainer, recorder
-
-    trainer, recorder = run(every)
-    rows = read_csv(tmp_path / f"{every}_steps.csv")
-    points = [*range(every, 19, every), *([18] if 18 % every else [])]
-    assert [int(row["step"]) for row in rows] == points
-    expected = interval_means(recorder.losses, recorder.updates, points)
-    got = [float(row["train_loss_step"]) for row in rows]
-    assert got == pytest.approx(expected, rel=1e-6, abs=1e-7)
-    if every == 1:  # each row is its batch's loss, as read from the device
-        assert got == recorder.losses
-    without, _ = run(None)
-    history, plain = trainer.run_history, without.run_history
-    assert history.get_metric_values("train_loss_epoch") == plain.get_metric_values(
-        "train_loss_epoch"
-    )
-
-
 def test_grad_norm_is_the_norm_of_the_update_at_the_logging_point(tmp_path: Path) -> None:
     class GradNorms(TrainerCallback):
         order = 20_000
